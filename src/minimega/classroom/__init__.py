@@ -1,0 +1,1 @@
+"""The classroom: quiz banks, the graded exam service and verifiable certificates."""
