@@ -1,0 +1,217 @@
+"""Check cells of the labs: parity tests of your exercise code against minimega, with the fix in words.
+
+A check runs your function where the reference runs (real models, real optimizers, real gloo ranks),
+compares the two, and either prints one line starting with ✓ or raises `ExerciseError` whose message
+lists every problem found, each with what to change.
+
+``exercise(name)`` imports ``labs/exercises/<name>.py`` — or ``labs/solutions/<name>.py`` when the
+environment variable ``MINIMEGA_LAB_SOLUTIONS=1`` is set (the test suite runs the labs that way).
+It reloads the module, so edits you make while the kernel runs are picked up.
+"""
+from __future__ import annotations
+
+import importlib
+import os
+
+import torch
+import torch.distributed as dist
+
+import minimega as mm
+from minimega import comm, data, measure
+from minimega.engine import make_optimizer
+
+SOLUTIONS_ENV = "MINIMEGA_LAB_SOLUTIONS"
+
+
+class ExerciseError(AssertionError):
+    """Your exercise does not match minimega yet; the message says where and what to change."""
+
+
+def exercise(name: str):
+    """The module holding exercise ``name``: yours, or the reference when MINIMEGA_LAB_SOLUTIONS=1."""
+    package = "solutions" if os.environ.get(SOLUTIONS_ENV, "") not in ("", "0") else "exercises"
+    return importlib.reload(importlib.import_module(f"{package}.{name}"))
+
+
+def _fail(what: str, problems: list[str]) -> None:
+    unique = list(dict.fromkeys(problems))
+    head = f"{what}: {len(unique)} problem{'s' if len(unique) > 1 else ''}"
+    raise ExerciseError("\n".join([head] + [f"  - {p}" for p in unique]))
+
+
+def _not_done(exc: BaseException, where: str) -> str | None:
+    if isinstance(exc, NotImplementedError) or type(exc).__name__ == "NotImplementedError":
+        return (f"not done yet: {where} still raises NotImplementedError; replace the `raise` line "
+                "with your code (or set MINIMEGA_LAB_SOLUTIONS=1 to see the reference run)")
+    return None
+
+
+# ------------------------------------------------------------------------------------------------
+# Lab 01: bytes of the model states.
+
+_MEMORY_MODELS = {"tiny": mm.GPTConfig.tiny(), "tiny with biases, 2 layers": mm.GPTConfig.tiny(bias=True, n_layer=2)}
+
+
+def measured_model_state_bytes(model_config: mm.GPTConfig, optimizer: str) -> tuple[list[int], dict]:
+    """One real fp32 training step on one process; the bytes `minimega.measure` counts afterwards."""
+    torch.manual_seed(0)
+    model = mm.GPT(model_config)
+    opt = make_optimizer(model.parameters(), mm.TrainConfig(optimizer=optimizer))
+    x, y = data.global_batch(0, 2, 16)
+    model(x, y)[1].backward()
+    opt.step()
+    return [p.numel() for p in model.parameters()], measure.model_state_bytes(model, opt)
+
+
+def _memory_problem(key: str, got, want: int, numels: list[int], optimizer: str) -> str | None:
+    psi, tensors = sum(numels), len(numels)
+    if got == want:
+        return None
+    if not isinstance(got, (int, float)) or isinstance(got, bool):
+        return f"{key}: got {got!r}; return a number of bytes (an int)"
+    if want and got * 4 == want:
+        return (f"{key}: {got:,} is the element count, not bytes: float32 stores 4 bytes per element")
+    if want and got == want / 2:
+        return f"{key}: {got:,} is half the measured {want:,}: 2 bytes per element is bf16/fp16, these runs are fp32"
+    if key == "grads" and got == 0:
+        return "grads: 0, but after backward every trainable parameter holds a .grad the size of the parameter"
+    if key == "optimizer_states":
+        if optimizer == "sgd":
+            return (f"optimizer_states for sgd: {got:,}, measured 0: torch.optim.SGD without momentum keeps no "
+                    "state between steps")
+        if got == 0:
+            return f"optimizer_states for {optimizer}: 0, but Adam keeps two running moments for every element"
+        if got == 2 * 4 * psi:
+            return (f"optimizer_states for {optimizer}: {got:,} is {4 * tensors:,} bytes short: besides exp_avg and "
+                    f"exp_avg_sq, torch's Adam keeps a `step` counter per parameter *tensor* (a float32 scalar, "
+                    f"4 bytes × {tensors} tensors here)")
+        if got in (4 * psi, 4 * psi + 4 * tensors):
+            return (f"optimizer_states for {optimizer}: you counted one moment; Adam keeps two per element "
+                    "(exp_avg and exp_avg_sq, 4 bytes each) plus a step counter per tensor")
+        if got in (12 * psi, 12 * psi + 4 * tensors):
+            return (f"optimizer_states for {optimizer}: 12 bytes per element is the ZeRO paper's mixed-precision K "
+                    "(an fp32 master copy + two moments); here the parameters are already fp32, so there is "
+                    "no separate master copy")
+    return f"{key} for {optimizer}: got {got:,} bytes, measured {want:,} (Ψ = {psi:,} elements in {tensors} tensors)"
+
+
+def check_model_state_bytes(fn) -> None:
+    """Compare ``fn(param_numels, optimizer)`` with measured bytes after one real step, for several models."""
+    try:
+        fn([1], "adam")
+    except Exception as exc:  # noqa: BLE001 - the learner's code: report, never crash the check
+        if (msg := _not_done(exc, "model_state_bytes")):
+            _fail("model_state_bytes", [msg])
+    problems, cases = [], 0
+    for label, model_config in _MEMORY_MODELS.items():
+        for optimizer in ("sgd", "adam", "adamw"):
+            numels, want = measured_model_state_bytes(model_config, optimizer)
+            cases += 1
+            try:
+                got = fn(list(numels), optimizer)
+            except Exception as exc:  # noqa: BLE001
+                problems.append(f"model '{label}', {optimizer}: raised {type(exc).__name__}: {exc}")
+                continue
+            if not isinstance(got, dict) or set(got) != set(want):
+                problems.append(f"returned {got!r}; return a dict with exactly the keys {sorted(want)}")
+                continue
+            for key in ("params", "grads", "optimizer_states"):
+                if (msg := _memory_problem(key, got[key], want[key], numels, optimizer)):
+                    problems.append(f"model '{label}': {msg}")
+    if problems:
+        _fail("model_state_bytes", problems)
+    print(f"✓ model_state_bytes matches the measured bytes in all {cases} runs "
+          f"({len(_MEMORY_MODELS)} models × sgd, adam, adamw)")
+
+
+# ------------------------------------------------------------------------------------------------
+# Lab 02: an all-reduce made of a reduce-scatter and an all-gather.
+
+RING_SHAPES = [(6, 4), (7,), (2, 5)]      # divisible by the group size, and not
+
+
+def _ring_worker(fn, shapes: list[tuple]) -> list[dict]:
+    """On each rank: run ``fn`` and `comm.all_reduce` on the same inputs; return both and fn's CommLog."""
+    mesh = mm.init_mesh(mm.ParallelDims(dp=dist.get_world_size()))
+    results = []
+    for i, shape in enumerate(shapes):
+        x = torch.randn(shape, generator=torch.Generator().manual_seed(1000 * i + mesh.rank))
+        expected = comm.all_reduce(x.clone(), mesh.dp_group)
+        log = comm.CommLog()
+        with log:
+            got = fn(x.clone(), mesh.dp_group)
+        got = got.detach().clone() if isinstance(got, torch.Tensor) else repr(got)
+        results.append({"shape": shape, "input": x, "expected": expected, "got": got, "events": log.events()})
+    return results
+
+
+def _close(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.shape == b.shape and torch.allclose(a, b, rtol=1e-5, atol=1e-5)
+
+
+def _ring_value_problem(case: dict, rank: int, n: int) -> str | None:
+    x, want, got = case["input"], case["expected"], case["got"]
+    where = f"shape {case['shape']}, rank {rank}"
+    if not isinstance(got, torch.Tensor):
+        return f"{where}: returned {got} instead of a tensor: return the summed tensor"
+    if got.shape != x.shape:
+        return (f"{where}: returned shape {tuple(got.shape)} for an input of shape {tuple(x.shape)}: drop the "
+                "padding and reshape the result to the input's shape")
+    if _close(got, want):
+        return None
+    if _close(got, x):
+        return f"{where}: the result equals this rank's own input: nothing was summed across ranks"
+    if _close(got, want / n):
+        return (f"{where}: the result is the mean, not the sum: an all-reduce sums; dividing by n is the "
+                "caller's job (DDP divides afterwards)")
+    size = x.numel()
+    k = -(-size // n)
+    own = slice(rank * k, min((rank + 1) * k, size))
+    flat_got, flat_want = got.reshape(-1), want.reshape(-1)
+    if own.start < size and _close(flat_got[own], flat_want[own]):
+        return (f"{where}: only this rank's own chunk (elements {own.start}..{own.stop - 1}) holds the sum: "
+                "phase 2, the all-gather of the summed shard, is missing or gathers the wrong tensor")
+    bad = int((flat_got - flat_want).abs().argmax())
+    return (f"{where}: differs from comm.all_reduce by up to {(flat_got - flat_want).abs().max():.3g} "
+            f"(flat element {bad}: got {flat_got[bad]:.4f}, expected {flat_want[bad]:.4f})")
+
+
+def _ring_traffic_problem(case: dict, n: int) -> str | None:
+    ops = [e["op"] for e in case["events"]]
+    if "all_reduce" in ops:
+        return "calls comm.all_reduce: build the all-reduce from comm.reduce_scatter followed by comm.all_gather"
+    if ops != ["reduce_scatter", "all_gather"]:
+        return (f"shape {case['shape']}: issued {ops or 'no collective'}; a ring all-reduce is exactly one "
+                "comm.reduce_scatter then one comm.all_gather")
+    padded = 4 * n * -(-case["input"].numel() // n)
+    sent, want = sum(e["sent_bytes"] for e in case["events"]), 2 * (n - 1) / n * padded
+    if abs(sent - want) > 1e-6:
+        return (f"shape {case['shape']}: sends {sent:g} bytes per rank; a ring all-reduce of the padded buffer "
+                f"({padded} bytes) sends 2(n-1)/n · {padded} = {want:g}: pad to the next multiple of n only")
+    return None
+
+
+def check_ring_all_reduce(fn, world: int = 3, timeout: float = 60) -> None:
+    """Run ``fn(tensor, group)`` on ``world`` gloo ranks; compare with `comm.all_reduce` and the ring's bytes."""
+    try:
+        fn(torch.ones(3), comm.Group(None, [0], "dp"))         # one rank: no process group needed
+    except Exception as exc:  # noqa: BLE001
+        if (msg := _not_done(exc, "ring_all_reduce")):
+            _fail("ring_all_reduce", [msg])
+    try:
+        results = mm.launch(_ring_worker, world, fn, RING_SHAPES, timeout=timeout)
+    except mm.LaunchTimeout:
+        _fail("ring_all_reduce", [f"the {world} ranks hung for {timeout:g} s: every rank must call the same "
+                                  "collectives, in the same order, with the same sizes"])
+    except mm.WorkerError as exc:
+        head = str(exc).splitlines()[0]
+        hint = (": pad the flat tensor with zeros to a multiple of group.size before the reduce-scatter"
+                if "elements, expected" in head else "")
+        _fail("ring_all_reduce", [f"{head}{hint}"])
+    problems = [p for rank, cases in enumerate(results) for case in cases
+                for p in [_ring_value_problem(case, rank, world)] if p]
+    problems += [p for case in results[0] for p in [_ring_traffic_problem(case, world)] if p]
+    if problems:
+        _fail("ring_all_reduce", problems)
+    print(f"✓ ring_all_reduce equals comm.all_reduce on {world} ranks for shapes {RING_SHAPES}, "
+          f"and sends 2(n-1)/n · S bytes per rank, like the ring")

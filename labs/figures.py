@@ -1,0 +1,52 @@
+"""Plotly figures the labs draw from `Engine.report()`s (the ones returned by `labs/workers.py`)."""
+from __future__ import annotations
+
+import plotly.graph_objects as go
+
+MIB = 2**20
+
+
+def memory_bars(reports: list[dict], title: str) -> go.Figure:
+    """Bytes each rank holds, by category (``report["memory"]``), one group of bars per category."""
+    categories = list(reports[0]["memory"])
+    fig = go.Figure([go.Bar(name=f"rank {r['rank']}", x=categories,
+                            y=[r["memory"][c] / MIB for c in categories],
+                            text=[f"{r['memory'][c] / r['n_params']:.2f} B/param" for c in categories],
+                            textposition="outside")
+                     for r in reports])
+    fig.update_layout(title=title, barmode="group", yaxis_title="MiB on this rank", height=380,
+                      margin=dict(t=60, b=40))
+    return fig
+
+
+def step_timeline(report: dict, step: int = -1) -> go.Figure:
+    """One training step on one rank: forward, backward and optimizer, and each bucket's all-reduce.
+
+    An all-reduce bar starts when the bucket's last gradient arrived (the hook issued it, asynchronously)
+    and ends when the engine waited for it; bars that start inside the backward bar are overlapped with
+    compute. Times are milliseconds from the step's start.
+    """
+    events = report["timeline"]
+    steps = sorted({e["step"] for e in events if "step" in e})
+    chosen = steps[step]
+    mine = {e["event"]: e["time"] for e in events if e.get("step") == chosen}
+    t0, t1 = mine["forward_start"], mine["optimizer_step_end"]
+    ms = lambda t: 1e3 * (t - t0)                                                  # noqa: E731
+    phases = [("forward", mine["forward_start"], mine["backward_start"], "#4c78a8"),
+              ("backward (+ wait for all-reduces)", mine["backward_start"], mine["backward_end"], "#f58518"),
+              ("optimizer step", mine["backward_end"], mine["optimizer_step_end"], "#54a24b")]
+    fig = go.Figure()
+    for name, a, b, colour in phases:
+        fig.add_bar(y=["compute"], x=[ms(b) - ms(a)], base=[ms(a)], orientation="h", name=name,
+                    marker_color=colour)
+    buckets = [e for e in report["comm_events"] if e["op"] == "all_reduce" and e["tag"].startswith("bucket")
+               and t0 <= e["start"] <= t1]
+    fig.add_bar(y=[e["tag"] for e in buckets], x=[ms(e["end"] or e["start"]) - ms(e["start"]) for e in buckets],
+                base=[ms(e["start"]) for e in buckets], orientation="h", name="all-reduce (issued → waited)",
+                marker_color="#e45756",
+                hovertext=[f"{e['bytes'] / 1024:.0f} KiB" for e in buckets])
+    fig.update_layout(title=f"rank {report['rank']}, step {chosen}: {len(buckets)} bucket all-reduce(s)",
+                      xaxis_title="ms since the step started", barmode="overlay",
+                      height=220 + 16 * len(buckets), yaxis=dict(autorange="reversed"),
+                      legend=dict(orientation="h", y=-0.25))
+    return fig

@@ -1,0 +1,49 @@
+"""Jobs the labs run on several ranks through `minimega.launch`.
+
+Why a module and not a notebook cell: `launch` sends the worker to each rank *by reference*, so every
+rank imports this file and calls the function; a function defined in a cell lives in ``__main__``,
+which the ranks cannot import.
+
+Every worker is silent: ranks never print (output from several processes interleaves at random and
+would make the notebooks non-deterministic). Each returns plain data the notebook plots.
+"""
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+import minimega as mm
+from minimega import data
+
+
+def train(model: str | mm.GPTConfig, config: mm.TrainConfig, steps: int = 3, seq_len: int = 32,
+          with_grads: bool = False) -> dict:
+    """Train the reference GPT for ``steps`` steps on this rank; return its `Engine.report()`.
+
+    Args:
+        model: a preset name ('tiny', 'small', 'gpt2') or a `GPTConfig`.
+        config: the run; ``tp`` and ``pp`` set the mesh, dp is whatever remains of the world.
+        steps: optimizer steps (memory is fully allocated after the first one).
+        seq_len: tokens per sequence.
+        with_grads: after the last step run one more forward and backward (no optimizer step), so the
+            memory is measured while gradients are resident, as at the peak of a step; the optimizer
+            step frees them (``zero_grad(set_to_none=True)``).
+
+    Returns:
+        ``Engine.report()`` plus ``"n_params"`` (the full model's parameter count, Ψ) and ``"model"``.
+    """
+    world = dist.get_world_size() if dist.is_initialized() else 1
+    mesh = mm.init_mesh(mm.ParallelDims.infer(world, tp=config.tp, pp=config.pp))
+    model_config = mm.GPTConfig.preset(model) if isinstance(model, str) else model
+    torch.manual_seed(config.seed)
+    full = mm.GPT(model_config)
+    n_params = full.num_params()
+    engine = mm.initialize(full, config, mesh)
+    for batch in data.batches(mesh, steps, config.batch_size, seq_len, seed=config.seed,
+                              vocab_size=model_config.vocab_size):
+        engine.train_step(batch)
+    if with_grads:
+        x, y = next(data.batches(mesh, 1, config.batch_size, seq_len, start=steps, seed=config.seed,
+                                 vocab_size=model_config.vocab_size))
+        engine.model(x, y)[1].backward()
+    return {"n_params": n_params, "model": model_config, **engine.report()}
