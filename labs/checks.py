@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import importlib
 import os
+from functools import lru_cache
 
 import torch
 import torch.distributed as dist
@@ -52,15 +53,16 @@ def _not_done(exc: BaseException, where: str) -> str | None:
 _MEMORY_MODELS = {"tiny": mm.GPTConfig.tiny(), "tiny with biases, 2 layers": mm.GPTConfig.tiny(bias=True, n_layer=2)}
 
 
-def measured_model_state_bytes(model_config: mm.GPTConfig, optimizer: str) -> tuple[list[int], dict]:
-    """One real fp32 training step on one process; the bytes `minimega.measure` counts afterwards."""
+@lru_cache(maxsize=None)
+def measured_model_state_bytes(model_config: mm.GPTConfig, optimizer: str) -> tuple[tuple[int, ...], dict]:
+    """One real fp32 training step on one process; the bytes `minimega.measure` counts afterwards (cached)."""
     torch.manual_seed(0)
     model = mm.GPT(model_config)
     opt = make_optimizer(model.parameters(), mm.TrainConfig(optimizer=optimizer))
     x, y = data.global_batch(0, 2, 16)
     model(x, y)[1].backward()
     opt.step()
-    return [p.numel() for p in model.parameters()], measure.model_state_bytes(model, opt)
+    return tuple(p.numel() for p in model.parameters()), measure.model_state_bytes(model, opt)
 
 
 def _memory_problem(key: str, got, want: int, numels: list[int], optimizer: str) -> str | None:
@@ -107,6 +109,7 @@ def check_model_state_bytes(fn) -> None:
         for optimizer in ("sgd", "adam", "adamw"):
             numels, want = measured_model_state_bytes(model_config, optimizer)
             cases += 1
+            want = dict(want)
             try:
                 got = fn(list(numels), optimizer)
             except Exception as exc:  # noqa: BLE001
@@ -128,6 +131,7 @@ def check_model_state_bytes(fn) -> None:
 # Lab 02: an all-reduce made of a reduce-scatter and an all-gather.
 
 RING_SHAPES = [(6, 4), (7,), (2, 5)]      # divisible by the group size, and not
+_SAME_COLLECTIVES = "every rank must call the same collectives, in the same order, with the same sizes"
 
 
 def _ring_worker(fn, shapes: list[tuple]) -> list[dict]:
@@ -201,13 +205,14 @@ def check_ring_all_reduce(fn, world: int = 3, timeout: float = 60) -> None:
     try:
         results = mm.launch(_ring_worker, world, fn, RING_SHAPES, timeout=timeout)
     except mm.LaunchTimeout:
-        _fail("ring_all_reduce", [f"the {world} ranks hung for {timeout:g} s: every rank must call the same "
-                                  "collectives, in the same order, with the same sizes"])
+        _fail("ring_all_reduce", [f"the {world} ranks hung for {timeout:g} s: {_SAME_COLLECTIVES}"])
     except mm.WorkerError as exc:
         head = str(exc).splitlines()[0]
-        hint = (": pad the flat tensor with zeros to a multiple of group.size before the reduce-scatter"
-                if "elements, expected" in head else "")
-        _fail("ring_all_reduce", [f"{head}{hint}"])
+        if "elements, expected" in head:
+            head += ": pad the flat tensor with zeros to a multiple of group.size before the reduce-scatter"
+        elif not exc.exc_type:       # gloo aborts a rank whose peers sent messages of another size
+            head += f" (gloo aborts a rank when its peers run different collectives): {_SAME_COLLECTIVES}"
+        _fail("ring_all_reduce", [head])
     problems = [p for rank, cases in enumerate(results) for case in cases
                 for p in [_ring_value_problem(case, rank, world)] if p]
     problems += [p for case in results[0] for p in [_ring_traffic_problem(case, world)] if p]

@@ -1,0 +1,110 @@
+"""Deliberately wrong answers to the lab exercises: each is a mistake a learner makes, and the check must
+name it. Module level, because the ring checks send them to gloo ranks by reference."""
+import torch
+import torch.distributed as dist
+
+from minimega import comm
+
+# ------------------------------------------------------------------------------------------------
+# labs/exercises/memory.py: model_state_bytes(param_numels, optimizer)
+
+
+def _adam(psi, tensors):
+    return 8 * psi + 4 * tensors
+
+
+def memory_forgets_step(numels, optimizer):
+    psi = sum(numels)
+    return {"params": 4 * psi, "grads": 4 * psi, "optimizer_states": 0 if optimizer == "sgd" else 8 * psi}
+
+
+def memory_counts_elements(numels, optimizer):
+    psi = sum(numels)
+    return {"params": psi, "grads": 4 * psi, "optimizer_states": 0 if optimizer == "sgd" else _adam(psi, len(numels))}
+
+
+def memory_one_moment(numels, optimizer):
+    psi = sum(numels)
+    return {"params": 4 * psi, "grads": 4 * psi, "optimizer_states": 0 if optimizer == "sgd" else 4 * psi}
+
+
+def memory_sgd_has_momentum(numels, optimizer):
+    psi = sum(numels)
+    return {"params": 4 * psi, "grads": 4 * psi,
+            "optimizer_states": 4 * psi if optimizer == "sgd" else _adam(psi, len(numels))}
+
+
+def memory_mixed_precision_k(numels, optimizer):
+    psi = sum(numels)
+    return {"params": 4 * psi, "grads": 4 * psi, "optimizer_states": 0 if optimizer == "sgd" else 12 * psi}
+
+
+def memory_no_grads(numels, optimizer):
+    psi = sum(numels)
+    return {"params": 4 * psi, "grads": 0, "optimizer_states": 0 if optimizer == "sgd" else _adam(psi, len(numels))}
+
+
+def memory_total_only(numels, optimizer):
+    return 16 * sum(numels)
+
+
+# ------------------------------------------------------------------------------------------------
+# labs/exercises/ring_all_reduce.py: ring_all_reduce(tensor, group)
+
+
+def _padded(tensor, n):
+    flat = tensor.reshape(-1)
+    pad = (-flat.numel()) % n
+    return torch.cat([flat, flat.new_zeros(pad)]) if pad else flat
+
+
+def ring_no_padding(tensor, group):
+    flat = tensor.reshape(-1)
+    shard = flat.new_empty(flat.numel() // group.size)
+    comm.reduce_scatter(shard, flat, group)
+    out = torch.empty_like(flat)
+    comm.all_gather(out, shard, group)
+    return out.view_as(tensor)
+
+
+def ring_returns_mean(tensor, group):
+    flat = _padded(tensor, group.size)
+    shard = flat.new_empty(flat.numel() // group.size)
+    comm.reduce_scatter(shard, flat, group)
+    out = torch.empty_like(flat)
+    comm.all_gather(out, shard, group)
+    return (out[:tensor.numel()] / group.size).view_as(tensor)
+
+
+def ring_skips_all_gather(tensor, group):
+    flat = _padded(tensor, group.size)
+    k = flat.numel() // group.size
+    shard = flat.new_empty(k)
+    comm.reduce_scatter(shard, flat, group)
+    r = group.rank_of(dist.get_rank())
+    out = flat.clone()
+    out[r * k:(r + 1) * k] = shard
+    return out[:tensor.numel()].view_as(tensor)
+
+
+def ring_uses_all_reduce(tensor, group):
+    return comm.all_reduce(tensor.clone(), group)
+
+
+def ring_local_only(tensor, group):
+    return tensor
+
+
+def ring_keeps_padding(tensor, group):
+    flat = _padded(tensor, group.size)
+    shard = flat.new_empty(flat.numel() // group.size)
+    comm.reduce_scatter(shard, flat, group)
+    out = torch.empty_like(flat)
+    comm.all_gather(out, shard, group)
+    return out
+
+
+def ring_only_rank0_communicates(tensor, group):
+    if dist.get_rank() == 0:
+        return ring_keeps_padding(tensor, group)[:tensor.numel()].view_as(tensor)
+    return tensor

@@ -1,0 +1,116 @@
+"""The labs: every notebook runs under nbval with the reference solutions, and every exercise check
+catches wrong answers with a message that names the mistake."""
+import inspect
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+LABS = ROOT / "labs"
+# Collected before any test runs, so the launcher's forkserver (started by the first launch) can import
+# the labs' modules and this folder's wrong answers in every rank.
+sys.path.insert(0, str(LABS))
+
+import checks                     # noqa: E402  (labs/checks.py)
+import lab_wrong_answers as wrong  # noqa: E402
+import make_notebooks             # noqa: E402
+
+NOTEBOOKS = sorted(LABS.glob("[0-9][0-9]-*.ipynb"))
+EXERCISES = {"memory": ("model_state_bytes", checks.check_model_state_bytes),
+             "ring_all_reduce": ("ring_all_reduce", checks.check_ring_all_reduce)}
+
+
+def _load(package, name):
+    old = os.environ.get(checks.SOLUTIONS_ENV)
+    os.environ[checks.SOLUTIONS_ENV] = "1" if package == "solutions" else "0"
+    try:
+        return checks.exercise(name)
+    finally:
+        os.environ.pop(checks.SOLUTIONS_ENV) if old is None else os.environ.__setitem__(checks.SOLUTIONS_ENV, old)
+
+
+# ------------------------------------------------------------------------------------------------
+# The notebooks.
+
+def test_every_lab_has_a_source_and_is_built_from_it():
+    sources = sorted(p.stem for p in (LABS / "notebooks").glob("*.py"))
+    assert [p.stem for p in NOTEBOOKS] == sources
+    for path in NOTEBOOKS:
+        stored = make_notebooks.nbformat.read(path, as_version=4)
+        built = make_notebooks.build(path.stem)
+        assert [(c.cell_type, c.source) for c in stored.cells] == [(c.cell_type, c.source) for c in built.cells], \
+            f"{path.name} is out of date: run `python labs/make_notebooks.py --execute {path.stem}`"
+        assert stored.metadata["kernelspec"]["name"] == "python3"
+        checked = [c for c in stored.cells if c.cell_type == "code" and "# NBVAL_CHECK_OUTPUT" in c.source]
+        assert checked and all(c.outputs for c in checked), f"{path.name}: checked cells need stored outputs"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("notebook", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
+def test_lab_runs_under_nbval_with_the_solutions(notebook):
+    env = {**os.environ, checks.SOLUTIONS_ENV: "1",
+           "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(LABS), os.environ.get("PYTHONPATH", "")])}
+    start = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-m", "pytest", "--nbval-lax", "--nbval-current-env", "-q",
+                           "-p", "no:cacheprovider", str(notebook)],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=280)
+    wall = time.perf_counter() - start
+    assert proc.returncode == 0, f"{notebook.name} failed under nbval:\n{proc.stdout[-6000:]}\n{proc.stderr[-2000:]}"
+    print(f"{notebook.name}: {wall:.1f} s under nbval")
+
+
+# ------------------------------------------------------------------------------------------------
+# The exercises.
+
+@pytest.mark.parametrize("name", sorted(EXERCISES))
+def test_stub_and_solution_share_a_signature_and_the_stub_says_it_is_an_exercise(name):
+    fn_name, check = EXERCISES[name]
+    stub, solution = getattr(_load("exercises", name), fn_name), getattr(_load("solutions", name), fn_name)
+    assert inspect.signature(stub) == inspect.signature(solution)
+    with pytest.raises(checks.ExerciseError, match="not done yet"):
+        check(stub)
+
+
+@pytest.mark.parametrize("name", sorted(EXERCISES))
+def test_reference_solution_passes_its_check(name, capsys):
+    fn_name, check = EXERCISES[name]
+    check(getattr(_load("solutions", name), fn_name))
+    assert capsys.readouterr().out.startswith("✓")
+
+
+@pytest.mark.parametrize("answer, says", [
+    (wrong.memory_forgets_step, "keeps a `step` counter per parameter *tensor*"),
+    (wrong.memory_counts_elements, "is the element count, not bytes"),
+    (wrong.memory_one_moment, "you counted one moment"),
+    (wrong.memory_sgd_has_momentum, "SGD without momentum keeps no state"),
+    (wrong.memory_mixed_precision_k, "no separate master copy"),
+    (wrong.memory_no_grads, "every trainable parameter holds a .grad"),
+    (wrong.memory_total_only, "return a dict with exactly the keys"),
+], ids=lambda v: v.__name__ if callable(v) else "")
+def test_memory_check_names_the_mistake(answer, says):
+    with pytest.raises(checks.ExerciseError, match="model_state_bytes") as info:
+        checks.check_model_state_bytes(answer)
+    assert says in str(info.value)
+
+
+@pytest.mark.parametrize("answer, says", [
+    (wrong.ring_no_padding, "pad the flat tensor with zeros to a multiple of group.size"),
+    (wrong.ring_returns_mean, "the result is the mean, not the sum"),
+    (wrong.ring_skips_all_gather, "only this rank's own chunk"),
+    (wrong.ring_uses_all_reduce, "calls comm.all_reduce"),
+    (wrong.ring_local_only, "nothing was summed across ranks"),
+    (wrong.ring_keeps_padding, "drop the padding and reshape"),
+], ids=lambda v: v.__name__ if callable(v) else "")
+def test_ring_check_names_the_mistake(answer, says):
+    with pytest.raises(checks.ExerciseError, match="ring_all_reduce") as info:
+        checks.check_ring_all_reduce(answer)
+    assert says in str(info.value)
+
+
+def test_ring_check_reports_a_hang_instead_of_waiting_forever():
+    with pytest.raises(checks.ExerciseError, match="every rank must call the same collectives"):
+        checks.check_ring_all_reduce(wrong.ring_only_rank0_communicates, timeout=10)
