@@ -170,7 +170,9 @@ def _context():
     if _CONTEXT is None:
         if "forkserver" in mp.get_all_start_methods():
             _CONTEXT = mp.get_context("forkserver")
-            _CONTEXT.set_forkserver_preload(["torch", "torch.distributed", "minimega"])
+            # torch._dynamo too: every torch.optim.Optimizer imports it on construction, which costs each
+            # rank seconds (measured 2-15 s per launch on 2 busy cores) unless the forkserver already holds it.
+            _CONTEXT.set_forkserver_preload(["torch", "torch.distributed", "torch._dynamo", "minimega"])
         else:
             _CONTEXT = mp.get_context("spawn")
     return _CONTEXT
