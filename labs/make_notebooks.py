@@ -84,8 +84,11 @@ def execute(nb: nbformat.NotebookNode, timeout: float = 300) -> float:
                 elif kind in ("stream", "display_data", "execute_result", "error"):
                     outputs.append(nbformat.v4.output_from_msg(msg))
 
+            began = time.perf_counter()
             reply = kc.execute_interactive(cell.source, output_hook=hook, timeout=timeout)
             count += 1
+            print(f"  cell {count}: {time.perf_counter() - began:5.1f} s  {cell.source.splitlines()[-1][:60]}",
+                  file=sys.stderr)
             cell.execution_count = count
             for out in outputs:
                 if "execution_count" in out:

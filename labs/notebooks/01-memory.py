@@ -21,13 +21,13 @@ import workers     # labs/workers.py: the functions each rank runs
 # %% [markdown]
 # ## 1. A real job
 # `mm.launch` starts 2 ranks; each runs `workers.train`: build the tiny GPT (same seed on every rank), wrap it
-# with `mm.initialize` (DDP here), train 3 steps with AdamW, run one more backward (so gradients are resident,
+# with `mm.initialize` (DDP here), train one step with AdamW (it creates Adam's states), run one more backward (so gradients are resident,
 as at the peak of a step) and return `engine.report()`.
 # `report()["memory"]` counts the bytes of every resident tensor, by category (`minimega.measure`).
 
 # %%
 config = mm.TrainConfig(optimizer="adamw", batch_size=8)
-reports = mm.launch(workers.train, 2, "tiny", config, 3, 32, True, timeout=180)   # 3 steps, seq 32, with grads
+reports = mm.launch(workers.train, 2, "tiny", config, 1, 32, True, timeout=180)   # 1 step, seq 32, with grads
 
 # %%
 # NBVAL_CHECK_OUTPUT
@@ -64,7 +64,7 @@ display(controls)
 # %% [markdown]
 # ## 3. Exercise: count the bytes yourself
 # Open `labs/exercises/memory.py` and complete `model_state_bytes(param_numels, optimizer)`. The check trains
-# two models with each optimizer, measures the bytes, and tells you what is off.
+# real models with SGD, Adam and AdamW, measures the bytes, and tells you what is off.
 # Hint: after one step, look at `optimizer.state[p]` for one parameter `p`.
 
 # %%
