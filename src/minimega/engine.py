@@ -60,6 +60,7 @@ class Engine:
     def __init__(self, model: GPT, config: TrainConfig, mesh: Mesh):
         validate(model, config, mesh)
         self.config, self.mesh, self.module = config, mesh, model.to(mesh.device)
+        self.model_config = model.config
         self.model = DataParallel(model, mesh.dp_group, bucket_mb=config.bucket_mb)
         self.optimizer = make_optimizer(model.parameters(), config)
         self.comm_log = comm.CommLog()
@@ -139,6 +140,49 @@ class Engine:
             "comm_events": self.comm_log.events(),
             "timeline": self.timeline + self.model.timeline,
         }
+
+
+    # ---- checkpoints (see checkpoint.py): the layout-free training state and this rank's RNG --------
+
+    def layout(self) -> dict:
+        return {"world": self.mesh.world_size, "dp": self.mesh.dp_size, "tp": self.mesh.tp_size,
+                "pp": self.mesh.pp_size, "zero_stage": self.config.zero_stage}
+
+    def training_state(self) -> dict:
+        """{'model': full fp32 weights, 'optimizer': {key: {state: full tensor}}} by `model.py` keys, on every rank."""
+        names = {p: n for n, p in self.module.named_parameters()}
+        optimizer = {names[p]: {k: v.detach().cpu().clone() for k, v in st.items()}
+                     for p, st in self.optimizer.state.items()}
+        return {"model": self.full_state_dict(), "optimizer": optimizer}
+
+    @torch.no_grad()
+    def load_training_state(self, state: dict, step: int) -> None:
+        """Take a full-shaped training state (any saved layout) into this rank's layout."""
+        self.module.load_state_dict({k: v.to(self.mesh.device) for k, v in state["model"].items()}, strict=True)
+        params = dict(self.module.named_parameters())
+        self.optimizer.state.clear()
+        for key, st in state["optimizer"].items():
+            self.optimizer.state[params[key]] = {k: v.to(self.mesh.device).clone() for k, v in st.items()}
+        self.step = step
+
+    def rng_state(self) -> dict:
+        return {"torch": torch.get_rng_state(),
+                "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}
+
+    def set_rng_state(self, state: dict) -> None:
+        torch.set_rng_state(state["torch"])
+        if state.get("cuda") is not None and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(state["cuda"])
+
+    def save(self, directory, keep: int = 3):
+        """Atomic sharded checkpoint of everything needed to resume (see `minimega.checkpoint`)."""
+        from . import checkpoint
+        return checkpoint.save(self, directory, keep=keep)
+
+    def load(self, directory) -> int:
+        """Resume from a checkpoint saved under any layout; returns its step."""
+        from . import checkpoint
+        return checkpoint.load(self, directory)
 
 
 def initialize(model: GPT, config: TrainConfig, mesh: Mesh) -> Engine:
