@@ -20,14 +20,16 @@ from contextlib import nullcontext
 import torch
 
 from . import comm, measure
+from .activation_checkpoint import apply_activation_checkpointing
 from .config import TrainConfig
 from .data_parallel import DataParallel
 from .mesh import Mesh
 from .model import GPT
+from .tensor_parallel import ParallelGPT, apply_tensor_parallel, check_divisible
 
 # What this build of the engine can combine; anything else is refused before training starts.
-_SUPPORTED = {"zero_stage": {0}, "tp": {1}, "pp": {1}, "precision": {"fp32"},
-              "activation_checkpointing": {"none"}}
+_SUPPORTED = {"zero_stage": {0}, "pp": {1}, "precision": {"fp32"},
+              "activation_checkpointing": {"none", "full", "selective"}}
 
 
 def validate(model: GPT, config: TrainConfig, mesh: Mesh) -> None:
@@ -43,6 +45,9 @@ def validate(model: GPT, config: TrainConfig, mesh: Mesh) -> None:
     seq = config.seq_len or model.config.block_size
     if seq > model.config.block_size:
         raise ValueError(f"seq_len={seq} exceeds the model's block_size={model.config.block_size}")
+    check_divisible(model.config, config.tp)
+    if config.sequence_parallel and seq % config.tp:
+        raise ValueError(f"sequence_parallel: seq_len={seq} is not divisible by tp={config.tp}")
 
 
 def make_optimizer(params, config: TrainConfig) -> torch.optim.Optimizer:
@@ -59,8 +64,10 @@ class Engine:
 
     def __init__(self, model: GPT, config: TrainConfig, mesh: Mesh):
         validate(model, config, mesh)
-        self.config, self.mesh, self.module = config, mesh, model.to(mesh.device)
         self.model_config = model.config
+        model = apply_tensor_parallel(model.to(mesh.device), mesh, config.sequence_parallel)
+        apply_activation_checkpointing(model, config.activation_checkpointing, config.checkpoint_every)
+        self.config, self.mesh, self.module = config, mesh, model
         self.model = DataParallel(model, mesh.dp_group, bucket_mb=config.bucket_mb)
         self.optimizer = make_optimizer(model.parameters(), config)
         self.comm_log = comm.CommLog()
@@ -108,6 +115,13 @@ class Engine:
         """Clip by the global gradient norm (grads are replicated after the DDP all-reduce)."""
         if not self.config.gradient_clipping:
             return None
+        if isinstance(self.module, ParallelGPT):     # shards: the norm needs every tp rank's share
+            norm = self.module.grad_norm()
+            coef = (self.config.gradient_clipping / (norm + 1e-6)).clamp(max=1.0)
+            for p in self.module.parameters():
+                if p.grad is not None:
+                    p.grad.mul_(coef)
+            return float(norm)
         return float(torch.nn.utils.clip_grad_norm_(self.module.parameters(), self.config.gradient_clipping))
 
     @torch.no_grad()
@@ -119,8 +133,10 @@ class Engine:
         return comm.all_reduce_mean(loss.detach().clone(), self.mesh.dp_group).item()
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
-        """Consolidated fp32 weights with `model.py`'s keys, on every rank."""
-        return {k: v.detach().float().cpu().clone() for k, v in self.module.state_dict().items()}
+        """Consolidated fp32 weights with `model.py`'s keys, on every rank (collective over tp)."""
+        state = (self.module.full_state_dict() if isinstance(self.module, ParallelGPT)
+                 else self.module.state_dict())
+        return {k: v.detach().float().cpu().clone() for k, v in state.items()}
 
     def memory(self) -> dict:
         """Bytes this rank holds right now, by category."""
