@@ -15,8 +15,9 @@ from parity import max_rel_error, parity_config
 MODEL = mm.GPTConfig.tiny(block_size=32)
 
 
-def _engine(config, dp=None):
-    mesh = mm.init_mesh(mm.ParallelDims(dp=dp or (dist.get_world_size() if dist.is_initialized() else 1)))
+def _engine(config):
+    world = dist.get_world_size() if dist.is_initialized() else 1
+    mesh = mm.init_mesh(mm.ParallelDims.infer(world, tp=config.tp, pp=config.pp))
     torch.manual_seed(config.seed)
     return mesh, mm.initialize(mm.GPT(MODEL), config, mesh)
 
@@ -67,12 +68,22 @@ def _load_and_continue(config, directory):
     return engine.full_state_dict(), engine.eval_step(data.global_batch(0, 8, 32, split="val"))
 
 
-@pytest.mark.parametrize("save_world, load_world", [(2, 1), (1, 4)], ids=["dp2-to-dp1", "dp1-to-dp4"])
-def test_reshard_across_dp(tmp_path, save_world, load_world):
-    config = parity_config()
-    straight = mm.launch(_save_after, save_world, config, str(tmp_path), 10, timeout=240)[0]
-    resumed, _ = mm.launch(_load_and_continue, load_world, config, str(tmp_path), timeout=240)[0]
+LAYOUTS = {"dp1": (1, {}), "dp2": (2, {}), "dp4": (4, {}), "tp2": (2, {"tp": 2}), "dp2-tp2": (4, {"tp": 2})}
+
+
+@pytest.mark.parametrize("src, dst", [("dp2", "dp1"), ("dp1", "dp4"), ("dp2", "tp2"), ("dp2-tp2", "dp1")],
+                         ids=lambda v: v)
+def test_reshard_across_layouts(tmp_path, src, dst):
+    (w_src, kw_src), (w_dst, kw_dst) = LAYOUTS[src], LAYOUTS[dst]
+    straight = mm.launch(_save_after, w_src, parity_config(**kw_src), str(tmp_path), 10, timeout=240)[0]
+    resumed, _ = mm.launch(_load_and_continue, w_dst, parity_config(**kw_dst), str(tmp_path), timeout=240)[0]
     assert max_rel_error(resumed, straight) <= 1e-5
+
+
+def test_resume_is_bit_identical_tp2(tmp_path):
+    straight, resumed, l1, l2 = mm.launch(_straight_and_resumed, 2, parity_config(tp=2), str(tmp_path), None,
+                                          timeout=240)[0]
+    assert all(torch.equal(straight[k], resumed[k]) for k in straight) and l1 == l2
 
 
 def test_consolidate_gives_the_distributed_models_loss(tmp_path):

@@ -25,7 +25,7 @@ from .config import TrainConfig
 from .data_parallel import DataParallel
 from .mesh import Mesh
 from .model import GPT
-from .tensor_parallel import ParallelGPT, apply_tensor_parallel, check_divisible
+from .tensor_parallel import full_like_param, local_like_param, ParallelGPT, apply_tensor_parallel, check_divisible
 
 # What this build of the engine can combine; anything else is refused before training starts.
 _SUPPORTED = {"zero_stage": {0}, "pp": {1}, "precision": {"fp32"},
@@ -166,19 +166,26 @@ class Engine:
 
     def training_state(self) -> dict:
         """{'model': full fp32 weights, 'optimizer': {key: {state: full tensor}}} by `model.py` keys, on every rank."""
-        names = {p: n for n, p in self.module.named_parameters()}
-        optimizer = {names[p]: {k: v.detach().cpu().clone() for k, v in st.items()}
-                     for p, st in self.optimizer.state.items()}
-        return {"model": self.full_state_dict(), "optimizer": optimizer}
+        optimizer = {}
+        for name, p in self.module.named_parameters():
+            st = self.optimizer.state.get(p, {})
+            optimizer[name] = {k: (full_like_param(self.module, name, v) if v.shape == p.shape else v).detach().cpu().clone()
+                               for k, v in st.items()}
+        return {"model": self.full_state_dict(), "optimizer": {k: v for k, v in optimizer.items() if v}}
 
     @torch.no_grad()
     def load_training_state(self, state: dict, step: int) -> None:
         """Take a full-shaped training state (any saved layout) into this rank's layout."""
-        self.module.load_state_dict({k: v.to(self.mesh.device) for k, v in state["model"].items()}, strict=True)
         params = dict(self.module.named_parameters())
+        if missing := sorted(set(params) - set(state["model"])):
+            raise ValueError(f"checkpoint lacks parameters {missing[:5]}")
+        for name, p in params.items():
+            p.copy_(local_like_param(self.module, name, state["model"][name], p))
         self.optimizer.state.clear()
-        for key, st in state["optimizer"].items():
-            self.optimizer.state[params[key]] = {k: v.to(self.mesh.device).clone() for k, v in st.items()}
+        for name, st in state["optimizer"].items():
+            p = params[name]
+            self.optimizer.state[p] = {k: (local_like_param(self.module, name, v, p) if v.dim() else v.clone())
+                                       for k, v in st.items()}
         self.step = step
 
     def rng_state(self) -> dict:
