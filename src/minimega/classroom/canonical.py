@@ -146,6 +146,8 @@ def rdfc(document: dict, extra_contexts: dict[str, dict] | None = None) -> str:
         })
     except jsonld.JsonLdError as err:
         cause = err
-        while getattr(cause, "cause", None) is not None:   # pyld wraps the loader's error
-            cause = cause.cause
+        while cause.__cause__ is not None:               # pyld wraps the loader's error several times
+            cause = cause.__cause__
+        if isinstance(cause, CanonicalizationError):
+            raise cause from err
         raise CanonicalizationError(f"JSON-LD processing failed: {cause}") from err
