@@ -33,7 +33,8 @@ class Signer:
         doc = credential.build_credential(
             issuer={"id": self.did, "type": ["Profile"], "name": "minimega course", "url": "https://course.example/"},
             display_name=name, achievement=achievement(), status=status_list.entry(LIST_URL, INDEX),
-            valid_from=valid_from, valid_until=valid_until, email="ada@example.org")
+            valid_from=valid_from, valid_until=valid_until,
+            email_id=credential.email_identity("ada@example.org"))
         return credential.add_proofs(doc, self.private, self.vm, created=valid_from)
 
     def status(self, revoked=(), valid_from=NOW - timedelta(hours=1), ttl=timedelta(days=1), issuer=None):

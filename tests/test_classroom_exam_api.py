@@ -215,7 +215,7 @@ def test_openapi_fuzz_finds_no_server_error(tmp_path):
     for op in schema.get_all_operations():
         operation = op.ok()
 
-        @settings(max_examples=25, deadline=None, database=None,
+        @settings(max_examples=15, deadline=None, database=None,
                   suppress_health_check=list(HealthCheck))
         def run(case):
             response = case.call()
@@ -226,5 +226,24 @@ def test_openapi_fuzz_finds_no_server_error(tmp_path):
         strategy = operation.as_strategy()
         from hypothesis import given
         given(strategy)(run)()
-    assert len(set(calls)) >= 8 and len(calls) > 100, (len(calls), sorted(set(calls)))
+    assert len(set(calls)) >= 8 and len(calls) > 60, (len(calls), sorted(set(calls)))
     assert not failures, failures
+
+
+def test_did_web_service_rotation_keeps_old_credentials_verifiable(tmp_path):
+    config = make_config(tmp_path, issuer_did="did:web:127.0.0.1%3A8000")
+    app = create_app(config)
+    with TestClient(app) as client:
+        first = pass_exam(client, "Old Key")["credential"]["code"]
+        app.state.issuer.keyring.rotate(config.keys_path)
+        second = pass_exam(client, "New Key")["credential"]["code"]
+        did = client.get("/.well-known/did.json").json()
+        assert did["id"] == "did:web:127.0.0.1%3A8000" and len(did["assertionMethod"]) == 2
+        creds = [client.get(f"/api/v1/credentials/{c}").json() for c in (first, second)]
+        assert creds[0]["proof"][0]["verificationMethod"] != creds[1]["proof"][0]["verificationMethod"]
+        trusted = {m["publicKeyMultibase"] for m in did["verificationMethod"]}
+        for cred in creds:
+            status = client.get(cred["credentialStatus"]["statusListCredential"].replace(config.base_url, "")).json()
+            result = credential.verify(cred, did_documents={did["id"]: did}, trusted_keys=trusted,
+                                       status_list_credential=status)
+            assert result.valid and result.claims["issuer_id"] == did["id"], result.errors

@@ -63,7 +63,7 @@ def svg(doc: dict, code: str, verify_url: str) -> str:
 <text x="60" y="600">Verification code</text>
 <text x="60" y="632" font-size="26" font-weight="bold">{escape(code)}</text>
 <text x="60" y="670" font-size="13">{escape(verify_url)}</text>
-<text x="60" y="694" font-size="11">Issuer {escape(str(c['issuer_id']))[:90]}</text>
+<text x="60" y="694" font-size="11">Issuer {escape(str(c['issuer_id'])[:90])}</text>
 </g>
 <g transform="translate({W-240},{H-240})"><rect width="180" height="180" fill="#fff"/><path d="{path}" fill="#000"/></g>
 </svg>

@@ -74,12 +74,12 @@ def email_identity(email: str, salt: str | None = None) -> dict:
 
 def build_credential(*, issuer: dict, display_name: str, achievement: dict, status: dict,
                      valid_from: datetime, valid_until: datetime | None = None,
-                     email: str | None = None, credential_id: str | None = None) -> dict:
-    """The unsigned OpenBadgeCredential."""
+                     email_id: dict | None = None, credential_id: str | None = None) -> dict:
+    """The unsigned OpenBadgeCredential; `email_id` is an `email_identity(...)` (a salted hash)."""
     identifiers = [{"type": "IdentityObject", "identityType": "name", "hashed": False,
                     "identityHash": display_name}]
-    if email:
-        identifiers.append(email_identity(email))
+    if email_id:
+        identifiers.append(email_id)
     doc = {
         "@context": list(CONTEXT),
         "id": credential_id or f"urn:uuid:{uuid.uuid4()}",

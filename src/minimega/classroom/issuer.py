@@ -106,9 +106,7 @@ class Issuer:
             doc = credential.build_credential(
                 issuer=self.profile(key), display_name=attempt["display_name"],
                 achievement=self.achievement(), status=status_list.entry(self.list_url(key.fingerprint), index),
-                valid_from=valid_from, valid_until=until)
-            if email_id:
-                doc["credentialSubject"]["identifier"].append(email_id)
+                valid_from=valid_from, valid_until=until, email_id=email_id)
             signed = credential.add_proofs(doc, key.private, self.method_for(key), created=valid_from)
             try:
                 self.store.store_credential(credential_id=doc["id"], code=code, attempt_id=attempt_id,
