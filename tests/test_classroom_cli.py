@@ -8,7 +8,6 @@ import sys
 import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import pytest
 
@@ -131,6 +130,8 @@ def test_cli_round_trip_revoke_and_rotate(server, tmp_path, capsys):
     rotate = cli_fast(capsys, "cert", "rotate-key", "--var-dir", var)
     assert rotate.returncode == 0 and "older key(s) stay published" in rotate.stdout
     assert len(list((var / "keys").glob("key-*.pem"))) == 2
+    listed = cli_fast(capsys, "cert", "keys", "--var-dir", var).stdout.splitlines()
+    assert len(listed) == 2 and "signs new certificates" in listed[1] and listed[0].split()[0] in json.dumps(cred)
 
 
 LOAD_THREADS, LOAD_ANSWERS = 20, 2000

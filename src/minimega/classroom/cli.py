@@ -3,7 +3,7 @@
     python -m minimega.classroom.cli serve [--host 127.0.0.1 --port 8000 …]
     python -m minimega.classroom.cli cert verify FILE|CODE [--issuer-url URL] [--offline] [--json]
     python -m minimega.classroom.cli cert revoke CODE [--reason TEXT]
-    python -m minimega.classroom.cli cert rotate-key
+    python -m minimega.classroom.cli cert keys | rotate-key
 
 `cert verify` checks the proofs offline (did:key needs nothing; did:web needs --did-document or the
 network), then, when reachable, the signed status list. Exit status: 0 valid, 1 invalid, 2 usage.
@@ -97,10 +97,17 @@ def run_serve(args) -> int:
 
     from .service import create_app
 
-    config = config_from_args(args)
-    if not args.no_build:
-        build_site(config.site_dir)
-    app = create_app(config)
+    from .exam import ExamError
+    from .keys import KeyringError
+    from .store import StoreError
+
+    try:
+        config = config_from_args(args)
+        if not args.no_build:
+            build_site(config.site_dir)
+        app = create_app(config)
+    except (ExamError, KeyringError, StoreError, ValueError) as err:
+        raise SystemExit(f"minimega serve: {err}")
     print(f"minimega serving {config.base_url}/  (exam: {config.base_url}/exam/, "
           f"verify: {config.base_url}/verify/)", flush=True)
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
@@ -131,6 +138,11 @@ def add_cert_parser(subparsers) -> argparse.ArgumentParser:
     r.add_argument("--var-dir", type=Path, default=ClassroomConfig().var_dir)
     r.add_argument("--db", type=Path)
     r.set_defaults(func=run_revoke)
+
+    s = sub.add_parser("keys", help="show the signing keys' fingerprints and did:key ids (to pin or publish)")
+    s.add_argument("--var-dir", type=Path, default=ClassroomConfig().var_dir)
+    s.add_argument("--keys-dir", type=Path)
+    s.set_defaults(func=run_keys)
 
     k = sub.add_parser("rotate-key", help="add a signing key; old keys keep verifying (service host)")
     k.add_argument("--var-dir", type=Path, default=ClassroomConfig().var_dir)
@@ -268,6 +280,16 @@ def run_revoke(args) -> int:
         raise SystemExit(f"no credential with code {code} in {db}")
     print(f"{code}: {'revoked' if changed else 'was already revoked'}; "
           "the signed status list shows it from its next fetch")
+    return 0
+
+
+def run_keys(args) -> int:
+    from .keys import Keyring, did_key
+
+    ring = Keyring.open(args.keys_dir or args.var_dir / "keys", create=False)
+    for key in ring.keys:
+        role = "signs new certificates" if key is ring.active else "verifies older certificates"
+        print(f"{key.fingerprint}  {did_key(key.public)[:24]}…  {role}  ({key.source})")
     return 0
 
 

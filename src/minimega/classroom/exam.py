@@ -117,9 +117,9 @@ def clean_name(name: str) -> str:
 
 class Exam:
     def __init__(self, config: ClassroomConfig, store: Store, issuer, rng: random.Random | None = None,
-                 clock=time.time):
+                 clock=time.time, banks: dict[int, quiz.Bank] | None = None):
         self.config, self.store, self.issuer, self.clock = config, store, issuer, clock
-        self.banks = load_exam_banks(config.banks_dir, config.questions_per_chapter)
+        self.banks = banks or load_exam_banks(config.banks_dir, config.questions_per_chapter)
         self.rng = rng or random.SystemRandom()
         self._pepper = store.pepper()
 

@@ -29,7 +29,7 @@ from fastapi.staticfiles import StaticFiles
 from pydantic import BaseModel, ConfigDict, Field
 
 from . import certificate
-from .exam import Exam, ExamError
+from .exam import Exam, ExamError, load_exam_banks
 from .issuer import Issuer
 from .keys import Keyring
 from .settings import ClassroomConfig
@@ -141,10 +141,11 @@ class RateLimiter:
 # --- the app -------------------------------------------------------------------------------------
 
 def create_app(config: ClassroomConfig, *, keyring: Keyring | None = None, clock=time.time) -> FastAPI:
+    banks = load_exam_banks(config.banks_dir, config.questions_per_chapter)    # fail before touching var/
     store = Store(config.db_path)
     keyring = keyring or Keyring.open(config.keys_path, create=True)
     issuer = Issuer(config, keyring, store, clock=clock)
-    exam = Exam(config, store, issuer, clock=clock)
+    exam = Exam(config, store, issuer, clock=clock, banks=banks)
     start_limit = RateLimiter(config.ip_attempts_per_hour, 3600)
     api_limit = RateLimiter(config.ip_requests_per_minute, 60)
 

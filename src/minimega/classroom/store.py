@@ -84,7 +84,7 @@ class Conflict(StoreError):
 class Store:
     def __init__(self, path: str | Path):
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)   # learner data: owner only
         self._local = threading.local()
         self.migrate()
 
