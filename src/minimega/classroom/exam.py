@@ -122,21 +122,21 @@ class Exam:
         self.banks = banks or load_exam_banks(config.banks_dir, config.questions_per_chapter)
         self.rng = rng or random.SystemRandom()
         self._pepper = store.pepper()
+        self._items = {(b.chapter, it.id): it for b in self.banks.values() for it in b.items}
 
     def _learner_key(self, name: str, email: str | None) -> str:
         ident = f"email:{email.strip().lower()}" if email else f"name:{name.casefold()}"
         return hmac.new(self._pepper, ident.encode("utf-8"), hashlib.sha256).hexdigest()
 
+    def _drawn_row(self, row) -> Drawn:
+        item = self._items.get((row["chapter"], row["item_id"]))
+        if item is None:
+            raise ExamError(f"question {row['number']} refers to item {row['item_id']!r}, "
+                            "no longer in the bank", 409)
+        return Drawn(row["number"], row["chapter"], item, json.loads(row["choice_order"]))
+
     def _drawn(self, attempt_id: str) -> list[Drawn]:
-        out = []
-        for row in self.store.items(attempt_id):
-            bank = self.banks[row["chapter"]]
-            item = next((i for i in bank.items if i.id == row["item_id"]), None)
-            if item is None:
-                raise ExamError(f"question {row['number']} refers to item {row['item_id']!r}, "
-                                "no longer in the bank", 409)
-            out.append(Drawn(row["number"], row["chapter"], item, json.loads(row["choice_order"])))
-        return out
+        return [self._drawn_row(row) for row in self.store.items(attempt_id)]
 
     def _open_attempt(self, attempt_id: str):
         row = self.store.attempt(attempt_id)
@@ -184,14 +184,14 @@ class Exam:
 
     def answer(self, attempt_id: str, number: int, payload: dict) -> dict:
         row = self._open_attempt(attempt_id)
-        drawn = {d.number: d for d in self._drawn(attempt_id)}
-        if number not in drawn:
-            raise ExamError(f"this attempt has questions 1..{len(drawn)}, not {number}", 404)
+        item_row = self.store.item(attempt_id, number) if 0 < number <= row["total"] else None
+        if item_row is None:
+            raise ExamError(f"this attempt has questions 1..{row['total']}, not {number}", 404)
         if row["finished_at"] is not None:
             raise ExamError("this attempt is finished; answers are locked", 409)
         if self.clock() > row["expires_at"]:
             raise ExamError("this attempt has expired; start a new one", 410)
-        grade = grade_shown(drawn[number], payload)
+        grade = grade_shown(self._drawn_row(item_row), payload)
         try:
             count = self.store.record_answer(attempt_id, number, payload, grade.correct, self.clock())
         except Conflict as err:

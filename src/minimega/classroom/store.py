@@ -178,6 +178,10 @@ class Store:
         return self.conn().execute("SELECT * FROM attempt_items WHERE attempt_id=? ORDER BY number",
                                    (attempt_id,)).fetchall()
 
+    def item(self, attempt_id: str, number: int) -> sqlite3.Row | None:
+        return self.conn().execute("SELECT * FROM attempt_items WHERE attempt_id=? AND number=?",
+                                   (attempt_id, number)).fetchone()
+
     def answers(self, attempt_id: str) -> list[sqlite3.Row]:
         return self.conn().execute("SELECT * FROM answers WHERE attempt_id=? ORDER BY number",
                                    (attempt_id,)).fetchall()
