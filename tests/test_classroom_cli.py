@@ -68,12 +68,13 @@ def server(tmp_path_factory):
     proc = subprocess.Popen([sys.executable, "-m", "minimega.classroom.cli", *map(str, args)],
                             stdout=log, stderr=subprocess.STDOUT, env=ENV, cwd=tmp)
     base = f"http://127.0.0.1:{port}"
-    for _ in range(150):
+    deadline = time.monotonic() + 120              # `import minimega` pulls in torch: slow on a busy machine
+    while time.monotonic() < deadline and proc.poll() is None:
         try:
             if call(base, "GET", "/api/v1/health")[0] == 200:
                 break
         except OSError:
-            time.sleep(0.1)
+            time.sleep(0.2)
     else:
         proc.kill()
         pytest.fail("server did not start: " + (tmp / "serve.log").read_text())
