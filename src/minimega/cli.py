@@ -1,4 +1,4 @@
-"""The `minimega` command: ``train``, ``serve`` (more subcommands join as their modules land).
+"""The `minimega` command: ``train``, ``checkpoint``, ``serve`` (course site + exam), ``cert``.
 
 ``minimega train`` maps its flags one-to-one onto `TrainConfig` fields (``--zero-stage``, ``--tp``,
 ``--sp`` …), generated from the dataclass so the two never drift apart.
@@ -154,43 +154,6 @@ def _cmd_train(args: argparse.Namespace) -> int:
 
 
 # ------------------------------------------------------------------------------------------------
-# minimega serve (static course site)
-
-def _serve_parser(sub) -> None:
-    p = sub.add_parser("serve", help="build the course site if stale and serve it",
-                       description="Build the course site (mkdocs) if its sources changed, then serve it.")
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8000)
-    p.add_argument("--root", default=".", help="project folder holding mkdocs.yml (default: .)")
-    p.set_defaults(func=_cmd_serve)
-
-
-def _cmd_serve(args: argparse.Namespace) -> int:
-    import functools
-    import http.server
-    import subprocess
-    from pathlib import Path
-
-    root = Path(args.root).resolve()
-    if not (root / "mkdocs.yml").exists():
-        raise SystemExit(f"minimega serve: no mkdocs.yml in {root}; run it from the project folder or pass --root")
-    site = root / "site"
-    sources = [root / "mkdocs.yml", *(root / "course").rglob("*"), *(root / "quizzes").rglob("*")]
-    newest = max(p.stat().st_mtime for p in sources if p.is_file())
-    if not (site / "index.html").exists() or (site / "index.html").stat().st_mtime < newest:
-        print("building the course site ...", file=sys.stderr)
-        subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-q"], cwd=root, check=True)
-    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(site))
-    with http.server.ThreadingHTTPServer((args.host, args.port), handler) as httpd:
-        print(f"serving the course on http://{args.host}:{args.port}/  (Ctrl+C to stop)", file=sys.stderr)
-        try:
-            httpd.serve_forever()
-        except KeyboardInterrupt:
-            pass
-    return 0
-
-
-# ------------------------------------------------------------------------------------------------
 # minimega checkpoint
 
 def _checkpoint_parser(sub) -> None:
@@ -224,8 +187,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="minimega", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     _train_parser(sub)
-    _serve_parser(sub)
     _checkpoint_parser(sub)
+    from .classroom.cli import add_cert_parser, add_serve_parser
+    add_serve_parser(sub)
+    add_cert_parser(sub)
     return parser
 
 
