@@ -172,6 +172,15 @@ def test_bloom_layer_sizes_match_the_training_notes():
     assert 250880 * h == 3_596_615_680
 
 
+def test_checkpoint_bytes_bloom():
+    # BLOOM tr11 README: "each checkpoint with fp32 optim states and bf16+fp32 weights is 2.3TB -
+    # just the bf16 weights are 329GB" (binary units: 2^40 and 2^30 bytes), for the 176B model
+    n = 176e9
+    assert est.checkpoint_bytes(n, optimizer=False) / 2**30 == pytest.approx(329, abs=2)
+    assert est.checkpoint_bytes(n) / 2**40 == pytest.approx(2.3, abs=0.06)
+    assert est.checkpoint_bytes(1, "fp32") == 12
+
+
 def test_cli_json(capsys):
     assert est.main(["--params", "7.5e9", "--dp", "64", "--json"]) == 0
     rep = json.loads(capsys.readouterr().out)

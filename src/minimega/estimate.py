@@ -230,6 +230,7 @@ def activation_bytes_per_layer(seq_len: int, micro_batch: int, hidden: int, head
 # --8<-- [end:activations]
 
 
+# --8<-- [start:tp_comm]
 def tp_comm_elements_per_layer(seq_len: int, micro_batch: int, hidden: int, tp: int) -> float:
     """Elements each TP rank sends per layer per micro-batch, forward + backward (Narayanan §3.2).
 
@@ -237,6 +238,20 @@ def tp_comm_elements_per_layer(seq_len: int, micro_batch: int, hidden: int, tp: 
     Sequence parallelism swaps each all-reduce for an all-gather + reduce-scatter: the same volume.
     """
     return 8 * micro_batch * seq_len * hidden * (tp - 1) / tp
+# --8<-- [end:tp_comm]
+
+
+# --8<-- [start:checkpoint]
+def checkpoint_bytes(n_params: float, precision: str = "mixed", *, optimizer: bool = True) -> float:
+    """Bytes of a full training checkpoint: the working weights plus, to resume, the optimizer states.
+
+    Mixed precision: 2Ψ for the 16-bit weights and KΨ = 12Ψ for the fp32 master copy, momentum and
+    variance. Gradients are not saved; they are rebuilt by the next backward. With
+    ``optimizer=False`` only the weights (what inference needs).
+    """
+    p, _, k = state_bytes_per_param(precision)
+    return (p + (k if optimizer else 0)) * n_params
+# --8<-- [end:checkpoint]
 
 
 # ----------------------------------------------------------------------------------------------
