@@ -205,7 +205,11 @@
       if (presets[select.value]) fillForm(form, presets[select.value]);
       update();
     });
-    form.addEventListener("input", function (ev) { if (ev.target !== select) update(); });
+    form.addEventListener("input", function (ev) {
+      if (ev.target === select) return;
+      if (ev.target.name !== "capacity") select.value = "custom";   // the inputs no longer match a preset
+      update();
+    });
     form.addEventListener("change", function (ev) { if (ev.target !== select) update(); });
     form.addEventListener("submit", function (ev) { ev.preventDefault(); update(); });
     var obs = new MutationObserver(function () {
