@@ -186,7 +186,9 @@ def test_no_third_party_requests_in_built_site(built):
             assert not re.match(r"^(https?:)?//", url), f"{f.relative_to(out)} loads {url}"
     css = (out / "assets" / "vendor" / "katex" / "katex.min.css").read_text()
     assert "http" not in css
-    assert (out / "assets" / "vendor" / "plotly.min.js").stat().st_size > 1_000_000
+    plotly_js = (out / "assets" / "vendor" / "plotly" / "plotly-basic.min.js").read_text()
+    import plotly.offline
+    assert "plotly.js (basic - minified) v" + plotly.offline.get_plotlyjs_version() in plotly_js[:200]
 
 
 def test_figures_are_built_deterministic_and_self_hosted(built):
@@ -199,9 +201,9 @@ def test_figures_are_built_deterministic_and_self_hosted(built):
     for name in plots.FIGURES:
         page = (out / "assets" / "figures" / f"{name}.html").read_text()
         assert f'id="fig-{name}-plot"' in page
-        assert 'src="../vendor/plotly.min.js"' in page and "cdn" not in page.lower()
+        assert 'src="../vendor/plotly/plotly-basic.min.js"' in page and "cdn" not in page.lower()
         assert "data-md-color-scheme" in page   # follows the course theme
-        again = plots.figure_html(plots.FIGURES[name](), f"fig-{name}-plot", "../vendor/plotly.min.js",
+        again = plots.figure_html(plots.FIGURES[name](), f"fig-{name}-plot", "../vendor/plotly/plotly-basic.min.js",
                                   plots.FIGURES[name]().layout.title.text)
         assert again == page
         fig = json.loads(re.search(r"Plotly\.newPlot\(\s*\"[^\"]+\",\s*(\[.*?\]),\s*\{", page, re.S).group(1))

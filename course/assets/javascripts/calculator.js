@@ -117,7 +117,7 @@
     if (!existing) {
       existing = document.createElement("script");
       existing.id = "mm-plotly-js";
-      existing.src = new URL("../vendor/plotly.min.js", scriptSrc).href;
+      existing.src = new URL("../vendor/plotly/plotly-basic.min.js", scriptSrc).href;
       document.head.appendChild(existing);
     }
     existing.addEventListener("load", function () { done(); });

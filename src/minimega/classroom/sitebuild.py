@@ -8,8 +8,9 @@ Pages write three macros; anything else between ``{{`` and ``}}`` fails the buil
     {{ presets_json() }}                              the calculator presets, as JSON
 
 After the build, `on_post_build` writes every figure of `minimega.plots.FIGURES` as a standalone page
-under ``assets/figures/`` and copies plotly.js from the installed plotly package to
-``assets/vendor/plotly.min.js``, so the site makes no third-party request.
+under ``assets/figures/``. Figures and the calculator load the vendored plotly.js basic bundle
+(``course/assets/vendor/plotly/``, the same plotly.js version plotly.py bundles), so the site makes
+no third-party request.
 """
 from __future__ import annotations
 
@@ -17,7 +18,6 @@ import html
 import json
 import math
 import re
-import shutil
 from pathlib import Path
 
 from mkdocs.exceptions import PluginError
@@ -165,19 +165,19 @@ def on_page_markdown(markdown: str, page, config, files) -> str:
     return MACRO.sub(replace, markdown)
 
 
-def on_post_build(config) -> None:
-    import plotly
+PLOTLY_JS = "assets/vendor/plotly/plotly-basic.min.js"
 
+
+def on_post_build(config) -> None:
     from minimega import plots
 
     site = Path(config["site_dir"])
-    vendor = site / "assets" / "vendor"
-    vendor.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(Path(plotly.__file__).parent / "package_data" / "plotly.min.js", vendor / "plotly.min.js")
+    if not (site / PLOTLY_JS).exists():
+        raise PluginError(f"{PLOTLY_JS} is missing from the built site (see course/assets/vendor/README.md)")
     out = site / "assets" / "figures"
     out.mkdir(parents=True, exist_ok=True)
     for name, build in plots.FIGURES.items():
         fig = build()
         title = fig.layout.title.text or name
-        (out / f"{name}.html").write_text(plots.figure_html(fig, f"fig-{name}-plot", "../vendor/plotly.min.js", title),
+        (out / f"{name}.html").write_text(plots.figure_html(fig, f"fig-{name}-plot", "../vendor/plotly/plotly-basic.min.js", title),
                                           encoding="utf-8")
