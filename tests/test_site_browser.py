@@ -176,6 +176,6 @@ def test_screenshots_and_theme(server, browser, scheme):
             # the figure follows the page's scheme: light text on dark, dark text on light
             color = frame.locator(".gtitle").first.evaluate("e => getComputedStyle(e).fill")
             assert color == ("rgb(227, 229, 234)" if scheme == "dark" else "rgb(31, 36, 48)")
-        page.screenshot(path=str(SHOTS / f"{name}-{scheme}.png"))
+        page.screenshot(path=str(SHOTS / f"{name}-{scheme}.png"), full_page=name == "calculator")
     watch.clean()
     ctx.close()
