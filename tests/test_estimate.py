@@ -146,7 +146,7 @@ def test_memory_per_gpu_composes_the_parts():
     out = est.memory_per_gpu(cfg)
     n = est.stage_params(cfg)
     assert n == est.gpt_params(36, 4096, 51200, 2048)       # pp = tp = 1: the whole model
-    assert out["params"] + out["grads"] + out["optimizer"] == est.model_state_bytes(n, 64, 1)
+    assert out["params"] + out["grads"] + out["optimizer"] == est.model_state_bytes(n, 64, cfg.zero_stage)
     assert out["activations"] == 36 * est.activation_bytes_per_layer(2048, 1, 4096, 32)
     assert out["total"] == pytest.approx(sum(out[k] for k in ("params", "grads", "optimizer", "gathered", "activations")))
     # offload moves optimizer states and gradients to CPU; total on the GPU falls by exactly that

@@ -24,7 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 GB = 1e9
 
@@ -365,7 +365,8 @@ def memory_per_gpu(cfg: MemoryConfig) -> dict:
 
     Model states: `model_state_breakdown` of the stage's parameters over dp. Activations:
     `activation_bytes_per_layer` × the first stage's ceil(L/p) blocks × `in_flight_microbatches`.
-    ZeRO-3 also gathers one whole block's parameters at a time ("gathered"). Not counted:
+    ZeRO-3 also holds, one block at a time, the parameters it gathers from the other ranks
+    ("gathered": a block's 16-bit parameters times (1 - 1/N_d)). Not counted:
     communication buckets, allocator fragmentation, the embedding/loss activations and logits.
     """
     cfg.check()
@@ -395,23 +396,25 @@ def memory_per_gpu(cfg: MemoryConfig) -> dict:
 # --8<-- [end:memory_per_gpu]
 
 
-# Presets shared by the calculator page, the figures and the tests. Sources: GPT-2 (Radford et al.
-# 2019; nanoGPT), ZeRO 7.5B (Narayanan Table 1 row: 32 heads, h=4096, 36 layers), BLOOM-176B
-# (bigscience tr11 README: 70 layers, h=14336, 112 heads, TP4 x PP12 x DP8, MBS 2), MT-NLG 530B
-# (Smith et al. 2022: 105 layers, h=20480, 128 heads, TP8 x PP35; DP8 on 2240 GPUs).
 PRESETS = {
-    "gpt2-124m": dict(layers=12, hidden=768, heads=12, vocab=50257, seq_len=1024, micro_batch=8,
-                      precision="mixed", zero_stage=0, tp=1, dp=1, pp=1),
-    "zero-7.5b": dict(layers=36, hidden=4096, heads=32, vocab=51200, seq_len=2048, micro_batch=1,
-                      precision="mixed", zero_stage=1, tp=1, dp=64, pp=1),
+    "gpt2-124m": dict(layers=12, hidden=768, heads=12, vocab=50257, seq_len=1024),
+    "zero-7.5b": dict(layers=36, hidden=4096, heads=32, vocab=51200, seq_len=2048, dp=64),
     "bloom-176b": dict(layers=70, hidden=14336, heads=112, vocab=250880, seq_len=2048, micro_batch=2,
                        precision="bf16", zero_stage=1, tp=4, dp=8, pp=12, recompute="full",
                        micro_batches=128),
     "mt-nlg-530b": dict(layers=105, hidden=20480, heads=128, vocab=51200, seq_len=2048, micro_batch=1,
-                        precision="mixed", zero_stage=1, tp=8, dp=8, pp=35, sp=False,
-                        recompute="full", micro_batches=240),
+                        tp=8, dp=8, pp=35, micro_batches=240),
 }
+"""Model shapes and published layouts; every other input keeps `MemoryConfig`'s default.
 
+gpt2-124m: GPT-2 small as in nanoGPT. zero-7.5b: the 7.5B shape of Narayanan et al. Table 1
+(32 heads, h = 4096, 36 layers, V = 51200, s = 2048) at the ZeRO paper's N_d = 64. bloom-176b:
+BigScience tr11 notes (70 layers, h = 14336, 112 heads, vocabulary 250880, TP 4 x PP 12 x DP 8,
+micro-batch 2, global batch 2048 so m = 2048 / (8 x 2) = 128, bf16, a ZeRO-1-equivalent optimizer,
+activation checkpointing). mt-nlg-530b: Smith et al. 2022 and Korthikanti Table 3 (105 layers,
+h = 20480, 128 heads, V = 51200, TP 8 x PP 35, micro-batch 1; DP 8 on 2240 GPUs with global batch
+1920, so m = 240).
+"""
 
 # ----------------------------------------------------------------------------------------------
 # CLI: `minimega estimate`
