@@ -103,6 +103,21 @@ def test_formula_namespace_is_estimate_only():
         sitebuild.format_number(7.5, "d")
 
 
+def test_macros_in_page_markdown():
+    from types import SimpleNamespace
+    from mkdocs.exceptions import PluginError
+    page = SimpleNamespace(url="03-zero/", file=SimpleNamespace(src_path="03-zero.md"))
+    config = {"config_file_path": str(ROOT / "mkdocs.yml")}
+    run = lambda md: sitebuild.on_page_markdown(md, page, config, None)
+    assert run('{{ num("model_state_bytes(7.5e9, 64, 2) / GB", ".1f") }} GB') == "16.6 GB"
+    assert 'src="../assets/figures/bubble-vs-microbatches.html"' in run('{{ figure("bubble-vs-microbatches", "c") }}')
+    assert run("{{ quiz() }}").count('class="mm-item"') == 9
+    assert run("a {{ template }} b") == "a {{ template }} b"          # not ours: left alone
+    for bad in ('{{ num("no_such_function(1)") }}', '{{ num(3) }}', '{{ figure("nope", "c") }}'):
+        with pytest.raises(PluginError):
+            run(bad)
+
+
 def test_rendered_item_is_accessible_markup(banks):
     bank = banks[2]
     page = sitebuild.render_quiz("03-zero", bank)

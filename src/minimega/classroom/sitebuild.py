@@ -1,6 +1,7 @@
 """mkdocs hooks for the course site (``hooks:`` in mkdocs.yml).
 
-Pages write three macros; anything else between ``{{`` and ``}}`` fails the build:
+Pages call four macros; a call whose arguments do not parse fails the build, and other ``{{ … }}``
+text (say, in a page someone else owns) is left alone:
 
     {{ num("model_state_bytes(7.5e9, 64, 2) / GB", ".1f") }}   a number computed by minimega.estimate
     {{ figure("zero-memory-vs-dp", "Caption for screen readers and print") }}   a plotly figure (iframe)
@@ -25,7 +26,7 @@ from mkdocs.exceptions import PluginError
 from minimega import estimate as est
 from minimega.classroom.quiz import Bank, Item, grade, load_bank
 
-MACRO = re.compile(r"\{\{(.*?)\}\}", re.S)
+MACRO = re.compile(r"\{\{(\s*(?:num|figure|quiz|presets_json)\s*\(.*?)\}\}", re.S)
 NUM = re.compile(r'^\s*num\(\s*"([^"]+)"\s*(?:,\s*"([^"]*)"\s*)?\)\s*$')
 FIGURE = re.compile(r'^\s*figure\(\s*"([a-z0-9-]+)"\s*,\s*"([^"]+)"\s*\)\s*$')
 QUIZ = re.compile(r"^\s*quiz\(\s*\)\s*$")
@@ -160,7 +161,7 @@ def on_page_markdown(markdown: str, page, config, files) -> str:
         if PRESETS.match(body):
             # goes inside <script type="application/json">, where entities are not decoded
             return json.dumps(est.PRESETS, sort_keys=True).replace("</", "<\\/")
-        raise PluginError(f"{page.file.src_path}: unknown macro {{{{{body}}}}}")
+        raise PluginError(f"{page.file.src_path}: cannot parse the macro call {{{{{body}}}}}")
 
     return MACRO.sub(replace, markdown)
 
