@@ -1,0 +1,15 @@
+"""minimega: ZeRO, tensor and pipeline parallelism rebuilt small, and proven against PyTorch.
+
+    import minimega as mm
+    reports = mm.launch(worker, 2, mm.TrainConfig(zero_stage=0))
+"""
+from . import comm, data
+from .config import GPTConfig, TrainConfig
+from .engine import Engine, initialize
+from .launch import LaunchTimeout, WorkerError, launch
+from .mesh import Mesh, ParallelDims, init_mesh
+from .model import GPT
+
+__version__ = "0.1.0"
+__all__ = ["GPT", "GPTConfig", "TrainConfig", "ParallelDims", "Mesh", "init_mesh", "launch", "WorkerError",
+           "LaunchTimeout", "initialize", "Engine", "comm", "data", "__version__"]

@@ -1,0 +1,192 @@
+"""The `minimega` command: ``train``, ``serve`` (more subcommands join as their modules land).
+
+``minimega train`` maps its flags one-to-one onto `TrainConfig` fields (``--zero-stage``, ``--tp``,
+``--sp`` …), generated from the dataclass so the two never drift apart.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+import time
+import typing
+
+from .config import GPTConfig, TrainConfig
+
+
+# ------------------------------------------------------------------------------------------------
+# minimega train
+
+def _add_config_flags(parser: argparse.ArgumentParser) -> None:
+    """One flag per TrainConfig field; defaults stay None so --config files are only overridden when set."""
+    hints = typing.get_type_hints(TrainConfig)
+    for f in dataclasses.fields(TrainConfig):
+        flags = [f"--{f.name.replace('_', '-')}", *f.metadata.get("flags", ())]
+        flags = list(dict.fromkeys(flags))
+        doc = _field_doc(f.name)
+        hint = hints[f.name]
+        if hint is bool:
+            parser.add_argument(*flags, dest=f.name, action="store_true", default=None, help=doc)
+        elif f.name == "betas":
+            parser.add_argument(*flags, dest=f.name, type=float, nargs=2, default=None, help=doc)
+        else:
+            base = typing.get_args(hint)[0] if typing.get_origin(hint) in (typing.Union, getattr(__import__("types"), "UnionType", None)) else hint
+            parser.add_argument(*flags, dest=f.name, type=base, default=None,
+                                help=f"{doc} (default: {f.default})")
+
+
+def _field_doc(name: str) -> str:
+    """The docstring under a TrainConfig field (read from the source, shown in --help)."""
+    import inspect
+    lines = inspect.getsource(TrainConfig).splitlines()
+    for i, line in enumerate(lines):
+        if line.strip().startswith(f"{name}:") and i + 1 < len(lines) and lines[i + 1].strip().startswith('"""'):
+            return lines[i + 1].strip().strip('"')
+    return ""
+
+
+def _train_parser(sub) -> None:
+    p = sub.add_parser("train", help="train the GPT on the shipped corpus across N local ranks",
+                       description="Train on N local ranks (gloo on CPU, NCCL with one GPU per rank).")
+    p.add_argument("--nproc", type=int, default=1, help="number of ranks (processes) (default: 1)")
+    p.add_argument("--dp", type=int, default=None, help="data-parallel degree (default: nproc / (tp*pp))")
+    p.add_argument("--steps", type=int, default=20, help="optimizer steps (default: 20)")
+    p.add_argument("--preset", default="tiny", choices=["tiny", "small", "gpt2"], help="model size (default: tiny)")
+    p.add_argument("--config", default=None, help="a DeepSpeed-style JSON config; flags override it")
+    p.add_argument("--backend", default="auto", choices=["auto", "gloo", "nccl"])
+    p.add_argument("--json", action="store_true", help="print the final summary as JSON")
+    _add_config_flags(p)
+    p.set_defaults(func=_cmd_train)
+
+
+def build_train_config(args: argparse.Namespace, dp: int) -> TrainConfig:
+    overrides = {f.name: getattr(args, f.name) for f in dataclasses.fields(TrainConfig)
+                 if getattr(args, f.name, None) is not None}
+    if "betas" in overrides:
+        overrides["betas"] = tuple(overrides["betas"])
+    if args.config:
+        return TrainConfig.from_deepspeed(args.config, dp=dp, **overrides)
+    return TrainConfig(**overrides)
+
+
+def train_worker(preset: str, config: TrainConfig, steps: int, show: bool) -> dict:
+    """What every rank of ``minimega train`` runs; rank 0 draws the progress bar."""
+    import torch
+
+    from . import comm, data
+    from .engine import initialize
+    from .mesh import ParallelDims, init_mesh
+    from .launch import current_world_size
+    from .model import GPT
+
+    dims = ParallelDims.infer(current_world_size(), tp=config.tp, pp=config.pp)
+    mesh = init_mesh(dims)
+    torch.manual_seed(config.seed)
+    model = GPT(GPTConfig.preset(preset))
+    engine = initialize(model, config, mesh)
+    seq = config.seq_len or model.config.block_size
+    tokens_per_step = config.batch_size * seq
+    start = time.perf_counter()
+    for step, batch in enumerate(data.batches(mesh, steps, config.batch_size, seq, seed=config.seed)):
+        loss = engine.train_step(batch)
+        if show and mesh.rank == 0:
+            elapsed = time.perf_counter() - start
+            done = (step + 1) / steps
+            bar = "#" * int(24 * done) + "." * (24 - int(24 * done))
+            print(f"\rstep {step + 1:>4}/{steps} [{bar}] loss {loss:7.4f} | "
+                  f"{tokens_per_step * (step + 1) / elapsed:9.0f} tok/s", end="", file=sys.stderr, flush=True)
+    wall = time.perf_counter() - start
+    if show and mesh.rank == 0:
+        print(file=sys.stderr)
+    sent = engine.comm_log.total_sent()
+    total_sent = comm.all_reduce(torch.tensor([sent], dtype=torch.float64), mesh.world).item()
+    return {"losses": engine.losses, "wall_s": wall, "tokens_per_s": tokens_per_step * steps / wall,
+            "sent_bytes_rank": sent, "sent_bytes_all_ranks": total_sent,
+            "params": model.num_params(), "memory": engine.memory()}
+
+
+def _cmd_train(args: argparse.Namespace) -> int:
+    from .launch import launch
+    from .mesh import ParallelDims
+
+    if args.nproc < 1:
+        raise SystemExit(f"minimega train: --nproc must be >= 1, got {args.nproc}")
+    tp, pp = args.tp or 1, args.pp or 1
+    dims = ParallelDims.infer(args.nproc, tp=tp, pp=pp)
+    if args.dp is not None:
+        ParallelDims(dp=args.dp, tp=tp, pp=pp).check(args.nproc)
+    config = build_train_config(args, dims.dp)
+    print(f"minimega train: {args.nproc} rank(s), dp={dims.dp} tp={dims.tp} pp={dims.pp}, zero_stage="
+          f"{config.zero_stage}, preset {args.preset}, {args.steps} steps", file=sys.stderr)
+    results = launch(train_worker, args.nproc, args.preset, config, args.steps, not args.json, backend=args.backend)
+    r0 = results[0]
+    summary = {"first_loss": r0["losses"][0], "final_loss": r0["losses"][-1], "steps": args.steps,
+               "wall_s": round(r0["wall_s"], 3), "tokens_per_s": round(r0["tokens_per_s"], 1),
+               "params": r0["params"], "bytes_sent_all_ranks": r0["sent_bytes_all_ranks"],
+               "losses": r0["losses"]}
+    if args.json:
+        print(json.dumps(summary))
+    else:
+        print(f"loss {summary['first_loss']:.4f} -> {summary['final_loss']:.4f} in {summary['wall_s']:.1f} s "
+              f"({summary['tokens_per_s']:.0f} tok/s); {summary['params']:,} parameters; "
+              f"{summary['bytes_sent_all_ranks'] / 2**20:.2f} MiB sent by all ranks")
+    return 0
+
+
+# ------------------------------------------------------------------------------------------------
+# minimega serve (static course site)
+
+def _serve_parser(sub) -> None:
+    p = sub.add_parser("serve", help="build the course site if stale and serve it",
+                       description="Build the course site (mkdocs) if its sources changed, then serve it.")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--root", default=".", help="project folder holding mkdocs.yml (default: .)")
+    p.set_defaults(func=_cmd_serve)
+
+
+def _cmd_serve(args: argparse.Namespace) -> int:
+    import functools
+    import http.server
+    import subprocess
+    from pathlib import Path
+
+    root = Path(args.root).resolve()
+    if not (root / "mkdocs.yml").exists():
+        raise SystemExit(f"minimega serve: no mkdocs.yml in {root}; run it from the project folder or pass --root")
+    site = root / "site"
+    sources = [root / "mkdocs.yml", *(root / "course").rglob("*"), *(root / "quizzes").rglob("*")]
+    newest = max(p.stat().st_mtime for p in sources if p.is_file())
+    if not (site / "index.html").exists() or (site / "index.html").stat().st_mtime < newest:
+        print("building the course site ...", file=sys.stderr)
+        subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-q"], cwd=root, check=True)
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(site))
+    with http.server.ThreadingHTTPServer((args.host, args.port), handler) as httpd:
+        print(f"serving the course on http://{args.host}:{args.port}/  (Ctrl+C to stop)", file=sys.stderr)
+        try:
+            httpd.serve_forever()
+        except KeyboardInterrupt:
+            pass
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="minimega", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    _train_parser(sub)
+    _serve_parser(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except ValueError as exc:          # configuration mistakes: one line, no traceback
+        print(f"minimega {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

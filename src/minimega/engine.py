@@ -1,0 +1,146 @@
+"""The engine: one entry point that applies the parallelisms in a documented order and trains.
+
+``initialize(model, config, mesh)`` takes the full reference model (identical on every rank: same
+seed) and wraps it, in this order:
+
+    1. pipeline split   (pp > 1)  keep only this stage's blocks
+    2. tensor parallel  (tp > 1)  split attention heads and the MLP across the tp group
+    3. activation checkpointing
+    4. precision        (bf16 / fp16 storage, fp32 master weights)
+    5. data parallel    (DDP at zero_stage 0, ZeRO stages 1-3 otherwise) over the dp group
+
+``Engine.train_step((x, y))`` takes this dp rank's rows of the global batch (see `minimega.data`),
+runs the gradient-accumulation micro-steps, clips, steps the optimizer and returns the global mean loss.
+"""
+from __future__ import annotations
+
+import time
+from contextlib import nullcontext
+
+import torch
+
+from . import comm, measure
+from .config import TrainConfig
+from .data_parallel import DataParallel
+from .mesh import Mesh
+from .model import GPT
+
+# What this build of the engine can combine; anything else is refused before training starts.
+_SUPPORTED = {"zero_stage": {0}, "tp": {1}, "pp": {1}, "precision": {"fp32"},
+              "activation_checkpointing": {"none"}}
+
+
+def validate(model: GPT, config: TrainConfig, mesh: Mesh) -> None:
+    """Every check that can fail, made before the first step, with the fix in the message."""
+    for name, allowed in _SUPPORTED.items():
+        if getattr(config, name) not in allowed:
+            raise ValueError(f"TrainConfig.{name}={getattr(config, name)!r} is not supported by this engine "
+                             f"(supported: {sorted(allowed)})")
+    if config.tp != mesh.tp_size or config.pp != mesh.pp_size:
+        raise ValueError(f"TrainConfig(tp={config.tp}, pp={config.pp}) does not match the mesh "
+                         f"(tp={mesh.tp_size}, pp={mesh.pp_size}); build the mesh from the same numbers")
+    config.rows_per_micro_step(mesh.dp_size)
+    seq = config.seq_len or model.config.block_size
+    if seq > model.config.block_size:
+        raise ValueError(f"seq_len={seq} exceeds the model's block_size={model.config.block_size}")
+
+
+def make_optimizer(params, config: TrainConfig) -> torch.optim.Optimizer:
+    """The optimizer named in the config (torch's implementations: they are the reference)."""
+    if config.optimizer == "sgd":
+        return torch.optim.SGD(params, lr=config.lr, weight_decay=config.weight_decay)
+    cls = torch.optim.AdamW if config.optimizer == "adamw" else torch.optim.Adam
+    return cls(params, lr=config.lr, betas=config.betas, eps=config.eps, weight_decay=config.weight_decay,
+               foreach=False)
+
+
+class Engine:
+    """Trains one rank's part of the model; see the module docstring for the order of wrapping."""
+
+    def __init__(self, model: GPT, config: TrainConfig, mesh: Mesh):
+        validate(model, config, mesh)
+        self.config, self.mesh, self.module = config, mesh, model.to(mesh.device)
+        self.model = DataParallel(model, mesh.dp_group, bucket_mb=config.bucket_mb)
+        self.optimizer = make_optimizer(model.parameters(), config)
+        self.comm_log = comm.CommLog()
+        self.losses: list[float] = []
+        self.grad_norms: list[float] = []
+        self.comm_per_step: list[float] = []
+        self.timeline: list[dict] = []
+        self.step = 0
+
+    def _event(self, name: str, **extra) -> None:
+        self.timeline.append({"event": name, "time": time.perf_counter(), "step": self.step, **extra})
+
+    def train_step(self, batch: tuple[torch.Tensor, torch.Tensor]) -> float:
+        """One optimizer step on this dp rank's rows; returns the mean loss over the global batch."""
+        x, y = (t.to(self.mesh.device) for t in batch)
+        ga = self.config.gradient_accumulation_steps
+        if x.shape[0] % ga:
+            raise ValueError(f"this rank's {x.shape[0]} rows do not split into gradient_accumulation_steps={ga}")
+        sent_before = self.comm_log.total_sent()
+        total = torch.zeros((), device=self.mesh.device)
+        self.model.train()
+        with self.comm_log:
+            for i, (xm, ym) in enumerate(zip(x.chunk(ga), y.chunk(ga))):
+                sync = i == ga - 1
+                with (nullcontext() if sync else self.model.no_sync()):
+                    self._event("forward_start", micro=i)
+                    _, loss = self.model(xm, ym)
+                    self._event("backward_start", micro=i)
+                    (loss / ga).backward()
+                    self._event("backward_end", micro=i)
+                total += loss.detach()
+            norm = self._clip()
+            self.optimizer.step()
+            self.optimizer.zero_grad(set_to_none=True)
+            self._event("optimizer_step_end")
+        self.comm_per_step.append(self.comm_log.total_sent() - sent_before)
+        loss = comm.all_reduce_mean(total / ga, self.mesh.dp_group).item()    # a metric: kept out of the log
+        self.losses.append(loss)
+        if norm is not None:
+            self.grad_norms.append(norm)
+        self.step += 1
+        return loss
+
+    def _clip(self) -> float | None:
+        """Clip by the global gradient norm (grads are replicated after the DDP all-reduce)."""
+        if not self.config.gradient_clipping:
+            return None
+        return float(torch.nn.utils.clip_grad_norm_(self.module.parameters(), self.config.gradient_clipping))
+
+    @torch.no_grad()
+    def eval_step(self, batch: tuple[torch.Tensor, torch.Tensor]) -> float:
+        """Mean loss over the global batch, without touching gradients or optimizer state."""
+        x, y = (t.to(self.mesh.device) for t in batch)
+        self.model.eval()
+        _, loss = self.model(x, y)
+        return comm.all_reduce_mean(loss.detach().clone(), self.mesh.dp_group).item()
+
+    def full_state_dict(self) -> dict[str, torch.Tensor]:
+        """Consolidated fp32 weights with `model.py`'s keys, on every rank."""
+        return {k: v.detach().float().cpu().clone() for k, v in self.module.state_dict().items()}
+
+    def memory(self) -> dict:
+        """Bytes this rank holds right now, by category."""
+        return measure.model_state_bytes(self.module, self.optimizer)
+
+    def report(self) -> dict:
+        """Everything a lab or test wants to plot: losses, bytes by category, communication, timeline."""
+        return {
+            "rank": self.mesh.rank,
+            "layout": {"dp": self.mesh.dp_size, "tp": self.mesh.tp_size, "pp": self.mesh.pp_size,
+                       "zero_stage": self.config.zero_stage},
+            "losses": list(self.losses),
+            "grad_norms": list(self.grad_norms),
+            "memory": self.memory(),
+            "comm": self.comm_log.summary(),
+            "comm_per_step": list(self.comm_per_step),
+            "comm_events": self.comm_log.events(),
+            "timeline": self.timeline + self.model.timeline,
+        }
+
+
+def initialize(model: GPT, config: TrainConfig, mesh: Mesh) -> Engine:
+    """Wrap the full reference model for this rank's place in the mesh (see the module docstring)."""
+    return Engine(model, config, mesh)

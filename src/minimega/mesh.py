@@ -1,0 +1,141 @@
+"""The device mesh: which ranks share a data-, tensor- or pipeline-parallel group.
+
+Ranks are laid out on a grid ``arange(world).view(pp, dp, tp)`` with TP innermost, so the ranks of
+one tensor-parallel group are neighbours (on a GPU node: the fastest links carry the most traffic,
+Megatron-LM's placement). A rank's coordinates are its (pp_rank, dp_rank, tp_rank) on that grid.
+
+    world 8, ParallelDims(dp=2, tp=2, pp=2):
+        pp stage 0: [[0, 1],    dp row 0: tp group [0, 1]
+                     [2, 3]]    dp row 1: tp group [2, 3]     dp groups [0, 2], [1, 3]
+        pp stage 1: [[4, 5],
+                     [6, 7]]                                  pp groups [0, 4], [1, 5], ...
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from .comm import Group
+
+
+@dataclass(frozen=True)
+class ParallelDims:
+    """Degrees of data, tensor and pipeline parallelism; their product is the world size."""
+
+    dp: int = 1
+    tp: int = 1
+    pp: int = 1
+
+    def __post_init__(self):
+        for name in ("dp", "tp", "pp"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"ParallelDims: {name} must be a positive integer, got {value!r}")
+
+    @property
+    def world_size(self) -> int:
+        return self.dp * self.tp * self.pp
+
+    def check(self, world_size: int) -> None:
+        """Raise with the arithmetic shown when the layout does not fill the world exactly."""
+        if self.world_size != world_size:
+            raise ValueError(f"ParallelDims(dp={self.dp}, tp={self.tp}, pp={self.pp}): dp*tp*pp = "
+                             f"{self.dp}*{self.tp}*{self.pp} = {self.world_size} != world size {world_size}")
+
+    @classmethod
+    def infer(cls, world_size: int, tp: int = 1, pp: int = 1) -> "ParallelDims":
+        """dp is what remains of the world after tp and pp."""
+        if world_size % (tp * pp):
+            raise ValueError(f"world size {world_size} is not divisible by tp*pp = {tp}*{pp} = {tp * pp}")
+        return cls(dp=world_size // (tp * pp), tp=tp, pp=pp)
+
+    def coords(self, rank: int) -> tuple[int, int, int]:
+        """(pp_rank, dp_rank, tp_rank) of a global rank on the grid view(pp, dp, tp)."""
+        return rank // (self.dp * self.tp), (rank // self.tp) % self.dp, rank % self.tp
+
+    def rank_of(self, pp_rank: int, dp_rank: int, tp_rank: int) -> int:
+        return (pp_rank * self.dp + dp_rank) * self.tp + tp_rank
+
+    def group_ranks(self, dim: str) -> list[list[int]]:
+        """Every group along one mesh dimension ('dp', 'tp' or 'pp'), as lists of global ranks."""
+        grid = torch.arange(self.world_size).view(self.pp, self.dp, self.tp)
+        axis = {"pp": 0, "dp": 1, "tp": 2}[dim]
+        moved = grid.movedim(axis, -1).reshape(-1, grid.shape[axis])    # (groups, size of dim)
+        return [row.tolist() for row in moved]
+
+
+@dataclass(frozen=True)
+class Mesh:
+    """One rank's view of the mesh: its coordinates, its groups and its pipeline neighbours."""
+
+    dims: ParallelDims
+    rank: int
+    backend: str
+    device: torch.device
+    world: Group
+    dp_group: Group
+    tp_group: Group
+    pp_group: Group
+
+    @property
+    def world_size(self) -> int:
+        return self.dims.world_size
+
+    dp_size = property(lambda self: self.dims.dp)
+    tp_size = property(lambda self: self.dims.tp)
+    pp_size = property(lambda self: self.dims.pp)
+    dp_rank = property(lambda self: self.dims.coords(self.rank)[1])
+    tp_rank = property(lambda self: self.dims.coords(self.rank)[2])
+    pp_rank = property(lambda self: self.dims.coords(self.rank)[0])
+
+    @property
+    def is_first_stage(self) -> bool:
+        return self.pp_rank == 0
+
+    @property
+    def is_last_stage(self) -> bool:
+        return self.pp_rank == self.pp_size - 1
+
+    @property
+    def pp_prev(self) -> int | None:
+        """Global rank of the previous pipeline stage (None on the first stage)."""
+        return None if self.is_first_stage else self.pp_group.ranks[self.pp_rank - 1]
+
+    @property
+    def pp_next(self) -> int | None:
+        """Global rank of the next pipeline stage (None on the last stage)."""
+        return None if self.is_last_stage else self.pp_group.ranks[self.pp_rank + 1]
+
+    def __repr__(self) -> str:
+        return (f"Mesh(rank={self.rank}, dp={self.dp_rank}/{self.dp_size}, tp={self.tp_rank}/{self.tp_size}, "
+                f"pp={self.pp_rank}/{self.pp_size}, backend={self.backend})")
+
+
+def init_mesh(dims: ParallelDims | None = None) -> Mesh:
+    """Build this rank's mesh; every rank must call it (group creation is collective).
+
+    Without an initialised process group only ``ParallelDims()`` (one rank) is accepted: the single-process
+    reference run uses the same code paths with groups of size one.
+    """
+    dims = dims or ParallelDims()
+    if not dist.is_initialized():
+        dims.check(1)
+        device = torch.device("cpu")
+        solo = Group(None, [0], "world")
+        return Mesh(dims, 0, "none", device, solo, Group(None, [0], "dp"), Group(None, [0], "tp"),
+                    Group(None, [0], "pp"))
+    world, rank = dist.get_world_size(), dist.get_rank()
+    dims.check(world)
+    backend = dist.get_backend()
+    device = torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")
+    groups = {}
+    for dim in ("dp", "tp", "pp"):
+        for ranks in dims.group_ranks(dim):
+            # Every rank creates every group in the same order; size-one groups need no process group.
+            pg = dist.new_group(ranks) if len(ranks) > 1 else None
+            if rank in ranks:
+                groups[dim] = Group(pg, ranks, dim)
+    world_group = Group(dist.group.WORLD if world > 1 else None, list(range(world)), "world")
+    return Mesh(dims, rank, backend, device, world_group, groups["dp"], groups["tp"], groups["pp"])

@@ -1,0 +1,139 @@
+"""The single-device GPT: the reference every parallel layout is measured against.
+
+nanoGPT-shaped: token and position embeddings, ``n_layer`` pre-LayerNorm blocks (causal self-attention
+through ``scaled_dot_product_attention``, then a GELU MLP), a final LayerNorm and a linear head.
+
+The head is **not** tied to the token embedding. Tying would make the first and last pipeline stages
+share one weight (and need an extra all-reduce of its gradient); untied, every parameter lives in
+exactly one place under every layout, which keeps the parallel code and its tests simple.
+
+The forward is split into ``embed`` → ``blocks`` → ``head`` → ``loss`` so the parallel wrappers
+(pipeline stages, ZeRO-3's per-block gathering) reuse the pieces instead of re-implementing them.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from .config import GPTConfig
+
+
+# --8<-- [start:attention]
+class CausalSelfAttention(nn.Module):
+    """Multi-head causal self-attention; ``qkv`` is one (3D, D) projection with rows [q; k; v].
+
+    ``n_head`` is the number of heads *this module holds*: all of them on one device, n_head/tp when
+    tensor parallelism splits the heads across ranks.
+    """
+
+    def __init__(self, config: GPTConfig):
+        super().__init__()
+        self.n_head, self.head_size, self.dropout = config.n_head, config.head_size, config.dropout
+        self.qkv = nn.Linear(config.n_embd, 3 * config.n_embd, bias=config.bias)
+        self.proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
+        self.resid_dropout = nn.Dropout(config.dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        B, T, _ = x.shape
+        q, k, v = self.qkv(x).split(self.n_head * self.head_size, dim=-1)      # 3 × (B, T, nh*hs)
+        q, k, v = (t.view(B, T, self.n_head, self.head_size).transpose(1, 2) for t in (q, k, v))  # (B, nh, T, hs)
+        y = self.core(q, k, v)                                                 # (B, nh, T, hs)
+        y = y.transpose(1, 2).reshape(B, T, self.n_head * self.head_size)      # (B, T, nh*hs)
+        return self.resid_dropout(self.proj(y))                                # (B, T, D)
+
+    def core(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """softmax(QK^T / sqrt(hs)) V under a causal mask: what selective recomputation redoes."""
+        return F.scaled_dot_product_attention(q, k, v, dropout_p=self.dropout if self.training else 0.0,
+                                              is_causal=True)
+# --8<-- [end:attention]
+
+
+class MLP(nn.Module):
+    """D → F → D with GELU; F = mlp_ratio · D."""
+
+    def __init__(self, config: GPTConfig):
+        super().__init__()
+        self.fc = nn.Linear(config.n_embd, config.mlp_hidden, bias=config.bias)
+        self.proj = nn.Linear(config.mlp_hidden, config.n_embd, bias=config.bias)
+        self.dropout = nn.Dropout(config.dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.dropout(self.proj(F.gelu(self.fc(x))))                     # (B, T, F) inside
+
+
+# --8<-- [start:block]
+class Block(nn.Module):
+    """Pre-LN transformer block: x + attn(ln_1(x)), then x + mlp(ln_2(x))."""
+
+    def __init__(self, config: GPTConfig):
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(config.n_embd, bias=config.bias)
+        self.attn = CausalSelfAttention(config)
+        self.ln_2 = nn.LayerNorm(config.n_embd, bias=config.bias)
+        self.mlp = MLP(config)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:                        # x: (B, T, D)
+        x = x + self.attn(self.ln_1(x))
+        return x + self.mlp(self.ln_2(x))
+# --8<-- [end:block]
+
+
+class GPT(nn.Module):
+    """The reference model. ``torch.manual_seed(s)`` before construction fixes the initialisation.
+
+    Parameters (bias=False): V·D (wte) + T·D (wpe) + L·(12D² + 2D) (blocks) + D (ln_f) + D·V (head).
+    ``tiny()``: 234,048; ``small()``: 10,916,736; ``gpt2()``: 163,007,232.
+    """
+
+    def __init__(self, config: GPTConfig):
+        super().__init__()
+        self.config = config
+        self.wte = nn.Embedding(config.vocab_size, config.n_embd)
+        self.wpe = nn.Embedding(config.block_size, config.n_embd)
+        self.drop = nn.Dropout(config.dropout)
+        self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layer))
+        self.ln_f = nn.LayerNorm(config.n_embd, bias=config.bias)
+        self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
+        self.apply(self._init_weights)
+        # GPT-2's scaled init of the projections that write into the residual stream.
+        for name, p in self.named_parameters():
+            if name.endswith("attn.proj.weight") or name.endswith("mlp.proj.weight"):
+                nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * config.n_layer))
+
+    @staticmethod
+    def _init_weights(module: nn.Module) -> None:
+        if isinstance(module, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+        if isinstance(module, nn.Linear) and module.bias is not None:
+            nn.init.zeros_(module.bias)
+
+    def num_params(self) -> int:
+        return sum(p.numel() for p in self.parameters())
+
+    def embed(self, idx: torch.Tensor) -> torch.Tensor:
+        """(B, T) token ids → (B, T, D) residual stream."""
+        T = idx.shape[1]
+        if T > self.config.block_size:
+            raise ValueError(f"sequence length {T} exceeds block_size={self.config.block_size}")
+        pos = torch.arange(T, device=idx.device)
+        return self.drop(self.wte(idx) + self.wpe(pos))                        # (B, T, D)
+
+    def head(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, T, D) → (B, T, V) logits."""
+        return self.lm_head(self.ln_f(x))
+
+    @staticmethod
+    def loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """Mean cross-entropy over every token of the batch."""
+        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None):
+        """nanoGPT's convention: returns ``(logits, loss)``; ``loss`` is None without targets."""
+        x = self.embed(idx)
+        for block in self.blocks:
+            x = block(x)
+        logits = self.head(x)                                                  # (B, T, V)
+        return logits, (self.loss(logits, targets) if targets is not None else None)

@@ -1,0 +1,25 @@
+"""`minimega train` end to end on 2 ranks, and its refusals."""
+import json
+import subprocess
+import sys
+
+from minimega.cli import main
+
+
+def test_train_two_ranks_loss_falls(capsys):
+    assert main(["train", "--nproc", "2", "--preset", "tiny", "--steps", "30", "--lr", "3e-3", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert out["final_loss"] < out["first_loss"] - 1.0
+    psi = out["params"]
+    assert out["bytes_sent_all_ranks"] == 2 * 30 * (2 * 1 / 2 * 4 * psi)     # 2 ranks, 30 DDP steps, ring model
+
+
+def test_bad_layout_is_one_clear_line(capsys):
+    assert main(["train", "--nproc", "2", "--dp", "3"]) == 2
+    assert "dp*tp*pp = 3*1*1 = 3 != world size 2" in capsys.readouterr().err
+
+
+def test_module_entry_point_help():
+    out = subprocess.run([sys.executable, "-m", "minimega", "train", "--help"], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0 and "--zero-stage" in out.stdout and "--sp" in out.stdout

@@ -1,0 +1,143 @@
+"""minimega.launch: results in rank order, failures named by rank, no hangs, no orphans, clear refusals."""
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import minimega as mm
+
+
+def _rank_info(tag):
+    return (tag, dist.get_rank(), dist.get_world_size(), torch.get_num_threads())
+
+
+def _raise_on_rank_1():
+    if dist.get_rank() == 1:
+        raise ValueError("boom on rank 1")
+    t = torch.ones(1)
+    dist.all_reduce(t)                      # rank 0 waits here for a peer that never comes
+    return t.item()
+
+
+def _die_on_rank_1(pid_dir, how):
+    Path(pid_dir, f"pid-{dist.get_rank()}").write_text(str(os.getpid()))
+    if dist.get_rank() == 1:
+        time.sleep(0.3)
+        if how == "exit":
+            os._exit(3)
+        os.kill(os.getpid(), signal.SIGKILL)
+    dist.all_reduce(torch.ones(1))          # blocks: rank 1 never joins
+    time.sleep(60)
+
+
+def _sleep_forever():
+    time.sleep(120)
+
+
+def test_results_in_rank_order():
+    out = mm.launch(_rank_info, 3, "hello", timeout=60)
+    assert [o[:3] for o in out] == [("hello", r, 3) for r in range(3)]
+    assert all(o[3] >= 1 for o in out)
+
+
+def test_world_size_one_runs_in_a_group_of_one():
+    assert mm.launch(_rank_info, 1, "x", timeout=60)[0][:3] == ("x", 0, 1)
+
+
+def test_exception_names_rank_and_carries_traceback():
+    with pytest.raises(mm.WorkerError) as err:
+        mm.launch(_raise_on_rank_1, 2, timeout=60)
+    assert err.value.rank == 1
+    msg = str(err.value)
+    assert msg.startswith("rank 1 of 2 failed with ValueError: boom on rank 1")
+    assert "_raise_on_rank_1" in msg and "Traceback" in msg      # the worker's own traceback
+
+
+def _gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    try:                                     # a zombie awaiting its reaper also counts as gone
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z"
+    except OSError:
+        return True
+
+
+@pytest.mark.parametrize("how, expect", [("exit", "exited with code 3"), ("signal", "killed by signal SIGKILL")])
+def test_dead_rank_fails_fast_without_orphans(tmp_path, how, expect):
+    start = time.monotonic()
+    with pytest.raises(mm.WorkerError) as err:
+        mm.launch(_die_on_rank_1, 2, str(tmp_path), how, timeout=60)
+    assert time.monotonic() - start < 30
+    assert err.value.rank == 1 and expect in str(err.value)
+    pids = [int(p.read_text()) for p in tmp_path.glob("pid-*")]
+    assert len(pids) == 2
+    deadline = time.monotonic() + 10
+    while not all(_gone(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert all(_gone(p) for p in pids), "a rank outlived the failed job"
+
+
+def test_timeout_kills_a_deadlock():
+    start = time.monotonic()
+    with pytest.raises(mm.LaunchTimeout, match=r"ran past timeout=2s; ranks \[0, 1\]"):
+        mm.launch(_sleep_forever, 2, timeout=2)
+    assert time.monotonic() - start < 20
+
+
+def test_bad_input_is_refused_before_any_process_starts():
+    with pytest.raises(ValueError, match="world_size must be an integer >= 1, got 0"):
+        mm.launch(_rank_info, 0)
+    with pytest.raises(TypeError, match="lambdas and nested functions cannot be pickled"):
+        mm.launch(lambda: 1, 2)
+
+    def local():
+        return 1
+    with pytest.raises(TypeError, match="Define the worker at module level"):
+        mm.launch(local, 2)
+    with pytest.raises(TypeError, match="cannot pickle the arguments"):
+        mm.launch(_rank_info, 2, threading.Lock())
+    with pytest.raises(ValueError, match="backend='nccl' needs one GPU per rank"):
+        if torch.cuda.device_count() >= 64:
+            pytest.skip("this machine has 64 GPUs")
+        mm.launch(_rank_info, 64, "x", backend="nccl")
+
+
+def test_notebook_function_gets_a_clear_error():
+    code = ("import minimega as mm\n"
+            "def work():\n    return 1\n"
+            "try:\n    mm.launch(work, 2)\nexcept TypeError as e:\n    print(e)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert "notebook cell or an interactive session" in out.stdout, out.stderr
+
+
+def test_worker_in_a_guarded_script(tmp_path):
+    script = tmp_path / "job.py"
+    script.write_text(
+        "import torch.distributed as dist\nimport minimega as mm\n"
+        "def work(x):\n    return x * 10 + dist.get_rank()\n"
+        "if __name__ == '__main__':\n    print(mm.launch(work, 2, 4, timeout=60))\n")
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and "[40, 41]" in out.stdout, out.stderr[-2000:]
+
+
+def test_same_worker_under_torchrun(tmp_path):
+    script = tmp_path / "job.py"
+    script.write_text(
+        "import torch.distributed as dist, minimega as mm, json\n"
+        "from test_launch import _rank_info\n"
+        "out = mm.launch(_rank_info, 2, 'tr')\n"
+        "if dist.get_rank() == 0: print(json.dumps([o[:3] for o in out]))\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), *sys.path])}
+    out = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                          str(script)], capture_output=True, text=True, timeout=180, env=env)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert '[["tr", 0, 2], ["tr", 1, 2]]' in out.stdout
