@@ -197,3 +197,13 @@ def test_cli_parser_registers_on_subparsers():
     est.add_estimate_parser(root.add_subparsers(dest="cmd"))
     args = root.parse_args(["estimate", "--params", "7.5e9", "--dp", "64", "--stage", "3"])
     assert args.func is est.run_estimate and args.stage == 3 and math.isclose(args.params, 7.5e9)
+
+
+def test_gpt_params_counts_minimega_gpt():
+    torch = pytest.importorskip("torch")
+    from minimega.config import GPTConfig
+    from minimega.model import GPT
+    for cfg in (GPTConfig.tiny(), GPTConfig.small(), GPTConfig.tiny(bias=True)):
+        n = sum(p.numel() for p in GPT(cfg).parameters())
+        assert n == est.gpt_params(cfg.n_layer, cfg.n_embd, cfg.vocab_size, cfg.block_size, tied=False,
+                                   bias=cfg.bias), cfg

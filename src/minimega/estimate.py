@@ -161,15 +161,19 @@ def comm_volume_psi(stage: int) -> int:
 # ----------------------------------------------------------------------------------------------
 # Model size and FLOPs
 
-def gpt_params(n_layer: int, d_model: int, vocab: int, seq_len: int, *, tied: bool = True) -> int:
-    """Parameters of a GPT-2-shaped model (biases, learned positions, 4h MLP, final LayerNorm).
+def gpt_params(n_layer: int, d_model: int, vocab: int, seq_len: int, *, tied: bool = True,
+               bias: bool = True) -> int:
+    """Parameters of a GPT-2-shaped model (learned positions, 4h MLP, final LayerNorm).
 
-    Per block 12h² + 13h; plus token (Vh) and position (sh) embeddings, the final LayerNorm (2h)
-    and an untied head (Vh) when `tied` is False. Narayanan et al. Eq. 2 counts the same terms
-    without the final LayerNorm: 12Lh²(1 + 13/(12h) + (V+s)/(12Lh)).
+    With biases (GPT-2): per block 12h² + 13h; plus token (Vh) and position (sh) embeddings, the final
+    LayerNorm (2h) and an untied head (Vh) when `tied` is False. Narayanan et al. Eq. 2 counts the
+    same terms without the final LayerNorm: 12Lh²(1 + 13/(12h) + (V+s)/(12Lh)). Without biases
+    (minimega's `GPTConfig` default, untied head): 12h² + 2h per block and h for the final LayerNorm.
     """
     h = d_model
-    return n_layer * (12 * h * h + 13 * h) + vocab * h + seq_len * h + 2 * h + (0 if tied else vocab * h)
+    per_block = 12 * h * h + (13 * h if bias else 2 * h)
+    final_ln = 2 * h if bias else h
+    return n_layer * per_block + vocab * h + seq_len * h + final_ln + (0 if tied else vocab * h)
 
 
 # --8<-- [start:flops]
