@@ -189,6 +189,8 @@ def build_parser() -> argparse.ArgumentParser:
     _train_parser(sub)
     _checkpoint_parser(sub)
     from .classroom.cli import add_cert_parser, add_serve_parser
+    from .estimate import add_estimate_parser
+    add_estimate_parser(sub)
     add_serve_parser(sub)
     add_cert_parser(sub)
     return parser

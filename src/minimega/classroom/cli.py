@@ -71,7 +71,8 @@ def site_is_stale(site_dir: Path, root: Path = Path(".")) -> bool:
     if not index.exists():
         return True
     built = index.stat().st_mtime
-    sources = [root / "mkdocs.yml", *(root / "course").rglob("*"), *(root / "quizzes").glob("*.yaml")]
+    sources = [root / "mkdocs.yml", *(root / "course").rglob("*"), *(root / "quizzes").glob("*.yaml"),
+               *(root / "src" / "minimega").glob("*.py"), root / "src" / "minimega" / "classroom" / "sitebuild.py"]
     return any(p.is_file() and p.stat().st_mtime > built for p in sources)
 
 
