@@ -23,3 +23,16 @@ def test_module_entry_point_help():
     out = subprocess.run([sys.executable, "-m", "minimega", "train", "--help"], capture_output=True, text=True,
                          timeout=120)
     assert out.returncode == 0 and "--zero-stage" in out.stdout and "--sp" in out.stdout
+
+
+def test_save_resume_and_consolidate_from_the_command_line(tmp_path, capsys):
+    ck = str(tmp_path / "ck")
+    assert main(["train", "--nproc", "2", "--steps", "4", "--save-dir", ck, "--save-every", "2", "--json"]) == 0
+    assert (tmp_path / "ck" / "latest").read_text() == "step-00000004"
+    assert main(["train", "--nproc", "1", "--steps", "2", "--resume", ck, "--save-every", "2", "--json"]) == 0
+    assert (tmp_path / "ck" / "latest").read_text() == "step-00000006"      # continued from step 4 on 1 rank
+    assert main(["checkpoint", "consolidate", ck, str(tmp_path / "w.safetensors")]) == 0
+    assert (tmp_path / "w.safetensors").stat().st_size > 4 * 234_048
+    capsys.readouterr()
+    assert main(["train", "--resume", str(tmp_path / "empty")]) == 2
+    assert "no checkpoint in" in capsys.readouterr().err

@@ -119,6 +119,16 @@ def test_notebook_function_gets_a_clear_error():
     assert "notebook cell or an interactive session" in out.stdout, out.stderr
 
 
+def test_worker_in_a_guarded_script(tmp_path):
+    script = tmp_path / "job.py"
+    script.write_text(
+        "import torch.distributed as dist\nimport minimega as mm\n"
+        "def work(x):\n    return x * 10 + dist.get_rank()\n"
+        "if __name__ == '__main__':\n    print(mm.launch(work, 2, 4, timeout=60))\n")
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and "[40, 41]" in out.stdout, out.stderr[-2000:]
+
+
 def test_same_worker_under_torchrun(tmp_path):
     script = tmp_path / "job.py"
     script.write_text(

@@ -1,4 +1,4 @@
-"""The `minimega` command: ``train``, ``serve`` (more subcommands join as their modules land).
+"""The `minimega` command: ``train``, ``checkpoint``, ``serve`` (course site + exam), ``cert``.
 
 ``minimega train`` maps its flags one-to-one onto `TrainConfig` fields (``--zero-stage``, ``--tp``,
 ``--sp`` …), generated from the dataclass so the two never drift apart.
@@ -56,6 +56,9 @@ def _train_parser(sub) -> None:
     p.add_argument("--config", default=None, help="a DeepSpeed-style JSON config; flags override it")
     p.add_argument("--backend", default="auto", choices=["auto", "gloo", "nccl"])
     p.add_argument("--json", action="store_true", help="print the final summary as JSON")
+    p.add_argument("--save-dir", default=None, help="checkpoint directory (default: the --resume directory)")
+    p.add_argument("--save-every", type=int, default=0, help="save a checkpoint every N steps (0: never)")
+    p.add_argument("--resume", default=None, help="continue from the latest checkpoint in this directory")
     _add_config_flags(p)
     p.set_defaults(func=_cmd_train)
 
@@ -70,7 +73,7 @@ def build_train_config(args: argparse.Namespace, dp: int) -> TrainConfig:
     return TrainConfig(**overrides)
 
 
-def train_worker(preset: str, config: TrainConfig, steps: int, show: bool) -> dict:
+def train_worker(preset: str, config: TrainConfig, steps: int, show: bool, ckpt: dict | None = None) -> dict:
     """What every rank of ``minimega train`` runs; rank 0 draws the progress bar."""
     import torch
 
@@ -85,11 +88,17 @@ def train_worker(preset: str, config: TrainConfig, steps: int, show: bool) -> di
     torch.manual_seed(config.seed)
     model = GPT(GPTConfig.preset(preset))
     engine = initialize(model, config, mesh)
+    ckpt = ckpt or {}
+    if ckpt.get("resume"):
+        engine.load(ckpt["resume"])
+    first = engine.step
     seq = config.seq_len or model.config.block_size
     tokens_per_step = config.batch_size * seq
     start = time.perf_counter()
-    for step, batch in enumerate(data.batches(mesh, steps, config.batch_size, seq, seed=config.seed)):
+    for step, batch in enumerate(data.batches(mesh, steps, config.batch_size, seq, seed=config.seed, start=first)):
         loss = engine.train_step(batch)
+        if ckpt.get("every") and engine.step % ckpt["every"] == 0:
+            engine.save(ckpt["dir"])
         if show and mesh.rank == 0:
             elapsed = time.perf_counter() - start
             done = (step + 1) / steps
@@ -117,9 +126,19 @@ def _cmd_train(args: argparse.Namespace) -> int:
     if args.dp is not None:
         ParallelDims(dp=args.dp, tp=tp, pp=pp).check(args.nproc)
     config = build_train_config(args, dims.dp)
+    from .tensor_parallel import check_divisible
+    check_divisible(GPTConfig.preset(args.preset), tp)        # before any rank starts
     print(f"minimega train: {args.nproc} rank(s), dp={dims.dp} tp={dims.tp} pp={dims.pp}, zero_stage="
           f"{config.zero_stage}, preset {args.preset}, {args.steps} steps", file=sys.stderr)
-    results = launch(train_worker, args.nproc, args.preset, config, args.steps, not args.json, backend=args.backend)
+    if args.resume:
+        from . import checkpoint
+        checkpoint.resolve(args.resume)          # fail here, before any rank starts, if there is none
+    save_dir = args.save_dir or args.resume
+    if args.save_every and not save_dir:
+        raise ValueError("--save-every needs --save-dir (or --resume) to know where to write")
+    ckpt = {"resume": args.resume, "every": args.save_every, "dir": save_dir}
+    results = launch(train_worker, args.nproc, args.preset, config, args.steps, not args.json, ckpt,
+                     backend=args.backend)
     r0 = results[0]
     summary = {"first_loss": r0["losses"][0], "final_loss": r0["losses"][-1], "steps": args.steps,
                "wall_s": round(r0["wall_s"], 3), "tokens_per_s": round(r0["tokens_per_s"], 1),
@@ -135,39 +154,32 @@ def _cmd_train(args: argparse.Namespace) -> int:
 
 
 # ------------------------------------------------------------------------------------------------
-# minimega serve (static course site)
+# minimega checkpoint
 
-def _serve_parser(sub) -> None:
-    p = sub.add_parser("serve", help="build the course site if stale and serve it",
-                       description="Build the course site (mkdocs) if its sources changed, then serve it.")
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8000)
-    p.add_argument("--root", default=".", help="project folder holding mkdocs.yml (default: .)")
-    p.set_defaults(func=_cmd_serve)
+def _checkpoint_parser(sub) -> None:
+    p = sub.add_parser("checkpoint", help="inspect or consolidate a distributed checkpoint")
+    csub = p.add_subparsers(dest="action", required=True)
+    c = csub.add_parser("consolidate", help="write full fp32 weights (model.py keys) to one safetensors file")
+    c.add_argument("dir", help="checkpoint directory (a step-… folder, or its parent with 'latest')")
+    c.add_argument("out", help="output .safetensors file")
+    c.set_defaults(func=_cmd_consolidate)
+    i = csub.add_parser("info", help="print a checkpoint's manifest summary after verifying checksums")
+    i.add_argument("dir")
+    i.set_defaults(func=_cmd_info)
 
 
-def _cmd_serve(args: argparse.Namespace) -> int:
-    import functools
-    import http.server
-    import subprocess
-    from pathlib import Path
+def _cmd_consolidate(args) -> int:
+    from . import checkpoint
+    out = checkpoint.consolidate(args.dir, args.out)
+    print(f"wrote {out} ({out.stat().st_size / 2**20:.2f} MiB)")
+    return 0
 
-    root = Path(args.root).resolve()
-    if not (root / "mkdocs.yml").exists():
-        raise SystemExit(f"minimega serve: no mkdocs.yml in {root}; run it from the project folder or pass --root")
-    site = root / "site"
-    sources = [root / "mkdocs.yml", *(root / "course").rglob("*"), *(root / "quizzes").rglob("*")]
-    newest = max(p.stat().st_mtime for p in sources if p.is_file())
-    if not (site / "index.html").exists() or (site / "index.html").stat().st_mtime < newest:
-        print("building the course site ...", file=sys.stderr)
-        subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-q"], cwd=root, check=True)
-    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(site))
-    with http.server.ThreadingHTTPServer((args.host, args.port), handler) as httpd:
-        print(f"serving the course on http://{args.host}:{args.port}/  (Ctrl+C to stop)", file=sys.stderr)
-        try:
-            httpd.serve_forever()
-        except KeyboardInterrupt:
-            pass
+
+def _cmd_info(args) -> int:
+    from . import checkpoint
+    manifest, state = checkpoint.read(args.dir)
+    print(json.dumps({"step": manifest["step"], "layout": manifest["layout"], "files": len(manifest["files"]),
+                      "tensors": len(manifest["tensors"]), "checksums": "ok"}, indent=1))
     return 0
 
 
@@ -175,15 +187,26 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="minimega", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     _train_parser(sub)
-    _serve_parser(sub)
+    _checkpoint_parser(sub)
+    from .classroom.cli import add_cert_parser, add_serve_parser
+    from .estimate import add_estimate_parser
+    add_estimate_parser(sub)
+    add_serve_parser(sub)
+    add_cert_parser(sub)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
+    from .checkpoint import CheckpointError
+    from .launch import WorkerError
+
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except ValueError as exc:          # configuration mistakes: one line, no traceback
+    except WorkerError as exc:       # a rank failed: its message already names it and carries its traceback
+        print(f"minimega {args.command}: {exc}", file=sys.stderr)
+        return 1
+    except (ValueError, CheckpointError) as exc:   # configuration mistakes, unusable checkpoints: one line
         print(f"minimega {args.command}: error: {exc}", file=sys.stderr)
         return 2
 

@@ -20,14 +20,16 @@ from contextlib import nullcontext
 import torch
 
 from . import comm, measure
+from .activation_checkpoint import apply_activation_checkpointing
 from .config import TrainConfig
 from .data_parallel import DataParallel
 from .mesh import Mesh
 from .model import GPT
+from .tensor_parallel import full_like_param, local_like_param, ParallelGPT, apply_tensor_parallel, check_divisible
 
 # What this build of the engine can combine; anything else is refused before training starts.
-_SUPPORTED = {"zero_stage": {0}, "tp": {1}, "pp": {1}, "precision": {"fp32"},
-              "activation_checkpointing": {"none"}}
+_SUPPORTED = {"zero_stage": {0}, "pp": {1}, "precision": {"fp32"},
+              "activation_checkpointing": {"none", "full", "selective"}}
 
 
 def validate(model: GPT, config: TrainConfig, mesh: Mesh) -> None:
@@ -43,6 +45,9 @@ def validate(model: GPT, config: TrainConfig, mesh: Mesh) -> None:
     seq = config.seq_len or model.config.block_size
     if seq > model.config.block_size:
         raise ValueError(f"seq_len={seq} exceeds the model's block_size={model.config.block_size}")
+    check_divisible(model.config, config.tp)
+    if config.sequence_parallel and seq % config.tp:
+        raise ValueError(f"sequence_parallel: seq_len={seq} is not divisible by tp={config.tp}")
 
 
 def make_optimizer(params, config: TrainConfig) -> torch.optim.Optimizer:
@@ -59,7 +64,10 @@ class Engine:
 
     def __init__(self, model: GPT, config: TrainConfig, mesh: Mesh):
         validate(model, config, mesh)
-        self.config, self.mesh, self.module = config, mesh, model.to(mesh.device)
+        self.model_config = model.config
+        model = apply_tensor_parallel(model.to(mesh.device), mesh, config.sequence_parallel)
+        apply_activation_checkpointing(model, config.activation_checkpointing, config.checkpoint_every)
+        self.config, self.mesh, self.module = config, mesh, model
         self.model = DataParallel(model, mesh.dp_group, bucket_mb=config.bucket_mb)
         self.optimizer = make_optimizer(model.parameters(), config)
         self.comm_log = comm.CommLog()
@@ -107,6 +115,13 @@ class Engine:
         """Clip by the global gradient norm (grads are replicated after the DDP all-reduce)."""
         if not self.config.gradient_clipping:
             return None
+        if isinstance(self.module, ParallelGPT):     # shards: the norm needs every tp rank's share
+            norm = self.module.grad_norm()
+            coef = (self.config.gradient_clipping / (norm + 1e-6)).clamp(max=1.0)
+            for p in self.module.parameters():
+                if p.grad is not None:
+                    p.grad.mul_(coef)
+            return float(norm)
         return float(torch.nn.utils.clip_grad_norm_(self.module.parameters(), self.config.gradient_clipping))
 
     @torch.no_grad()
@@ -118,8 +133,10 @@ class Engine:
         return comm.all_reduce_mean(loss.detach().clone(), self.mesh.dp_group).item()
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
-        """Consolidated fp32 weights with `model.py`'s keys, on every rank."""
-        return {k: v.detach().float().cpu().clone() for k, v in self.module.state_dict().items()}
+        """Consolidated fp32 weights with `model.py`'s keys, on every rank (collective over tp)."""
+        state = (self.module.full_state_dict() if isinstance(self.module, ParallelGPT)
+                 else self.module.state_dict())
+        return {k: v.detach().float().cpu().clone() for k, v in state.items()}
 
     def memory(self) -> dict:
         """Bytes this rank holds right now, by category."""
@@ -139,6 +156,56 @@ class Engine:
             "comm_events": self.comm_log.events(),
             "timeline": self.timeline + self.model.timeline,
         }
+
+
+    # ---- checkpoints (see checkpoint.py): the layout-free training state and this rank's RNG --------
+
+    def layout(self) -> dict:
+        return {"world": self.mesh.world_size, "dp": self.mesh.dp_size, "tp": self.mesh.tp_size,
+                "pp": self.mesh.pp_size, "zero_stage": self.config.zero_stage}
+
+    def training_state(self) -> dict:
+        """{'model': full fp32 weights, 'optimizer': {key: {state: full tensor}}} by `model.py` keys, on every rank."""
+        optimizer = {}
+        for name, p in self.module.named_parameters():
+            st = self.optimizer.state.get(p, {})
+            optimizer[name] = {k: (full_like_param(self.module, name, v) if v.shape == p.shape else v).detach().cpu().clone()
+                               for k, v in st.items()}
+        return {"model": self.full_state_dict(), "optimizer": {k: v for k, v in optimizer.items() if v}}
+
+    @torch.no_grad()
+    def load_training_state(self, state: dict, step: int) -> None:
+        """Take a full-shaped training state (any saved layout) into this rank's layout."""
+        params = dict(self.module.named_parameters())
+        if missing := sorted(set(params) - set(state["model"])):
+            raise ValueError(f"checkpoint lacks parameters {missing[:5]}")
+        for name, p in params.items():
+            p.copy_(local_like_param(self.module, name, state["model"][name], p))
+        self.optimizer.state.clear()
+        for name, st in state["optimizer"].items():
+            p = params[name]
+            self.optimizer.state[p] = {k: (local_like_param(self.module, name, v, p) if v.dim() else v.clone())
+                                       for k, v in st.items()}
+        self.step = step
+
+    def rng_state(self) -> dict:
+        return {"torch": torch.get_rng_state(),
+                "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}
+
+    def set_rng_state(self, state: dict) -> None:
+        torch.set_rng_state(state["torch"])
+        if state.get("cuda") is not None and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(state["cuda"])
+
+    def save(self, directory, keep: int = 3):
+        """Atomic sharded checkpoint of everything needed to resume (see `minimega.checkpoint`)."""
+        from . import checkpoint
+        return checkpoint.save(self, directory, keep=keep)
+
+    def load(self, directory) -> int:
+        """Resume from a checkpoint saved under any layout; returns its step."""
+        from . import checkpoint
+        return checkpoint.load(self, directory)
 
 
 def initialize(model: GPT, config: TrainConfig, mesh: Mesh) -> Engine:

@@ -85,11 +85,9 @@ def _check_picklable(fn, args) -> None:
         raise TypeError(f"launch() cannot send {name!r} to other processes: it was defined in a notebook "
                         "cell or an interactive session (module __main__). Put the worker in a .py file next "
                         "to the notebook and import it (e.g. `from workers import train`).")
-    if module == "__main__":
-        raise TypeError(f"launch() cannot send {name!r}: it lives in the __main__ script, which worker "
-                        "processes do not import. Move it to an importable module.")
     try:
-        pickle.dumps(fn)
+        if module != "__main__":    # a script's function travels as file path + name (_ScriptFunction)
+            pickle.dumps(fn)
     except Exception as exc:
         raise TypeError(f"launch() cannot pickle the worker {name!r}: {exc}. Define it at module level "
                         "in an importable module.") from None
@@ -101,6 +99,23 @@ def _check_picklable(fn, args) -> None:
 
 # ------------------------------------------------------------------------------------------------
 # What runs inside each rank.
+
+@dataclass
+class _ScriptFunction:
+    """A worker defined in the ``__main__`` script: each rank loads that file as ``__mp_main__``
+    (so its ``if __name__ == "__main__":`` block does not run again) and looks the function up."""
+
+    path: str
+    qualname: str
+
+    def resolve(self):
+        import importlib.util
+        spec = importlib.util.spec_from_file_location("__mp_main__", self.path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules["__mp_main__"] = module
+        spec.loader.exec_module(module)
+        return getattr(module, self.qualname)
+
 
 @dataclass
 class _Job:
@@ -143,7 +158,8 @@ def _rank_main(rank: int, job: _Job) -> None:
     out = Path(job.workdir)
     try:
         _init_group(rank, job.world_size, job.backend, f"file://{out / 'rendezvous'}", job.timeout_s)
-        result = job.fn(*job.args)
+        fn = job.fn.resolve() if isinstance(job.fn, _ScriptFunction) else job.fn
+        result = fn(*job.args)
         _write_atomic(out / f"result-{rank}.pkl", result)
     except BaseException as exc:   # noqa: BLE001 - everything goes back to the caller, named by rank
         _write_atomic(out / f"error-{rank}.pkl", {
@@ -293,9 +309,12 @@ def launch(fn, world_size: int, *args, backend: str = "auto", timeout: float | N
     if _under_torchrun():
         return _launch_torchrun(fn, world_size, args, backend, timeout)
     if os.environ.get(_ENV_FLAG):
-        raise RuntimeError("launch() was called inside a rank that launch() started; call the worker directly")
+        raise RuntimeError("launch() was called inside a rank that launch() started; call the worker directly "
+                           "(a script that calls launch() at top level needs an `if __name__ == \"__main__\":` guard)")
     _check_picklable(fn, args)
     threads = threads or max(1, (os.cpu_count() or 1) // world_size)
+    if getattr(fn, "__module__", None) == "__main__":
+        fn = _ScriptFunction(os.path.abspath(sys.modules["__main__"].__file__), fn.__qualname__)
 
     ctx = _context()
     with tempfile.TemporaryDirectory(prefix="minimega-") as tmp:

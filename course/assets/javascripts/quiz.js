@@ -1,0 +1,121 @@
+/* Practice quizzes rendered by the build hook (minimega.classroom.sitebuild.render_quiz).
+ *
+ * Each question is a <form> with a <fieldset>/<legend>, native radio/checkbox/text inputs, a Check
+ * button and a role="status" live region. Feedback starts with words ("Correct." / "Not correct
+ * yet."), then the explanation of every option picked; colour only repeats it. Progress lives in
+ * localStorage under "minimega.quiz.v1" and each quiz has a reset button. The grading rule is
+ * minimega.classroom.quiz.grade: exact set for choices, relative tolerance for numbers.
+ * Practice keys are public by design; the graded exam never ships its key to the browser.
+ */
+(function () {
+  "use strict";
+  var STORE = "minimega.quiz.v1";
+
+  function load() {
+    try { return JSON.parse(localStorage.getItem(STORE)) || {}; } catch (e) { return {}; }
+  }
+  function save(all) {
+    try { localStorage.setItem(STORE, JSON.stringify(all)); } catch (e) { /* private mode: progress is not kept */ }
+  }
+
+  function typeset(el) {
+    if (window.mmTypeset) window.mmTypeset(el);
+  }
+
+  function parseNumber(text) {
+    var t = String(text).trim().replace(/\s+/g, "").replace(/,/g, ".");
+    if (!/^[-+]?(\d+\.?\d*|\.\d+)(e[-+]?\d+)?$/i.test(t)) return NaN;
+    return Number(t);
+  }
+
+  function grade(form) {
+    var type = form.dataset.type;
+    if (type === "numeric") {
+      var input = form.querySelector("input");
+      var value = parseNumber(input.value);
+      var answer = Number(form.dataset.answer), tol = Number(form.dataset.tolerance);
+      if (!isFinite(value)) return {answered: false, message: "Type a number first, for example 16.6."};
+      var ok = Math.abs(value - answer) <= tol * Math.abs(answer) + 1e-12;
+      return {answered: true, ok: ok, response: input.value, explains: [form.dataset.explain]};
+    }
+    var picked = [], explains = [];
+    form.querySelectorAll("input").forEach(function (inp) {
+      if (inp.checked) {
+        picked.push(Number(inp.value));
+        var label = form.querySelector('label[for="' + inp.id + '"]');
+        explains.push("<strong>" + label.innerHTML + "</strong>: " + inp.dataset.explain);
+      }
+    });
+    if (!picked.length) return {answered: false, message: type === "single" ? "Pick one option first." : "Pick at least one option first."};
+    var key = form.dataset.key.split(",").map(Number);
+    var ok = picked.length === key.length && picked.every(function (i) { return key.indexOf(i) >= 0; });
+    return {answered: true, ok: ok, response: picked, explains: explains};
+  }
+
+  function show(form, result, restored) {
+    var box = form.querySelector(".mm-feedback");
+    form.classList.remove("mm-ok", "mm-bad");
+    if (!result.answered) { box.textContent = result.message; return; }
+    form.classList.add(result.ok ? "mm-ok" : "mm-bad");
+    var head = result.ok ? "Correct." : "Not correct yet.";
+    if (!result.ok && form.dataset.type === "multiple") head += " The right set of options is different; try again.";
+    if (restored) head = "Earlier answer: " + head;
+    var html = "<p class=\"mm-verdict\">" + head + "</p>";
+    result.explains.forEach(function (e) { html += "<p>" + e + "</p>"; });
+    box.innerHTML = html;
+    typeset(box);
+  }
+
+  function progress(quiz) {
+    var all = load()[quiz.dataset.bank] || {};
+    var n = Number(quiz.dataset.count), right = 0, tried = 0;
+    Object.keys(all).forEach(function (k) { tried += 1; if (all[k].ok) right += 1; });
+    quiz.querySelector(".mm-progress").textContent =
+      n + " questions. Answered correctly: " + right + " of " + n + " (" + tried + " tried).";
+  }
+
+  function restore(form, rec) {
+    if (form.dataset.type === "numeric") form.querySelector("input").value = rec.response;
+    else form.querySelectorAll("input").forEach(function (inp) {
+      inp.checked = rec.response.indexOf(Number(inp.value)) >= 0;
+    });
+    show(form, grade(form), true);
+  }
+
+  function init(quiz) {
+    if (quiz.dataset.ready) return;
+    quiz.dataset.ready = "1";
+    var bank = quiz.dataset.bank;
+    var saved = load()[bank] || {};
+    quiz.querySelectorAll("form.mm-item").forEach(function (form) {
+      if (saved[form.dataset.item]) restore(form, saved[form.dataset.item]);
+      form.addEventListener("submit", function (ev) {
+        ev.preventDefault();
+        var result = grade(form);
+        show(form, result, false);
+        if (result.answered) {
+          var all = load();
+          all[bank] = all[bank] || {};
+          all[bank][form.dataset.item] = {ok: result.ok, response: result.response};
+          save(all);
+          progress(quiz);
+        }
+      });
+    });
+    quiz.querySelector(".mm-reset").addEventListener("click", function () {
+      var all = load();
+      delete all[bank];
+      save(all);
+      quiz.querySelectorAll("form.mm-item").forEach(function (form) {
+        form.reset();
+        form.classList.remove("mm-ok", "mm-bad");
+        form.querySelector(".mm-feedback").textContent = "";
+      });
+      progress(quiz);
+      quiz.querySelector(".mm-progress").textContent += " Progress reset.";
+    });
+    progress(quiz);
+  }
+
+  document$.subscribe(function () { document.querySelectorAll(".mm-quiz").forEach(init); });
+})();

@@ -1,0 +1,318 @@
+"""`minimega serve` and `minimega cert …`: argparse builders the main CLI mounts, runnable alone too.
+
+    python -m minimega.classroom.cli serve [--host 127.0.0.1 --port 8000 …]
+    python -m minimega.classroom.cli cert verify FILE|CODE [--issuer-url URL] [--offline] [--json]
+    python -m minimega.classroom.cli cert revoke CODE [--reason TEXT]
+    python -m minimega.classroom.cli cert keys | rotate-key
+
+`cert verify` checks the proofs offline (did:key needs nothing; did:web needs --did-document or the
+network), then, when reachable, the signed status list. Exit status: 0 valid, 1 invalid, 2 usage.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+from pathlib import Path
+from urllib.parse import quote
+
+from .settings import ClassroomConfig
+
+ISSUER_URL_ENV = "MINIMEGA_ISSUER_URL"
+
+
+# --- serve ---------------------------------------------------------------------------------------
+
+def add_serve_parser(subparsers) -> argparse.ArgumentParser:
+    d = ClassroomConfig()
+    p = subparsers.add_parser("serve", help="serve the course site, the exam and certificates",
+                              description="Serve the built site at /, the exam at /exam/ and its API at /api/v1.")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--base-url", help="public origin (default http://HOST:PORT)")
+    p.add_argument("--var-dir", type=Path, default=d.var_dir, help="database and development keys (default var/)")
+    p.add_argument("--db", type=Path, help="SQLite file (default VAR_DIR/classroom.sqlite3)")
+    p.add_argument("--keys-dir", type=Path, help="signing keys (default VAR_DIR/keys)")
+    p.add_argument("--site-dir", type=Path, default=d.site_dir)
+    p.add_argument("--banks-dir", type=Path, default=d.banks_dir)
+    p.add_argument("--issuer-did", help="did:web:<host> for a real deployment (default: the key's did:key)")
+    p.add_argument("--questions-per-chapter", type=int, default=d.questions_per_chapter)
+    p.add_argument("--pass-fraction", type=float, default=d.pass_fraction)
+    p.add_argument("--attempts-per-day", type=int, default=d.attempts_per_day)
+    p.add_argument("--ip-attempts-per-hour", type=int, default=d.ip_attempts_per_hour)
+    p.add_argument("--ip-requests-per-minute", type=int, default=d.ip_requests_per_minute)
+    p.add_argument("--no-build", action="store_true", help="do not rebuild a stale site")
+    p.set_defaults(func=run_serve)
+    return p
+
+
+def config_from_args(args) -> ClassroomConfig:
+    base = args.base_url or f"http://{'127.0.0.1' if args.host in ('0.0.0.0', '::') else args.host}:{args.port}"
+    from importlib.metadata import PackageNotFoundError, version
+    try:
+        course_version = version("minimega")
+    except PackageNotFoundError:
+        course_version = ClassroomConfig().course_version
+    return ClassroomConfig(var_dir=args.var_dir, db=args.db, keys_dir=args.keys_dir, site_dir=args.site_dir,
+                           banks_dir=args.banks_dir, base_url=base, issuer_did=args.issuer_did,
+                           course_version=course_version, questions_per_chapter=args.questions_per_chapter,
+                           pass_fraction=args.pass_fraction, attempts_per_day=args.attempts_per_day,
+                           ip_attempts_per_hour=args.ip_attempts_per_hour,
+                           ip_requests_per_minute=args.ip_requests_per_minute)
+
+
+def site_is_stale(site_dir: Path, root: Path = Path(".")) -> bool:
+    index = site_dir / "index.html"
+    if not index.exists():
+        return True
+    built = index.stat().st_mtime
+    sources = [root / "mkdocs.yml", *(root / "course").rglob("*"), *(root / "quizzes").glob("*.yaml"),
+               *(root / "src" / "minimega").glob("*.py"), root / "src" / "minimega" / "classroom" / "sitebuild.py"]
+    return any(p.is_file() and p.stat().st_mtime > built for p in sources)
+
+
+def build_site(site_dir: Path) -> None:
+    if not Path("mkdocs.yml").exists():
+        print("no mkdocs.yml here: serving the exam without the course site", file=sys.stderr)
+        return
+    if not site_is_stale(site_dir):
+        return
+    mkdocs = shutil.which("mkdocs") or (Path(sys.executable).parent / "mkdocs")
+    if not Path(mkdocs).exists():
+        print("the site is stale but mkdocs is not installed (pip install -e .[site]); serving the old one",
+              file=sys.stderr)
+        return
+    print(f"building the site into {site_dir}/ …", file=sys.stderr, flush=True)
+    done = subprocess.run([str(mkdocs), "build", "-q", "--site-dir", str(site_dir)])
+    if done.returncode:
+        print(f"mkdocs build failed (exit {done.returncode}); serving what {site_dir}/ holds", file=sys.stderr)
+
+
+def run_serve(args) -> int:
+    import uvicorn
+
+    from .service import create_app
+
+    from .exam import ExamError
+    from .keys import KeyringError
+    from .store import StoreError
+
+    try:
+        config = config_from_args(args)
+        if not args.no_build:
+            build_site(config.site_dir)
+        app = create_app(config)
+    except (ExamError, KeyringError, StoreError, ValueError) as err:
+        raise SystemExit(f"minimega serve: {err}")
+    print(f"minimega serving {config.base_url}/  (exam: {config.base_url}/exam/, "
+          f"verify: {config.base_url}/verify/)", flush=True)
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+    return 0
+
+
+# --- cert ----------------------------------------------------------------------------------------
+
+def add_cert_parser(subparsers) -> argparse.ArgumentParser:
+    p = subparsers.add_parser("cert", help="verify, revoke and manage certificates",
+                              description="Verify a certificate anywhere; revoke or rotate keys on the service host.")
+    sub = p.add_subparsers(dest="cert_command", required=True)
+
+    v = sub.add_parser("verify", help="check a certificate's proofs, dates and revocation; show every claim")
+    v.add_argument("credential", help="a credential file (.json, or a baked .svg) or a verification code")
+    v.add_argument("--issuer-url", default=os.environ.get(ISSUER_URL_ENV),
+                   help=f"the issuing site; its /.well-known/did.json is the trusted key list "
+                        f"(default ${ISSUER_URL_ENV}); needed to look up a code")
+    v.add_argument("--offline", action="store_true", help="no network: proofs and dates only")
+    v.add_argument("--did-document", type=Path, help="a did.json to resolve a did:web issuer offline")
+    v.add_argument("--status-list", type=Path, help="a status list credential file to use instead of fetching")
+    v.add_argument("--json", action="store_true", help="machine-readable result")
+    v.set_defaults(func=run_verify)
+
+    r = sub.add_parser("revoke", help="revoke a certificate by its verification code (service host)")
+    r.add_argument("code")
+    r.add_argument("--reason", default="")
+    r.add_argument("--var-dir", type=Path, default=ClassroomConfig().var_dir)
+    r.add_argument("--db", type=Path)
+    r.set_defaults(func=run_revoke)
+
+    s = sub.add_parser("keys", help="show the signing keys' fingerprints and did:key ids (to pin or publish)")
+    s.add_argument("--var-dir", type=Path, default=ClassroomConfig().var_dir)
+    s.add_argument("--keys-dir", type=Path)
+    s.set_defaults(func=run_keys)
+
+    k = sub.add_parser("rotate-key", help="add a signing key; old keys keep verifying (service host)")
+    k.add_argument("--var-dir", type=Path, default=ClassroomConfig().var_dir)
+    k.add_argument("--keys-dir", type=Path)
+    k.set_defaults(func=run_rotate)
+    return p
+
+
+def _fetch_json(url: str, timeout: float = 5.0):
+    req = urllib.request.Request(url, headers={"Accept": "application/json", "User-Agent": "minimega-verify"})
+    with urllib.request.urlopen(req, timeout=timeout) as resp:          # noqa: S310 (http(s) only, checked)
+        return json.loads(resp.read(2_000_000))
+
+
+def load_credential_arg(arg: str, issuer_url: str | None, offline: bool):
+    """(credential text or dict, source description) from a file path or a verification code."""
+    from .certificate import unbake_svg
+    from .verification_code import CodeError, normalize
+
+    path = Path(arg)
+    if path.is_file():
+        text = path.read_text("utf-8", errors="replace")
+        if text.lstrip().startswith("<"):
+            try:
+                return unbake_svg(text), f"{path} (baked SVG)"
+            except ValueError as err:
+                return f"<<{err}>>", str(path)
+        return text, str(path)
+    try:
+        code = normalize(arg)
+    except CodeError as err:
+        raise SystemExit(f"{arg!r} is neither a file nor a verification code ({err})")
+    if offline or not issuer_url:
+        raise SystemExit("looking up a verification code needs the network and --issuer-url "
+                         f"(or ${ISSUER_URL_ENV}); or pass the credential file")
+    url = f"{issuer_url.rstrip('/')}/api/v1/credentials/{quote(code)}"
+    try:
+        return _fetch_json(url), url
+    except urllib.error.HTTPError as err:
+        raise SystemExit(f"{url}: HTTP {err.code} (unknown code?)")
+    except (urllib.error.URLError, OSError) as err:
+        raise SystemExit(f"{url}: unreachable ({err})")
+
+
+def verify_with_network(cred, *, issuer_url=None, offline=False, did_document=None, status_list=None):
+    """Run `credential.verify` with whatever the network and the arguments can supply."""
+    from . import credential, keys, status_list as sl
+
+    notes = []
+    parsed = cred
+    if isinstance(cred, str):
+        try:
+            parsed = json.loads(cred)
+        except ValueError:
+            parsed = None
+    did_docs, trusted, status_doc = {}, None, status_list
+    if did_document is not None:
+        did_docs[did_document["id"]] = did_document
+    issuer = parsed.get("issuer") if isinstance(parsed, dict) else None
+    issuer_id = issuer.get("id") if isinstance(issuer, dict) else None
+    if not offline:
+        if isinstance(issuer_id, str) and issuer_id.startswith("did:web:") and issuer_id not in did_docs:
+            try:
+                did_docs[issuer_id] = _fetch_json(keys.did_web_url(issuer_id))
+            except (OSError, ValueError, keys.KeyringError) as err:
+                notes.append(f"could not fetch the DID document of {issuer_id}: {err}")
+        if issuer_url:
+            try:
+                doc = _fetch_json(issuer_url.rstrip("/") + "/.well-known/did.json")
+                trusted = {m["publicKeyMultibase"] for m in doc.get("verificationMethod", [])}
+            except (OSError, ValueError, KeyError) as err:
+                notes.append(f"could not fetch {issuer_url}/.well-known/did.json: {err}")
+        if status_doc is None and isinstance(parsed, dict):
+            try:
+                url, _ = sl.parse_entry(parsed.get("credentialStatus"))
+                status_doc = _fetch_json(url)
+            except sl.StatusListError:
+                pass                    # reported by verify() itself
+            except (OSError, ValueError) as err:
+                notes.append(f"revocation not checked: status list unreachable ({err})")
+    result = credential.verify(cred, did_documents=did_docs, trusted_keys=trusted,
+                               status_list_credential=status_doc)
+    if trusted is None and result.valid:
+        notes.append("issuer key not compared with a published key list (pass --issuer-url)")
+    return result, notes
+
+
+LABELS = [("name", "Name"), ("achievement", "Achievement"), ("course_version", "Course version"),
+          ("valid_from", "Issued"), ("valid_until", "Expires"), ("issuer_name", "Issuer"),
+          ("issuer_id", "Issuer DID"), ("issuer_url", "Issuer URL"), ("credential_id", "Credential"),
+          ("email", "Email"), ("criteria", "Criteria")]
+
+
+def run_verify(args) -> int:
+    cred, source = load_credential_arg(args.credential, args.issuer_url, args.offline)
+    did_document = json.loads(args.did_document.read_text()) if args.did_document else None
+    status = json.loads(args.status_list.read_text()) if args.status_list else None
+    result, notes = verify_with_network(cred, issuer_url=args.issuer_url, offline=args.offline,
+                                        did_document=did_document, status_list=status)
+    if args.json:
+        print(json.dumps({**result.to_dict(), "source": source, "notes": notes}, indent=2, ensure_ascii=False))
+        return 0 if result.valid else 1
+    print(("VALID" if result.valid else "INVALID") + f"  {source}")
+    for key, label in LABELS:
+        value = result.claims.get(key)
+        if key == "valid_until" and value is None and result.claims:
+            value = "never"
+        if value is not None:
+            print(f"  {label:<15} {value}")
+    print(f"  {'Revocation':<15} {result.revocation}")
+    for name, ok, detail in result.checks:
+        print(f"  {'ok  ' if ok else 'FAIL'} {name}" + (f": {detail}" if detail else ""))
+    for note in notes:
+        print(f"  note: {note}")
+    if not result.valid:
+        print("Rejected because: " + "; ".join(result.errors), file=sys.stderr)
+    return 0 if result.valid else 1
+
+
+def run_revoke(args) -> int:
+    from .store import Store
+    from .verification_code import CodeError, normalize
+
+    db = args.db or args.var_dir / "classroom.sqlite3"
+    if not db.exists():
+        raise SystemExit(f"no database at {db} (pass --db or --var-dir of the service)")
+    try:
+        code = normalize(args.code)
+    except CodeError as err:
+        raise SystemExit(f"{args.code!r}: {err}")
+    import time
+    try:
+        changed = Store(db).revoke(code, args.reason, time.time())
+    except KeyError:
+        raise SystemExit(f"no credential with code {code} in {db}")
+    print(f"{code}: {'revoked' if changed else 'was already revoked'}; "
+          "the signed status list shows it from its next fetch")
+    return 0
+
+
+def run_keys(args) -> int:
+    from .keys import Keyring, did_key
+
+    ring = Keyring.open(args.keys_dir or args.var_dir / "keys", create=False)
+    for key in ring.keys:
+        role = "signs new certificates" if key is ring.active else "verifies older certificates"
+        print(f"{key.fingerprint}  {did_key(key.public)[:24]}…  {role}  ({key.source})")
+    return 0
+
+
+def run_rotate(args) -> int:
+    from .keys import Keyring
+
+    folder = args.keys_dir or args.var_dir / "keys"
+    ring = Keyring.open(folder, create=False)
+    new = ring.rotate(folder)
+    print(f"new signing key {new.fingerprint} at {new.source}; {len(ring.keys) - 1} older key(s) stay "
+          "published so their credentials keep verifying. Restart the service to sign with it.")
+    return 0
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m minimega.classroom.cli")
+    sub = parser.add_subparsers(dest="command", required=True)
+    add_serve_parser(sub)
+    add_cert_parser(sub)
+    args = parser.parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

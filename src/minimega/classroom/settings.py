@@ -1,0 +1,57 @@
+"""Configuration of the exam service; `minimega serve` flags map one-to-one to these fields."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True, kw_only=True)
+class ClassroomConfig:
+    var_dir: Path = Path("var")
+    """Where the database and the development keys live (created 0700)."""
+    db: Path | None = None
+    """SQLite file; default ``var_dir/classroom.sqlite3``."""
+    keys_dir: Path | None = None
+    """Folder of ``key-*.pem`` signing keys; default ``var_dir/keys``."""
+    site_dir: Path = Path("site")
+    """The built mkdocs site served at ``/``."""
+    banks_dir: Path = Path("quizzes/exam")
+    """Server-side exam banks (never published by the site build)."""
+    base_url: str = "http://127.0.0.1:8000"
+    """Public origin of the service; credential, status list and verify URLs start with it."""
+    issuer_did: str | None = None
+    """``did:web:<host>`` for a real deployment; None signs as the active key's ``did:key`` (development)."""
+    issuer_name: str = "minimega course"
+    course_version: str = "0.1.0"
+    questions_per_chapter: int = 3
+    """Questions drawn from each chapter's bank per attempt."""
+    pass_fraction: float = 0.8
+    attempts_per_day: int = 3
+    """Per learner (email if given, else display name), per UTC day."""
+    attempt_ttl_s: float = 3 * 3600
+    """An attempt not finished within this time expires."""
+    ip_attempts_per_hour: int = 20
+    ip_requests_per_minute: int = 600
+    """Per-IP limit on API calls (answers, finishes, look-ups)."""
+    status_list_ttl_s: float = 24 * 3600
+    """A signed status list is valid this long; verifiers reject older ones as stale."""
+    credential_valid_days: int | None = None
+    """None: certificates do not expire."""
+
+    def __post_init__(self):
+        if not 0 < self.pass_fraction <= 1:
+            raise ValueError(f"pass_fraction={self.pass_fraction}: must lie in (0, 1]")
+        if self.questions_per_chapter < 1 or self.attempts_per_day < 1:
+            raise ValueError("questions_per_chapter and attempts_per_day must be >= 1")
+        if not self.base_url.startswith(("http://", "https://")) or self.base_url.endswith("/"):
+            raise ValueError(f"base_url={self.base_url!r}: an origin like https://course.example.org, no trailing /")
+        if self.issuer_did is not None and not self.issuer_did.startswith("did:web:"):
+            raise ValueError(f"issuer_did={self.issuer_did!r}: use did:web:<host>, or leave unset for did:key")
+
+    @property
+    def db_path(self) -> Path:
+        return self.db or self.var_dir / "classroom.sqlite3"
+
+    @property
+    def keys_path(self) -> Path:
+        return self.keys_dir or self.var_dir / "keys"

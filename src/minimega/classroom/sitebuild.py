@@ -1,0 +1,184 @@
+"""mkdocs hooks for the course site (``hooks:`` in mkdocs.yml).
+
+Pages call four macros; a call whose arguments do not parse fails the build, and other ``{{ … }}``
+text (say, in a page someone else owns) is left alone:
+
+    {{ num("model_state_bytes(7.5e9, 64, 2) / GB", ".1f") }}   a number computed by minimega.estimate
+    {{ figure("zero-memory-vs-dp", "Caption for screen readers and print") }}   a plotly figure (iframe)
+    {{ quiz() }}                                      the practice quiz quizzes/<page stem>.yaml
+    {{ presets_json() }}                              the calculator presets, as JSON
+
+After the build, `on_post_build` writes every figure of `minimega.plots.FIGURES` as a standalone page
+under ``assets/figures/``. Figures and the calculator load the vendored plotly.js basic bundle
+(``course/assets/vendor/plotly/``, the same plotly.js version plotly.py bundles), so the site makes
+no third-party request.
+"""
+from __future__ import annotations
+
+import html
+import json
+import math
+import re
+from pathlib import Path
+
+from mkdocs.exceptions import PluginError
+
+from minimega import estimate as est
+from minimega.classroom.quiz import Bank, Item, grade, load_bank
+
+MACRO = re.compile(r"\{\{(\s*(?:num|figure|quiz|presets_json)\s*\(.*?)\}\}", re.S)
+NUM = re.compile(r'^\s*num\(\s*"([^"]+)"\s*(?:,\s*"([^"]*)"\s*)?\)\s*$')
+FIGURE = re.compile(r'^\s*figure\(\s*"([a-z0-9-]+)"\s*,\s*"([^"]+)"\s*\)\s*$')
+QUIZ = re.compile(r"^\s*quiz\(\s*\)\s*$")
+PRESETS = re.compile(r"^\s*presets_json\(\s*\)\s*$")
+
+
+def formula_namespace() -> dict:
+    """Names a `num(...)` macro or a quiz item's `formula` may use: minimega.estimate's public API,
+    GB, and math's functions. Nothing else (no builtins)."""
+    ns = {k: getattr(est, k) for k in dir(est) if not k.startswith("_")}
+    ns.update({k: getattr(math, k) for k in ("ceil", "floor", "log2", "log10", "sqrt")})
+    ns.update(min=min, max=max, round=round, sum=sum, range=range)
+    return ns
+
+
+def evaluate(expr: str) -> float:
+    """Evaluate a formula string in `formula_namespace`."""
+    # the namespace is the globals, so generator expressions inside a formula can see it too
+    value = eval(compile(expr, "<formula>", "eval"), {"__builtins__": {}, **formula_namespace()})
+    return float(value)
+
+
+def format_number(value: float, fmt: str | None) -> str:
+    """Format with a Python format spec; thousands separators are thin spaces in prose."""
+    if fmt and fmt.endswith("d"):
+        if not value.is_integer():
+            raise ValueError(f"{value} is not an integer (format {fmt!r})")
+        value = int(value)
+    text = format(value, fmt or ",.3g")
+    return text.replace(",", "\u2009")
+
+
+# ----------------------------------------------------------------------------------------------
+# Quiz rendering: accessible HTML; quiz.js adds the behaviour.
+
+_MATH = re.compile(r"\$([^$]+)\$")
+_CODE = re.compile(r"`([^`]+)`")
+
+
+def inline(text: str) -> str:
+    """Escape `text` and render the inline markup quiz banks use: `code` and $math$."""
+    out, pos = [], 0
+    for m in re.finditer(r"`[^`]+`|\$[^$]+\$", text):
+        out.append(html.escape(text[pos:m.start()]))
+        tok = m.group(0)
+        if tok.startswith("`"):
+            out.append("<code>" + html.escape(tok[1:-1]) + "</code>")
+        else:
+            out.append('<span class="arithmatex">\\(' + html.escape(tok[1:-1]) + "\\)</span>")
+        pos = m.end()
+    out.append(html.escape(text[pos:]))
+    return "".join(out)
+
+
+def render_item(bank_id: str, number: int, item: Item) -> str:
+    qid = f"q-{bank_id}-{item.id}"
+    attrs = f'class="mm-item" id="{qid}" data-item="{html.escape(item.id)}" data-type="{item.type}" novalidate'
+    parts = []
+    if item.type == "numeric":
+        attrs += (f' data-answer="{item.answer!r}" data-tolerance="{item.tolerance!r}"'
+                  f' data-explain="{html.escape(inline(item.explain))}"')
+        unit = f" ({html.escape(item.unit)})" if item.unit else ""
+        parts.append(f'<div class="mm-numeric"><label for="{qid}-in">Your answer{unit}</label> '
+                     f'<input type="text" inputmode="decimal" autocomplete="off" id="{qid}-in" name="{qid}"></div>')
+    else:
+        key = ",".join(str(i) for i, c in enumerate(item.choices) if c.correct)
+        attrs += f' data-key="{key}"'
+        kind = "radio" if item.type == "single" else "checkbox"
+        for i, c in enumerate(item.choices):
+            parts.append(f'<div class="mm-choice"><input type="{kind}" id="{qid}-{i}" name="{qid}" value="{i}" '
+                         f'data-explain="{html.escape(inline(c.explain))}"> '
+                         f'<label for="{qid}-{i}">{inline(c.text)}</label></div>')
+    hint = " <span class=\"mm-hint\">(choose all that apply)</span>" if item.type == "multiple" else ""
+    return (f"<form {attrs}><fieldset><legend><span class=\"mm-qnum\">Question {number}.</span> "
+            f"{inline(item.question)}{hint}</legend>{''.join(parts)}</fieldset>"
+            f'<button type="submit" class="md-button mm-check">Check</button>'
+            f'<div class="mm-feedback" role="status" aria-live="polite"></div></form>')
+
+
+def render_quiz(bank_id: str, bank: Bank) -> str:
+    items = "".join(render_item(bank_id, i + 1, it) for i, it in enumerate(bank.items))
+    return (f'<div class="mm-quiz" data-bank="{bank_id}" data-count="{len(bank.items)}">'
+            f'<p class="mm-progress" aria-live="polite">{len(bank.items)} questions.</p>{items}'
+            f'<button type="button" class="md-button mm-reset">Reset this quiz</button></div>')
+
+
+def check_bank(bank: Bank) -> None:
+    """Every numeric item with a formula must grade its own recomputed value as correct."""
+    for it in bank.items:
+        if it.type == "numeric" and it.formula:
+            value = evaluate(it.formula)
+            if not grade(it, value).correct:
+                raise PluginError(f"{bank.path}: item {it.id!r}: answer {it.answer} but formula "
+                                  f"{it.formula!r} gives {value}")
+
+
+# ----------------------------------------------------------------------------------------------
+# Hooks
+
+def _root(config) -> Path:
+    return Path(config["config_file_path"]).resolve().parent
+
+
+def on_page_markdown(markdown: str, page, config, files) -> str:
+    prefix = "../" * page.url.count("/")  # from the page's URL back to the site root
+
+    def replace(m: re.Match) -> str:
+        body = m.group(1)
+        if mm := NUM.match(body):
+            try:
+                return format_number(evaluate(mm.group(1)), mm.group(2))
+            except Exception as e:  # noqa: BLE001 - report any formula error as a build error
+                raise PluginError(f"{page.file.src_path}: num({mm.group(1)!r}) failed: {e}") from e
+        if mm := FIGURE.match(body):
+            name, caption = mm.groups()
+            from minimega.plots import FIGURES
+            if name not in FIGURES:
+                raise PluginError(f"{page.file.src_path}: unknown figure {name!r}; have {sorted(FIGURES)}")
+            return (f'<figure class="mm-figure" id="fig-{name}"><iframe src="{prefix}assets/figures/{name}.html" '
+                    f'title="{html.escape(caption)}" loading="lazy"></iframe>'
+                    f"<figcaption>{html.escape(caption)}</figcaption></figure>")
+        if QUIZ.match(body):
+            stem = Path(page.file.src_path).stem
+            if stem == "index":
+                stem = Path(page.file.src_path).parent.name
+            path = _root(config) / "quizzes" / f"{stem}.yaml"
+            if not path.exists():
+                raise PluginError(f"{page.file.src_path}: quiz() but no bank {path}")
+            bank = load_bank(path)
+            check_bank(bank)
+            return render_quiz(stem, bank)
+        if PRESETS.match(body):
+            # goes inside <script type="application/json">, where entities are not decoded
+            return json.dumps(est.PRESETS, sort_keys=True).replace("</", "<\\/")
+        raise PluginError(f"{page.file.src_path}: cannot parse the macro call {{{{{body}}}}}")
+
+    return MACRO.sub(replace, markdown)
+
+
+PLOTLY_JS = "assets/vendor/plotly/plotly-basic.min.js"
+
+
+def on_post_build(config) -> None:
+    from minimega import plots
+
+    site = Path(config["site_dir"])
+    if not (site / PLOTLY_JS).exists():
+        raise PluginError(f"{PLOTLY_JS} is missing from the built site (see course/assets/vendor/README.md)")
+    out = site / "assets" / "figures"
+    out.mkdir(parents=True, exist_ok=True)
+    for name, build in plots.FIGURES.items():
+        fig = build()
+        title = fig.layout.title.text or name
+        (out / f"{name}.html").write_text(plots.figure_html(fig, f"fig-{name}-plot", "../vendor/plotly/plotly-basic.min.js", title),
+                                          encoding="utf-8")

@@ -1,0 +1,484 @@
+"""Analytic estimators: bytes per rank, communication per step, pipeline bubbles, FLOPs.
+
+Pure functions of a few integers; no torch. Each one implements one published formula and says
+which, so a measurement (``measure.py``), a figure (``plots.py``), the course's memory calculator
+(``course/assets/javascripts/calculator.js``, tested against `memory_per_gpu`) and a quiz answer all
+agree on one number.
+
+Notation (the papers' letters):
+    Ψ  parameters (n_params)            N_d  data-parallel degree (dp)
+    K  optimizer-state bytes/param      s, b, h, a, L, V  sequence, micro-batch, hidden, heads, layers, vocab
+    t  tensor-parallel degree (tp)      p, m, v  pipeline stages, micro-batches, virtual stages per rank
+
+Sources:
+    ZeRO         Rajbhandari et al. 2020, arXiv:1910.02054 (Fig. 1, Table 1, §7)
+    Megatron     Shoeybi et al. 2019, arXiv:1909.08053; Narayanan et al. 2021, arXiv:2104.04473
+    Activations  Korthikanti et al. 2022, arXiv:2205.05198 (Table 2, App. A)
+    GPipe        Huang et al. 2019, arXiv:1811.06965 §2.3
+    PaLM         Chowdhery et al. 2022, arXiv:2204.02311 App. B (FLOPs per token, MFU)
+
+Sizes are bytes; the course prints GB = 1e9 bytes, as the ZeRO paper does.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from dataclasses import dataclass
+
+GB = 1e9
+
+PRECISIONS = ("mixed", "bf16", "fp16", "fp32")
+STAGES = (0, 1, 2, 3)
+RECOMPUTE = ("none", "selective", "full")
+SCHEDULES = ("gpipe", "1f1b", "interleaved")
+OFFLOAD = ("none", "optimizer", "optimizer+params")
+
+
+# ----------------------------------------------------------------------------------------------
+# Model states (ZeRO paper)
+
+# --8<-- [start:state_bytes]
+def state_bytes_per_param(precision: str = "mixed") -> tuple[int, int, int]:
+    """Bytes per parameter for (parameters, gradients, optimizer states K) under Adam.
+
+    "mixed" (also "bf16", "fp16"): 16-bit params (2) and grads (2); K = 12 for the fp32 master
+    copy (4), momentum (4) and variance (4) - the ZeRO paper's accounting, §3.1.
+    "fp32": fp32 params (4) and grads (4); K = 8 for momentum and variance, no master copy.
+    """
+    if precision in ("mixed", "bf16", "fp16"):
+        return 2, 2, 12
+    if precision == "fp32":
+        return 4, 4, 8
+    raise ValueError(f"precision {precision!r}: expected one of {PRECISIONS}")
+# --8<-- [end:state_bytes]
+
+
+def _check_stage_dp(stage: int, dp: int) -> None:
+    if stage not in STAGES:
+        raise ValueError(f"stage {stage!r}: expected one of {STAGES}")
+    if not (isinstance(dp, int) and dp >= 1):
+        raise ValueError(f"dp {dp!r}: expected an integer >= 1")
+
+
+# --8<-- [start:model_state_bytes]
+def model_state_breakdown(n_params: float, dp: int, stage: int, precision: str = "mixed") -> dict:
+    """Per-rank bytes of parameters, gradients and optimizer states (ZeRO paper, Fig. 1).
+
+    Stage 0 (DDP) replicates all three. Each ZeRO stage shards one more of them over the dp ranks:
+    stage 1 the optimizer states (P_os), stage 2 also the gradients (P_os+g), stage 3 also the
+    parameters (P_os+g+p).
+    """
+    _check_stage_dp(stage, dp)
+    p, g, k = state_bytes_per_param(precision)
+    return {
+        "params": p * n_params / (dp if stage >= 3 else 1),
+        "grads": g * n_params / (dp if stage >= 2 else 1),
+        "optimizer": k * n_params / (dp if stage >= 1 else 1),
+    }
+
+
+def model_state_bytes(n_params: float, dp: int, stage: int, precision: str = "mixed") -> float:
+    """Model-state bytes per rank, the ZeRO paper's Figure 1 / Table 1 formulas.
+
+        stage 0: (2 + 2 + K)·Ψ           stage 2: 2Ψ + (2 + K)·Ψ/N_d
+        stage 1: 2Ψ + 2Ψ + K·Ψ/N_d       stage 3: (2 + 2 + K)·Ψ/N_d
+
+    with K = 12 in mixed precision. Ψ = 7.5e9, N_d = 64 gives 120, 31.4, 16.6 and 1.9 GB.
+    """
+    return sum(model_state_breakdown(n_params, dp, stage, precision).values())
+# --8<-- [end:model_state_bytes]
+
+
+def padded_numel(numel: int, dp: int) -> int:
+    """`numel` rounded up to a multiple of dp: the length of a flat buffer that splits evenly."""
+    return -(-int(numel) // dp) * dp
+
+
+def model_state_bytes_padded(numels, dp: int, stage: int, precision: str = "mixed") -> float:
+    """`model_state_bytes` for a ZeRO that keeps one flat buffer per parameter group.
+
+    Rule (shared with the flat-buffer implementation in ``zero/flat.py``): each group's total numel is
+    rounded up to a multiple of dp, ``padded = ceil(numel / dp) * dp``; a sharded state holds
+    ``padded / dp`` elements per rank and a replicated one the whole padded buffer. Stage 0 keeps no
+    flat shards and is not padded.
+
+    Args:
+        numels: element count of each parameter group (an int for one group).
+    """
+    _check_stage_dp(stage, dp)
+    if isinstance(numels, (int, float)):
+        numels = [numels]
+    if stage == 0:
+        return model_state_bytes(sum(numels), 1, 0, precision)
+    return model_state_bytes(sum(padded_numel(n, dp) for n in numels), dp, stage, precision)
+
+
+# ----------------------------------------------------------------------------------------------
+# Data-parallel communication (ring model)
+
+# --8<-- [start:comm_bytes]
+def ring_bytes(op: str, size_bytes: float, n: int) -> float:
+    """Bytes each rank sends for one collective over `n` ranks on a ring (nccl-tests' model).
+
+    all-reduce: 2(n-1)/n · S (a reduce-scatter then an all-gather); reduce-scatter and all-gather of
+    a full buffer of S bytes: (n-1)/n · S each.
+    """
+    if n <= 1:
+        return 0.0
+    factor = {"all_reduce": 2.0, "reduce_scatter": 1.0, "all_gather": 1.0}[op]
+    return factor * (n - 1) / n * size_bytes
+
+
+def comm_collectives(stage: int) -> tuple[str, ...]:
+    """The collectives one step issues over a full-model-sized buffer (ZeRO paper §7).
+
+    DDP: all-reduce the gradients. ZeRO-1/2: reduce-scatter the gradients, all-gather the updated
+    parameters. ZeRO-3: all-gather the parameters in the forward and again in the backward, then
+    reduce-scatter the gradients.
+    """
+    _check_stage_dp(stage, 1)
+    return {0: ("all_reduce",), 1: ("reduce_scatter", "all_gather"),
+            2: ("reduce_scatter", "all_gather"), 3: ("all_gather", "all_gather", "reduce_scatter")}[stage]
+
+
+def comm_bytes_per_step(n_params: float, dp: int, stage: int, bytes_per_elem: int = 2) -> float:
+    """Bytes each dp rank sends per optimizer step, ring model.
+
+    Stages 0-2 move 2Ψ elements' worth (2(N_d-1)/N_d · Ψ exactly); stage 3 moves 3Ψ, 1.5× DDP.
+    """
+    _check_stage_dp(stage, dp)
+    size = n_params * bytes_per_elem
+    return sum(ring_bytes(op, size, dp) for op in comm_collectives(stage))
+# --8<-- [end:comm_bytes]
+
+
+def comm_volume_psi(stage: int) -> int:
+    """The paper's per-step volume in units of Ψ elements (the large-N_d limit): 2, 2, 2, 3."""
+    return sum(2 if op == "all_reduce" else 1 for op in comm_collectives(stage))
+
+
+# ----------------------------------------------------------------------------------------------
+# Model size and FLOPs
+
+def gpt_params(n_layer: int, d_model: int, vocab: int, seq_len: int, *, tied: bool = True,
+               bias: bool = True) -> int:
+    """Parameters of a GPT-2-shaped model (learned positions, 4h MLP, final LayerNorm).
+
+    With biases (GPT-2): per block 12h² + 13h; plus token (Vh) and position (sh) embeddings, the final
+    LayerNorm (2h) and an untied head (Vh) when `tied` is False. Narayanan et al. Eq. 2 counts the
+    same terms without the final LayerNorm: 12Lh²(1 + 13/(12h) + (V+s)/(12Lh)). Without biases
+    (minimega's `GPTConfig` default, untied head): 12h² + 2h per block and h for the final LayerNorm.
+    """
+    h = d_model
+    per_block = 12 * h * h + (13 * h if bias else 2 * h)
+    final_ln = 2 * h if bias else h
+    return n_layer * per_block + vocab * h + seq_len * h + final_ln + (0 if tied else vocab * h)
+
+
+# --8<-- [start:flops]
+def flops_per_token(n_params: float, n_layer: int, n_head: int, head_dim: int, seq_len: int) -> float:
+    """Training FLOPs per token, PaLM App. B: 6N + 12·L·H·Q·T (forward 1/3, backward 2/3).
+
+    N should exclude the position embedding (it does no matmul). GPT-2 124M: 855.1 MFLOP/token.
+    """
+    return 6 * n_params + 12 * n_layer * n_head * head_dim * seq_len
+
+
+def mfu(tokens_per_s: float, flops_per_tok: float, peak_flops: float) -> float:
+    """Model FLOPs utilisation: achieved model FLOP/s over the hardware peak (PaLM App. B)."""
+    return tokens_per_s * flops_per_tok / peak_flops
+
+
+def megatron_model_flops(batch: int, seq_len: int, n_layer: int, hidden: int, vocab: int) -> float:
+    """Model FLOPs per iteration, Korthikanti et al. App. A: 72·B·L·s·h²·(1 + s/(6h) + V/(12hL))."""
+    s, h, L = seq_len, hidden, n_layer
+    return 72 * batch * L * s * h * h * (1 + s / (6 * h) + vocab / (12 * h * L))
+# --8<-- [end:flops]
+
+
+# ----------------------------------------------------------------------------------------------
+# Activations (Korthikanti et al. 2022, Table 2)
+
+# --8<-- [start:activations]
+def activation_bytes_per_layer(seq_len: int, micro_batch: int, hidden: int, heads: int, *, tp: int = 1,
+                               sp: bool = False, recompute: str = "none",
+                               act_bytes: int = 2, mask_bytes: int = 1) -> float:
+    """Bytes one transformer layer keeps for its backward, per micro-batch (Korthikanti Table 2).
+
+    With 16-bit activations and 1-byte dropout masks this is the paper's table:
+
+        none                    sbh(34 + 5as/h)
+        TP                      sbh(10 + 24/t + 5as/(ht))
+        TP + SP                 sbh(34/t + 5as/(ht))
+        TP + selective          sbh(10 + 24/t)
+        TP + SP + selective     sbh·34/t
+        full recompute          2sbh (only the layer input; /t when SP shards it)
+
+    The terms, in elements of `act_bytes` plus masks of `mask_bytes` (paper §4.1):
+        kept whole under TP: 2 LayerNorm inputs, QKV input, MLP input (4sbh) + 2 dropout masks (2sbh)
+        split by TP:         Q, K, V, projection input (4sbh), MLP up and GeLU outputs (8sbh)
+        attention core:      softmax and its dropout (2as²b) + the dropout mask (as²b), split by TP
+    Sequence parallelism splits the first group over t too; selective recompute drops the core.
+    """
+    if recompute not in RECOMPUTE:
+        raise ValueError(f"recompute {recompute!r}: expected one of {RECOMPUTE}")
+    s, b, h, a, t = seq_len, micro_batch, hidden, heads, tp
+    sbh = s * b * h
+    if recompute == "full":
+        return act_bytes * sbh / (t if sp else 1)
+    whole = sbh * (4 * act_bytes + 2 * mask_bytes) / (t if sp else 1)
+    split = sbh * 12 * act_bytes / t
+    core = 0.0 if recompute == "selective" else a * s * s * b * (2 * act_bytes + mask_bytes) / t
+    return whole + split + core
+# --8<-- [end:activations]
+
+
+# --8<-- [start:tp_comm]
+def tp_comm_elements_per_layer(seq_len: int, micro_batch: int, hidden: int, tp: int) -> float:
+    """Elements each TP rank sends per layer per micro-batch, forward + backward (Narayanan §3.2).
+
+    Two all-reduces forward and two backward, each on a (b, s, h) tensor, ring model: 8bsh(t-1)/t.
+    Sequence parallelism swaps each all-reduce for an all-gather + reduce-scatter: the same volume.
+    """
+    return 8 * micro_batch * seq_len * hidden * (tp - 1) / tp
+# --8<-- [end:tp_comm]
+
+
+# --8<-- [start:checkpoint]
+def checkpoint_bytes(n_params: float, precision: str = "mixed", *, optimizer: bool = True) -> float:
+    """Bytes of a full training checkpoint: the working weights plus, to resume, the optimizer states.
+
+    Mixed precision: 2Ψ for the 16-bit weights and KΨ = 12Ψ for the fp32 master copy, momentum and
+    variance. Gradients are not saved; they are rebuilt by the next backward. With
+    ``optimizer=False`` only the weights (what inference needs).
+    """
+    p, _, k = state_bytes_per_param(precision)
+    return (p + (k if optimizer else 0)) * n_params
+# --8<-- [end:checkpoint]
+
+
+# ----------------------------------------------------------------------------------------------
+# Pipeline parallelism
+
+# --8<-- [start:bubble]
+def bubble_ratio(p: int, m: int, v: int = 1) -> float:
+    """Idle time over ideal compute time, t_pb / t_id = (p-1)/(v·m) (Narayanan §2.2).
+
+    v = 1 for GPipe and 1F1B (same bubble, different memory); v > 1 for interleaved 1F1B.
+    """
+    return (p - 1) / (v * m)
+
+
+def bubble_fraction(p: int, m: int, schedule: str = "1f1b", v: int = 1) -> float:
+    """Share of the whole step the pipeline is idle: ratio / (1 + ratio).
+
+    GPipe and 1F1B: (p-1)/(m+p-1) (GPipe §2.3); interleaved: (p-1)/(v·m + p-1).
+    """
+    if schedule not in SCHEDULES:
+        raise ValueError(f"schedule {schedule!r}: expected one of {SCHEDULES}")
+    r = bubble_ratio(p, m, v if schedule == "interleaved" else 1)
+    return r / (1 + r)
+
+
+def in_flight_microbatches(p: int, m: int, schedule: str = "1f1b", v: int = 1) -> float:
+    """Micro-batches whose activations the first stage holds at its peak, in units of its L/p layers.
+
+    GPipe runs all m forwards first: m. 1F1B starts backwards after p warm-up forwards: min(p, m).
+    Interleaved 1F1B holds min(p, m)·(1 + (p-1)/(p·v)) (Megatron's memory penalty,
+    ``theoretical_memory_usage.py``).
+    """
+    if schedule == "gpipe":
+        return float(m)
+    if schedule == "1f1b":
+        return float(min(p, m))
+    if schedule == "interleaved":
+        return min(p, m) * (1 + (p - 1) / (p * v))
+    raise ValueError(f"schedule {schedule!r}: expected one of {SCHEDULES}")
+# --8<-- [end:bubble]
+
+
+# ----------------------------------------------------------------------------------------------
+# Everything per GPU: the memory calculator
+
+@dataclass(frozen=True, kw_only=True)
+class MemoryConfig:
+    """Inputs of the memory calculator (the Ultra-Scale Playbook's, plus PP and offload)."""
+    layers: int
+    """Transformer blocks L."""
+    hidden: int
+    """Model width h."""
+    heads: int
+    """Attention heads a."""
+    vocab: int
+    """Vocabulary V (the token embedding is tied to the output head)."""
+    seq_len: int
+    """Sequence length s."""
+    micro_batch: int = 1
+    """Micro-batch b, sequences per GPU per forward."""
+    precision: str = "mixed"
+    zero_stage: int = 0
+    tp: int = 1
+    dp: int = 1
+    pp: int = 1
+    sp: bool = False
+    """Megatron sequence parallelism (needs tp > 1 to change anything)."""
+    recompute: str = "none"
+    schedule: str = "1f1b"
+    micro_batches: int = 1
+    """Micro-batches m per step (pipeline)."""
+    virtual_stages: int = 1
+    """Model chunks v per pipeline rank (interleaved only)."""
+    offload: str = "none"
+    """'optimizer': optimizer states and gradients live in CPU memory (ZeRO-Offload);
+    'optimizer+params': parameters too (ZeRO-Infinity with stage 3)."""
+
+    def check(self) -> None:
+        for name in ("layers", "hidden", "heads", "vocab", "seq_len", "micro_batch", "tp", "dp", "pp",
+                     "micro_batches", "virtual_stages"):
+            if not (isinstance(getattr(self, name), int) and getattr(self, name) >= 1):
+                raise ValueError(f"{name}={getattr(self, name)!r}: expected an integer >= 1")
+        if self.precision not in PRECISIONS or self.recompute not in RECOMPUTE \
+                or self.schedule not in SCHEDULES or self.offload not in OFFLOAD:
+            raise ValueError(f"unknown option in {self}")
+        _check_stage_dp(self.zero_stage, self.dp)
+        if self.hidden % self.heads or self.heads % self.tp:
+            raise ValueError(f"hidden={self.hidden}, heads={self.heads}, tp={self.tp}: "
+                             "heads must divide hidden and tp must divide heads")
+        if self.offload == "optimizer+params" and self.zero_stage != 3:
+            raise ValueError("offload='optimizer+params' needs zero_stage=3 (parameters are offloaded as shards)")
+
+
+# --8<-- [start:memory_per_gpu]
+def stage_params(cfg: MemoryConfig) -> float:
+    """Parameters held by one GPU of the first pipeline stage (the fullest one).
+
+    The first stage holds ceil(L/p) blocks and the embeddings. TP splits every weight matrix, the
+    column-parallel biases (QKV 3h, MLP up 4h) and the vocabulary; LayerNorms (4h), the two
+    row-parallel biases (2h) and the position embedding stay whole on each TP rank.
+    """
+    h, t = cfg.hidden, cfg.tp
+    block = (12 * h * h + 7 * h) / t + 6 * h
+    blocks = math.ceil(cfg.layers / cfg.pp)
+    embed = cfg.vocab * h / t + cfg.seq_len * h + (2 * h if cfg.pp == 1 else 0)  # final LayerNorm
+    return blocks * block + embed
+
+
+def memory_per_gpu(cfg: MemoryConfig) -> dict:
+    """Bytes per GPU by category: model states under ZeRO and offload, plus activations.
+
+    Model states: `model_state_breakdown` of the stage's parameters over dp. Activations:
+    `activation_bytes_per_layer` × the first stage's ceil(L/p) blocks × `in_flight_microbatches`.
+    ZeRO-3 also holds, one block at a time, the parameters it gathers from the other ranks
+    ("gathered": a block's 16-bit parameters times (1 - 1/N_d)). Not counted:
+    communication buckets, allocator fragmentation, the embedding/loss activations and logits.
+    """
+    cfg.check()
+    n = stage_params(cfg)
+    states = model_state_breakdown(n, cfg.dp, cfg.zero_stage, cfg.precision)
+    cpu = 0.0
+    if cfg.offload in ("optimizer", "optimizer+params"):
+        cpu += states["optimizer"] + states["grads"]
+        states["optimizer"] = states["grads"] = 0.0
+    if cfg.offload == "optimizer+params":
+        cpu += states["params"]
+        states["params"] = 0.0
+    p_bytes = state_bytes_per_param(cfg.precision)[0]
+    h, t = cfg.hidden, cfg.tp
+    gathered = p_bytes * ((12 * h * h + 7 * h) / t + 6 * h) * (1 - 1 / cfg.dp) if cfg.zero_stage == 3 else 0.0
+    act_bytes = 4 if cfg.precision == "fp32" else 2
+    per_layer = activation_bytes_per_layer(cfg.seq_len, cfg.micro_batch, h, cfg.heads, tp=t,
+                                           sp=cfg.sp and t > 1, recompute=cfg.recompute, act_bytes=act_bytes)
+    blocks = math.ceil(cfg.layers / cfg.pp)
+    in_flight = in_flight_microbatches(cfg.pp, cfg.micro_batches, cfg.schedule, cfg.virtual_stages) \
+        if cfg.pp > 1 else 1.0
+    out = {**states, "gathered": gathered, "activations": per_layer * blocks * in_flight}
+    out["total"] = sum(out.values())
+    out["cpu"] = cpu
+    out["stage_params"] = n
+    return out
+# --8<-- [end:memory_per_gpu]
+
+
+PRESETS = {
+    "gpt2-124m": dict(layers=12, hidden=768, heads=12, vocab=50257, seq_len=1024),
+    "zero-7.5b": dict(layers=36, hidden=4096, heads=32, vocab=51200, seq_len=2048, dp=64),
+    "bloom-176b": dict(layers=70, hidden=14336, heads=112, vocab=250880, seq_len=2048, micro_batch=2,
+                       precision="bf16", zero_stage=1, tp=4, dp=8, pp=12, recompute="full",
+                       micro_batches=128),
+    "mt-nlg-530b": dict(layers=105, hidden=20480, heads=128, vocab=51200, seq_len=2048, micro_batch=1,
+                        tp=8, dp=8, pp=35, micro_batches=240),
+}
+"""Model shapes and published layouts; every other input keeps `MemoryConfig`'s default.
+
+gpt2-124m: GPT-2 small as in nanoGPT. zero-7.5b: the 7.5B shape of Narayanan et al. Table 1
+(32 heads, h = 4096, 36 layers, V = 51200, s = 2048) at the ZeRO paper's N_d = 64. bloom-176b:
+BigScience tr11 notes (70 layers, h = 14336, 112 heads, vocabulary 250880, TP 4 x PP 12 x DP 8,
+micro-batch 2, global batch 2048 so m = 2048 / (8 x 2) = 128, bf16, a ZeRO-1-equivalent optimizer,
+activation checkpointing). mt-nlg-530b: Smith et al. 2022 and Korthikanti Table 3 (105 layers,
+h = 20480, 128 heads, V = 51200, TP 8 x PP 35, micro-batch 1; DP 8 on 2240 GPUs with global batch
+1920, so m = 240).
+"""
+
+# ----------------------------------------------------------------------------------------------
+# CLI: `minimega estimate`
+
+def add_estimate_parser(subparsers) -> argparse.ArgumentParser:
+    """Register ``estimate`` on an argparse subparsers object; the handler is `run_estimate`."""
+    p = subparsers.add_parser("estimate", help="model-state bytes per rank and communication per step (ZeRO paper)",
+                              description="Per-rank model-state memory (ZeRO paper Fig. 1) and ring communication "
+                                          "volume per step. Example: minimega estimate --params 7.5e9 --dp 64")
+    _add_estimate_args(p)
+    p.set_defaults(func=run_estimate)
+    return p
+
+
+def _add_estimate_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--params", type=float, required=True, help="parameter count Psi, e.g. 7.5e9")
+    p.add_argument("--dp", type=int, default=1, help="data-parallel degree N_d (default 1)")
+    p.add_argument("--stage", type=int, choices=STAGES, default=None,
+                   help="one ZeRO stage (default: all four)")
+    p.add_argument("--precision", choices=PRECISIONS, default="mixed", help="default mixed (K = 12)")
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+
+
+def estimate_report(n_params: float, dp: int, stages=STAGES, precision: str = "mixed") -> dict:
+    """What `minimega estimate` prints, as a dict (bytes; GB = 1e9 bytes)."""
+    grad_bytes = state_bytes_per_param(precision)[1]
+    rows = []
+    for st in stages:
+        parts = model_state_breakdown(n_params, dp, st, precision)
+        rows.append({"stage": st, **parts, "total": sum(parts.values()),
+                     "comm_bytes_per_step": comm_bytes_per_step(n_params, dp, st, grad_bytes)})
+    return {"params": n_params, "dp": dp, "precision": precision, "k": state_bytes_per_param(precision)[2],
+            "stages": rows}
+
+
+def run_estimate(args: argparse.Namespace) -> int:
+    """Handler for ``minimega estimate``; prints and returns 0."""
+    if args.dp < 1:
+        raise SystemExit(f"--dp {args.dp}: must be >= 1")
+    if not args.params > 0:
+        raise SystemExit(f"--params {args.params}: must be > 0")
+    stages = STAGES if args.stage is None else (args.stage,)
+    rep = estimate_report(args.params, args.dp, stages, args.precision)
+    if args.json:
+        print(json.dumps(rep, indent=2))
+        return 0
+    print(f"Psi = {args.params:.4g} parameters, N_d = {args.dp}, {args.precision} (K = {rep['k']}); GB = 1e9 bytes")
+    print(f"{'stage':>5} {'params':>10} {'grads':>10} {'optimizer':>10} {'total GB':>10} {'comm GB/step':>13}")
+    for r in rep["stages"]:
+        print(f"{r['stage']:>5} {r['params'] / GB:>10.3f} {r['grads'] / GB:>10.3f} {r['optimizer'] / GB:>10.3f} "
+              f"{r['total'] / GB:>10.3f} {r['comm_bytes_per_step'] / GB:>13.3f}")
+    return 0
+
+
+def main(argv=None) -> int:
+    """``python -m minimega.estimate --params 7.5e9 --dp 64``, the same as ``minimega estimate``."""
+    p = argparse.ArgumentParser(prog="minimega estimate")
+    _add_estimate_args(p)
+    return run_estimate(p.parse_args(argv))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

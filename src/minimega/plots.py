@@ -1,0 +1,230 @@
+"""Plotly figure builders shared by the course site and the labs.
+
+Every figure here is drawn from `minimega.estimate` alone: the numbers on the site are the numbers
+the package computes. `write_figure_html` writes one standalone page per figure (the site embeds it
+in an iframe) that loads a self-hosted plotly.js and follows the parent page's light/dark scheme.
+"""
+from __future__ import annotations
+
+import math
+
+import plotly.graph_objects as go
+
+from minimega import estimate as est
+
+STAGE_NAMES = {0: "DDP (stage 0)", 1: "ZeRO-1 (P_os)", 2: "ZeRO-2 (P_os+g)", 3: "ZeRO-3 (P_os+g+p)"}
+PALETTE = ("#4c6ef5", "#12b886", "#f59f00", "#e64980", "#7950f2", "#868e96")
+
+
+def _layout(fig: go.Figure, title: str, x: str, y: str, **kw) -> go.Figure:
+    fig.update_layout(title=dict(text=title, x=0.01, xanchor="left"), xaxis_title=x, yaxis_title=y,
+                      margin=dict(l=70, r=20, t=60, b=60), legend=dict(orientation="h", y=-0.22),
+                      font=dict(family="system-ui, sans-serif", size=13), colorway=PALETTE,
+                      paper_bgcolor="rgba(0,0,0,0)", plot_bgcolor="rgba(0,0,0,0)", **kw)
+    return fig
+
+
+def zero_memory_vs_dp(n_params: float = 7.5e9, dps=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)) -> go.Figure:
+    """Model-state GB per rank against N_d for each ZeRO stage (ZeRO paper Table 1 as curves)."""
+    fig = go.Figure()
+    for st in est.STAGES:
+        fig.add_scatter(x=list(dps), y=[est.model_state_bytes(n_params, d, st) / est.GB for d in dps],
+                        mode="lines+markers", name=STAGE_NAMES[st],
+                        hovertemplate="N_d=%{x}<br>%{y:.3g} GB<extra>" + STAGE_NAMES[st] + "</extra>")
+    _layout(fig, f"Model states per GPU, Ψ = {n_params / 1e9:g}B, mixed-precision Adam (K = 12)",
+            "data-parallel degree N_d (log scale)", "GB per GPU (log scale)")
+    fig.update_xaxes(type="log")
+    fig.update_yaxes(type="log")
+    return fig
+
+
+def zero_breakdown(n_params: float = 7.5e9, dp: int = 64) -> go.Figure:
+    """Stacked params / grads / optimizer GB per stage: the ZeRO paper's Figure 1 as bars."""
+    cats = [("params", "parameters (2 B/param)"), ("grads", "gradients (2 B/param)"),
+            ("optimizer", "optimizer states (K = 12 B/param)")]
+    xs = [STAGE_NAMES[s] for s in est.STAGES]
+    parts = [est.model_state_breakdown(n_params, dp, s) for s in est.STAGES]
+    fig = go.Figure()
+    for key, label in cats:
+        fig.add_bar(x=xs, y=[p[key] / est.GB for p in parts], name=label,
+                    hovertemplate="%{y:.3g} GB<extra>" + label + "</extra>")
+    totals = [sum(p.values()) / est.GB for p in parts]
+    fig.add_scatter(x=xs, y=totals, mode="text", text=[f"{t:.3g} GB" for t in totals], textposition="top center",
+                    showlegend=False, hoverinfo="skip")
+    _layout(fig, f"Where the bytes go: Ψ = {n_params / 1e9:g}B on N_d = {dp} GPUs", "", "GB per GPU",
+            barmode="stack")
+    fig.update_yaxes(range=[0, max(totals) * 1.15])
+    return fig
+
+
+def bytes_per_param(dp: int = 64) -> go.Figure:
+    """Bytes per parameter per GPU for each stage and precision (mixed K=12, fp32 K=8)."""
+    fig = go.Figure()
+    for prec, label in (("mixed", "mixed precision (2 + 2 + 12)"), ("fp32", "fp32 (4 + 4 + 8)")):
+        fig.add_bar(x=[STAGE_NAMES[s] for s in est.STAGES],
+                    y=[est.model_state_bytes(1.0, dp, s, prec) for s in est.STAGES], name=label,
+                    texttemplate="%{y:.3g}", textposition="outside",
+                    hovertemplate="%{y:.4g} B/param<extra>" + label + "</extra>")
+    _layout(fig, f"Bytes per parameter per GPU at N_d = {dp}", "", "bytes per parameter", barmode="group")
+    return fig
+
+
+def comm_vs_dp(n_params: float = 7.5e9, bytes_per_elem: int = 2, dps=(2, 4, 8, 16, 32, 64, 128)) -> go.Figure:
+    """Bytes each rank sends per step (ring model) for each stage against N_d."""
+    fig = go.Figure()
+    for st, dash in zip(est.STAGES, ("solid", "dot", "dash", "solid")):
+        fig.add_scatter(x=list(dps), y=[est.comm_bytes_per_step(n_params, d, st, bytes_per_elem) / est.GB for d in dps],
+                        mode="lines+markers", name=STAGE_NAMES[st], line=dict(dash=dash),
+                        hovertemplate="N_d=%{x}<br>%{y:.4g} GB<extra>" + STAGE_NAMES[st] + "</extra>")
+    _layout(fig, f"Sent per rank per step, Ψ = {n_params / 1e9:g}B in {8 * bytes_per_elem}-bit (ring model)",
+            "data-parallel degree N_d (log scale)", "GB sent per rank per step")
+    fig.update_xaxes(type="log")
+    return fig
+
+
+def bubble_vs_microbatches(ms=tuple(range(1, 33)), ps=(2, 4, 8)) -> go.Figure:
+    """Pipeline bubble as a share of step time against micro-batches m."""
+    fig = go.Figure()
+    for p in ps:
+        fig.add_scatter(x=list(ms), y=[100 * est.bubble_fraction(p, m, "1f1b") for m in ms], mode="lines",
+                        name=f"GPipe / 1F1B, p = {p}",
+                        hovertemplate="m=%{x}<br>%{y:.1f}% idle<extra>p=" + str(p) + "</extra>")
+    for p in ps[1:2]:
+        fig.add_scatter(x=list(ms), y=[100 * est.bubble_fraction(p, m, "interleaved", 2) for m in ms],
+                        mode="lines", line=dict(dash="dash"), name=f"interleaved 1F1B, p = {p}, v = 2",
+                        hovertemplate="m=%{x}<br>%{y:.1f}% idle<extra>interleaved</extra>")
+    _layout(fig, "Pipeline bubble: (p−1)/(v·m + p−1) of each step is idle", "micro-batches per step m",
+            "idle share of the step (%)")
+    fig.update_yaxes(range=[0, 100])
+    return fig
+
+
+ACT_CASES = (("none (t = 1)", dict(tp=1)), ("TP t = 8", dict(tp=8)), ("TP + SP", dict(tp=8, sp=True)),
+             ("TP + selective", dict(tp=8, recompute="selective")),
+             ("TP + SP + selective", dict(tp=8, sp=True, recompute="selective")),
+             ("full recompute", dict(tp=8, recompute="full")))
+
+
+def activations_gpt3() -> go.Figure:
+    """Per-layer activation MB for GPT-3 175B (s=2048, h=12288, a=96, b=1): Korthikanti Table 2."""
+    xs = [name for name, _ in ACT_CASES]
+    ys = [est.activation_bytes_per_layer(2048, 1, 12288, 96, **kw) / 1e6 for _, kw in ACT_CASES]
+    fig = go.Figure(go.Bar(x=xs, y=ys, texttemplate="%{y:.1f}", textposition="outside", marker_color=PALETTE[0],
+                           hovertemplate="%{y:.1f} MB per layer<extra></extra>"))
+    _layout(fig, "Activations one GPT-3 layer keeps for backward (s = 2048, b = 1)", "",
+            "MB per layer per GPU (log scale)")
+    fig.update_yaxes(type="log")
+    return fig
+
+
+def activations_vs_seq(hidden: int = 4096, heads: int = 32, layers: int = 36,
+                       seqs=(512, 1024, 2048, 4096, 8192, 16384)) -> go.Figure:
+    """Whole-model activation GB against sequence length, with and without recomputation."""
+    fig = go.Figure()
+    for name, rec in (("no recomputation", "none"), ("selective", "selective"), ("full recomputation", "full")):
+        fig.add_scatter(x=list(seqs), y=[layers * est.activation_bytes_per_layer(s, 1, hidden, heads, recompute=rec) / est.GB
+                                         for s in seqs], mode="lines+markers", name=name,
+                        hovertemplate="s=%{x}<br>%{y:.3g} GB<extra>" + name + "</extra>")
+    _layout(fig, f"Activations of {layers} layers, h = {hidden}, a = {heads}, b = 1, one GPU",
+            "sequence length s (tokens, log scale)", "GB (log scale)")
+    fig.update_xaxes(type="log")
+    fig.update_yaxes(type="log")
+    return fig
+
+
+def tp_scaling(seq: int = 2048, hidden: int = 12288, heads: int = 96, ts=(1, 2, 4, 8, 16)) -> go.Figure:
+    """Per-layer activation MB with TP and TP+SP, and TP bytes sent per layer, against t."""
+    fig = go.Figure()
+    fig.add_scatter(x=list(ts), y=[est.activation_bytes_per_layer(seq, 1, hidden, heads, tp=t) / 1e6 for t in ts],
+                    name="activations, TP", mode="lines+markers")
+    fig.add_scatter(x=list(ts), y=[est.activation_bytes_per_layer(seq, 1, hidden, heads, tp=t, sp=True) / 1e6 for t in ts],
+                    name="activations, TP + SP", mode="lines+markers")
+    fig.add_scatter(x=list(ts), y=[2 * est.tp_comm_elements_per_layer(seq, 1, hidden, t) / 1e6 for t in ts],
+                    name="sent per layer, fwd + bwd (16-bit)", mode="lines+markers", line=dict(dash="dot"))
+    _layout(fig, "Tensor parallelism on a GPT-3 layer (s = 2048, b = 1)", "tensor-parallel degree t",
+            "MB per GPU per layer")
+    fig.update_xaxes(type="log", tickvals=list(ts))
+    return fig
+
+
+def presets_memory() -> go.Figure:
+    """GB per GPU by category for the calculator's presets (first pipeline stage)."""
+    names = list(est.PRESETS)
+    outs = [est.memory_per_gpu(est.MemoryConfig(**est.PRESETS[n])) for n in names]
+    fig = go.Figure()
+    for key, label in (("params", "parameters"), ("grads", "gradients"), ("optimizer", "optimizer states"),
+                       ("gathered", "gathered block (ZeRO-3)"), ("activations", "activations")):
+        fig.add_bar(x=names, y=[o[key] / est.GB for o in outs], name=label,
+                    hovertemplate="%{y:.3g} GB<extra>" + label + "</extra>")
+    _layout(fig, "Memory per GPU for the calculator presets", "", "GB per GPU", barmode="stack")
+    return fig
+
+
+def offload_split(n_params: float = 7.5e9, dp: int = 1) -> go.Figure:
+    """GPU vs CPU GB of model states without offload, with optimizer offload, with parameter offload."""
+    rows = []
+    for label, stage, off in (("stage 2", 2, "none"), ("stage 2 + offload optimizer", 2, "optimizer"),
+                              ("stage 3 + offload optimizer + params", 3, "optimizer+params")):
+        parts = est.model_state_breakdown(n_params, dp, stage)
+        cpu = (parts["optimizer"] + parts["grads"]) if off != "none" else 0.0
+        cpu += parts["params"] if off == "optimizer+params" else 0.0
+        rows.append((label, sum(parts.values()) - cpu, cpu))
+    fig = go.Figure()
+    fig.add_bar(x=[r[0] for r in rows], y=[r[1] / est.GB for r in rows], name="GPU memory",
+                texttemplate="%{y:.3g}", textposition="outside")
+    fig.add_bar(x=[r[0] for r in rows], y=[r[2] / est.GB for r in rows], name="CPU memory",
+                texttemplate="%{y:.3g}", textposition="outside")
+    _layout(fig, f"Model states of Ψ = {n_params / 1e9:g}B on {dp} GPU{'s' if dp > 1 else ''}: where they live",
+            "", "GB", barmode="group")
+    return fig
+
+
+FIGURES = {
+    "zero-memory-vs-dp": zero_memory_vs_dp,
+    "zero-breakdown": zero_breakdown,
+    "bytes-per-param": bytes_per_param,
+    "comm-vs-dp": comm_vs_dp,
+    "bubble-vs-microbatches": bubble_vs_microbatches,
+    "activations-gpt3": activations_gpt3,
+    "activations-vs-seq": activations_vs_seq,
+    "tp-scaling": tp_scaling,
+    "presets-memory": presets_memory,
+    "offload-split": offload_split,
+}
+
+# Runs inside the figure's iframe: follow the course page's palette (mkdocs-material sets
+# data-md-color-scheme on <body>: "default" or "slate") and keep the plot sized to the frame.
+THEME_SCRIPT = """
+var gd = document.getElementById('{plot_id}');
+function mmScheme() {
+  try { var s = window.parent.document.body.getAttribute('data-md-color-scheme'); if (s) return s; } catch (e) {}
+  return window.matchMedia('(prefers-color-scheme: dark)').matches ? 'slate' : 'default';
+}
+function mmTheme() {
+  var dark = mmScheme() === 'slate';
+  var fg = dark ? '#e3e5ea' : '#1f2430', grid = dark ? 'rgba(227,229,234,0.16)' : 'rgba(31,36,48,0.12)';
+  var upd = {'font.color': fg, 'title.font.color': fg, 'legend.font.color': fg};
+  Object.keys(gd.layout).forEach(function (k) {
+    if (/^[xy]axis[0-9]*$/.test(k)) { upd[k + '.gridcolor'] = grid; upd[k + '.zerolinecolor'] = grid; upd[k + '.linecolor'] = grid; }
+  });
+  document.documentElement.style.colorScheme = dark ? 'dark' : 'light';
+  Plotly.relayout(gd, upd);
+}
+mmTheme();
+try {
+  new MutationObserver(mmTheme).observe(window.parent.document.body,
+    {attributes: true, attributeFilter: ['data-md-color-scheme']});
+} catch (e) {}
+window.addEventListener('resize', function () { Plotly.Plots.resize(gd); });
+"""
+
+
+def figure_html(fig: go.Figure, div_id: str, plotly_src: str, title: str = "") -> str:
+    """A standalone HTML page for one figure: self-hosted plotly.js, deterministic div id, theme-aware."""
+    html = fig.to_html(full_html=True, include_plotlyjs=plotly_src, div_id=div_id, post_script=THEME_SCRIPT,
+                       config={"displaylogo": False, "responsive": True,
+                               "modeBarButtonsToRemove": ["sendDataToCloud", "select2d", "lasso2d"]},
+                       default_width="100%", default_height="100%")
+    head = ("<title>" + (title or div_id) + "</title><style>html,body{margin:0;height:100%;"
+            "background:transparent}</style>")
+    return html.replace("<head>", "<head>" + head, 1)

@@ -1,0 +1,220 @@
+"""The verify page inside a built mkdocs site: no exam answer published; a real browser takes the exam,
+downloads the credential, verifies it on /verify/, then rejects a tampered copy with the reason."""
+import html
+import json
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from classroom_support import BANKS, ROOT, bank_item, make_config
+from minimega.classroom.quiz import load_banks
+
+CHROMIUM = "/usr/bin/chromium"
+TEXT_FILES = {".html", ".js", ".json", ".xml", ".txt", ".md", ".yaml", ".yml", ".css", ".svg"}
+
+
+def build_site(out: Path) -> Path:
+    """The real site when the repo has mkdocs.yml, else a minimal material site holding course/verify."""
+    mkdocs = [sys.executable, "-m", "mkdocs", "build", "-q", "--site-dir", str(out)]
+    if (ROOT / "mkdocs.yml").exists():
+        subprocess.run(mkdocs + ["-f", str(ROOT / "mkdocs.yml")], check=True, cwd=ROOT, timeout=300,
+                       env={**os.environ, "NO_MKDOCS_2_WARNING": "1"})
+        return out
+    docs = out.parent / "docs"
+    shutil.copytree(ROOT / "course", docs)
+    (docs / "index.md").write_text("# minimega\n\n[Verify a certificate](verify/index.md)\n")
+    cfg = out.parent / "mkdocs.yml"
+    cfg.write_text(f"site_name: minimega\ndocs_dir: {docs}\ntheme:\n  name: material\n  font: false\n"
+                   "nav:\n  - Home: index.md\n  - Verify a certificate: verify/index.md\n")
+    subprocess.run(mkdocs + ["-f", str(cfg), "--strict"], check=True, timeout=300,
+                   env={**os.environ, "NO_MKDOCS_2_WARNING": "1"})
+    return out
+
+
+def secrets_of_exam() -> list[str]:
+    """Texts that would give answers away: explanations, correct options, numeric answers' worked text."""
+    out = []
+    for bank in load_banks(BANKS):
+        for item in bank.items:
+            out += [item.explain] if item.explain else []
+            out += [c.explain for c in item.choices]
+            out += [c.text for c in item.choices if c.correct and len(c.text) >= 24]
+    return [" ".join(s.split()) for s in out if len(s.strip()) >= 24]
+
+
+def find_leaks(site: Path) -> list[str]:
+    needles = secrets_of_exam()
+    leaks = []
+    for path in site.rglob("*"):
+        if "exam" in path.name and path.suffix in {".yaml", ".yml"}:
+            leaks.append(f"{path}: an exam bank file")
+        if not path.is_file() or path.suffix not in TEXT_FILES:
+            continue
+        text = path.read_text("utf-8", errors="replace")
+        flat = " ".join(html.unescape(re.sub(r"<[^>]+>", " ", text)).split())
+        raw = " ".join(text.split())
+        leaks += [f"{path}: {n[:60]}…" for n in needles if n in flat or n in raw or json.dumps(n)[1:-1] in raw]
+    return leaks
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory):
+    pytest.importorskip("mkdocs")
+    return build_site(tmp_path_factory.mktemp("site") / "site")
+
+
+def test_no_exam_answer_in_the_built_site(site, tmp_path):
+    assert (site / "verify" / "index.html").exists()
+    assert find_leaks(site) == []
+    if (ROOT / "site").is_dir():                       # a site built by `make site` / `minimega serve`
+        assert find_leaks(ROOT / "site") == []
+    planted = tmp_path / "planted"                     # the scanner does find a leak
+    shutil.copytree(site / "verify", planted)
+    (planted / "page.html").write_text("<p>" + html.escape(secrets_of_exam()[5]) + "</p>")
+    assert len(find_leaks(planted)) == 1
+
+
+def test_verify_core_under_node(tmp_path):
+    """The page's verifier, run by Node's WebCrypto: W3C jcs vector, a service credential, tampering, revocation."""
+    if not shutil.which("node"):
+        pytest.skip("node not installed")
+    from fastapi.testclient import TestClient
+
+    from classroom_support import W3C, pass_exam
+    from minimega.classroom.service import create_app
+
+    app = create_app(make_config(tmp_path))
+    with TestClient(app) as client:
+        code = pass_exam(client)["credential"]["code"]
+        cred = client.get(f"/api/v1/credentials/{code}").json()
+        path = cred["credentialStatus"]["statusListCredential"].replace("http://127.0.0.1:8000", "")
+        fresh = client.get(path).json()
+        app.state.issuer.revoke(code)
+        revoked = client.get(path).json()
+    script = tmp_path / "check.js"
+    script.write_text("""
+const V = require(process.argv[2]);
+const fs = require("fs");
+(async () => {
+  const w3c = JSON.parse(fs.readFileSync(process.argv[3])); const proof = w3c.proof; delete w3c.proof;
+  const key = V.resolveKey("did:key:" + proof.verificationMethod.split("#")[1] + "#" + proof.verificationMethod.split("#")[1]);
+  const [cred, fresh, revoked] = JSON.parse(fs.readFileSync(process.argv[4]));
+  const edited = JSON.parse(JSON.stringify(cred)); edited.credentialSubject.identifier[0].identityHash = "Mallory";
+  const out = {
+    w3c: await V.verifyJcsProof(w3c, proof, key.raw),
+    ok: await V.verifyCredential(JSON.stringify(cred), { statusList: fresh }),
+    edited: await V.verifyCredential(edited, { statusList: fresh }),
+    revoked: await V.verifyCredential(cred, { statusList: revoked }),
+    malformed: await V.verifyCredential("{oops", {}),
+  };
+  console.log(JSON.stringify(out));
+})();
+""")
+    data = tmp_path / "data.json"
+    data.write_text(json.dumps([cred, fresh, revoked]))
+    run = subprocess.run(["node", str(script), str(ROOT / "course/assets/verify/verify-core.js"),
+                          str(W3C / "alumni-jcs.json"), str(data)], capture_output=True, text=True, timeout=60)
+    out = json.loads(run.stdout)
+    assert out["w3c"] is None
+    assert out["ok"]["valid"] and out["ok"]["claims"]["name"] == "Ada Lovelace", out["ok"]["errors"]
+    assert out["ok"]["revocation"].startswith("not revoked")
+    assert not out["edited"]["valid"] and any("signature does not match" in e for e in out["edited"]["errors"])
+    assert not out["revoked"]["valid"] and out["revoked"]["revocation"].startswith("revoked")
+    assert not out["malformed"]["valid"] and "not valid JSON" in out["malformed"]["errors"][0]
+
+
+@pytest.fixture()
+def live_server(site, tmp_path):
+    uvicorn = pytest.importorskip("uvicorn")
+    from minimega.classroom.service import create_app
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    config = make_config(tmp_path, site_dir=site, base_url=f"http://127.0.0.1:{port}")
+    server = uvicorn.Server(uvicorn.Config(create_app(config), host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    for _ in range(100):
+        if server.started:
+            break
+        time.sleep(0.05)
+    yield config.base_url
+    server.should_exit = True
+    thread.join(timeout=10)
+
+
+@pytest.mark.browser
+def test_browser_exam_download_and_verify(live_server, tmp_path):
+    if not Path(CHROMIUM).exists():
+        pytest.skip("Debian chromium not installed (apt-get install -y chromium)")
+    from playwright.sync_api import expect, sync_playwright
+
+    base = live_server
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=[
+            "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
+            "--disable-component-update", "--disable-sync"])
+        page = browser.new_page(accept_downloads=True)
+        errors = []
+        page.on("pageerror", lambda e: errors.append(str(e)))
+        page.goto(f"{base}/exam/")
+        page.get_by_label("Name, as it should appear on the certificate").fill("Ada Lovelace")
+        page.get_by_label("Email (optional").fill("ada@example.org")
+        page.get_by_role("button", name="Start the exam").click()
+        expect(page.locator("fieldset[data-number]")).to_have_count(11)
+        for fs in page.locator("fieldset[data-number]").all():
+            legend = fs.locator("legend").inner_text()
+            number = int(fs.get_attribute("data-number"))
+            question = {"chapter": int(re.search(r"Chapter (\d+)", fs.inner_text()).group(1)),
+                        "question": legend.split(": ", 1)[1]}
+            item = bank_item(question)
+            if item.type == "numeric":
+                fs.locator("input.value").fill(repr(item.answer))
+            else:
+                for choice in item.choices:
+                    if choice.correct:
+                        fs.get_by_label(choice.text, exact=True).check()
+            fs.get_by_role("button", name="Check").click()
+            expect(page.locator(f"#fb{number}")).to_contain_text("Correct.")
+        page.get_by_role("button", name="Finish and see my score").click()
+        expect(page.locator("#score")).to_contain_text("11 of 11")
+        code = page.locator("#code").inner_text().split(": ")[1]
+        with page.expect_download() as dl:
+            page.locator("#download-credential").click()
+        saved = tmp_path / "credential.json"
+        dl.value.save_as(saved)
+        cred = json.loads(saved.read_text())
+        assert cred["type"] == ["VerifiableCredential", "OpenBadgeCredential"]
+
+        page.goto(f"{base}/verify/")
+        page.set_input_files("#mm-verify-file", str(saved))
+        expect(page.locator("#mm-verify-verdict")).to_have_attribute("data-valid", "true")
+        claims = page.locator("#mm-verify-claims")
+        for text in ("Ada Lovelace", cred["credentialSubject"]["achievement"]["name"], "0.1.0",
+                     cred["validFrom"], "minimega course", cred["issuer"]["id"], "not revoked"):
+            expect(claims).to_contain_text(text)
+        page.get_by_label("Check an email address").fill("ada@example.org")
+        page.get_by_role("button", name="Check email").click()
+        expect(page.locator("#mm-verify-email-result")).to_contain_text("Match")
+
+        cred["credentialSubject"]["identifier"][0]["identityHash"] = "Mallory"
+        tampered = tmp_path / "tampered.json"
+        tampered.write_text(json.dumps(cred))
+        page.set_input_files("#mm-verify-file", str(tampered))
+        expect(page.locator("#mm-verify-verdict")).to_have_attribute("data-valid", "false")
+        expect(page.locator("#mm-verify-reasons")).to_contain_text("signature does not match")
+
+        page.goto(f"{base}/verify/?c={code}")           # the QR code's link: fetched from the service
+        expect(page.locator("#mm-verify-verdict")).to_have_attribute("data-valid", "true")
+        expect(page.locator("#mm-verify-claims")).to_contain_text("Ada Lovelace")
+        browser.close()
+        assert errors == []

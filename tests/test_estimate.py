@@ -1,0 +1,209 @@
+"""minimega.estimate against the numbers the papers print (no process group, no torch)."""
+import json
+import math
+
+import pytest
+
+from minimega import estimate as est
+
+# ZeRO paper (arXiv:1910.02054) Table 1, GB per device, columns P_os / P_os+g / P_os+g+p.
+ZERO_TABLE1 = {
+    7.5e9: {1: (120, 120, 120), 4: (52.5, 41.25, 30), 16: (35.62, 21.56, 7.5), 64: (31.41, 16.64, 1.875),
+            256: (30.35, 15.41, 0.469), 1024: (30.09, 15.10, 0.117)},
+    128e9: {1: (2048, 2048, 2048), 4: (896, 704, 512), 16: (608, 368, 128), 64: (536, 284, 32),
+            256: (518, 263, 8), 1024: (513.5, 257.75, 2)},
+    1e12: {1: (16000, 16000, 16000), 4: (7000, 5500, 4000), 16: (4750, 2875, 1000), 64: (4187.5, 2218.75, 250),
+           256: (4046.9, 2054.7, 62.5), 1024: (4011.7, 2013.7, 15.625)},
+}
+
+
+@pytest.mark.parametrize("psi", sorted(ZERO_TABLE1), ids=["7.5B", "128B", "1T"])
+def test_zero_table1(psi):
+    for dp, row in ZERO_TABLE1[psi].items():
+        for stage, paper in zip((1, 2, 3), row):
+            got = est.model_state_bytes(psi, dp, stage) / est.GB
+            # the paper rounds to about 3 significant digits
+            assert got == pytest.approx(paper, rel=5e-3), (psi, dp, stage)
+
+
+def test_zero_figure1_rounded_as_printed():
+    got = [est.model_state_bytes(7.5e9, 64, s) / est.GB for s in range(4)]
+    assert [round(got[0]), round(got[1], 1), round(got[2], 1), round(got[3], 1)] == [120, 31.4, 16.6, 1.9]
+
+
+def test_stage_formulas_and_precisions():
+    psi, nd = 1000.0, 8
+    assert est.model_state_bytes(psi, nd, 0) == 16 * psi
+    assert est.model_state_bytes(psi, nd, 1) == 4 * psi + 12 * psi / nd
+    assert est.model_state_bytes(psi, nd, 2) == 2 * psi + 14 * psi / nd
+    assert est.model_state_bytes(psi, nd, 3) == 16 * psi / nd
+    for p in ("bf16", "fp16"):
+        assert est.model_state_bytes(psi, nd, 2, p) == est.model_state_bytes(psi, nd, 2, "mixed")
+    assert est.model_state_bytes(psi, 1, 0, "fp32") == 16 * psi  # 4 + 4 + 8, no master copy
+    assert est.model_state_bytes(psi, nd, 1, "fp32") == 8 * psi + 8 * psi / nd
+    # Megatron distributed optimizer, fp32 params and grads: 8 + 8/d bytes/param (dist_optimizer.md)
+    assert est.model_state_bytes(psi, nd, 1, "fp32") / psi == 8 + 8 / nd
+    with pytest.raises(ValueError, match="precision"):
+        est.model_state_bytes(psi, nd, 1, "int8")
+    with pytest.raises(ValueError, match="stage"):
+        est.model_state_bytes(psi, nd, 4)
+    with pytest.raises(ValueError, match="dp"):
+        est.model_state_bytes(psi, 0, 1)
+
+
+def test_stages_never_increase_memory():
+    for dp in (1, 2, 3, 64):
+        vals = [est.model_state_bytes(7.5e9, dp, s) for s in range(4)]
+        assert vals == sorted(vals, reverse=True)
+
+
+def test_padded_rounds_each_group_up_to_dp():
+    assert est.padded_numel(10, 4) == 12 and est.padded_numel(12, 4) == 12 and est.padded_numel(1, 3) == 3
+    # two groups of 10 at dp 4: each pads to 12, so shards are 3 + 3 elements
+    assert est.model_state_bytes_padded([10, 10], 4, 3) == 16 * 24 / 4
+    assert est.model_state_bytes_padded([10, 10], 4, 1) == 4 * 24 + 12 * 24 / 4
+    assert est.model_state_bytes_padded(12, 4, 2) == est.model_state_bytes(12, 4, 2)
+    assert est.model_state_bytes_padded([10, 10], 4, 0) == est.model_state_bytes(20, 1, 0)
+    assert est.model_state_bytes_padded([7], 1, 3) == est.model_state_bytes(7, 1, 3)
+
+
+def test_comm_volume_zero_section7():
+    psi, b = 1e9, 2
+    assert [est.comm_volume_psi(s) for s in range(4)] == [2, 2, 2, 3]
+    for dp in (2, 8, 64):
+        ring = (dp - 1) / dp
+        assert est.comm_bytes_per_step(psi, dp, 0, b) == pytest.approx(2 * ring * psi * b)
+        assert est.comm_bytes_per_step(psi, dp, 1, b) == est.comm_bytes_per_step(psi, dp, 0, b)
+        assert est.comm_bytes_per_step(psi, dp, 2, b) == est.comm_bytes_per_step(psi, dp, 0, b)
+        assert est.comm_bytes_per_step(psi, dp, 3, b) == pytest.approx(1.5 * est.comm_bytes_per_step(psi, dp, 0, b))
+    assert est.comm_bytes_per_step(psi, 1, 3, b) == 0
+    assert est.ring_bytes("all_reduce", 100, 4) == 150 and est.ring_bytes("all_gather", 100, 4) == 75
+
+
+# Korthikanti et al. Table 2, GPT-3 175B (s=2048, h=12288, a=96) at b=1, t=8, MB per layer.
+GPT3 = dict(seq_len=2048, micro_batch=1, hidden=12288, heads=96)
+
+
+@pytest.mark.parametrize("kw,mb", [
+    (dict(tp=1), 2868.9), (dict(tp=8), 578.8), (dict(tp=8, sp=True), 358.6),
+    (dict(tp=8, recompute="selective"), 327.2), (dict(tp=8, sp=True, recompute="selective"), 107.0),
+    (dict(tp=8, recompute="full"), 50.3),
+], ids=["none", "tp", "tp-sp", "tp-sel", "tp-sp-sel", "full"])
+def test_activation_table2_gpt3(kw, mb):
+    assert est.activation_bytes_per_layer(**GPT3, **kw) / 1e6 == pytest.approx(mb, abs=0.05)
+
+
+def test_activation_table2_closed_forms():
+    s, b, h, a, t = 2048, 2, 20480, 128, 8
+    sbh = s * b * h
+    assert 5 * a * s / h == 64  # MT-NLG, as quoted in §2.5 of the paper's discussion
+    f = lambda **kw: est.activation_bytes_per_layer(s, b, h, a, **kw)
+    assert f() == pytest.approx(sbh * (34 + 5 * a * s / h))
+    assert f(tp=t) == pytest.approx(sbh * (10 + 24 / t + 5 * a * s / (h * t)))
+    assert f(tp=t, sp=True) == pytest.approx(sbh * (34 / t + 5 * a * s / (h * t)))
+    assert f(tp=t, recompute="selective") == pytest.approx(sbh * (10 + 24 / t))
+    assert f(tp=t, sp=True, recompute="selective") == pytest.approx(sbh * 34 / t)
+    assert f(recompute="full") == 2 * sbh
+    # fp32 activations: 16 sbh elements x 4 B + 2 sbh masks; 2 as^2b elements x 4 B + 1 mask
+    assert f(act_bytes=4) == pytest.approx(sbh * 66 + a * s * s * b * 9)
+
+
+def test_tp_comm_and_bubbles():
+    assert est.tp_comm_elements_per_layer(2048, 1, 12288, 1) == 0
+    assert est.tp_comm_elements_per_layer(2048, 1, 12288, 8) == 8 * 2048 * 12288 * 7 / 8
+    # test vector p=4, m=8
+    assert est.bubble_ratio(4, 8) == 0.375
+    assert est.bubble_fraction(4, 8, "gpipe") == pytest.approx(3 / 11)
+    assert est.bubble_fraction(4, 8, "1f1b") == pytest.approx(3 / 11)
+    assert est.bubble_ratio(4, 8, v=2) == 0.1875
+    assert est.bubble_fraction(4, 8, "interleaved", v=2) == pytest.approx(0.1875 / 1.1875)
+    assert est.in_flight_microbatches(4, 8, "gpipe") == 8
+    assert est.in_flight_microbatches(4, 8, "1f1b") == 4 and est.in_flight_microbatches(4, 2, "1f1b") == 2
+    assert est.in_flight_microbatches(4, 8, "interleaved", v=2) == pytest.approx(4 * (1 + 3 / 8))
+
+
+def test_flops_gpt2_and_korthikanti_mfu():
+    n = est.gpt_params(12, 768, 50257, 1024)
+    assert n == 124_439_808                                  # nanoGPT's GPT-2 124M
+    n_no_wpe = n - 1024 * 768
+    assert n_no_wpe / 1e6 == pytest.approx(123.65, abs=0.01)
+    # nanoGPT's estimate_mfu terms: 6N = 741.9 MFLOP, attention 113.2 MFLOP (855.1 as the sum of the two)
+    assert 6 * n_no_wpe / 1e6 == pytest.approx(741.9, abs=0.05)
+    assert est.flops_per_token(0, 12, 12, 64, 1024) / 1e6 == pytest.approx(113.2, abs=0.05)
+    assert est.flops_per_token(n_no_wpe, 12, 12, 64, 1024) / 1e6 == pytest.approx(855.1, rel=1e-4)
+    # Korthikanti Table 5: 175B, global batch 64 on 64 A100 (312 TFLOP/s), 13.75 s/iteration -> MFU 51.4%
+    f = est.megatron_model_flops(64, 2048, 96, 12288, 51200)
+    assert f / 13.75 / 64 / 312e12 == pytest.approx(0.514, abs=0.0005)
+    assert est.mfu(1000, 6e9, 1.2e13) == 0.5
+    # Narayanan Eq. 2 counts the same terms (bar the final LayerNorm)
+    L, h, V, s = 36, 4096, 51200, 2048
+    eq2 = 12 * L * h * h * (1 + 13 / (12 * h) + (V + s) / (12 * L * h))
+    assert est.gpt_params(L, h, V, s) - 2 * h == pytest.approx(eq2)
+
+
+def test_memory_per_gpu_composes_the_parts():
+    cfg = est.MemoryConfig(**est.PRESETS["zero-7.5b"])
+    out = est.memory_per_gpu(cfg)
+    n = est.stage_params(cfg)
+    assert n == est.gpt_params(36, 4096, 51200, 2048)       # pp = tp = 1: the whole model
+    assert out["params"] + out["grads"] + out["optimizer"] == est.model_state_bytes(n, 64, cfg.zero_stage)
+    assert out["activations"] == 36 * est.activation_bytes_per_layer(2048, 1, 4096, 32)
+    assert out["total"] == pytest.approx(sum(out[k] for k in ("params", "grads", "optimizer", "gathered", "activations")))
+    # offload moves optimizer states and gradients to CPU; total on the GPU falls by exactly that
+    off = est.memory_per_gpu(est.MemoryConfig(**{**est.PRESETS["zero-7.5b"], "offload": "optimizer"}))
+    assert off["cpu"] == out["grads"] + out["optimizer"] and off["total"] == out["total"] - off["cpu"]
+    # pipeline: first stage holds ceil(L/p) blocks x in-flight micro-batches
+    bloom = est.MemoryConfig(**est.PRESETS["bloom-176b"])
+    b = est.memory_per_gpu(bloom)
+    per = est.activation_bytes_per_layer(2048, 2, 14336, 112, tp=4, recompute="full")
+    assert b["activations"] == pytest.approx(per * 6 * 12)
+    gp = est.memory_per_gpu(est.MemoryConfig(**{**est.PRESETS["bloom-176b"], "schedule": "gpipe"}))
+    assert gp["activations"] == pytest.approx(per * 6 * 128)
+    with pytest.raises(ValueError, match="tp must divide heads"):
+        est.memory_per_gpu(est.MemoryConfig(layers=2, hidden=64, heads=4, vocab=10, seq_len=8, tp=3))
+    with pytest.raises(ValueError, match="zero_stage=3"):
+        est.memory_per_gpu(est.MemoryConfig(layers=2, hidden=64, heads=4, vocab=10, seq_len=8, offload="optimizer+params"))
+
+
+def test_bloom_layer_sizes_match_the_training_notes():
+    # bigscience tr11 README: one layer 12h^2 + 13h = 2,466,437,120 params; embedding 250880 x 14336
+    h = 14336
+    assert est.gpt_params(1, h, 0, 0) - 2 * h == 2_466_437_120
+    assert 250880 * h == 3_596_615_680
+
+
+def test_checkpoint_bytes_bloom():
+    # BLOOM tr11 README: "each checkpoint with fp32 optim states and bf16+fp32 weights is 2.3TB -
+    # just the bf16 weights are 329GB" (binary units: 2^40 and 2^30 bytes), for the 176B model
+    n = 176e9
+    assert est.checkpoint_bytes(n, optimizer=False) / 2**30 == pytest.approx(329, abs=2)
+    assert est.checkpoint_bytes(n) / 2**40 == pytest.approx(2.3, abs=0.06)
+    assert est.checkpoint_bytes(1, "fp32") == 12
+
+
+def test_cli_json(capsys):
+    assert est.main(["--params", "7.5e9", "--dp", "64", "--json"]) == 0
+    rep = json.loads(capsys.readouterr().out)
+    assert [round(r["total"] / 1e9, 1) for r in rep["stages"]] == [120.0, 31.4, 16.6, 1.9]
+    assert rep["stages"][3]["comm_bytes_per_step"] == pytest.approx(1.5 * rep["stages"][0]["comm_bytes_per_step"])
+    assert est.main(["--params", "1e9", "--dp", "8", "--stage", "2"]) == 0
+    text = capsys.readouterr().out
+    assert "N_d = 8" in text and len(text.strip().splitlines()) == 3
+
+
+def test_cli_parser_registers_on_subparsers():
+    import argparse
+    root = argparse.ArgumentParser(prog="minimega")
+    est.add_estimate_parser(root.add_subparsers(dest="cmd"))
+    args = root.parse_args(["estimate", "--params", "7.5e9", "--dp", "64", "--stage", "3"])
+    assert args.func is est.run_estimate and args.stage == 3 and math.isclose(args.params, 7.5e9)
+
+
+def test_gpt_params_counts_minimega_gpt():
+    torch = pytest.importorskip("torch")
+    from minimega.config import GPTConfig
+    from minimega.model import GPT
+    for cfg in (GPTConfig.tiny(), GPTConfig.small(), GPTConfig.tiny(bias=True)):
+        n = sum(p.numel() for p in GPT(cfg).parameters())
+        assert n == est.gpt_params(cfg.n_layer, cfg.n_embd, cfg.vocab_size, cfg.block_size, tied=False,
+                                   bias=cfg.bias), cfg

@@ -1,0 +1,305 @@
+"""The course site: quiz banks, the build hook, the strict build and its output, the calculator's JS.
+
+Browser checks live in test_site_browser.py (marker `browser`).
+"""
+import html
+import json
+import os
+import random
+import re
+import shutil
+import subprocess
+import sys
+import time
+from html.parser import HTMLParser
+from pathlib import Path
+
+import pytest
+
+from minimega import estimate as est
+from minimega.classroom import sitebuild
+from minimega.classroom.quiz import grade, load_banks
+
+ROOT = Path(__file__).resolve().parents[1]
+QUIZZES = ROOT / "quizzes"
+COURSE = ROOT / "course"
+CHAPTERS = ["01-memory", "02-data-parallel", "03-zero", "04-mixed-precision", "05-offload",
+            "06-activation-checkpointing", "07-tensor-parallel", "08-pipeline-parallel", "09-3d-parallel",
+            "10-checkpoints", "11-fsdp"]
+SKELETON = ["why", "notation", "code", "takeaway", "worked-problems", "quiz", "lab"]
+# The seed guide's six questions, each a practice item somewhere in the banks.
+FAQ = {"faq-deepspeed-megatron": 1, "faq-zero-purpose": 3, "faq-zero-stage-saves-most": 3,
+       "faq-checkpointing-trade": 6, "faq-tp-split": 7, "faq-why-3d": 9}
+VERDICT = re.compile(r"^\s*(correct|incorrect|wrong|right|true|false|yes|no)\b|\b(correct|incorrect|wrong)!",
+                     re.IGNORECASE)
+
+
+# ---------------------------------------------------------------------------------------------
+# Quiz banks
+
+@pytest.fixture(scope="module")
+def banks():
+    return load_banks(QUIZZES)
+
+
+def test_one_bank_per_chapter_with_enough_items(banks):
+    assert [b.chapter for b in banks] == list(range(1, 12))
+    assert [b.path.stem for b in banks] == CHAPTERS
+    for b in banks:
+        assert len(b.items) >= 8, f"{b.path.name}: {len(b.items)} items"
+        assert (COURSE / f"{b.path.stem}.md").exists()
+
+
+def test_explanations_for_every_option_without_verdict_words(banks):
+    for b in banks:
+        for it in b.items:
+            texts = [c.explain for c in it.choices] or [it.explain]
+            for text in texts:
+                assert len(text.split()) >= 4, f"{b.path.name}:{it.id}: explanation too thin: {text!r}"
+                assert not VERDICT.search(text), f"{b.path.name}:{it.id}: verdict word in {text!r}"
+
+
+def test_faq_questions_are_in_their_chapters(banks):
+    where = {it.id: b.chapter for b in banks for it in b.items}
+    assert {k: where.get(k) for k in FAQ} == FAQ
+
+
+def test_numeric_answers_recomputed_from_estimate(banks):
+    numeric = [(b, it) for b in banks for it in b.items if it.type == "numeric"]
+    assert len(numeric) >= 20
+    with_formula = 0
+    for b, it in numeric:
+        if it.formula is None:
+            continue
+        with_formula += 1
+        value = sitebuild.evaluate(it.formula)
+        assert grade(it, value).correct, f"{b.path.name}:{it.id}: answer {it.answer}, formula gives {value}"
+        # the printed answer is rounded no more coarsely than the tolerance allows
+        assert abs(value - it.answer) <= max(it.tolerance, 1e-9) * abs(value), (it.id, value)
+    assert with_formula >= len(numeric) - 2
+
+
+def test_a_wrong_bank_answer_fails_the_build_check(banks, tmp_path):
+    src = (QUIZZES / "03-zero.yaml").read_text().replace("answer: 31.4", "answer: 33.4")
+    (tmp_path / "03-zero.yaml").write_text(src)
+    bad = load_banks(tmp_path)[0]
+    with pytest.raises(Exception, match="fig1-stage1"):
+        sitebuild.check_bank(bad)
+
+
+# ---------------------------------------------------------------------------------------------
+# Hook pieces
+
+def test_formula_namespace_is_estimate_only():
+    assert sitebuild.evaluate("model_state_bytes(7.5e9, 64, 3) / GB") == pytest.approx(1.875)
+    assert sitebuild.evaluate("min(m for m in range(1, 50) if bubble_fraction(4, m) < 0.2)") == 13
+    with pytest.raises(NameError):
+        sitebuild.evaluate("open('/etc/passwd')")
+    with pytest.raises(NameError):
+        sitebuild.evaluate("__import__('os')")
+    assert sitebuild.format_number(1234567.0, ",.0f") == "1\u2009234\u2009567"
+    assert sitebuild.format_number(8.0, "d") == "8"
+    with pytest.raises(ValueError):
+        sitebuild.format_number(7.5, "d")
+
+
+def test_macros_in_page_markdown():
+    from types import SimpleNamespace
+    from mkdocs.exceptions import PluginError
+    page = SimpleNamespace(url="03-zero/", file=SimpleNamespace(src_path="03-zero.md"))
+    config = {"config_file_path": str(ROOT / "mkdocs.yml")}
+    run = lambda md: sitebuild.on_page_markdown(md, page, config, None)
+    assert run('{{ num("model_state_bytes(7.5e9, 64, 2) / GB", ".1f") }} GB') == "16.6 GB"
+    assert 'src="../assets/figures/bubble-vs-microbatches.html"' in run('{{ figure("bubble-vs-microbatches", "c") }}')
+    assert run("{{ quiz() }}").count('class="mm-item"') == 9
+    assert run("a {{ template }} b") == "a {{ template }} b"          # not ours: left alone
+    for bad in ('{{ num("no_such_function(1)") }}', '{{ num(3) }}', '{{ figure("nope", "c") }}'):
+        with pytest.raises(PluginError):
+            run(bad)
+
+
+def test_rendered_item_is_accessible_markup(banks):
+    bank = banks[2]
+    page = sitebuild.render_quiz("03-zero", bank)
+    assert page.count("<fieldset>") == page.count("<legend>") == len(bank.items)
+    assert page.count('role="status"') == len(bank.items)
+    assert page.count('<button type="submit" class="md-button mm-check">Check</button>') == len(bank.items)
+    item = next(it for it in bank.items if it.id == "faq-zero-stage-saves-most")
+    one = sitebuild.render_item("03-zero", 1, item)
+    key = re.search(r'data-key="([0-9,]+)"', one).group(1)
+    assert key == ",".join(str(i) for i, c in enumerate(item.choices) if c.correct)
+    assert one.count('type="radio"') == len(item.choices)
+    # every input has a label bound to it
+    for input_id in re.findall(r'<input[^>]* id="([^"]+)"', one):
+        assert f'<label for="{input_id}">' in one
+    assert "<code>x</code>" in sitebuild.inline("`x`") and "&lt;b&gt;" in sitebuild.inline("<b>")
+    assert '<span class="arithmatex">\\(\\Psi\\)</span>' == sitebuild.inline("$\\Psi$")
+
+
+# ---------------------------------------------------------------------------------------------
+# The strict build and what it produces
+
+class _Collect(HTMLParser):
+    def __init__(self):
+        super().__init__()
+        self.urls, self.ids, self.h2 = [], [], []
+
+    def handle_starttag(self, tag, attrs):
+        a = dict(attrs)
+        loads = tag in ("script", "img", "iframe", "source") or (
+            tag == "link" and a.get("rel") not in ("canonical", "prev", "next", "alternate"))  # links that fetch
+        for key in ("src", "href"):
+            if a.get(key) and loads:
+                self.urls.append(a[key])
+        if tag == "h2" and a.get("id"):
+            self.h2.append(a["id"])
+        if a.get("id"):
+            self.ids.append(a["id"])
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    out = tmp_path_factory.mktemp("site")
+    env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}
+    t0 = time.monotonic()
+    proc = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-d", str(out)], cwd=ROOT,
+                          env=env, capture_output=True, text=True, timeout=120)
+    took = time.monotonic() - t0
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return out, took, proc.stderr
+
+
+def test_build_is_strict_and_fast(built):
+    out, took, log = built
+    assert took < 60, f"mkdocs build took {took:.1f} s"
+    assert "WARNING" not in log
+
+
+def test_chapters_follow_the_skeleton(built, banks):
+    out, _, _ = built
+    counts = {b.path.stem: len(b.items) for b in banks}
+    for slug in CHAPTERS:
+        src = (COURSE / f"{slug}.md").read_text()
+        assert len(src.splitlines()) < 400, slug
+        page = (out / slug / "index.html").read_text()
+        p = _Collect()
+        p.feed(page)
+        assert [h for h in p.h2 if h in SKELETON] == SKELETON, (slug, p.h2)
+        assert page.count('class="mm-item"') == counts[slug]
+        assert "{{" not in page and "--8<--" not in page, slug
+        assert '<details class="answer">' in page, f"{slug}: worked problems need hidden answers"
+        assert f"labs/{slug}.ipynb" in page and "make lab" in page
+        assert re.search(r'<div class="highlight">', page), f"{slug}: no embedded code"
+
+
+def test_no_third_party_requests_in_built_site(built):
+    out, _, _ = built
+    for f in out.rglob("*.html"):
+        p = _Collect()
+        p.feed(f.read_text(encoding="utf-8"))
+        for url in p.urls:
+            assert not re.match(r"^(https?:)?//", url), f"{f.relative_to(out)} loads {url}"
+    css = (out / "assets" / "vendor" / "katex" / "katex.min.css").read_text()
+    assert "http" not in css
+    plotly_js = (out / "assets" / "vendor" / "plotly" / "plotly-basic.min.js").read_text()
+    import plotly.offline
+    assert "plotly.js (basic - minified) v" + plotly.offline.get_plotlyjs_version() in plotly_js[:200]
+
+
+def test_figures_are_built_deterministic_and_self_hosted(built):
+    out, _, _ = built
+    from minimega import plots
+    used = set()
+    for f in out.rglob("index.html"):
+        used |= set(re.findall(r'assets/figures/([a-z0-9-]+)\.html', f.read_text()))
+    assert used and used <= set(plots.FIGURES)
+    for name in plots.FIGURES:
+        page = (out / "assets" / "figures" / f"{name}.html").read_text()
+        assert f'id="fig-{name}-plot"' in page
+        assert 'src="../vendor/plotly/plotly-basic.min.js"' in page and "cdn" not in page.lower()
+        assert "data-md-color-scheme" in page   # follows the course theme
+        again = plots.figure_html(plots.FIGURES[name](), f"fig-{name}-plot", "../vendor/plotly/plotly-basic.min.js",
+                                  plots.FIGURES[name]().layout.title.text)
+        assert again == page
+        fig = json.loads(re.search(r"Plotly\.newPlot\(\s*\"[^\"]+\",\s*(\[.*?\]),\s*\{", page, re.S).group(1))
+        assert fig, name
+    # axis titles carry units
+    for name in ("zero-memory-vs-dp", "comm-vs-dp", "bubble-vs-microbatches", "activations-vs-seq"):
+        lay = plots.FIGURES[name]().layout
+        assert lay.xaxis.title.text and lay.yaxis.title.text
+
+
+def test_numbers_on_pages_come_from_estimate(built):
+    out, _, _ = built
+    zero = html.unescape((out / "03-zero" / "index.html").read_text())
+    for stage, text in ((0, "120 GB"), (1, "31.4 GB"), (2, "16.6 GB"), (3, "1.9 GB")):
+        assert text in zero
+    acts = html.unescape((out / "06-activation-checkpointing" / "index.html").read_text())
+    for mb in ("2\u2009868.9", "578.8", "358.6", "327.2", "107.0", "50.3"):
+        assert mb in acts
+
+
+# ---------------------------------------------------------------------------------------------
+# The calculator's JavaScript against the Python estimator
+
+NODE = shutil.which("node")
+CALC = COURSE / "assets" / "javascripts" / "calculator.js"
+RUNNER = """
+const calc = require(process.argv[1]);
+const cfgs = JSON.parse(require('fs').readFileSync(0, 'utf8'));
+const out = cfgs.map(c => { try { return calc.memoryPerGpu(c); } catch (e) { return {error: e.message}; } });
+process.stdout.write(JSON.stringify(out));
+"""
+
+
+def _random_config(rng: random.Random) -> dict:
+    heads = rng.choice([1, 2, 4, 8, 12, 16, 32, 64, 96, 112, 128])
+    tp = rng.choice([t for t in (1, 2, 4, 8, 16) if heads % t == 0])
+    stage = rng.randrange(4)
+    return dict(layers=rng.randint(1, 128), hidden=heads * rng.choice([16, 64, 128, 160]), heads=heads,
+                vocab=rng.randint(100, 260000), seq_len=rng.choice([128, 512, 1024, 2048, 4096, 8192, 32768]),
+                micro_batch=rng.randint(1, 16), precision=rng.choice(est.PRECISIONS), zero_stage=stage, tp=tp,
+                dp=rng.choice([1, 2, 3, 8, 64, 1000]), pp=rng.choice([1, 2, 3, 4, 12, 35]),
+                sp=rng.random() < 0.5, recompute=rng.choice(est.RECOMPUTE), schedule=rng.choice(est.SCHEDULES),
+                micro_batches=rng.randint(1, 300), virtual_stages=rng.randint(1, 4),
+                offload=rng.choice(est.OFFLOAD if stage == 3 else est.OFFLOAD[:2]))
+
+
+def _run_js(cfgs):
+    proc = subprocess.run([NODE, "-e", RUNNER, str(CALC)], input=json.dumps(cfgs), capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
+@pytest.mark.skipif(NODE is None, reason="needs node")
+def test_calculator_js_matches_python_on_random_configs():
+    rng = random.Random(20240607)
+    cfgs = [_random_config(rng) for _ in range(240)] + [dict(est.PRESETS[k]) for k in est.PRESETS]
+    got = _run_js(cfgs)
+    keys = ("params", "grads", "optimizer", "gathered", "activations", "total", "cpu", "stage_params")
+    for cfg, js in zip(cfgs, got):
+        py = est.memory_per_gpu(est.MemoryConfig(**cfg))
+        assert "error" not in js, (cfg, js)
+        for k in keys:
+            assert js[k] == pytest.approx(py[k], rel=1e-9, abs=1e-9), (k, cfg)
+
+
+@pytest.mark.skipif(NODE is None, reason="needs node")
+def test_calculator_js_rejects_what_python_rejects():
+    base = dict(est.PRESETS["gpt2-124m"])
+    bad = [{**base, "tp": 5}, {**base, "offload": "optimizer+params", "zero_stage": 2}, {**base, "dp": 0},
+           {**base, "recompute": "half"}, {**base, "layers": 2.5}]
+    for cfg, js in zip(bad, _run_js(bad)):
+        with pytest.raises(ValueError):
+            est.memory_per_gpu(est.MemoryConfig(**cfg))
+        assert "error" in js, cfg
+
+
+def test_calculator_page_carries_the_python_presets(built):
+    out, _, _ = built
+    page = (out / "calculator" / "index.html").read_text()
+    blob = re.search(r'<script type="application/json" class="mm-calc-presets">(.*?)</script>', page, re.S).group(1)
+    assert json.loads(blob) == json.loads(json.dumps(est.PRESETS))
+    for name in est.PRESETS:
+        assert f'<option value="{name}"' in page

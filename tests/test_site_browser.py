@@ -1,0 +1,181 @@
+"""The built course site in Debian's chromium, driven by Playwright: quizzes by keyboard, the
+calculator, figures, theme, and no request leaving 127.0.0.1. Screenshots land in build/screenshots/.
+"""
+import functools
+import http.server
+import os
+import re
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from minimega import estimate as est
+
+pytestmark = pytest.mark.browser
+
+ROOT = Path(__file__).resolve().parents[1]
+CHROMIUM = "/usr/bin/chromium"
+FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
+         "--disable-component-update", "--disable-sync"]
+SHOTS = ROOT / "build" / "screenshots"
+
+if not Path(CHROMIUM).exists():
+    pytest.skip("needs Debian chromium at /usr/bin/chromium", allow_module_level=True)
+sync_api = pytest.importorskip("playwright.sync_api")
+
+
+class _Quiet(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    out = tmp_path_factory.mktemp("browser-site")
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(_Quiet, directory=str(out)))
+    base = f"http://127.0.0.1:{httpd.server_address[1]}"
+    # instant navigation only intercepts links under site_url, so build for the port just bound
+    env = {**os.environ, "NO_MKDOCS_2_WARNING": "1", "MINIMEGA_SITE_URL": base + "/"}
+    proc = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-d", str(out)], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    yield base
+    httpd.shutdown()
+
+
+@pytest.fixture(scope="module")
+def browser():
+    with sync_api.sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
+        yield b
+        b.close()
+
+
+class Watch:
+    """Console errors, page errors and every request that leaves the local server."""
+
+    def __init__(self, page, base):
+        self.errors, self.outside = [], []
+        page.on("console", lambda m: m.type == "error" and self.errors.append(m.text))
+        page.on("pageerror", lambda e: self.errors.append(str(e)))
+        page.on("request", lambda r: r.url.startswith(base) or r.url.startswith("data:")
+                or r.url.startswith("blob:") or self.outside.append(r.url))
+
+    def clean(self):
+        assert self.errors == [], self.errors
+        assert self.outside == [], self.outside
+
+
+def _page(browser, base, scheme="light"):
+    ctx = browser.new_context(viewport={"width": 1280, "height": 900}, color_scheme=scheme)
+    page = ctx.new_page()
+    return ctx, page, Watch(page, base)
+
+
+def _status(page, item):
+    return page.locator(f"#q-03-zero-{item} .mm-feedback[role=status]")
+
+
+def test_quiz_by_keyboard_with_feedback_and_progress(server, browser):
+    ctx, page, watch = _page(browser, server)
+    page.goto(f"{server}/03-zero/")
+    radio = page.locator("#q-03-zero-faq-zero-stage-saves-most-0")   # "Stage 3", the right option
+    radio.focus()
+    page.keyboard.press("Space")
+    page.keyboard.press("Tab")                                       # leaves the radio group: the Check button
+    assert page.evaluate("document.activeElement.textContent") == "Check"
+    page.keyboard.press("Enter")
+    status = _status(page, "faq-zero-stage-saves-most")
+    assert status.inner_text().startswith("Correct.")
+    assert "all 16 bytes per parameter divide" in status.inner_text()
+    assert status.get_attribute("aria-live") == "polite"
+
+    page.keyboard.press("Shift+Tab")                                 # back into the group, on the checked radio
+    page.keyboard.press("ArrowDown")                                 # moves the choice to "Stage 1"
+    page.keyboard.press("Tab")
+    page.keyboard.press("Enter")
+    assert status.inner_text().startswith("Not correct yet.")
+    assert "Stage 1: It shards only the optimizer states" in status.inner_text()
+
+    page.locator("#q-03-zero-fig1-stage2-in").focus()
+    page.keyboard.type("16.6")
+    page.keyboard.press("Enter")                                     # submits the form from the text field
+    assert _status(page, "fig1-stage2").inner_text().startswith("Correct.")
+    progress = page.locator(".mm-progress")
+    assert "Answered correctly: 1 of 9 (2 tried)" in progress.inner_text()
+
+    page.reload()                                                    # progress survives in localStorage
+    assert "Answered correctly: 1 of 9 (2 tried)" in page.locator(".mm-progress").inner_text()
+    assert page.locator("#q-03-zero-fig1-stage2-in").input_value() == "16.6"
+    page.locator(".mm-reset").focus()
+    page.keyboard.press("Enter")
+    assert "Answered correctly: 0 of 9 (0 tried)" in page.locator(".mm-progress").inner_text()
+    assert page.evaluate("localStorage.getItem('minimega.quiz.v1')") == "{}"
+    watch.clean()
+    ctx.close()
+
+
+def test_instant_navigation_runs_page_scripts(server, browser):
+    ctx, page, watch = _page(browser, server)
+    page.goto(f"{server}/")
+    page.evaluate("window.mmMarker = 1")                             # survives only if no full reload happens
+    page.locator("article a[href$='/08-pipeline-parallel/']").first.click()
+    # navigation.tracking may add the heading in view as a #fragment
+    page.wait_for_url(re.compile(re.escape(f"{server}/08-pipeline-parallel/") + r"(#.*)?$"))
+    assert page.evaluate("window.mmMarker") == 1, "instant navigation did not swap the page in place"
+    page.wait_for_selector(".mm-quiz[data-ready='1']")
+    assert page.locator(".katex").count() > 10                       # math typeset after the swap
+    frame = page.frame_locator("#fig-bubble-vs-microbatches iframe")
+    frame.locator(".main-svg").first.wait_for()
+    watch.clean()
+    ctx.close()
+
+
+def test_calculator_updates_and_matches_python(server, browser):
+    ctx, page, watch = _page(browser, server)
+    page.goto(f"{server}/calculator/")
+    page.wait_for_function("document.getElementById('mm-calc-plot').data !== undefined")
+    page.select_option("select[name=preset]", "bloom-176b")
+    cfg = dict(est.PRESETS["bloom-176b"])
+    py = est.memory_per_gpu(est.MemoryConfig(**cfg))
+    status = page.locator(".mm-calc-status")
+    assert f"Total per GPU: {py['total'] / 1e9:.2f} GB" in status.inner_text()
+    before = page.evaluate("document.getElementById('mm-calc-plot').data[4].y")   # activations per stage
+
+    page.fill("input[name=micro_batch]", "1")                         # fires input: the plot must follow
+    page.wait_for_function(f"document.getElementById('mm-calc-plot').data[4].y[1] !== {before[1]}")
+    after = page.evaluate("document.getElementById('mm-calc-plot').data[4].y")
+    py1 = est.memory_per_gpu(est.MemoryConfig(**{**cfg, "micro_batch": 1}))
+    assert after[1] == pytest.approx(py1["activations"] / 1e9, rel=1e-9)
+    assert page.locator("select[name=preset]").input_value() == "custom"
+    assert f"Total per GPU: {py1['total'] / 1e9:.2f} GB" in status.inner_text()
+
+    page.fill("input[name=tp]", "3")                                  # 112 heads do not split 3 ways
+    assert "Cannot compute" in status.inner_text()
+    watch.clean()
+    ctx.close()
+
+
+@pytest.mark.parametrize("scheme", ["light", "dark"])
+def test_screenshots_and_theme(server, browser, scheme):
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    ctx, page, watch = _page(browser, server, scheme)
+    for slug, name in (("", "home"), ("03-zero/", "zero"), ("calculator/", "calculator")):
+        page.goto(f"{server}/{slug}")
+        expected = "slate" if scheme == "dark" else "default"
+        assert page.evaluate("document.body.getAttribute('data-md-color-scheme')") == expected
+        if name == "calculator":
+            page.wait_for_function("document.getElementById('mm-calc-plot').data !== undefined")
+        else:
+            frame = page.frame_locator("#fig-zero-breakdown iframe")
+            frame.locator(".main-svg").first.wait_for()
+            # the figure follows the page's scheme: light text on dark, dark text on light
+            color = frame.locator(".gtitle").first.evaluate("e => getComputedStyle(e).fill")
+            assert color == ("rgb(227, 229, 234)" if scheme == "dark" else "rgb(31, 36, 48)")
+        page.screenshot(path=str(SHOTS / f"{name}-{scheme}.png"), full_page=name == "calculator")
+    watch.clean()
+    ctx.close()
