@@ -228,3 +228,119 @@ def check_ring_all_reduce(fn, world: int = 3, timeout: float = 60) -> None:
         _fail("ring_all_reduce", problems)
     print(f"✓ ring_all_reduce equals comm.all_reduce on {world} ranks for shapes {RING_SHAPES}, "
           f"and sends 2(n-1)/n · S bytes per rank, like the ring")
+
+
+# ------------------------------------------------------------------------------------------------
+# Lab 07: Megatron's f and g around a tensor-parallel MLP.
+
+_MLP = dict(batch=2, seq=3, d=8, hidden=16)
+
+
+def _tp_mlp_worker(f, g) -> dict:
+    """Every rank: the unsplit MLP, this rank's shard of it wrapped in ``f``/``g``, and the no-communication part."""
+    tp = dist.get_world_size()
+    mesh = mm.init_mesh(mm.ParallelDims(tp=tp))
+    group, r = mesh.tp_group, mesh.tp_rank
+    torch.manual_seed(0)
+    fc, proj = torch.nn.Linear(_MLP["d"], _MLP["hidden"]), torch.nn.Linear(_MLP["hidden"], _MLP["d"], bias=False)
+    x = torch.randn(_MLP["batch"], _MLP["seq"], _MLP["d"])                 # (B, T, D), same on every rank
+    upstream = torch.randn_like(x)                                         # dL/dy of L = (y · upstream).sum()
+    gelu = torch.nn.functional.gelu
+
+    x_ref = x.clone().requires_grad_()
+    y_ref = proj(gelu(fc(x_ref)))
+    (y_ref * upstream).sum().backward()
+
+    w1 = fc.weight.detach().chunk(tp, 0)[r].clone().requires_grad_()     # (F/tp, D): rows split over tp
+    b1 = fc.bias.detach().chunk(tp, 0)[r].clone().requires_grad_()       # (F/tp,)
+    w2 = proj.weight.detach().chunk(tp, 1)[r].clone().requires_grad_()   # (D, F/tp): columns split over tp
+
+    def local(inp):
+        return torch.nn.functional.linear(gelu(torch.nn.functional.linear(inp, w1, b1)), w2)
+
+    x_alone = x.clone().requires_grad_()                                   # this rank's term, no communication
+    y_alone = local(x_alone)
+    x_alone_grad, = torch.autograd.grad((y_alone * upstream).sum(), x_alone)
+
+    forward_log, backward_log = comm.CommLog(), comm.CommLog()
+    x_tp = x.clone().requires_grad_()
+    with forward_log:
+        y = g.apply(local(f.apply(x_tp, group)), group)
+    with backward_log:
+        (y * upstream).sum().backward()
+    grad = lambda t: None if t.grad is None else t.grad.detach().clone()    # noqa: E731
+    return {
+        "y": y.detach(), "y_ref": y_ref.detach(), "y_alone": y_alone.detach(),
+        "x_grad": grad(x_tp), "x_grad_ref": x_ref.grad, "x_grad_alone": x_alone_grad,
+        "w1_grad": grad(w1), "w1_grad_ref": fc.weight.grad.chunk(tp, 0)[r].clone(),
+        "w2_grad": grad(w2), "w2_grad_ref": proj.weight.grad.chunk(tp, 1)[r].clone(),
+        "forward_ops": [e["op"] for e in forward_log.events()],
+        "backward_ops": [e["op"] for e in backward_log.events()],
+    }
+
+
+def _tp_problems(res: dict, rank: int, tp: int) -> list[str]:
+    where, problems = f"rank {rank}", []
+    y, ref = res["y"], res["y_ref"]
+    if not _close(y, ref):
+        if _close(y, res["y_alone"]):
+            problems.append(f"{where}: the output is only this rank's partial sum X_r A_r: g's forward must "
+                            "all-reduce (sum) it over the tp group")
+        elif _close(y, ref / tp):
+            problems.append(f"{where}: the output is the mean of the partial sums: g's forward must sum, not average")
+        else:
+            problems.append(f"{where}: the output differs from the unsplit MLP by up to {(y - ref).abs().max():.3g}")
+        return problems                                                     # gradients follow from a wrong output
+    x_grad, x_ref = res["x_grad"], res["x_grad_ref"]
+    if x_grad is None:
+        problems.append(f"{where}: x got no gradient: f's backward must return (gradient, None)")
+    elif not _close(x_grad, x_ref):
+        if _close(x_grad, res["x_grad_alone"]):
+            problems.append(f"{where}: x's gradient is only this rank's term Ȳ A_r^T: f's backward must all-reduce "
+                            "(sum) it over the tp group")
+        elif _close(x_grad, tp * x_ref) or _close(x_grad, tp * res["x_grad_alone"]):
+            problems.append(f"{where}: x's gradient is tp = {tp} times too large: g's backward must be the identity "
+                            "(its incoming gradient is already the same on every rank)")
+        elif _close(x_grad, x_ref / tp):
+            problems.append(f"{where}: x's gradient is averaged: f's backward must sum over the tp group")
+        else:
+            problems.append(f"{where}: x's gradient differs from the unsplit MLP by up to "
+                            f"{(x_grad - x_ref).abs().max():.3g}")
+    for name in ("w1", "w2"):
+        got, want = res[f"{name}_grad"], res[f"{name}_grad_ref"]
+        if got is None:
+            problems.append(f"{where}: {name} got no gradient")
+        elif not _close(got, want):
+            hint = (": g's backward must be the identity (it passes the replicated gradient on unchanged)"
+                    if _close(got, tp * want) else "")
+            problems.append(f"{where}: the gradient of this rank's shard of {name} is wrong{hint}")
+    if res["forward_ops"] != ["all_reduce"]:
+        problems.append(f"the forward issued {res['forward_ops'] or 'no collective'}: exactly one all-reduce "
+                        "belongs there (g's); f's forward is the identity")
+    if res["backward_ops"] != ["all_reduce"]:
+        problems.append(f"the backward issued {res['backward_ops'] or 'no collective'}: exactly one all-reduce "
+                        "belongs there (f's); g's backward is the identity")
+    return problems
+
+
+def check_tp_regions(f, g, world: int = 2, timeout: float = 60) -> None:
+    """Run a tensor-parallel MLP wrapped in ``f`` (CopyToTP) and ``g`` (ReduceFromTP) on ``world`` gloo ranks."""
+    one = comm.Group(None, [0], "tp")
+    for fn, name in ((f, "CopyToTP"), (g, "ReduceFromTP")):
+        try:
+            x = torch.ones(2, requires_grad=True)
+            fn.apply(x, one).sum().backward()
+        except Exception as exc:  # noqa: BLE001
+            if (msg := _not_done(exc, name)):
+                _fail("tp_regions", [msg])
+    try:
+        results = mm.launch(_tp_mlp_worker, world, f, g, timeout=timeout)
+    except mm.LaunchTimeout:
+        _fail("tp_regions", [f"the {world} ranks hung for {timeout:g} s: {_SAME_COLLECTIVES}"])
+    except mm.WorkerError as exc:
+        _fail("tp_regions", [str(exc).splitlines()[0]])
+    problems = [p for rank, res in enumerate(results) for p in _tp_problems(res, rank, world)]
+    if problems:
+        _fail("tp_regions", problems)
+    print(f"✓ f and g: the MLP split over {world} ranks gives the unsplit output and gradients, "
+          "with one all-reduce forward (g) and one backward (f)")

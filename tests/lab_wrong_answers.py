@@ -108,3 +108,57 @@ def ring_only_rank0_communicates(tensor, group):
     if dist.get_rank() == 0:
         return ring_keeps_padding(tensor, group)[:tensor.numel()].view_as(tensor)
     return tensor
+
+
+# ------------------------------------------------------------------------------------------------
+# labs/exercises/tp_regions.py: CopyToTP (f) and ReduceFromTP (g)
+
+
+class GoodF(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group = group
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return comm.all_reduce(grad.clone(), ctx.group), None
+
+
+class GoodG(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, group):
+        return comm.all_reduce(x.clone(), group)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad, None
+
+
+class FBackwardIdentity(GoodF):
+    @staticmethod
+    def backward(ctx, grad):
+        return grad, None
+
+
+class GForwardIdentity(GoodG):
+    @staticmethod
+    def forward(ctx, x, group):
+        return x.view_as(x)
+
+
+class GForwardMean(GoodG):
+    @staticmethod
+    def forward(ctx, x, group):
+        return comm.all_reduce_mean(x.clone(), group)
+
+
+class GBackwardAllReduce(GoodG):
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group = group
+        return comm.all_reduce(x.clone(), group)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return comm.all_reduce(grad.clone(), ctx.group), None

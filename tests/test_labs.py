@@ -20,8 +20,9 @@ import lab_wrong_answers as wrong  # noqa: E402
 import make_notebooks             # noqa: E402
 
 NOTEBOOKS = sorted(LABS.glob("[0-9][0-9]-*.ipynb"))
-EXERCISES = {"memory": ("model_state_bytes", checks.check_model_state_bytes),
-             "ring_all_reduce": ("ring_all_reduce", checks.check_ring_all_reduce)}
+EXERCISES = {"memory": (["model_state_bytes"], checks.check_model_state_bytes),
+             "ring_all_reduce": (["ring_all_reduce"], checks.check_ring_all_reduce),
+             "tp_regions": (["CopyToTP", "ReduceFromTP"], checks.check_tp_regions)}
 
 
 def _load(package, name):
@@ -66,19 +67,28 @@ def test_lab_runs_under_nbval_with_the_solutions(notebook):
 # ------------------------------------------------------------------------------------------------
 # The exercises.
 
+def _api(obj):
+    """A function's parameter names, or a class's static methods with theirs (annotations aside)."""
+    if inspect.isclass(obj):
+        return {n: list(inspect.signature(m).parameters) for n, m in vars(obj).items() if isinstance(m, staticmethod)}
+    return list(inspect.signature(obj).parameters)
+
+
 @pytest.mark.parametrize("name", sorted(EXERCISES))
-def test_stub_and_solution_share_a_signature_and_the_stub_says_it_is_an_exercise(name):
-    fn_name, check = EXERCISES[name]
-    stub, solution = getattr(_load("exercises", name), fn_name), getattr(_load("solutions", name), fn_name)
-    assert inspect.signature(stub) == inspect.signature(solution)
+def test_stub_and_solution_share_an_api_and_the_stub_says_it_is_an_exercise(name):
+    names, check = EXERCISES[name]
+    stub, solution = _load("exercises", name), _load("solutions", name)
+    for attr in names:
+        assert _api(getattr(stub, attr)) == _api(getattr(solution, attr)), f"{name}.{attr}"
     with pytest.raises(checks.ExerciseError, match="not done yet"):
-        check(stub)
+        check(*(getattr(stub, attr) for attr in names))
 
 
 @pytest.mark.parametrize("name", sorted(EXERCISES))
 def test_reference_solution_passes_its_check(name, capsys):
-    fn_name, check = EXERCISES[name]
-    check(getattr(_load("solutions", name), fn_name))
+    names, check = EXERCISES[name]
+    solution = _load("solutions", name)
+    check(*(getattr(solution, attr) for attr in names))
     assert capsys.readouterr().out.startswith("✓")
 
 
@@ -108,6 +118,18 @@ def test_memory_check_names_the_mistake(answer, says):
 def test_ring_check_names_the_mistake(answer, says):
     with pytest.raises(checks.ExerciseError, match="ring_all_reduce") as info:
         checks.check_ring_all_reduce(answer)
+    assert says in str(info.value)
+
+
+@pytest.mark.parametrize("f, g, says", [
+    (wrong.FBackwardIdentity, wrong.GoodG, "f's backward must all-reduce (sum) it"),
+    (wrong.GoodF, wrong.GForwardIdentity, "g's forward must all-reduce (sum) it"),
+    (wrong.GoodF, wrong.GForwardMean, "g's forward must sum, not average"),
+    (wrong.GoodF, wrong.GBackwardAllReduce, "g's backward must be the identity"),
+], ids=["f-backward-identity", "g-forward-identity", "g-forward-mean", "g-backward-all-reduce"])
+def test_tp_regions_check_names_the_mistake(f, g, says):
+    with pytest.raises(checks.ExerciseError, match="tp_regions") as info:
+        checks.check_tp_regions(f, g)
     assert says in str(info.value)
 
 
