@@ -6,16 +6,31 @@ import plotly.graph_objects as go
 MIB = 2**20
 
 
-def memory_bars(reports: list[dict], title: str) -> go.Figure:
-    """Bytes each rank holds, by category (``report["memory"]``), one group of bars per category."""
+def memory_bars(reports: list[dict], title: str, labels: list[str] | None = None) -> go.Figure:
+    """Bytes each rank holds, by category (``report["memory"]``), one group of bars per category.
+
+    ``labels`` names the bars (default: the rank), e.g. to compare one rank of several layouts.
+    """
     categories = list(reports[0]["memory"])
-    fig = go.Figure([go.Bar(name=f"rank {r['rank']}", x=categories,
+    labels = labels or [f"rank {r['rank']}" for r in reports]
+    fig = go.Figure([go.Bar(name=label, x=categories,
                             y=[r["memory"][c] / MIB for c in categories],
                             text=[f"{r['memory'][c] / r['n_params']:.2f} B/param" for c in categories],
                             textposition="outside")
-                     for r in reports])
+                     for label, r in zip(labels, reports)])
     fig.update_layout(title=title, barmode="group", yaxis_title="MiB on this rank", height=380,
                       margin=dict(t=60, b=40))
+    return fig
+
+
+def comm_by_op(reports: list[dict], labels: list[str], title: str) -> go.Figure:
+    """Bytes one rank sends per step (ring model), by collective, for several layouts side by side."""
+    ops = sorted({op for r in reports for op in r["comm"]["by_op"]})
+    fig = go.Figure([go.Bar(name=op, x=labels,
+                            y=[r["comm"]["by_op"].get(op, {}).get("sent_bytes", 0) / len(r["losses"]) / 1024
+                               for r in reports])
+                     for op in ops])
+    fig.update_layout(title=title, barmode="stack", yaxis_title="KiB sent per rank per step", height=360)
     return fig
 
 
