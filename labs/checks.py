@@ -344,3 +344,86 @@ def check_tp_regions(f, g, world: int = 2, timeout: float = 60) -> None:
         _fail("tp_regions", problems)
     print(f"✓ f and g: the MLP split over {world} ranks gives the unsplit output and gradients, "
           "with one all-reduce forward (g) and one backward (f)")
+
+
+# ------------------------------------------------------------------------------------------------
+# Lab 06: a checkpoint that keeps only the block's input.
+
+class _Apply(torch.nn.Module):
+    """``fn.apply(block, x)`` as a module, so `saved_activation_bytes` can measure it."""
+
+    def __init__(self, fn, block):
+        super().__init__()
+        self.fn, self.block = fn, block
+
+    def forward(self, x):
+        return self.fn.apply(self.block, x)
+
+
+def _block_grads(block, run, x, upstream, seed) -> tuple:
+    block.zero_grad(set_to_none=True)
+    x = x.clone().requires_grad_()
+    torch.manual_seed(seed)
+    y = run(x)
+    (y * upstream).sum().backward()
+    return y.detach(), x.grad, {n: None if p.grad is None else p.grad.clone() for n, p in block.named_parameters()}
+
+
+_CHECKPOINT_HINTS = {
+    "incorrect number of gradients": "backward must return one gradient per forward input: (None, x's gradient), "
+                                     "None for fn",
+    "does not require grad": "recompute fn under torch.enable_grad() on x.detach().requires_grad_(): autograd "
+                             "is off inside backward",
+}
+
+
+def check_checkpoint(fn) -> None:
+    """Compare ``fn.apply(block, x)`` with the plain block (outputs, gradients, with and without dropout) and
+    count the bytes it keeps for backward against `minimega.activation_checkpoint.checkpoint`."""
+    from minimega.activation_checkpoint import _Checkpoint, saved_activation_bytes
+    from minimega.model import Block
+
+    problems = []
+    for dropout in (0.0, 0.2):
+        torch.manual_seed(0)
+        block = Block(mm.GPTConfig.tiny(dropout=dropout)).train()
+        x, upstream = torch.randn(2, 16, 64), torch.randn(2, 16, 64)               # (B, T, D)
+        label = f"dropout={dropout}"
+        try:
+            got = _block_grads(block, lambda t: fn.apply(block, t), x, upstream, seed=1)
+        except Exception as exc:  # noqa: BLE001
+            if (msg := _not_done(exc, "Checkpoint")):
+                _fail("checkpoint", [msg])
+            hint = next((h for key, h in _CHECKPOINT_HINTS.items() if key in str(exc)), "")
+            problems.append(f"{label}: raised {type(exc).__name__}: {str(exc).splitlines()[0]}"
+                            + (f": {hint}" if hint else ""))
+            continue
+        want = _block_grads(block, block, x, upstream, seed=1)
+        (y, x_grad, grads), (y_ref, x_grad_ref, grads_ref) = got, want
+        if not _close(y, y_ref):
+            problems.append(f"{label}: the output differs from the block's: forward must return fn(x)")
+            continue
+        wrong = [n for n in grads_ref if grads[n] is None or not _close(grads[n], grads_ref[n])]
+        if x_grad is None:
+            problems.append(f"{label}: x got no gradient: backward must return (None, x's gradient)")
+        elif not _close(x_grad, x_grad_ref) or wrong:
+            if dropout and problems == []:
+                problems.append(f"{label}: the gradients differ only with dropout: the recomputation drew new "
+                                "dropout masks; save torch.get_rng_state() in forward and restore it before "
+                                "recomputing (inside torch.random.fork_rng())")
+            elif not _close(x_grad, x_grad_ref):
+                problems.append(f"{label}: x's gradient differs from the plain block's")
+            if wrong and all(grads[n] is None for n in wrong):
+                problems.append(f"{label}: the block's parameters got no gradient: backpropagate through the "
+                                "recomputed output with torch.autograd.backward(out, grad)")
+        kept = saved_activation_bytes(_Apply(fn, block), x.clone().requires_grad_())
+        input_only = saved_activation_bytes(_Apply(_Checkpoint, block), x.clone().requires_grad_())
+        plain = saved_activation_bytes(block, x.clone().requires_grad_())
+        if kept > input_only:
+            problems.append(f"{label}: keeps {kept:,} bytes for backward; the plain block keeps {plain:,} and a "
+                            f"checkpoint only its input, {input_only:,}: save x alone (ctx.save_for_backward(x))")
+    if problems:
+        _fail("checkpoint", problems)
+    print("✓ Checkpoint: same output and gradients as the plain block (with and without dropout), "
+          "keeping only the block's input for backward")
+

@@ -47,3 +47,18 @@ def train(model: str | mm.GPTConfig, config: mm.TrainConfig, steps: int = 3, seq
                                  vocab_size=model_config.vocab_size))
         engine.model(x, y)[1].backward()
     return {"n_params": n_params, "model": model_config, **engine.report()}
+
+
+def saved_activations(model: str | mm.GPTConfig, mode: str, batch_size: int, seq_len: int) -> int:
+    """Bytes autograd keeps for backward in one forward of the whole GPT with ``mode`` checkpointing.
+
+    Measured on this process (no group needed): every tensor saved for backward, counted once per storage,
+    parameters excluded (`minimega.activation_checkpoint.saved_activation_bytes`).
+    """
+    from minimega.activation_checkpoint import apply_activation_checkpointing, saved_activation_bytes
+
+    model_config = mm.GPTConfig.preset(model) if isinstance(model, str) else model
+    torch.manual_seed(0)
+    gpt = apply_activation_checkpointing(mm.GPT(model_config), mode)
+    x, y = data.global_batch(0, batch_size, seq_len, vocab_size=model_config.vocab_size)
+    return saved_activation_bytes(gpt, x, y)

@@ -162,3 +162,76 @@ class GBackwardAllReduce(GoodG):
     @staticmethod
     def backward(ctx, grad):
         return comm.all_reduce(grad.clone(), ctx.group), None
+
+
+# ------------------------------------------------------------------------------------------------
+# labs/exercises/checkpoint.py: Checkpoint.apply(fn, x)
+
+
+class GoodCheckpoint(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, fn, x):
+        ctx.fn, ctx.rng = fn, torch.get_rng_state()
+        ctx.save_for_backward(x)
+        return fn(x)
+
+    @staticmethod
+    def _recompute(ctx, x):
+        with torch.random.fork_rng(devices=[]):
+            torch.set_rng_state(ctx.rng)
+            with torch.enable_grad():
+                return ctx.fn(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, = ctx.saved_tensors
+        x = x.detach().requires_grad_()
+        torch.autograd.backward(GoodCheckpoint._recompute(ctx, x), grad)
+        return None, x.grad
+
+
+class CheckpointForgetsRng(GoodCheckpoint):
+    @staticmethod
+    def backward(ctx, grad):
+        x, = ctx.saved_tensors
+        x = x.detach().requires_grad_()
+        with torch.enable_grad():
+            out = ctx.fn(x)
+        torch.autograd.backward(out, grad)
+        return None, x.grad
+
+
+class CheckpointReturnsOneGradient(GoodCheckpoint):
+    @staticmethod
+    def backward(ctx, grad):
+        x, = ctx.saved_tensors
+        x = x.detach().requires_grad_()
+        torch.autograd.backward(GoodCheckpoint._recompute(ctx, x), grad)
+        return x.grad
+
+
+class CheckpointRecomputesWithoutGrad(GoodCheckpoint):
+    @staticmethod
+    def backward(ctx, grad):
+        x, = ctx.saved_tensors
+        x = x.detach().requires_grad_()
+        torch.set_rng_state(ctx.rng)
+        out = ctx.fn(x)
+        torch.autograd.backward(out, grad)
+        return None, x.grad
+
+
+class CheckpointSavesOutput(GoodCheckpoint):
+    @staticmethod
+    def forward(ctx, fn, x):
+        ctx.fn, ctx.rng = fn, torch.get_rng_state()
+        out = fn(x)
+        ctx.save_for_backward(x, out)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, _ = ctx.saved_tensors
+        x = x.detach().requires_grad_()
+        torch.autograd.backward(GoodCheckpoint._recompute(ctx, x), grad)
+        return None, x.grad

@@ -22,7 +22,8 @@ import make_notebooks             # noqa: E402
 NOTEBOOKS = sorted(LABS.glob("[0-9][0-9]-*.ipynb"))
 EXERCISES = {"memory": (["model_state_bytes"], checks.check_model_state_bytes),
              "ring_all_reduce": (["ring_all_reduce"], checks.check_ring_all_reduce),
-             "tp_regions": (["CopyToTP", "ReduceFromTP"], checks.check_tp_regions)}
+             "tp_regions": (["CopyToTP", "ReduceFromTP"], checks.check_tp_regions),
+             "checkpoint": (["Checkpoint"], checks.check_checkpoint)}
 
 
 def _load(package, name):
@@ -130,6 +131,18 @@ def test_ring_check_names_the_mistake(answer, says):
 def test_tp_regions_check_names_the_mistake(f, g, says):
     with pytest.raises(checks.ExerciseError, match="tp_regions") as info:
         checks.check_tp_regions(f, g)
+    assert says in str(info.value)
+
+
+@pytest.mark.parametrize("answer, says", [
+    (wrong.CheckpointForgetsRng, "drew new dropout masks"),
+    (wrong.CheckpointReturnsOneGradient, "(None, x's gradient), None for fn"),
+    (wrong.CheckpointRecomputesWithoutGrad, "recompute fn under torch.enable_grad()"),
+    (wrong.CheckpointSavesOutput, "save x alone"),
+], ids=lambda v: v.__name__ if inspect.isclass(v) else "")
+def test_checkpoint_check_names_the_mistake(answer, says):
+    with pytest.raises(checks.ExerciseError, match="checkpoint") as info:
+        checks.check_checkpoint(answer)
     assert says in str(info.value)
 
 
