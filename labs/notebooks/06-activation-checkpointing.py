@@ -30,7 +30,7 @@ saved = {m: [workers.saved_activations("tiny", m, 8, t) for t in lengths] for m 
 # NBVAL_CHECK_OUTPUT
 for m in modes:
     print(f"{m:9}: " + ", ".join(f"T={t}: {b / 2**20:.2f} MiB" for t, b in zip(lengths, saved[m]))
-          + f"  ({saved[m][-1] / saved["none"][-1]:.1%} of none at T={lengths[-1]})")
+          + f"  ({saved[m][-1] / saved['none'][-1]:.1%} of none at T={lengths[-1]})")
 
 # %%
 # NBVAL_IGNORE_OUTPUT
