@@ -19,14 +19,14 @@ from contextlib import nullcontext
 
 import torch
 
-from . import comm, measure
+from . import comm, measure, zero
 from .config import TrainConfig
 from .data_parallel import DataParallel
 from .mesh import Mesh
 from .model import GPT
 
 # What this build of the engine can combine; anything else is refused before training starts.
-_SUPPORTED = {"zero_stage": {0}, "tp": {1}, "pp": {1}, "precision": {"fp32"},
+_SUPPORTED = {"zero_stage": {0, 1, 2, 3}, "tp": {1}, "pp": {1}, "precision": {"fp32", "bf16", "fp16"},
               "activation_checkpointing": {"none"}}
 
 
@@ -40,6 +40,9 @@ def validate(model: GPT, config: TrainConfig, mesh: Mesh) -> None:
         raise ValueError(f"TrainConfig(tp={config.tp}, pp={config.pp}) does not match the mesh "
                          f"(tp={mesh.tp_size}, pp={mesh.pp_size}); build the mesh from the same numbers")
     config.rows_per_micro_step(mesh.dp_size)
+    if config.precision != "fp32" and config.zero_stage == 0:
+        raise ValueError(f"TrainConfig(precision={config.precision!r}) needs zero_stage >= 1: the fp32 master "
+                         f"weights live in the ZeRO optimizer's shards")
     seq = config.seq_len or model.config.block_size
     if seq > model.config.block_size:
         raise ValueError(f"seq_len={seq} exceeds the model's block_size={model.config.block_size}")
@@ -60,8 +63,13 @@ class Engine:
     def __init__(self, model: GPT, config: TrainConfig, mesh: Mesh):
         validate(model, config, mesh)
         self.config, self.mesh, self.module = config, mesh, model.to(mesh.device)
-        self.model = DataParallel(model, mesh.dp_group, bucket_mb=config.bucket_mb)
-        self.optimizer = make_optimizer(model.parameters(), config)
+        if config.zero_stage > 0:        # ZeRO shards the optimizer itself: the wrapper steps
+            self.model = zero.wrap(model, config, mesh.dp_group, mesh.dp_rank, lambda p: make_optimizer(p, config))
+            self.optimizer = self.model
+        else:
+            self.model = DataParallel(model, mesh.dp_group, bucket_mb=config.bucket_mb)
+            self.optimizer = make_optimizer(model.parameters(), config)
+        self.memory_at_step: dict = {}
         self.comm_log = comm.CommLog()
         self.losses: list[float] = []
         self.grad_norms: list[float] = []
@@ -88,11 +96,13 @@ class Engine:
                     self._event("forward_start", micro=i)
                     _, loss = self.model(xm, ym)
                     self._event("backward_start", micro=i)
-                    (loss / ga).backward()
+                    scaled = self.model.scale_loss(loss / ga) if self.config.zero_stage else loss / ga
+                    scaled.backward()
                     self._event("backward_end", micro=i)
                 total += loss.detach()
             norm = self._clip()
             self.optimizer.step()
+            self.memory_at_step = self.memory()          # params, grads and optimizer states all live
             self.optimizer.zero_grad(set_to_none=True)
             self._event("optimizer_step_end")
         self.comm_per_step.append(self.comm_log.total_sent() - sent_before)
@@ -107,6 +117,8 @@ class Engine:
         """Clip by the global gradient norm (grads are replicated after the DDP all-reduce)."""
         if not self.config.gradient_clipping:
             return None
+        if self.config.zero_stage:
+            return self.model.clip_grad_norm_(self.config.gradient_clipping)
         return float(torch.nn.utils.clip_grad_norm_(self.module.parameters(), self.config.gradient_clipping))
 
     @torch.no_grad()
@@ -118,11 +130,15 @@ class Engine:
         return comm.all_reduce_mean(loss.detach().clone(), self.mesh.dp_group).item()
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
-        """Consolidated fp32 weights with `model.py`'s keys, on every rank."""
+        """Consolidated fp32 weights with `model.py`'s keys, on every rank (a collective under ZeRO)."""
+        if self.config.zero_stage:
+            return self.model.full_state_dict()
         return {k: v.detach().float().cpu().clone() for k, v in self.module.state_dict().items()}
 
     def memory(self) -> dict:
         """Bytes this rank holds right now, by category."""
+        if self.config.zero_stage:
+            return self.model.memory()
         return measure.model_state_bytes(self.module, self.optimizer)
 
     def report(self) -> dict:
@@ -134,6 +150,7 @@ class Engine:
             "losses": list(self.losses),
             "grad_norms": list(self.grad_norms),
             "memory": self.memory(),
+            "memory_at_step": dict(self.memory_at_step),
             "comm": self.comm_log.summary(),
             "comm_per_step": list(self.comm_per_step),
             "comm_events": self.comm_log.events(),
