@@ -99,7 +99,8 @@ class Zero1(nn.Module):
         return self.module(*args, **kwargs)
 
     def scale_loss(self, loss: torch.Tensor) -> torch.Tensor:
-        return loss * self.scaler.scale if self.scaler else loss
+        """fp16: the loss times the scale, in fp32 (as DeepSpeed; the fp16 graph then sees scale · dL)."""
+        return loss.float() * self.scaler.scale if self.scaler else loss
 
     @contextmanager
     def no_sync(self):
