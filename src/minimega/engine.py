@@ -40,9 +40,6 @@ def validate(model: GPT, config: TrainConfig, mesh: Mesh) -> None:
         raise ValueError(f"TrainConfig(tp={config.tp}, pp={config.pp}) does not match the mesh "
                          f"(tp={mesh.tp_size}, pp={mesh.pp_size}); build the mesh from the same numbers")
     config.rows_per_micro_step(mesh.dp_size)
-    if config.precision != "fp32" and config.zero_stage == 0:
-        raise ValueError(f"TrainConfig(precision={config.precision!r}) needs zero_stage >= 1: the fp32 master "
-                         f"weights live in the ZeRO optimizer's shards")
     seq = config.seq_len or model.config.block_size
     if seq > model.config.block_size:
         raise ValueError(f"seq_len={seq} exceeds the model's block_size={model.config.block_size}")
