@@ -145,7 +145,7 @@ def _reference_with_norms(config):
 
 def _variants_worker(config):
     return {(stage, offload): _train(MODEL, config.replace(zero_stage=stage, offload_optimizer=offload))
-            for stage, offload in ((1, False), (2, False), (3, False), (1, True), (3, True))}
+            for stage, offload in ((1, False), (2, True), (3, False))}
 
 
 def test_accumulation_clipping_and_offload_match_single_process():
@@ -165,7 +165,7 @@ def test_accumulation_clipping_and_offload_match_single_process():
     # Stage 1 reduces once per step; stages 2 and 3 reduce every micro-step (their full gradients never persist).
     norm_bytes = 2 * 0.5 * 8                           # the float64 norm's all-reduce, 2(N-1)/N · 8 bytes
     assert runs[(1, False)]["comm"][0] == 2 * 0.5 * 4 * psi + norm_bytes
-    assert runs[(2, False)]["comm"][0] == 3 * 0.5 * 4 * psi + norm_bytes
+    assert runs[(2, True)]["comm"][0] == 3 * 0.5 * 4 * psi + norm_bytes
     assert runs[(3, False)]["comm"][0] == 6 * 0.5 * 4 * psi + norm_bytes
 
 
