@@ -19,7 +19,7 @@ from contextlib import nullcontext
 
 import torch
 
-from . import comm, measure
+from . import comm, measure, zero
 from .activation_checkpoint import apply_activation_checkpointing
 from .config import TrainConfig
 from .data_parallel import DataParallel
@@ -28,7 +28,7 @@ from .model import GPT
 from .tensor_parallel import full_like_param, local_like_param, ParallelGPT, apply_tensor_parallel, check_divisible
 
 # What this build of the engine can combine; anything else is refused before training starts.
-_SUPPORTED = {"zero_stage": {0}, "pp": {1}, "precision": {"fp32"},
+_SUPPORTED = {"zero_stage": {0, 1, 2, 3}, "pp": {1}, "precision": {"fp32", "bf16", "fp16"},
               "activation_checkpointing": {"none", "full", "selective"}}
 
 
@@ -46,6 +46,9 @@ def validate(model: GPT, config: TrainConfig, mesh: Mesh) -> None:
     if seq > model.config.block_size:
         raise ValueError(f"seq_len={seq} exceeds the model's block_size={model.config.block_size}")
     check_divisible(model.config, config.tp)
+    if config.zero_stage and config.tp > 1:
+        raise ValueError(f"zero_stage={config.zero_stage} with tp={config.tp}: ZeRO does not compose with tensor "
+                         "parallelism in this engine yet; use zero_stage=0 (DDP over dp) with tp > 1")
     if config.sequence_parallel and seq % config.tp:
         raise ValueError(f"sequence_parallel: seq_len={seq} is not divisible by tp={config.tp}")
 
@@ -68,8 +71,13 @@ class Engine:
         model = apply_tensor_parallel(model.to(mesh.device), mesh, config.sequence_parallel)
         apply_activation_checkpointing(model, config.activation_checkpointing, config.checkpoint_every)
         self.config, self.mesh, self.module = config, mesh, model
-        self.model = DataParallel(model, mesh.dp_group, bucket_mb=config.bucket_mb)
-        self.optimizer = make_optimizer(model.parameters(), config)
+        if config.zero_stage > 0:        # ZeRO shards the optimizer itself: the wrapper steps
+            self.model = zero.wrap(model, config, mesh.dp_group, mesh.dp_rank, lambda p: make_optimizer(p, config))
+            self.optimizer = self.model
+        else:
+            self.model = DataParallel(model, mesh.dp_group, bucket_mb=config.bucket_mb)
+            self.optimizer = make_optimizer(model.parameters(), config)
+        self.memory_at_step: dict = {}
         self.comm_log = comm.CommLog()
         self.losses: list[float] = []
         self.grad_norms: list[float] = []
@@ -96,11 +104,13 @@ class Engine:
                     self._event("forward_start", micro=i)
                     _, loss = self.model(xm, ym)
                     self._event("backward_start", micro=i)
-                    (loss / ga).backward()
+                    scaled = self.model.scale_loss(loss / ga) if self.config.zero_stage else loss / ga
+                    scaled.backward()
                     self._event("backward_end", micro=i)
                 total += loss.detach()
             norm = self._clip()
             self.optimizer.step()
+            self.memory_at_step = self.memory()          # params, grads and optimizer states all live
             self.optimizer.zero_grad(set_to_none=True)
             self._event("optimizer_step_end")
         self.comm_per_step.append(self.comm_log.total_sent() - sent_before)
@@ -115,6 +125,8 @@ class Engine:
         """Clip by the global gradient norm (grads are replicated after the DDP all-reduce)."""
         if not self.config.gradient_clipping:
             return None
+        if self.config.zero_stage:
+            return self.model.clip_grad_norm_(self.config.gradient_clipping)
         if isinstance(self.module, ParallelGPT):     # shards: the norm needs every tp rank's share
             norm = self.module.grad_norm()
             coef = (self.config.gradient_clipping / (norm + 1e-6)).clamp(max=1.0)
@@ -133,13 +145,17 @@ class Engine:
         return comm.all_reduce_mean(loss.detach().clone(), self.mesh.dp_group).item()
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
-        """Consolidated fp32 weights with `model.py`'s keys, on every rank (collective over tp)."""
+        """Consolidated fp32 weights with `model.py`'s keys, on every rank (a collective under ZeRO and TP)."""
+        if self.config.zero_stage:
+            return self.model.full_state_dict()
         state = (self.module.full_state_dict() if isinstance(self.module, ParallelGPT)
                  else self.module.state_dict())
         return {k: v.detach().float().cpu().clone() for k, v in state.items()}
 
     def memory(self) -> dict:
         """Bytes this rank holds right now, by category."""
+        if self.config.zero_stage:
+            return self.model.memory()
         return measure.model_state_bytes(self.module, self.optimizer)
 
     def report(self) -> dict:
@@ -151,6 +167,7 @@ class Engine:
             "losses": list(self.losses),
             "grad_norms": list(self.grad_norms),
             "memory": self.memory(),
+            "memory_at_step": dict(self.memory_at_step),
             "comm": self.comm_log.summary(),
             "comm_per_step": list(self.comm_per_step),
             "comm_events": self.comm_log.events(),
@@ -166,6 +183,8 @@ class Engine:
 
     def training_state(self) -> dict:
         """{'model': full fp32 weights, 'optimizer': {key: {state: full tensor}}} by `model.py` keys, on every rank."""
+        if self.config.zero_stage:
+            return zero.training_state(self.model)
         optimizer = {}
         for name, p in self.module.named_parameters():
             st = self.optimizer.state.get(p, {})
@@ -176,6 +195,9 @@ class Engine:
     @torch.no_grad()
     def load_training_state(self, state: dict, step: int) -> None:
         """Take a full-shaped training state (any saved layout) into this rank's layout."""
+        self.step = step
+        if self.config.zero_stage:
+            return zero.load_training_state(self.model, state)
         params = dict(self.module.named_parameters())
         if missing := sorted(set(params) - set(state["model"])):
             raise ValueError(f"checkpoint lacks parameters {missing[:5]}")
@@ -186,7 +208,6 @@ class Engine:
             p = params[name]
             self.optimizer.state[p] = {k: (local_like_param(self.module, name, v, p) if v.dim() else v.clone())
                                        for k, v in st.items()}
-        self.step = step
 
     def rng_state(self) -> dict:
         return {"torch": torch.get_rng_state(),
