@@ -24,9 +24,10 @@ from .config import TrainConfig
 from .data_parallel import DataParallel
 from .mesh import Mesh
 from .model import GPT
+from .pipeline import Pipeline, check as check_pipeline
 
 # What this build of the engine can combine; anything else is refused before training starts.
-_SUPPORTED = {"zero_stage": {0}, "tp": {1}, "pp": {1}, "precision": {"fp32"},
+_SUPPORTED = {"zero_stage": {0}, "tp": {1}, "precision": {"fp32"},
               "activation_checkpointing": {"none"}}
 
 
@@ -40,6 +41,15 @@ def validate(model: GPT, config: TrainConfig, mesh: Mesh) -> None:
         raise ValueError(f"TrainConfig(tp={config.tp}, pp={config.pp}) does not match the mesh "
                          f"(tp={mesh.tp_size}, pp={mesh.pp_size}); build the mesh from the same numbers")
     config.rows_per_micro_step(mesh.dp_size)
+    if config.pp > 1:
+        check_pipeline(config.schedule, config.pp, config.micro_batches, config.virtual_stages, model.config.n_layer)
+        if config.gradient_accumulation_steps != 1:
+            raise ValueError(f"pp={config.pp}: set micro_batches (the pipeline accumulates over them), not "
+                             f"gradient_accumulation_steps={config.gradient_accumulation_steps}")
+        if (config.batch_size // mesh.dp_size) % config.micro_batches:
+            raise ValueError(f"batch_size / dp = {config.batch_size} / {mesh.dp_size} = "
+                             f"{config.batch_size // mesh.dp_size} rows per dp rank do not split into "
+                             f"micro_batches={config.micro_batches}")
     seq = config.seq_len or model.config.block_size
     if seq > model.config.block_size:
         raise ValueError(f"seq_len={seq} exceeds the model's block_size={model.config.block_size}")
@@ -60,8 +70,15 @@ class Engine:
     def __init__(self, model: GPT, config: TrainConfig, mesh: Mesh):
         validate(model, config, mesh)
         self.config, self.mesh, self.module = config, mesh, model.to(mesh.device)
-        self.model = DataParallel(model, mesh.dp_group, bucket_mb=config.bucket_mb)
-        self.optimizer = make_optimizer(model.parameters(), config)
+        self.pipeline: Pipeline | None = None
+        self._keys = list(model.state_dict())
+        if config.pp > 1:      # 1. keep this rank's chunks; each syncs its gradients over dp on its own
+            self.pipeline = Pipeline(model, config, mesh,
+                                     wrap=lambda c: DataParallel(c, mesh.dp_group, bucket_mb=config.bucket_mb))
+            self.module = self.model = self.pipeline
+        else:
+            self.model = DataParallel(model, mesh.dp_group, bucket_mb=config.bucket_mb)
+        self.optimizer = make_optimizer(self.module.parameters(), config)
         self.comm_log = comm.CommLog()
         self.losses: list[float] = []
         self.grad_norms: list[float] = []
@@ -82,7 +99,10 @@ class Engine:
         total = torch.zeros((), device=self.mesh.device)
         self.model.train()
         with self.comm_log:
-            for i, (xm, ym) in enumerate(zip(x.chunk(ga), y.chunk(ga))):
+            if self.pipeline is not None:
+                total = self.pipeline.forward_backward(x, y, self.step)    # sum_i loss_i / m, last stage only
+            micro_steps = () if self.pipeline is not None else zip(x.chunk(ga), y.chunk(ga))
+            for i, (xm, ym) in enumerate(micro_steps):
                 sync = i == ga - 1
                 with (nullcontext() if sync else self.model.no_sync()):
                     self._event("forward_start", micro=i)
@@ -96,6 +116,8 @@ class Engine:
             self.optimizer.zero_grad(set_to_none=True)
             self._event("optimizer_step_end")
         self.comm_per_step.append(self.comm_log.total_sent() - sent_before)
+        if self.pipeline is not None:
+            comm.all_reduce(total, self.mesh.pp_group)                     # the last stage's loss, to every stage
         loss = comm.all_reduce_mean(total / ga, self.mesh.dp_group).item()    # a metric: kept out of the log
         self.losses.append(loss)
         if norm is not None:
@@ -107,6 +129,8 @@ class Engine:
         """Clip by the global gradient norm (grads are replicated after the DDP all-reduce)."""
         if not self.config.gradient_clipping:
             return None
+        if self.pipeline is not None:
+            return self.pipeline.clip_grad_norm_(self.config.gradient_clipping)
         return float(torch.nn.utils.clip_grad_norm_(self.module.parameters(), self.config.gradient_clipping))
 
     @torch.no_grad()
@@ -114,12 +138,19 @@ class Engine:
         """Mean loss over the global batch, without touching gradients or optimizer state."""
         x, y = (t.to(self.mesh.device) for t in batch)
         self.model.eval()
-        _, loss = self.model(x, y)
+        if self.pipeline is not None:
+            loss = comm.all_reduce(self.pipeline.forward_backward(x, y, self.step, train=False), self.mesh.pp_group)
+        else:
+            _, loss = self.model(x, y)
         return comm.all_reduce_mean(loss.detach().clone(), self.mesh.dp_group).item()
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         """Consolidated fp32 weights with `model.py`'s keys, on every rank."""
-        return {k: v.detach().float().cpu().clone() for k, v in self.module.state_dict().items()}
+        parts = [c.state_dict() for c in self.pipeline.chunks] if self.pipeline is not None else [self.module.state_dict()]
+        local = {k: v.detach().float().cpu().clone() for part in parts for k, v in part.items()}
+        if self.pipeline is not None:          # every stage holds a disjoint part: gather them all
+            local = {k: v for part in comm.all_gather_object(local, self.mesh.pp_group) for k, v in part.items()}
+        return {k: local[k] for k in self._keys}
 
     def memory(self) -> dict:
         """Bytes this rank holds right now, by category."""
@@ -138,6 +169,7 @@ class Engine:
             "comm_per_step": list(self.comm_per_step),
             "comm_events": self.comm_log.events(),
             "timeline": self.timeline + self.model.timeline,
+            **({"pipeline": self.pipeline.bubble()} if self.pipeline is not None else {}),
         }
 
 
