@@ -56,6 +56,7 @@ def _train_parser(sub) -> None:
     p.add_argument("--config", default=None, help="a DeepSpeed-style JSON config; flags override it")
     p.add_argument("--backend", default="auto", choices=["auto", "gloo", "nccl"])
     p.add_argument("--json", action="store_true", help="print the final summary as JSON")
+    p.add_argument("--show-schedule", action="store_true", help="print the pipeline's rank x time grid of the last step")
     _add_config_flags(p)
     p.set_defaults(func=_cmd_train)
 
@@ -70,7 +71,7 @@ def build_train_config(args: argparse.Namespace, dp: int) -> TrainConfig:
     return TrainConfig(**overrides)
 
 
-def train_worker(preset: str, config: TrainConfig, steps: int, show: bool) -> dict:
+def train_worker(preset: str, config: TrainConfig, steps: int, show: bool, show_schedule: bool = False) -> dict:
     """What every rank of ``minimega train`` runs; rank 0 draws the progress bar."""
     import torch
 
@@ -103,7 +104,9 @@ def train_worker(preset: str, config: TrainConfig, steps: int, show: bool) -> di
     total_sent = comm.all_reduce(torch.tensor([sent], dtype=torch.float64), mesh.world).item()
     return {"losses": engine.losses, "wall_s": wall, "tokens_per_s": tokens_per_step * steps / wall,
             "sent_bytes_rank": sent, "sent_bytes_all_ranks": total_sent,
-            "params": model.num_params(), "memory": engine.memory()}
+            "params": model.num_params(), "memory": engine.memory(),
+            "pipeline_timeline": engine.pipeline.events if show_schedule and engine.pipeline and mesh.dp_rank == 0
+            and mesh.tp_rank == 0 else None}
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
@@ -117,9 +120,17 @@ def _cmd_train(args: argparse.Namespace) -> int:
     if args.dp is not None:
         ParallelDims(dp=args.dp, tp=tp, pp=pp).check(args.nproc)
     config = build_train_config(args, dims.dp)
+    if config.pp > 1:
+        from .pipeline import check
+        check(config.schedule, config.pp, config.micro_batches, config.virtual_stages, GPTConfig.preset(args.preset).n_layer)
     print(f"minimega train: {args.nproc} rank(s), dp={dims.dp} tp={dims.tp} pp={dims.pp}, zero_stage="
           f"{config.zero_stage}, preset {args.preset}, {args.steps} steps", file=sys.stderr)
-    results = launch(train_worker, args.nproc, args.preset, config, args.steps, not args.json, backend=args.backend)
+    results = launch(train_worker, args.nproc, args.preset, config, args.steps, not args.json,
+                     args.show_schedule, backend=args.backend)
+    if args.show_schedule and pp > 1:
+        from .pipeline.printer import grid_from_timelines, render
+        rows = [r["pipeline_timeline"] for r in results if r["pipeline_timeline"] is not None]
+        print(render(grid_from_timelines(rows, step=args.steps - 1)), file=sys.stderr)
     r0 = results[0]
     summary = {"first_loss": r0["losses"][0], "final_loss": r0["losses"][-1], "steps": args.steps,
                "wall_s": round(r0["wall_s"], 3), "tokens_per_s": round(r0["tokens_per_s"], 1),
