@@ -201,7 +201,9 @@ def build_parser() -> argparse.ArgumentParser:
     _checkpoint_parser(sub)
     from .classroom.cli import add_cert_parser, add_serve_parser
     from .estimate import add_estimate_parser
+    from .record import add_record_parser
     add_estimate_parser(sub)
+    add_record_parser(sub)
     add_serve_parser(sub)
     add_cert_parser(sub)
     return parser
