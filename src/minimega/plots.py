@@ -230,10 +230,10 @@ def figure_html(fig: go.Figure, div_id: str, plotly_src: str, title: str = "") -
     return html.replace("<head>", "<head>" + head, 1)
 
 
-# ---- figures from recorded runs ------------------------------------------------------------------
+# ---- the pipeline schedule, from the ranks' recorded timelines ------------------------------------
 
 _PIPELINE_COLOURS = {"forward": "#4C78A8", "backward": "#F58518", "send": "#54A24B", "recv": "#B279A2",
-            "send_recv": "#9D755D"}
+                     "send_recv": "#9D755D"}
 
 
 def pipeline_schedule(timelines: list[list[dict]], step: int = 0, title: str | None = None) -> go.Figure:
@@ -261,6 +261,7 @@ def pipeline_schedule(timelines: list[list[dict]], step: int = 0, title: str | N
                       xaxis_title="time since the step started (ms)", yaxis_title="pipeline rank",
                       yaxis_autorange="reversed", template="plotly_white")
     return fig
+
 
 # ----------------------------------------------------------------------------------------------
 # Figures from recorded runs: `minimega record` writes the traces (course/data/*.json); each figure
