@@ -5,8 +5,8 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import minimega as mm
 from minimega import data
-from minimega.activation_checkpoint import (activation_bytes_per_layer, apply_activation_checkpointing,
-                                            saved_activation_bytes)
+from minimega.activation_checkpoint import apply_activation_checkpointing, saved_activation_bytes
+from minimega.estimate import gpt_activation_bytes_per_layer
 from parity import max_rel_error, parity_config, reference_run
 
 SEQ = 32
@@ -72,7 +72,7 @@ def test_saved_bytes_per_layer_match_formula(preset, attention):
         x = torch.randn(b, s, h, requires_grad=True)
         with sdpa_kernel(SDPBackend.MATH if attention == "math" else SDPBackend.FLASH_ATTENTION):
             measured[mode] = saved_activation_bytes(model.blocks[0], x)
-        want = activation_bytes_per_layer(b, s, h, a, mode=mode, dropout=dropout > 0, attention=attention)
+        want = gpt_activation_bytes_per_layer(s, b, h, a, recompute=mode, dropout=dropout > 0, attention=attention)
         print(f"{preset} {attention} {mode}: measured {measured[mode]} B, formula {want:.0f} B")
         assert abs(measured[mode] - want) <= 0.05 * want
     assert measured["full"] == b * s * h * 4          # only the block input
@@ -82,17 +82,17 @@ def test_saved_bytes_per_layer_match_formula(preset, attention):
 def test_formula_reproduces_korthikanti_table2():
     # 16-bit activations, 1-byte masks, dropout, unfused attention: Table 2 (arXiv:2205.05198), plus 16sb for LN stats.
     s, b, h, a, t = 2048, 1, 12288, 96, 8           # GPT-3 175B
-    kw = dict(dtype_bytes=2, mask_bytes=1, dropout=True, attention="math")
+    kw = dict(act_bytes=2, mask_bytes=1, dropout=True, attention="math")
     extra = 16 * s * b
-    assert activation_bytes_per_layer(b, s, h, a, **kw) - extra == pytest.approx(s * b * h * (34 + 5 * a * s / h))
-    assert activation_bytes_per_layer(b, s, h, a, tp=t, **kw) - extra == pytest.approx(
+    assert gpt_activation_bytes_per_layer(s, b, h, a, **kw) - extra == pytest.approx(s * b * h * (34 + 5 * a * s / h))
+    assert gpt_activation_bytes_per_layer(s, b, h, a, tp=t, **kw) - extra == pytest.approx(
         s * b * h * (10 + 24 / t + 5 * a * s / (h * t)))
-    assert activation_bytes_per_layer(b, s, h, a, tp=t, mode="selective", **kw) - extra == pytest.approx(
+    assert gpt_activation_bytes_per_layer(s, b, h, a, tp=t, recompute="selective", **kw) - extra == pytest.approx(
         s * b * h * (10 + 24 / t))
-    assert activation_bytes_per_layer(b, s, h, a, tp=t, mode="full", **kw) == s * b * h * 2
+    assert gpt_activation_bytes_per_layer(s, b, h, a, tp=t, recompute="full", **kw) == s * b * h * 2
     # training-stacks.md §2.5: 578.8 MB per layer for TP (t = 8), 2868.9 MB without parallelism.
-    assert (activation_bytes_per_layer(b, s, h, a, tp=t, **kw) - extra) / 1e6 == pytest.approx(578.8, abs=0.05)
-    assert (activation_bytes_per_layer(b, s, h, a, **kw) - extra) / 1e6 == pytest.approx(2868.9, abs=0.05)
+    assert (gpt_activation_bytes_per_layer(s, b, h, a, tp=t, **kw) - extra) / 1e6 == pytest.approx(578.8, abs=0.05)
+    assert (gpt_activation_bytes_per_layer(s, b, h, a, **kw) - extra) / 1e6 == pytest.approx(2868.9, abs=0.05)
 
 
 @pytest.mark.parametrize("mode", ["full", "selective"])

@@ -68,16 +68,32 @@ def _load_and_continue(config, directory):
     return engine.full_state_dict(), engine.eval_step(data.global_batch(0, 8, 32, split="val"))
 
 
-LAYOUTS = {"dp1": (1, {}), "dp2": (2, {}), "dp4": (4, {}), "tp2": (2, {"tp": 2}), "dp2-tp2": (4, {"tp": 2})}
+LAYOUTS = {"dp1": (1, {}), "dp2": (2, {}), "dp4": (4, {}), "tp2": (2, {"tp": 2}), "dp2-tp2": (4, {"tp": 2}),
+           "dp2-zero3": (2, {"zero_stage": 3}), "dp4-zero1": (4, {"zero_stage": 1}),
+           "dp2-zero2": (2, {"zero_stage": 2}), "pp2": (2, {"pp": 2, "micro_batches": 4})}
 
 
-@pytest.mark.parametrize("src, dst", [("dp2", "dp1"), ("dp1", "dp4"), ("dp2", "tp2"), ("dp2-tp2", "dp1")],
-                         ids=lambda v: v)
+@pytest.mark.parametrize("src, dst", [("dp2", "dp1"), ("dp1", "dp4"), ("dp2", "tp2"), ("dp2-tp2", "dp1"),
+                                      ("dp2-zero3", "dp1"), ("dp2-zero3", "dp4-zero1"), ("dp2-zero3", "tp2"),
+                                      ("tp2", "dp2-zero2"), ("tp2", "pp2"), ("pp2", "dp2-zero2")], ids=lambda v: v)
 def test_reshard_across_layouts(tmp_path, src, dst):
     (w_src, kw_src), (w_dst, kw_dst) = LAYOUTS[src], LAYOUTS[dst]
     straight = mm.launch(_save_after, w_src, parity_config(**kw_src), str(tmp_path), 10, timeout=240)[0]
     resumed, _ = mm.launch(_load_and_continue, w_dst, parity_config(**kw_dst), str(tmp_path), timeout=240)[0]
     assert max_rel_error(resumed, straight) <= 1e-5
+
+
+@pytest.mark.parametrize("stage", [1, 2, 3])
+def test_resume_is_bit_identical_under_zero(tmp_path, stage):
+    straight, resumed, l1, l2 = mm.launch(_straight_and_resumed, 2, parity_config(zero_stage=stage), str(tmp_path),
+                                          None, timeout=240)[0]
+    assert all(torch.equal(straight[k], resumed[k]) for k in straight) and l1 == l2
+
+
+def test_resume_is_bit_identical_pp2(tmp_path):
+    config = parity_config(pp=2, micro_batches=4)
+    straight, resumed, l1, l2 = mm.launch(_straight_and_resumed, 2, config, str(tmp_path), None, timeout=240)[0]
+    assert all(torch.equal(straight[k], resumed[k]) for k in straight) and l1 == l2
 
 
 def test_resume_is_bit_identical_tp2(tmp_path):

@@ -108,6 +108,29 @@ def test_activation_table2_closed_forms():
     assert f(act_bytes=4) == pytest.approx(sbh * 66 + a * s * s * b * 9)
 
 
+def test_gpt_activation_formula_is_the_paper_plus_what_our_block_keeps():
+    """The two per-layer counts differ by exactly the documented terms, on random shapes."""
+    import random
+    rng = random.Random(7)
+    for _ in range(200):
+        a = rng.choice([1, 2, 4, 8, 12, 32, 96])
+        t = rng.choice([d for d in (1, 2, 4, 8) if a % d == 0])
+        s, b, h = rng.choice([64, 512, 2048, 8192]), rng.randint(1, 8), a * rng.choice([16, 64, 128])
+        for sp in (False, True):
+            for rec in est.RECOMPUTE:
+                paper = est.activation_bytes_per_layer(s, b, h, a, tp=t, sp=sp, recompute=rec)
+                ours = est.gpt_activation_bytes_per_layer(s, b, h, a, tp=t, sp=sp, recompute=rec, act_bytes=2,
+                                                          mask_bytes=1, dropout=True, attention="math")
+                extra = 0 if rec == "full" else 16 * s * b / (t if sp else 1) + (
+                    2 * s * b * h * 2 * (1 - 1 / t) if sp else 0)
+                assert ours - paper == pytest.approx(extra, rel=1e-12, abs=1e-6), (s, b, h, a, t, sp, rec)
+    # fused attention keeps only the log-sum-exp, asb fp32 values, in place of the s² terms
+    assert est.gpt_activation_bytes_per_layer(64, 4, 64, 4, attention="flash") == (
+        est.gpt_activation_bytes_per_layer(64, 4, 64, 4, recompute="selective") + 4 * 64 * 4 * 4)
+    with pytest.raises(ValueError):
+        est.gpt_activation_bytes_per_layer(64, 4, 64, 4, attention="sdpa")
+
+
 def test_tp_comm_and_bubbles():
     assert est.tp_comm_elements_per_layer(2048, 1, 12288, 1) == 0
     assert est.tp_comm_elements_per_layer(2048, 1, 12288, 8) == 8 * 2048 * 12288 * 7 / 8

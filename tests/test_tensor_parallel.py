@@ -11,7 +11,8 @@ import torch.nn.functional as F
 import minimega as mm
 from minimega import comm, data
 from minimega import tensor_parallel as tpm
-from minimega.activation_checkpoint import activation_bytes_per_layer, saved_activation_bytes
+from minimega.activation_checkpoint import saved_activation_bytes
+from minimega.estimate import gpt_activation_bytes_per_layer
 from minimega.cli import main
 from parity import max_rel_error, parity_config, reference_run
 
@@ -187,8 +188,8 @@ def test_communication_and_saved_bytes_per_layer(layout):
         assert [e[:2] for e in bwd] == [("all_gather", b * s * h), ("reduce_scatter", b * s * h)] * 2
     else:
         assert [e[:2] for e in fwd] == [e[:2] for e in bwd] == [("all_reduce", b * s * h)] * 2
-    want = activation_bytes_per_layer(b, s, h, model_config.n_head, tp=t, sp=config.sequence_parallel,
-                                      attention="flash")
+    want = gpt_activation_bytes_per_layer(s, b, h, model_config.n_head, tp=t, sp=config.sequence_parallel,
+                                          attention="flash")
     print(f"{layout}: per-layer sent {sum(e[2] for e in fwd + bwd):.0f} B; saved {saved} B vs formula {want:.0f} B")
     assert abs(saved - want) <= 0.05 * want, (saved, want)
 

@@ -7,12 +7,16 @@
 Recomputation must replay the same dropout masks, so `checkpoint` saves the RNG state (CPU, and the
 current CUDA device's when the inputs live there) before the first forward and restores it, in a
 fork so the training RNG stream moves on untouched, before the replay.
+
+How many bytes each mode keeps is `minimega.estimate.gpt_activation_bytes_per_layer` (next to
+Korthikanti's table there); `saved_activation_bytes` measures it, and the tests compare the two.
 """
 from __future__ import annotations
 
 import torch
 import torch.nn as nn
 
+from .estimate import gpt_activation_bytes_per_layer  # noqa: F401  (the formula `saved_activation_bytes` is tested against)
 from .model import GPT
 
 MODES = ("none", "full", "selective")
@@ -97,41 +101,3 @@ def saved_activation_bytes(module: nn.Module, *inputs: torch.Tensor) -> int:
         out = module(*inputs)
     del out
     return sum(seen.values())
-
-
-# --8<-- [start:activation_bytes]
-def activation_bytes_per_layer(b: int, s: int, h: int, a: int, *, tp: int = 1, sp: bool = False,
-                               mode: str = "none", dtype_bytes: int = 4, dropout: bool = False,
-                               attention: str = "math", mask_bytes: int | None = None) -> float:
-    """Bytes one block of *this* GPT keeps for backward, per tp rank (Korthikanti et al. 2022, Table 2, adapted).
-
-    Korthikanti counts sbh(34 + 5as/h) with 2-byte activations and 1-byte dropout masks. Written per element
-    (e = ``dtype_bytes``, m = ``mask_bytes``: e for PyTorch's CPU dropout, 1 for its CUDA kernel), a block keeps:
-
-        replicated region   LN inputs 2·sbh·e, their mean and rstd 4·sb·4 B (fp32), and with dropout two residual
-                            masks 2·sbh·m: all /t under sequence parallelism.
-                            The inputs of qkv and fc, 2·sbh·e, stay whole: the column-parallel matmul keeps the
-                            gathered input (Megatron re-gathers instead; we trade that all-gather for memory).
-        split over tp       qkv output 3·sbh·e (q, k, v are views of it), proj input sbh·e, fc output 4·sbh·e,
-                            GELU output 4·sbh·e: 12·sbh·e / t.
-        attention core      "math": softmax as²b·e, with dropout also its mask as²b·m and output as²b·e;
-                            "flash" (fused, no dropout): only the log-sum-exp, asb·4 B; all /t (heads split).
-
-    With e = 2, m = 1, dropout and "math" this is Table 2's tensor-parallel row sbh(10 + 24/t + 5as/(ht)) exactly
-    (t = 1: sbh(34 + 5as/h)), plus 16sb for the LayerNorm statistics the paper neglects. With sequence
-    parallelism it is sbh(4 + 30/t + 5as/(ht)) rather than sbh(34/t + 5as/(ht)): the 4 is the kept gathered input.
-    ``mode="selective"`` drops the attention-core term; ``mode="full"`` keeps only the block input sbh·e (/t with SP).
-    """
-    m = dtype_bytes if mask_bytes is None else mask_bytes
-    rep = tp if sp else 1
-    if mode == "full":
-        return s * b * h * dtype_bytes / rep
-    replicated = (2 * s * b * h * dtype_bytes + 16 * s * b + (2 * s * b * h * m if dropout else 0)) / rep
-    replicated += 2 * s * b * h * dtype_bytes
-    split = 12 * s * b * h * dtype_bytes / tp
-    if attention == "flash":
-        core = a * s * b * 4 / tp
-    else:
-        core = a * s * s * b * (dtype_bytes + (m + dtype_bytes if dropout else 0)) / tp
-    return replicated + split + (0 if mode == "selective" else core)
-# --8<-- [end:activation_bytes]

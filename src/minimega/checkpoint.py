@@ -117,6 +117,7 @@ def save(engine, directory: str | os.PathLike, keep: int = 3) -> Path:
     world, rank = mesh.world_size, mesh.rank
     parts = _partition(flat, world)
     final, tmp = root / _step_dir(engine.step), root / f".tmp-{_step_dir(engine.step)}"
+    # --8<-- [start:atomic_save]
     if rank == 0:
         root.mkdir(parents=True, exist_ok=True)
         shutil.rmtree(tmp, ignore_errors=True)            # a leftover from a crashed save
@@ -156,6 +157,7 @@ def save(engine, directory: str | os.PathLike, keep: int = 3) -> Path:
         for old in sorted(root.glob("step-*"))[:-keep] if keep > 0 else []:
             shutil.rmtree(old, ignore_errors=True)
     comm.barrier(mesh.world)
+    # --8<-- [end:atomic_save]
     return final
 
 

@@ -59,6 +59,7 @@ def _train_parser(sub) -> None:
     p.add_argument("--save-dir", default=None, help="checkpoint directory (default: the --resume directory)")
     p.add_argument("--save-every", type=int, default=0, help="save a checkpoint every N steps (0: never)")
     p.add_argument("--resume", default=None, help="continue from the latest checkpoint in this directory")
+    p.add_argument("--show-schedule", action="store_true", help="print the pipeline's rank x time grid of the last step")
     _add_config_flags(p)
     p.set_defaults(func=_cmd_train)
 
@@ -73,7 +74,8 @@ def build_train_config(args: argparse.Namespace, dp: int) -> TrainConfig:
     return TrainConfig(**overrides)
 
 
-def train_worker(preset: str, config: TrainConfig, steps: int, show: bool, ckpt: dict | None = None) -> dict:
+def train_worker(preset: str, config: TrainConfig, steps: int, show: bool, ckpt: dict | None = None,
+                 show_schedule: bool = False) -> dict:
     """What every rank of ``minimega train`` runs; rank 0 draws the progress bar."""
     import torch
 
@@ -112,7 +114,9 @@ def train_worker(preset: str, config: TrainConfig, steps: int, show: bool, ckpt:
     total_sent = comm.all_reduce(torch.tensor([sent], dtype=torch.float64), mesh.world).item()
     return {"losses": engine.losses, "wall_s": wall, "tokens_per_s": tokens_per_step * steps / wall,
             "sent_bytes_rank": sent, "sent_bytes_all_ranks": total_sent,
-            "params": model.num_params(), "memory": engine.memory()}
+            "params": model.num_params(), "memory": engine.memory(),
+            "pipeline_timeline": engine.pipeline.events if show_schedule and engine.pipeline and mesh.dp_rank == 0
+            and mesh.tp_rank == 0 else None}
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
@@ -128,6 +132,9 @@ def _cmd_train(args: argparse.Namespace) -> int:
     config = build_train_config(args, dims.dp)
     from .tensor_parallel import check_divisible
     check_divisible(GPTConfig.preset(args.preset), tp)        # before any rank starts
+    if config.pp > 1:
+        from .pipeline import check
+        check(config.schedule, config.pp, config.micro_batches, config.virtual_stages, GPTConfig.preset(args.preset).n_layer)
     print(f"minimega train: {args.nproc} rank(s), dp={dims.dp} tp={dims.tp} pp={dims.pp}, zero_stage="
           f"{config.zero_stage}, preset {args.preset}, {args.steps} steps", file=sys.stderr)
     if args.resume:
@@ -138,7 +145,11 @@ def _cmd_train(args: argparse.Namespace) -> int:
         raise ValueError("--save-every needs --save-dir (or --resume) to know where to write")
     ckpt = {"resume": args.resume, "every": args.save_every, "dir": save_dir}
     results = launch(train_worker, args.nproc, args.preset, config, args.steps, not args.json, ckpt,
-                     backend=args.backend)
+                     args.show_schedule, backend=args.backend)
+    if args.show_schedule and pp > 1:
+        from .pipeline.printer import grid_from_timelines, render
+        rows = [r["pipeline_timeline"] for r in results if r["pipeline_timeline"] is not None]
+        print(render(grid_from_timelines(rows, step=args.steps - 1)), file=sys.stderr)
     r0 = results[0]
     summary = {"first_loss": r0["losses"][0], "final_loss": r0["losses"][-1], "steps": args.steps,
                "wall_s": round(r0["wall_s"], 3), "tokens_per_s": round(r0["tokens_per_s"], 1),
@@ -190,7 +201,9 @@ def build_parser() -> argparse.ArgumentParser:
     _checkpoint_parser(sub)
     from .classroom.cli import add_cert_parser, add_serve_parser
     from .estimate import add_estimate_parser
+    from .record import add_record_parser
     add_estimate_parser(sub)
+    add_record_parser(sub)
     add_serve_parser(sub)
     add_cert_parser(sub)
     return parser

@@ -50,6 +50,7 @@ class Group:
 # ------------------------------------------------------------------------------------------------
 # The log.
 
+# --8<-- [start:ring_factor]
 _RING_FACTOR = {
     "all_reduce": lambda n: 2 * (n - 1) / n,
     "reduce_scatter": lambda n: (n - 1) / n,
@@ -58,6 +59,7 @@ _RING_FACTOR = {
     "send": lambda n: 1.0,
     "recv": lambda n: 0.0,
 }
+# --8<-- [end:ring_factor]
 
 
 @dataclass
@@ -123,6 +125,7 @@ class CommLog:
 _ACTIVE: list[CommLog] = []
 
 
+# --8<-- [start:record]
 def _record(op: str, group: Group, tensor: torch.Tensor, elements: int, tag: str = "") -> CommRecord | None:
     if not _ACTIVE:
         return None
@@ -132,6 +135,7 @@ def _record(op: str, group: Group, tensor: torch.Tensor, elements: int, tag: str
     for log in _ACTIVE:
         log.records.append(rec)
     return rec
+# --8<-- [end:record]
 
 
 class Handle:
@@ -167,6 +171,7 @@ def _finish(work, rec, result, async_op):
 # ------------------------------------------------------------------------------------------------
 # Collectives.
 
+# --8<-- [start:collectives]
 def all_reduce(tensor: torch.Tensor, group: Group, *, async_op: bool = False, tag: str = ""):
     """Sum ``tensor`` in place over ``group``. Returns the tensor, or a `Handle` when async."""
     if group.size == 1:
@@ -210,6 +215,7 @@ def all_gather(output: torch.Tensor, input: torch.Tensor, group: Group, *, async
     rec = _record("all_gather", group, output, output.numel(), tag)
     work = _all_gather(output, input, group=group.pg, async_op=async_op)
     return _finish(work, rec, output, async_op)
+# --8<-- [end:collectives]
 
 
 def broadcast(tensor: torch.Tensor, src: int, group: Group, *, async_op: bool = False, tag: str = ""):

@@ -153,6 +153,9 @@ class TrainConfig:
         if self.offload_optimizer and self.zero_stage == 0:
             raise ValueError("TrainConfig: offload_optimizer needs zero_stage >= 1 "
                              "(ZeRO-Offload moves the sharded optimizer states to the CPU)")
+        if self.precision != "fp32" and self.zero_stage == 0:
+            raise ValueError(f"TrainConfig: precision={self.precision!r} needs zero_stage >= 1 "
+                             f"(the fp32 master weights live in the ZeRO optimizer's shards)")
         if self.sequence_parallel and self.tp == 1:
             raise ValueError("TrainConfig: sequence_parallel needs tp > 1")
         if self.schedule != "interleaved_1f1b" and self.virtual_stages != 1:

@@ -19,16 +19,17 @@ from contextlib import nullcontext
 
 import torch
 
-from . import comm, measure
+from . import comm, measure, zero
 from .activation_checkpoint import apply_activation_checkpointing
 from .config import TrainConfig
 from .data_parallel import DataParallel
 from .mesh import Mesh
 from .model import GPT
+from .pipeline import Pipeline, check as check_pipeline
 from .tensor_parallel import full_like_param, local_like_param, ParallelGPT, apply_tensor_parallel, check_divisible
 
 # What this build of the engine can combine; anything else is refused before training starts.
-_SUPPORTED = {"zero_stage": {0}, "pp": {1}, "precision": {"fp32"},
+_SUPPORTED = {"zero_stage": {0, 1, 2, 3}, "precision": {"fp32", "bf16", "fp16"},
               "activation_checkpointing": {"none", "full", "selective"}}
 
 
@@ -42,10 +43,25 @@ def validate(model: GPT, config: TrainConfig, mesh: Mesh) -> None:
         raise ValueError(f"TrainConfig(tp={config.tp}, pp={config.pp}) does not match the mesh "
                          f"(tp={mesh.tp_size}, pp={mesh.pp_size}); build the mesh from the same numbers")
     config.rows_per_micro_step(mesh.dp_size)
+    if config.pp > 1:
+        check_pipeline(config.schedule, config.pp, config.micro_batches, config.virtual_stages, model.config.n_layer)
+        if config.gradient_accumulation_steps != 1:
+            raise ValueError(f"pp={config.pp}: set micro_batches (the pipeline accumulates over them), not "
+                             f"gradient_accumulation_steps={config.gradient_accumulation_steps}")
+        if (config.batch_size // mesh.dp_size) % config.micro_batches:
+            raise ValueError(f"batch_size / dp = {config.batch_size} / {mesh.dp_size} = "
+                             f"{config.batch_size // mesh.dp_size} rows per dp rank do not split into "
+                             f"micro_batches={config.micro_batches}")
     seq = config.seq_len or model.config.block_size
     if seq > model.config.block_size:
         raise ValueError(f"seq_len={seq} exceeds the model's block_size={model.config.block_size}")
     check_divisible(model.config, config.tp)
+    if config.zero_stage and (config.tp > 1 or config.pp > 1):
+        raise ValueError(f"zero_stage={config.zero_stage} with tp={config.tp}, pp={config.pp}: ZeRO does not compose "
+                         "with tensor or pipeline parallelism in this engine yet; use zero_stage=0 (DDP over dp)")
+    if config.tp > 1 and config.pp > 1:
+        raise ValueError(f"tp={config.tp} with pp={config.pp}: tensor and pipeline parallelism do not compose in "
+                         "this engine yet; use one of them (each combines with dp)")
     if config.sequence_parallel and seq % config.tp:
         raise ValueError(f"sequence_parallel: seq_len={seq} is not divisible by tp={config.tp}")
 
@@ -65,11 +81,23 @@ class Engine:
     def __init__(self, model: GPT, config: TrainConfig, mesh: Mesh):
         validate(model, config, mesh)
         self.model_config = model.config
+        self._keys = list(model.state_dict())
+        self.pipeline: Pipeline | None = None
         model = apply_tensor_parallel(model.to(mesh.device), mesh, config.sequence_parallel)
         apply_activation_checkpointing(model, config.activation_checkpointing, config.checkpoint_every)
         self.config, self.mesh, self.module = config, mesh, model
-        self.model = DataParallel(model, mesh.dp_group, bucket_mb=config.bucket_mb)
-        self.optimizer = make_optimizer(model.parameters(), config)
+        if config.pp > 1:      # keep this rank's chunks; each syncs its gradients over dp on its own
+            self.pipeline = Pipeline(model, config, mesh,
+                                     wrap=lambda c: DataParallel(c, mesh.dp_group, bucket_mb=config.bucket_mb))
+            self.module = self.model = self.pipeline
+            self.optimizer = make_optimizer(self.module.parameters(), config)
+        elif config.zero_stage > 0:      # ZeRO shards the optimizer itself: the wrapper steps
+            self.model = zero.wrap(model, config, mesh.dp_group, mesh.dp_rank, lambda p: make_optimizer(p, config))
+            self.optimizer = self.model
+        else:
+            self.model = DataParallel(model, mesh.dp_group, bucket_mb=config.bucket_mb)
+            self.optimizer = make_optimizer(model.parameters(), config)
+        self.memory_at_step: dict = {}
         self.comm_log = comm.CommLog()
         self.losses: list[float] = []
         self.grad_norms: list[float] = []
@@ -90,20 +118,27 @@ class Engine:
         total = torch.zeros((), device=self.mesh.device)
         self.model.train()
         with self.comm_log:
-            for i, (xm, ym) in enumerate(zip(x.chunk(ga), y.chunk(ga))):
+            if self.pipeline is not None:
+                total = self.pipeline.forward_backward(x, y, self.step)    # sum_i loss_i / m, last stage only
+            micro_steps = () if self.pipeline is not None else zip(x.chunk(ga), y.chunk(ga))
+            for i, (xm, ym) in enumerate(micro_steps):
                 sync = i == ga - 1
                 with (nullcontext() if sync else self.model.no_sync()):
                     self._event("forward_start", micro=i)
                     _, loss = self.model(xm, ym)
                     self._event("backward_start", micro=i)
-                    (loss / ga).backward()
+                    scaled = self.model.scale_loss(loss / ga) if self.config.zero_stage else loss / ga
+                    scaled.backward()
                     self._event("backward_end", micro=i)
                 total += loss.detach()
             norm = self._clip()
             self.optimizer.step()
+            self.memory_at_step = self.memory()          # params, grads and optimizer states all live
             self.optimizer.zero_grad(set_to_none=True)
             self._event("optimizer_step_end")
         self.comm_per_step.append(self.comm_log.total_sent() - sent_before)
+        if self.pipeline is not None:
+            comm.all_reduce(total, self.mesh.pp_group)                     # the last stage's loss, to every stage
         loss = comm.all_reduce_mean(total / ga, self.mesh.dp_group).item()    # a metric: kept out of the log
         self.losses.append(loss)
         if norm is not None:
@@ -115,6 +150,10 @@ class Engine:
         """Clip by the global gradient norm (grads are replicated after the DDP all-reduce)."""
         if not self.config.gradient_clipping:
             return None
+        if self.config.zero_stage:
+            return self.model.clip_grad_norm_(self.config.gradient_clipping)
+        if self.pipeline is not None:
+            return self.pipeline.clip_grad_norm_(self.config.gradient_clipping)
         if isinstance(self.module, ParallelGPT):     # shards: the norm needs every tp rank's share
             norm = self.module.grad_norm()
             coef = (self.config.gradient_clipping / (norm + 1e-6)).clamp(max=1.0)
@@ -129,17 +168,28 @@ class Engine:
         """Mean loss over the global batch, without touching gradients or optimizer state."""
         x, y = (t.to(self.mesh.device) for t in batch)
         self.model.eval()
-        _, loss = self.model(x, y)
+        if self.pipeline is not None:
+            loss = comm.all_reduce(self.pipeline.forward_backward(x, y, self.step, train=False), self.mesh.pp_group)
+        else:
+            _, loss = self.model(x, y)
         return comm.all_reduce_mean(loss.detach().clone(), self.mesh.dp_group).item()
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
-        """Consolidated fp32 weights with `model.py`'s keys, on every rank (collective over tp)."""
+        """Consolidated fp32 weights with `model.py`'s keys, on every rank (a collective under ZeRO, TP and PP)."""
+        if self.config.zero_stage:
+            return self.model.full_state_dict()
+        if self.pipeline is not None:          # every stage holds a disjoint part: gather them all
+            local = {k: v.detach().float().cpu().clone() for c in self.pipeline.chunks for k, v in c.state_dict().items()}
+            local = {k: v for part in comm.all_gather_object(local, self.mesh.pp_group) for k, v in part.items()}
+            return {k: local[k] for k in self._keys}
         state = (self.module.full_state_dict() if isinstance(self.module, ParallelGPT)
                  else self.module.state_dict())
         return {k: v.detach().float().cpu().clone() for k, v in state.items()}
 
     def memory(self) -> dict:
         """Bytes this rank holds right now, by category."""
+        if self.config.zero_stage:
+            return self.model.memory()
         return measure.model_state_bytes(self.module, self.optimizer)
 
     def report(self) -> dict:
@@ -151,10 +201,12 @@ class Engine:
             "losses": list(self.losses),
             "grad_norms": list(self.grad_norms),
             "memory": self.memory(),
+            "memory_at_step": dict(self.memory_at_step),
             "comm": self.comm_log.summary(),
             "comm_per_step": list(self.comm_per_step),
             "comm_events": self.comm_log.events(),
             "timeline": self.timeline + self.model.timeline,
+            **({"pipeline": self.pipeline.bubble()} if self.pipeline is not None else {}),
         }
 
 
@@ -166,27 +218,42 @@ class Engine:
 
     def training_state(self) -> dict:
         """{'model': full fp32 weights, 'optimizer': {key: {state: full tensor}}} by `model.py` keys, on every rank."""
+        if self.config.zero_stage:
+            return zero.training_state(self.model)
         optimizer = {}
-        for name, p in self.module.named_parameters():
+        for name, p in self._named_parameters().items():
             st = self.optimizer.state.get(p, {})
             optimizer[name] = {k: (full_like_param(self.module, name, v) if v.shape == p.shape else v).detach().cpu().clone()
                                for k, v in st.items()}
-        return {"model": self.full_state_dict(), "optimizer": {k: v for k, v in optimizer.items() if v}}
+        optimizer = {k: v for k, v in optimizer.items() if v}
+        if self.pipeline is not None:          # each stage has its own parameters' states: merge them
+            optimizer = {k: v for part in comm.all_gather_object(optimizer, self.mesh.pp_group) for k, v in part.items()}
+        return {"model": self.full_state_dict(), "optimizer": optimizer}
+
+    def _named_parameters(self) -> dict:
+        """This rank's parameters by `model.py` key (a pipeline's chunks keep the model's names)."""
+        if self.pipeline is not None:
+            return {n: p for c in self.pipeline.chunks for n, p in c.named_parameters()}
+        return dict(self.module.named_parameters())
 
     @torch.no_grad()
     def load_training_state(self, state: dict, step: int) -> None:
         """Take a full-shaped training state (any saved layout) into this rank's layout."""
-        params = dict(self.module.named_parameters())
+        self.step = step
+        if self.config.zero_stage:
+            return zero.load_training_state(self.model, state)
+        params = self._named_parameters()
         if missing := sorted(set(params) - set(state["model"])):
             raise ValueError(f"checkpoint lacks parameters {missing[:5]}")
         for name, p in params.items():
             p.copy_(local_like_param(self.module, name, state["model"][name], p))
         self.optimizer.state.clear()
         for name, st in state["optimizer"].items():
+            if name not in params:             # another pipeline stage's parameter
+                continue
             p = params[name]
             self.optimizer.state[p] = {k: (local_like_param(self.module, name, v, p) if v.dim() else v.clone())
                                        for k, v in st.items()}
-        self.step = step
 
     def rng_state(self) -> dict:
         return {"torch": torch.get_rng_state(),

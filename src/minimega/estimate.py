@@ -234,6 +234,51 @@ def activation_bytes_per_layer(seq_len: int, micro_batch: int, hidden: int, head
 # --8<-- [end:activations]
 
 
+# --8<-- [start:gpt_activations]
+def gpt_activation_bytes_per_layer(seq_len: int, micro_batch: int, hidden: int, heads: int, *, tp: int = 1,
+                                   sp: bool = False, recompute: str = "none", act_bytes: int = 4,
+                                   mask_bytes: int | None = None, dropout: bool = False,
+                                   attention: str = "math") -> float:
+    """Bytes one block of minimega's GPT (``model.py``) keeps for backward, per tp rank.
+
+    `activation_bytes_per_layer` above is the paper's table; this is the same count adapted to the
+    exact tensors our block saves, and the tests measure it (``saved_tensors_hooks``) to within 5%.
+    Per element (e = `act_bytes`, m = `mask_bytes`: e for PyTorch's CPU dropout, 1 for its CUDA kernel):
+
+        replicated region   LN inputs 2·sbh·e, their mean and rstd 4·sb·4 B (fp32), and with dropout two residual
+                            masks 2·sbh·m: all /t under sequence parallelism.
+                            The inputs of qkv and fc, 2·sbh·e, stay whole: the column-parallel matmul keeps the
+                            gathered input (Megatron re-gathers instead; we trade that all-gather for memory).
+        split over tp       qkv output 3·sbh·e (q, k, v are views of it), proj input sbh·e, fc output 4·sbh·e,
+                            GELU output 4·sbh·e: 12·sbh·e / t.
+        attention core      "math": softmax as²b·e, with dropout also its mask as²b·m and output as²b·e;
+                            "flash" (fused, no dropout): only the log-sum-exp, asb·4 B; all /t (heads split).
+
+    Against the paper (e = 2, m = 1, dropout, "math"): equal to `activation_bytes_per_layer` plus 16sb for the
+    LayerNorm statistics it neglects, and under sequence parallelism plus 2sbh·e·(1 − 1/t) more for the kept
+    gathered input: sbh(4 + 30/t + 5as/(ht)) rather than sbh(34/t + 5as/(ht)). ``recompute="selective"``
+    drops the attention-core term; ``"full"`` keeps only the block input sbh·e (/t with SP), as in the paper.
+    """
+    if recompute not in RECOMPUTE:
+        raise ValueError(f"recompute {recompute!r}: expected one of {RECOMPUTE}")
+    if attention not in ("math", "flash"):
+        raise ValueError(f"attention {attention!r}: expected 'math' or 'flash'")
+    s, b, h, a, t, e = seq_len, micro_batch, hidden, heads, tp, act_bytes
+    m = e if mask_bytes is None else mask_bytes
+    rep = t if sp else 1
+    if recompute == "full":
+        return s * b * h * e / rep
+    replicated = (2 * s * b * h * e + 16 * s * b + (2 * s * b * h * m if dropout else 0)) / rep
+    replicated += 2 * s * b * h * e
+    split = 12 * s * b * h * e / t
+    if attention == "flash":
+        core = a * s * b * 4 / t
+    else:
+        core = a * s * s * b * (e + (m + e if dropout else 0)) / t
+    return replicated + split + (0 if recompute == "selective" else core)
+# --8<-- [end:gpt_activations]
+
+
 # --8<-- [start:tp_comm]
 def tp_comm_elements_per_layer(seq_len: int, micro_batch: int, hidden: int, tp: int) -> float:
     """Elements each TP rank sends per layer per micro-batch, forward + backward (Narayanan §3.2).

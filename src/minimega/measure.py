@@ -33,10 +33,16 @@ def optimizer_state_tensors(optimizer: torch.optim.Optimizer) -> list[torch.Tens
 
 
 def model_state_bytes(module: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None) -> dict:
-    """{'params', 'grads', 'optimizer_states'} bytes held by this rank for an unsharded module."""
+    """{'params', 'grads', 'optimizer_states', 'optimizer_step_counters'} bytes of an unsharded module.
+
+    'optimizer_states' are the moments (Adam's m and v: the ZeRO paper's K); torch keeps one 0-d
+    ``step`` counter per parameter tensor besides, counted apart.
+    """
     params = list(module.parameters())
+    states = optimizer_state_tensors(optimizer) if optimizer else []
     return {
         "params": tensor_bytes(params),
         "grads": tensor_bytes(p.grad for p in params),
-        "optimizer_states": tensor_bytes(optimizer_state_tensors(optimizer)) if optimizer else 0,
+        "optimizer_states": tensor_bytes(t for t in states if t.dim() > 0),
+        "optimizer_step_counters": tensor_bytes(t for t in states if t.dim() == 0),
     }

@@ -228,3 +228,170 @@ def figure_html(fig: go.Figure, div_id: str, plotly_src: str, title: str = "") -
     head = ("<title>" + (title or div_id) + "</title><style>html,body{margin:0;height:100%;"
             "background:transparent}</style>")
     return html.replace("<head>", "<head>" + head, 1)
+
+
+# ---- the pipeline schedule, from the ranks' recorded timelines ------------------------------------
+
+_PIPELINE_COLOURS = {"forward": "#4C78A8", "backward": "#F58518", "send": "#54A24B", "recv": "#B279A2",
+                     "send_recv": "#9D755D"}
+
+
+def pipeline_schedule(timelines: list[list[dict]], step: int = 0, title: str | None = None) -> go.Figure:
+    """Rank × wall-clock chart of one pipeline step: forward, backward and p2p intervals; gaps are idle.
+
+    Args:
+        timelines: one recorded timeline per pipeline rank, in pp-rank order (``Engine.report()["timeline"]``).
+        step: which optimizer step to draw.
+    """
+    fig = go.Figure()
+    origin = min(e["start"] for events in timelines for e in events if e.get("step") == step and "kind" in e)
+    seen = set()
+    for rank, events in enumerate(timelines):
+        for e in events:
+            if e.get("step") != step or e.get("kind") not in _PIPELINE_COLOURS:
+                continue
+            label = e["kind"] if "micro" not in e else f"{e['kind']} micro {e['micro']} chunk {e['chunk']}"
+            fig.add_trace(go.Bar(
+                x=[(e["end"] - e["start"]) * 1e3], base=[(e["start"] - origin) * 1e3], y=[f"rank {rank}"],
+                orientation="h", marker_color=_PIPELINE_COLOURS[e["kind"]], name=e["kind"], legendgroup=e["kind"],
+                showlegend=e["kind"] not in seen, hovertext=label,
+                text=[f"{e['kind'][0].upper()}{e['micro']}" if "micro" in e else ""], textposition="inside"))
+            seen.add(e["kind"])
+    fig.update_layout(barmode="overlay", title=title or f"pipeline schedule, step {step} (gaps are idle)",
+                      xaxis_title="time since the step started (ms)", yaxis_title="pipeline rank",
+                      yaxis_autorange="reversed", template="plotly_white")
+    return fig
+
+
+# ----------------------------------------------------------------------------------------------
+# Figures from recorded runs: `minimega record` writes the traces (course/data/*.json); each figure
+# reads one and draws what the ranks measured, next to the formula that predicts it.
+
+def _trace(name: str) -> dict:
+    from minimega.record import load
+    return load(name)
+
+
+def ddp_overlap(step: int = -1) -> go.Figure:
+    """One DDP step per rank: forward, backward, optimizer, and when each bucket's all-reduce was issued."""
+    tr = _trace("ddp-overlap")
+    fig = go.Figure()
+    phases = (("forward", "forward_start", "backward_start", PALETTE[0]),
+              ("backward", "backward_start", "backward_end", PALETTE[1]),
+              ("optimizer step", "backward_end", "optimizer_step_end", PALETTE[5]))
+    rows = []
+    for r in tr["ranks"]:
+        st = r["steps"][step]
+        compute, comm = f"rank {r['rank']} compute", f"rank {r['rank']} all-reduce"
+        rows += [compute, comm]
+        for label, a, b, color in phases:
+            fig.add_bar(y=[compute], x=[st[b] - st[a]], base=[st[a]], orientation="h", name=label,
+                        marker_color=color, legendgroup=label, showlegend=r["rank"] == 0,
+                        hovertemplate=f"{label}: %{{base:.1f}} to %{{x:.1f}} ms long<extra>rank {r['rank']}</extra>")
+        buckets = st["buckets"]
+        fig.add_bar(y=[comm] * len(buckets), x=[b["waited"] - b["issued"] for b in buckets],
+                    base=[b["issued"] for b in buckets], orientation="h", name="bucket all-reduce, issued → waited on",
+                    marker_color=PALETTE[2], opacity=0.35, legendgroup="inflight", showlegend=r["rank"] == 0,
+                    hoverinfo="skip")
+        fig.add_scatter(y=[comm] * len(buckets), x=[b["issued"] for b in buckets], mode="markers",
+                        marker=dict(symbol="diamond", size=9, color=PALETTE[3]), name="bucket issued",
+                        legendgroup="issued", showlegend=r["rank"] == 0,
+                        customdata=[[b["index"], b["bytes"] / 1e3] for b in buckets],
+                        hovertemplate="bucket %{customdata[0]} (%{customdata[1]:.0f} kB) issued at %{x:.1f} ms"
+                                      f"<extra>rank {r['rank']}</extra>")
+    src = tr["source"]
+    _layout(fig, f"DDP on {src['world_size']} ranks: {len(tr['buckets'])} buckets start their all-reduce during "
+                 f"the backward (step {tr['ranks'][0]['steps'][step]['step']}, recorded)",
+            "time from the start of the step's forward (ms)", "", barmode="overlay")
+    fig.update_yaxes(categoryorder="array", categoryarray=rows[::-1])
+    return fig
+
+
+def memory_measured() -> go.Figure:
+    """Bytes each rank holds by category after a backward, measured, against 16 bytes per parameter."""
+    tr = _trace("memory")
+    cats = (("params", "parameters (fp32, 4 B)"), ("grads", "gradients (fp32, 4 B)"),
+            ("optimizer_states", "Adam momentum + variance (8 B)"))
+    xs, parts = [], []
+    for lay in tr["layouts"]:
+        for r in lay["ranks"]:
+            xs.append(f"{lay['layout']} rank {r['rank']}")
+            parts.append(r["after_backward"])
+    fig = go.Figure()
+    for key, label in cats:
+        fig.add_bar(x=xs, y=[p[key] / 1e6 for p in parts], name=label,
+                    hovertemplate="%{y:.3f} MB<extra>" + label + "</extra>")
+    n = tr["n_params"]
+    ddp = est.model_state_bytes(n, 1, 0, "fp32") / 1e6
+    fig.add_scatter(x=[x for x in xs if x.startswith("dp")], y=[ddp] * sum(x.startswith("dp") for x in xs),
+                    mode="markers", marker=dict(symbol="line-ew-open", size=40, line=dict(width=3)),
+                    name=f"estimate: 16 B × Ψ, Ψ = {n:,}", hovertemplate="%{y:.3f} MB<extra>estimate</extra>")
+    _layout(fig, "Model states per rank, measured after a backward (tiny GPT, fp32 AdamW)", "",
+            "MB per rank (1 MB = 10⁶ B)", barmode="stack")
+    return fig
+
+
+def tp_comm_per_layer() -> go.Figure:
+    """Bytes rank 0 sends per step in each layer under TP and TP + SP, with 8bsh(t−1)/t per block."""
+    tr = _trace("tp-comm")
+    sh = tr["shape"]
+    fig = go.Figure()
+    ops = ("all_reduce", "all_gather", "reduce_scatter")
+    cols = []
+    for lay in tr["layouts"]:
+        regions = list(dict.fromkeys(r["region"] for r in lay["ranks"][0]["per_step"]))
+        cols.append((lay, regions))
+    for op in ops:
+        xs0, xs1, ys = [], [], []
+        for lay, regions in cols:
+            rows = lay["ranks"][0]["per_step"]
+            for reg in regions:
+                xs0.append("TP + SP" if lay["sequence_parallel"] else "TP")
+                xs1.append(reg)
+                ys.append(sum(r["sent_bytes"] for r in rows if r["region"] == reg and r["op"] == op) / 1e3)
+        if any(ys):
+            fig.add_bar(x=[xs0, xs1], y=ys, name=op.replace("_", "-"),
+                        hovertemplate="%{y:.1f} kB<extra>" + op.replace("_", "-") + "</extra>")
+    per_block = est.tp_comm_elements_per_layer(sh["s"], sh["b"], sh["h"], tr["layouts"][0]["tp"]) * 4 / 1e3
+    bx0, bx1 = [], []
+    for lay, regions in cols:
+        for reg in regions:
+            if reg.startswith("block"):
+                bx0.append("TP + SP" if lay["sequence_parallel"] else "TP")
+                bx1.append(reg)
+    fig.add_scatter(x=[bx0, bx1], y=[per_block] * len(bx0), mode="markers",
+                    marker=dict(symbol="line-ew-open", size=26, line=dict(width=3), color=PALETTE[4]),
+                    name="8bsh(t−1)/t × 4 B per block (Narayanan et al.)",
+                    hovertemplate="%{y:.1f} kB<extra>formula</extra>")
+    _layout(fig, f"Bytes each rank sends per step, by layer: tiny GPT, t = {tr['layouts'][0]['tp']}, "
+                 f"b = {sh['b']}, s = {sh['s']}, h = {sh['h']} (recorded)", "", "kB sent per rank per step",
+            barmode="stack")
+    fig.update_xaxes(tickangle=-35)
+    fig.update_layout(legend=dict(orientation="h", y=-0.42), margin=dict(b=150))
+    return fig
+
+
+def activations_measured() -> go.Figure:
+    """Bytes one block keeps for backward, measured with saved_tensors_hooks, against the formula."""
+    tr = _trace("activations")
+    rows = [r for r in tr["rows"] if r["rank"] == 0]
+    case = lambda r: "t = 1" if r["tp"] == 1 else (f"t = {r['tp']} + SP" if r["sp"] else f"t = {r['tp']}")
+    x = [[case(r) for r in rows], [r["mode"] for r in rows]]
+    fig = go.Figure()
+    fig.add_bar(x=x, y=[r["measured"] / 1e3 for r in rows], name="measured (saved_tensors_hooks)",
+                hovertemplate="%{y:.1f} kB<extra>measured</extra>")
+    fig.add_bar(x=x, y=[r["formula"] / 1e3 for r in rows], name="gpt_activation_bytes_per_layer",
+                hovertemplate="%{y:.1f} kB<extra>formula</extra>")
+    sh = tr["shape"]
+    _layout(fig, f"Activations one block keeps per rank, by recomputation mode (b = {sh['b']}, s = {sh['s']}, "
+                 f"h = {sh['h']}, a = {sh['a']}, fp32, dropout)", "",
+            "kB kept for backward (1 kB = 10³ B)", barmode="group")
+    return fig
+
+
+FIGURES.update({
+    "ddp-overlap": ddp_overlap,
+    "memory-measured": memory_measured,
+    "tp-comm-per-layer": tp_comm_per_layer,
+    "activations-measured": activations_measured,
+})

@@ -1,0 +1,45 @@
+"""The schedule printer: a rank × tick grid of what each pipeline rank did, from recorded timelines.
+
+    rank 0 | F0 F1 F2 F3 .  .  .  B0 .  B1 .  B2 .  B3
+    rank 1 | .  F0 F1 F2 .  .  B0 F3 B1 .  B2 .  B3 .
+    ...
+    idle 6/14 slots per rank = 0.429 (p-1)/(m+p-1) = 0.429
+
+Cells are ``F<micro>`` / ``B<micro>`` (with ``:<chunk>`` under virtual stages) and ``.`` for an idle slot.
+"""
+from __future__ import annotations
+
+from .schedules import Plan
+
+
+def grid_from_timelines(timelines: list[list[dict]], step: int = 0) -> list[list[str]]:
+    """One row per pipeline rank (timelines in pp-rank order) from its recorded forward/backward events."""
+    p = len(timelines)
+    steps = [[e for e in events if e.get("step") == step] for events in timelines]
+    interleaved = any(e.get("chunk", 0) >= p for events in steps for e in events)
+    rows = []
+    for events in steps:
+        ticks = max(e["tick"] for e in events if e.get("kind") == "step")           # the step event closes the row
+        row = ["."] * ticks
+        for e in events:
+            if e.get("kind") in ("forward", "backward"):
+                row[e["tick"]] = f"{e['kind'][0].upper()}{e['micro']}" + (f":{e['chunk']}" if interleaved else "")
+        rows.append(row)
+    return rows
+
+
+def grid_from_plan(plan: Plan) -> list[list[str]]:
+    """The same grid, straight from a plan (no run needed)."""
+    return [["." if a is None else f"{a.kind}{a.micro}" + (f":{a.chunk}" if plan.v > 1 else "") for a in row]
+            for row in plan.grid]
+
+
+def render(rows: list[list[str]]) -> str:
+    """The grid as text, one line per rank, with each rank's idle slots counted at the end."""
+    width = max(len(c) for row in rows for c in row)
+    lines = []
+    for r, row in enumerate(rows):
+        idle = row.count(".")
+        lines.append(f"rank {r} | " + " ".join(c.ljust(width) for c in row)
+                     + f" | idle {idle}/{len(row)} = {idle / len(row):.3f}")
+    return "\n".join(lines)

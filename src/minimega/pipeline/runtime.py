@@ -1,0 +1,178 @@
+"""Running a pipeline schedule on one rank: compute what the slot grid says, exchange what it says.
+
+Every rank derives the same `Plan` (the slot grid of `schedules.plan`) and walks its own row tick by
+tick. Per tick:
+
+    Phase 1 (compute): the tick's action, if any.
+        F(k, i): chunk k on micro-batch i; its input is the token ids (chunk 0) or the activation
+                 received from chunk k-1, marked requires_grad so its gradient can be sent back.
+                 The last chunk computes loss_i / m, so the m backwards add up to the gradient of the
+                 mean loss over all rows (equal-sized micro-batches).
+        B(k, i): backward of that graph, seeded with the gradient received from chunk k+1 (or from
+                 loss_i / m on the last chunk). Its input's gradient is what goes back to chunk k-1.
+    Phase 2 (p2p): one `comm.batch_p2p` with this tick's sends and receives, in the plan's order,
+                 waited to completion. Shapes are known up front, (B/m, T, D), so receivers allocate
+                 their buffers without a handshake; since both sides take the tick and the order from
+                 the same plan, every send meets its receive and no rank waits on one that comes later.
+
+Gradient synchronisation over dp is a wrapper around each chunk (`DataParallel` now; any wrapper with
+``no_sync()`` works): the backward of the last micro-batch of a chunk runs synchronised, the others
+inside ``no_sync()``, so each chunk's gradients are reduced once per step, overlapping the backwards of
+the other chunks.
+"""
+from __future__ import annotations
+
+import time
+from contextlib import nullcontext
+from typing import Callable
+
+import torch
+import torch.nn as nn
+
+from .. import comm
+from ..config import TrainConfig
+from ..mesh import Mesh
+from ..model import GPT
+from .schedules import Action, Plan, bubble_slots, plan
+from .stage import split_model
+
+
+class Pipeline(nn.Module):
+    """This rank's chunks of the model and the schedule that trains them.
+
+    Args:
+        model: the full reference model (same seed on every rank); its modules are shared, not copied.
+        config: ``schedule``, ``micro_batches`` (m) and ``virtual_stages`` (v) are read from it.
+        mesh: ``pp_rank``, ``pp_size``, ``pp_group`` place this rank; ``device`` holds the buffers.
+        wrap: turns a chunk into its gradient-synchronising wrapper (identity when None).
+    """
+
+    def __init__(self, model: GPT, config: TrainConfig, mesh: Mesh, wrap: Callable[[nn.Module], nn.Module] | None = None):
+        super().__init__()
+        self.mesh, self.m, self.v = mesh, config.micro_batches, config.virtual_stages
+        self.p, self.rank = mesh.pp_size, mesh.pp_rank
+        self.n_embd = model.config.n_embd
+        self.chunks = nn.ModuleList(split_model(model, self.rank, self.p, self.v))
+        self.wrapped = [wrap(c) if wrap else c for c in self.chunks]
+        self._local = {c.index: i for i, c in enumerate(self.chunks)}    # model chunk -> local index
+        self.plan = plan(config.schedule, self.p, self.m, self.v)
+        self.eval_plan = plan(config.schedule, self.p, self.m, self.v, forward_only=True)
+        self._dtype = next(self.chunks.parameters()).dtype                  # activations travel in it
+        self.events: list[dict] = []
+        self.peak_in_flight = 0
+
+    @property
+    def timeline(self) -> list[dict]:
+        return self.events + [e for w in self.wrapped for e in getattr(w, "timeline", [])]
+
+    def _event(self, kind: str, start: float, step: int, tick: int, **extra) -> None:
+        self.events.append({"event": kind, "kind": kind, "start": start, "end": time.perf_counter(),
+                            "time": start, "step": step, "tick": tick, "pp_rank": self.rank, **extra})
+
+    # --8<-- [start:pipeline_step]
+    def forward_backward(self, x: torch.Tensor, y: torch.Tensor, step: int = 0, train: bool = True) -> torch.Tensor:
+        """Run one step's schedule on this dp rank's rows; returns sum_i loss_i / m (0 off the last stage).
+
+        Shapes: x, y (B, T) split into m micro-batches (B/m, T); activations and gradients on the wire (B/m, T, D).
+        """
+        if x.shape[0] % self.m:
+            raise ValueError(f"this rank's {x.shape[0]} rows do not split into micro_batches={self.m}")
+        xs, ys = x.chunk(self.m), y.chunk(self.m)
+        shape = (x.shape[0] // self.m, x.shape[1], self.n_embd)                 # (B/m, T, D)
+        grid = (self.plan if train else self.eval_plan)
+        inbox: dict[Action, torch.Tensor] = {}        # received tensors, keyed by the action that produced them
+        stash: dict[tuple[int, int], tuple] = {}      # (chunk, micro) -> (input, output) awaiting backward
+        outbox: dict[Action, torch.Tensor] = {}
+        total = torch.zeros((), device=self.mesh.device)
+        step_start = time.perf_counter()
+        with (nullcontext() if train else torch.no_grad()):
+            for t, action in enumerate(grid.grid[self.rank]):
+                if action is not None:
+                    start = time.perf_counter()
+                    if action.kind == "F":
+                        total += self._forward(action, xs, ys, inbox, stash, outbox)
+                    else:
+                        self._backward(action, inbox, stash, outbox)
+                    self.peak_in_flight = max(self.peak_in_flight, len(stash))
+                    self._event("forward" if action.kind == "F" else "backward", start, step, t,
+                                chunk=action.chunk, micro=action.micro)
+                self._exchange(grid, t, shape, self._dtype, inbox, outbox, step)
+        self._event("step", step_start, step, len(grid.grid[self.rank]))
+        if not train:                                 # evaluation leaves no trace in the training timeline
+            self.events = [e for e in self.events if e["step"] != step or e["start"] < step_start]
+        return total
+    # --8<-- [end:pipeline_step]
+
+    def _forward(self, a: Action, xs, ys, inbox, stash, outbox) -> torch.Tensor:
+        chunk = self.wrapped[self._local[a.chunk]]
+        if a.chunk == 0:
+            inp = xs[a.micro]                                                  # (B/m, T) ids
+        else:
+            inp = inbox.pop(Action("F", a.chunk - 1, a.micro)).requires_grad_(torch.is_grad_enabled())
+        out = chunk(inp)                                                       # (B/m, T, D) or (B/m, T, V)
+        if a.chunk == self.p * self.v - 1:
+            loss = GPT.loss(out, ys[a.micro]) / self.m
+            if torch.is_grad_enabled():
+                stash[(a.chunk, a.micro)] = (inp, loss)
+            return loss.detach()
+        if torch.is_grad_enabled():
+            stash[(a.chunk, a.micro)] = (inp, out)
+        outbox[a] = out.detach()
+        return torch.zeros((), device=out.device)
+
+    def _backward(self, a: Action, inbox, stash, outbox) -> None:
+        inp, out = stash.pop((a.chunk, a.micro))
+        wrapper = self.wrapped[self._local[a.chunk]]
+        last = a.micro == self.m - 1                  # every schedule runs a chunk's backwards in micro order
+        sync = nullcontext() if last or not hasattr(wrapper, "no_sync") else wrapper.no_sync()
+        with sync:
+            if a.chunk == self.p * self.v - 1:
+                torch.autograd.backward(out)
+            else:
+                torch.autograd.backward(out, inbox.pop(Action("B", a.chunk + 1, a.micro)))
+        if a.chunk > 0:
+            outbox[a] = inp.grad
+
+    def _exchange(self, grid: Plan, t: int, shape, dtype, inbox, outbox, step: int) -> None:
+        sends, recvs = grid.sends[self.rank].get(t, []), grid.recvs[self.rank].get(t, [])
+        if not sends and not recvs:
+            return
+        start = time.perf_counter()
+        ranks = self.mesh.pp_group.ranks                                       # pp rank -> global rank
+        ops = [comm.P2P("send", outbox.pop(a).contiguous(), ranks[peer], tag=f"{a.kind}{a.micro}.{a.chunk}")
+               for a, peer in sends]
+        for a, peer in recvs:
+            inbox[a] = torch.empty(shape, dtype=dtype, device=self.mesh.device)
+            ops.append(comm.P2P("recv", inbox[a], ranks[peer], tag=f"{a.kind}{a.micro}.{a.chunk}"))
+        comm.batch_p2p(ops, self.mesh.pp_group).wait()
+        kind = "send_recv" if sends and recvs else ("send" if sends else "recv")
+        self._event(kind, start, step, t, sends=len(sends), recvs=len(recvs))
+
+    def clip_grad_norm_(self, max_norm: float) -> float:
+        """Clip by the norm over every stage's gradients (each stage holds a disjoint part of the model)."""
+        grads = [p.grad for p in self.chunks.parameters() if p.grad is not None]
+        sq = torch.zeros((), dtype=torch.float64, device=self.mesh.device)
+        for g in grads:
+            sq += g.detach().double().pow(2).sum()
+        comm.all_reduce(sq, self.mesh.pp_group, tag="grad_norm")
+        norm = sq.sqrt().item()
+        coef = min(1.0, max_norm / (norm + 1e-6))
+        for g in grads:
+            g.mul_(coef)
+        return norm
+
+    def bubble(self, step: int | None = None) -> dict:
+        """Idle fraction of this rank: counted on the slot grid, and measured on the wall clock."""
+        slots = bubble_slots(self.plan.grid[self.rank])
+        steps = sorted({e["step"] for e in self.events}) if step is None else [step]
+        walls = []
+        for s in steps:
+            ev = [e for e in self.events if e["step"] == s]
+            whole = [e for e in ev if e["kind"] == "step"]
+            if not whole:
+                continue
+            span = whole[0]["end"] - whole[0]["start"]
+            busy = sum(e["end"] - e["start"] for e in ev if e["kind"] in ("forward", "backward"))
+            walls.append((span - busy) / span)
+        return {**slots, "wall_idle_of_total": sum(walls) / len(walls) if walls else None,
+                "peak_in_flight": self.peak_in_flight}

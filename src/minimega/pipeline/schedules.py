@@ -1,0 +1,176 @@
+"""Pipeline schedules as data: the order of forward and backward passes on each rank, and the slot grid.
+
+A schedule is a pure function ``(p, m, v, rank) -> [Action]``: the order in which one rank runs the
+forward (F) and backward (B) passes of its model chunks over the m micro-batches. With v virtual
+stages a rank holds chunks ``rank, rank + p, rank + 2p, ...`` of the p·v chunks the model is cut into
+(Megatron-LM's interleaved assignment), so activations go round the ring of ranks v times.
+
+`plan()` turns the per-rank orders into a **slot grid**: time advances in ticks, one chunk pass per tick
+(t_F = t_B = one slot), and each rank runs its next action at the first tick whose inputs arrived
+at the end of an earlier tick. The grid is also the communication program: whatever a rank produces
+in tick t is sent at the end of tick t, and its peer receives it at the end of the same tick, so both
+sides of every transfer know its tick and every rank posts its transfers in the same order.
+
+Bubble (Narayanan et al. 2021 §2.2, arXiv:2104.04473), counted from the grid by `bubble_slots`:
+
+    gpipe, 1f1b         idle / total  = (p - 1) / (m + p - 1)      (idle / ideal = (p - 1) / m)
+    interleaved_1f1b    idle / ideal  = (p - 1) / (v · m)
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b")
+
+
+@dataclass(frozen=True)
+class Action:
+    """One pass of one micro-batch through one model chunk (chunk = global index in [0, p·v))."""
+
+    kind: str       # 'F' or 'B'
+    chunk: int
+    micro: int
+
+    def __str__(self) -> str:
+        return f"{self.kind}{self.micro}"
+
+
+def check(schedule: str, p: int, m: int, v: int, n_layer: int) -> None:
+    """Raise, with the fix in the message, when the schedule cannot run this layout."""
+    if schedule not in SCHEDULES:
+        raise ValueError(f"schedule={schedule!r}; choose one of {SCHEDULES}")
+    if p > n_layer:
+        raise ValueError(f"pp={p} stages but the model has only n_layer={n_layer} layers; use pp <= {n_layer}")
+    if schedule != "interleaved_1f1b":
+        if v != 1:
+            raise ValueError(f"virtual_stages={v} needs schedule='interleaved_1f1b'")
+        return
+    if m % p:
+        raise ValueError(f"interleaved_1f1b needs micro_batches to be a multiple of pp: m={m}, p={p} "
+                         f"(m % p = {m % p}); use m = {p * (m // p + 1)}")
+    if n_layer % (p * v):
+        raise ValueError(f"interleaved_1f1b cuts n_layer={n_layer} layers into pp*virtual_stages = {p}*{v} = "
+                         f"{p * v} chunks: n_layer must be a multiple of {p * v}")
+
+
+# --8<-- [start:schedules]
+def gpipe(p: int, m: int, v: int, rank: int) -> list[Action]:
+    """All forwards, then all backwards (GPipe, arXiv:1811.06965): every micro-batch is held at once."""
+    return [Action("F", rank, i) for i in range(m)] + [Action("B", rank, i) for i in range(m)]
+
+
+def one_f_one_b(p: int, m: int, v: int, rank: int) -> list[Action]:
+    """PipeDream-Flush: p - rank - 1 warm-up forwards, then alternate F and B, then drain the backwards."""
+    warmup = min(p - rank - 1, m)
+    order = [Action("F", rank, i) for i in range(warmup)]
+    for i in range(m - warmup):
+        order += [Action("F", rank, warmup + i), Action("B", rank, i)]
+    return order + [Action("B", rank, i) for i in range(m - warmup, m)]
+
+
+def interleaved_1f1b(p: int, m: int, v: int, rank: int) -> list[Action]:
+    """1F1B over v chunks per rank; micro-batches go through in groups of p, chunk by chunk (Megatron-LM)."""
+    total = m * v
+
+    def forward(j: int) -> Action:              # j-th forward on this rank
+        local = (j // p) % v
+        return Action("F", local * p + rank, (j // (p * v)) * p + j % p)
+
+    def backward(j: int) -> Action:             # j-th backward: chunks in reverse order
+        local = v - 1 - (j // p) % v
+        return Action("B", local * p + rank, (j // (p * v)) * p + j % p)
+
+    warmup = min((p - rank - 1) * 2 + (v - 1) * p, total)
+    order = [forward(j) for j in range(warmup)]
+    for j in range(total - warmup):
+        order += [forward(warmup + j), backward(j)]
+    return order + [backward(j) for j in range(total - warmup, total)]
+# --8<-- [end:schedules]
+
+
+ORDERS = {"gpipe": gpipe, "1f1b": one_f_one_b, "interleaved_1f1b": interleaved_1f1b}
+
+
+@dataclass
+class Plan:
+    """The slot grid of one step: ``grid[rank][t]`` is an `Action` or None (idle), plus the transfers.
+
+    ``sends[rank][t]`` / ``recvs[rank][t]``: lists of ``(action, peer_rank)`` for the transfers posted at
+    the end of tick t: the activation an F produced (to the next chunk's rank) or the input gradient a
+    B produced (to the previous chunk's rank).
+    """
+
+    schedule: str
+    p: int
+    m: int
+    v: int
+    grid: list[list[Action | None]]
+    sends: list[dict] = field(default_factory=list)
+    recvs: list[dict] = field(default_factory=list)
+
+    @property
+    def ticks(self) -> int:
+        return len(self.grid[0])
+
+
+# --8<-- [start:plan]
+def plan(schedule: str, p: int, m: int, v: int = 1, forward_only: bool = False) -> Plan:
+    """Place every rank's actions on the slot grid, each at the first tick its input is there.
+
+    ``forward_only`` keeps just the forwards, in the schedule's order (evaluation).
+    """
+    orders = [[a for a in ORDERS[schedule](p, m, v, r) if a.kind == "F" or not forward_only] for r in range(p)]
+    chunks = p * v
+    done: dict[Action, int] = {}                       # action -> tick it ran in
+    grid: list[list[Action | None]] = [[] for _ in range(p)]
+    nxt = [0] * p
+    t = 0
+    while any(nxt[r] < len(orders[r]) for r in range(p)):
+        ran = []
+        for r in range(p):
+            if nxt[r] == len(orders[r]):
+                grid[r].append(None)
+                continue
+            a = orders[r][nxt[r]]
+            if a.kind == "F":
+                need = Action("F", a.chunk - 1, a.micro) if a.chunk > 0 else None
+            else:                                      # B needs the gradient from the next chunk
+                need = Action("B", a.chunk + 1, a.micro) if a.chunk < chunks - 1 else Action("F", a.chunk, a.micro)
+            if need is None or done.get(need, t) < t:
+                grid[r].append(a)
+                ran.append(a)
+                nxt[r] += 1
+            else:
+                grid[r].append(None)
+        if not ran:
+            raise RuntimeError(f"schedule {schedule!r} deadlocks at tick {t} (p={p}, m={m}, v={v})")
+        for a in ran:
+            done[a] = t
+        t += 1
+    out = Plan(schedule, p, m, v, grid, [dict() for _ in range(p)], [dict() for _ in range(p)])
+    for r in range(p):
+        for t, a in enumerate(grid[r]):
+            peer_chunk = None if a is None else (a.chunk + 1 if a.kind == "F" else a.chunk - 1)
+            if peer_chunk is None or not 0 <= peer_chunk < chunks:
+                continue
+            peer = peer_chunk % p
+            out.sends[r].setdefault(t, []).append((a, peer))
+            out.recvs[peer].setdefault(t, []).append((a, r))
+    return out
+# --8<-- [end:plan]
+
+
+def bubble_slots(grid_row: list[Action | None]) -> dict:
+    """Idle and busy slots of one rank's row, from its first tick to the last tick of the step."""
+    busy = sum(a is not None for a in grid_row)
+    return {"ticks": len(grid_row), "busy": busy, "idle": len(grid_row) - busy,
+            "idle_of_total": (len(grid_row) - busy) / len(grid_row), "idle_of_ideal": (len(grid_row) - busy) / busy}
+
+
+def peak_in_flight(order: list[Action]) -> int:
+    """Most micro-batches whose forward ran and backward has not, over one rank's order (per chunk summed)."""
+    live = peak = 0
+    for a in order:
+        live += 1 if a.kind == "F" else -1
+        peak = max(peak, live)
+    return peak

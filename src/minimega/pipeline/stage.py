@@ -1,0 +1,64 @@
+"""Cutting the reference GPT into pipeline chunks: contiguous runs of blocks, embedding first, head last.
+
+The model's n_layer blocks are cut into p·v chunks balanced by layer count (the first n_layer % (p·v)
+chunks take one extra block). Chunk k lives on pipeline rank k % p (with v = 1: chunk k is stage k).
+Chunk 0 also holds the embeddings, chunk p·v - 1 the final LayerNorm and the head, so with the untied
+head every parameter lives in exactly one chunk.
+
+A `StageChunk` keeps the reference model's parameter names (``blocks.5.attn.qkv.weight`` stays that,
+whichever chunk holds block 5), so gathering every chunk's ``state_dict`` rebuilds `GPT.state_dict`.
+The blocks are whatever modules the model holds (tensor parallelism may have replaced their layers).
+
+Shapes: chunk 0 maps token ids (B, T) to the residual stream (B, T, D); every other chunk maps
+(B, T, D) to (B, T, D), except the last, which returns logits (B, T, V).
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+
+from ..model import GPT
+
+
+def layer_bounds(n_layer: int, chunks: int) -> list[range]:
+    """The blocks of each chunk: contiguous, sizes differing by at most one (earlier chunks larger)."""
+    if chunks > n_layer:
+        raise ValueError(f"cannot cut n_layer={n_layer} layers into {chunks} pipeline chunks; "
+                         f"use pp * virtual_stages <= {n_layer}")
+    base, extra = divmod(n_layer, chunks)
+    bounds, start = [], 0
+    for k in range(chunks):
+        size = base + (k < extra)
+        bounds.append(range(start, start + size))
+        start += size
+    return bounds
+
+
+class StageChunk(nn.Module):
+    """Blocks ``layers`` of ``model`` (sharing the model's modules, not copies), plus the ends it owns."""
+
+    def __init__(self, model: GPT, index: int, chunks: int, layers: range):
+        super().__init__()
+        self.index, self.is_first, self.is_last = index, index == 0, index == chunks - 1
+        self.config = model.config
+        if self.is_first:
+            self.wte, self.wpe, self.drop = model.wte, model.wpe, model.drop
+        # A ModuleDict keyed by the block's index in the full model keeps model.py's parameter names.
+        self.blocks = nn.ModuleDict({str(i): model.blocks[i] for i in layers})
+        if self.is_last:
+            self.ln_f, self.lm_head = model.ln_f, model.lm_head
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, T) ids on the first chunk, else (B, T, D) → (B, T, D), or (B, T, V) logits on the last."""
+        if self.is_first:
+            x = GPT.embed(self, x)                                             # (B, T, D)
+        for block in self.blocks.values():
+            x = block(x)
+        return GPT.head(self, x) if self.is_last else x
+
+
+def split_model(model: GPT, pp_rank: int, pp_size: int, virtual_stages: int = 1) -> list[StageChunk]:
+    """This rank's chunks, in local order: model chunks pp_rank, pp_rank + p, ..., pp_rank + (v-1)·p."""
+    chunks = pp_size * virtual_stages
+    bounds = layer_bounds(model.config.n_layer, chunks)
+    return [StageChunk(model, k, chunks, bounds[k]) for k in range(pp_rank, chunks, pp_size)]

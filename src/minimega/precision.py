@@ -1,0 +1,109 @@
+"""Precision policies and the dynamic loss scaler.
+
+A policy names the dtype parameters and gradients are *stored and communicated* in; the optimizer
+always works on fp32 master weights (one shard per rank, see `minimega.zero`):
+
+    policy   params / grads   master + Adam m, v   loss scaling
+    fp32     fp32             fp32 (the params themselves)   none
+    bf16     bf16             fp32                 none (bf16 has fp32's exponent range)
+    fp16     fp16             fp32                 dynamic (or a fixed ``loss_scale``)
+
+fp16's 5-bit exponent underflows small gradients, so the loss is multiplied by a scale S before
+backward and gradients are divided by S before the step. `DynamicLossScaler` follows DeepSpeed's
+rules (``deepspeed/runtime/fp16/loss_scaler.py``): start at 2^16; an overflow (inf/nan in any
+gradient on any rank) skips the step, and shrinks S by 2 once ``hysteresis`` overflows have been
+absorbed; after ``window`` clean steps since the last overflow, S doubles (and hysteresis refills);
+S never drops below ``min_scale``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class Policy:
+    name: str
+    param_dtype: torch.dtype
+    """Storage and communication dtype of parameters and gradients."""
+    master_dtype: torch.dtype = torch.float32
+    loss_scaling: bool = False
+
+    @property
+    def has_master_copy(self) -> bool:
+        """Whether fp32 master weights are a separate copy (not the parameters themselves)."""
+        return self.param_dtype != self.master_dtype
+
+
+POLICIES = {
+    "fp32": Policy("fp32", torch.float32),
+    "bf16": Policy("bf16", torch.bfloat16),
+    "fp16": Policy("fp16", torch.float16, loss_scaling=True),
+}
+
+
+def policy(name: str) -> Policy:
+    if name not in POLICIES:
+        raise ValueError(f"unknown precision {name!r}; choose one of {sorted(POLICIES)}")
+    return POLICIES[name]
+
+
+# --8<-- [start:loss_scaler]
+class DynamicLossScaler:
+    """DeepSpeed's dynamic loss scaler. ``update(overflow)`` after every step; ``scale`` multiplies the loss.
+
+    Args:
+        init_scale: the first scale (DeepSpeed: 2 ** initial_scale_power = 2 ** 16).
+        window: clean steps (since the last overflow) before the scale doubles (loss_scale_window).
+        hysteresis: overflows absorbed before the scale halves (delayed shift).
+        min_scale: the floor (min_loss_scale).
+        factor: growth and shrink factor.
+    """
+
+    def __init__(self, init_scale: float = 2.0 ** 16, window: int = 1000, hysteresis: int = 2,
+                 min_scale: float = 1.0, factor: float = 2.0):
+        if init_scale <= 0 or window < 1 or hysteresis < 1 or min_scale <= 0 or factor <= 1:
+            raise ValueError("DynamicLossScaler: need init_scale > 0, window >= 1, hysteresis >= 1, "
+                             "min_scale > 0 and factor > 1")
+        self.scale, self.window, self.hysteresis = float(init_scale), window, hysteresis
+        self.min_scale, self.factor = float(min_scale), factor
+        self.cur_hysteresis = hysteresis
+        self.iteration, self.last_overflow = 0, -1
+        self.skipped = 0
+
+    def update(self, overflow: bool) -> None:
+        if overflow:
+            if self.cur_hysteresis == 1 or self.hysteresis == 1:
+                self.scale = max(self.scale / self.factor, self.min_scale)
+            else:
+                self.cur_hysteresis -= 1
+            self.last_overflow = self.iteration
+            self.skipped += 1
+        elif (self.iteration - self.last_overflow) % self.window == 0:
+            self.scale *= self.factor
+            self.cur_hysteresis = self.hysteresis
+        self.iteration += 1
+# --8<-- [end:loss_scaler]
+
+
+class StaticLossScaler:
+    """A fixed scale (DeepSpeed's ``fp16.loss_scale > 0``): overflowing steps are still skipped."""
+
+    def __init__(self, scale: float):
+        self.scale, self.skipped = float(scale), 0
+
+    def update(self, overflow: bool) -> None:
+        self.skipped += int(overflow)
+
+
+def make_scaler(policy: Policy, loss_scale: float = 0.0):
+    """The scaler a policy needs, or None (fp32, bf16)."""
+    if not policy.loss_scaling:
+        return None
+    return StaticLossScaler(loss_scale) if loss_scale > 0 else DynamicLossScaler()
+
+
+def has_overflow(tensors) -> bool:
+    """Whether any tensor holds an inf or a nan (this rank only; callers reduce the flag over ranks)."""
+    return any(not torch.isfinite(t).all() for t in tensors)

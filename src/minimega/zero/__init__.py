@@ -1,0 +1,26 @@
+"""ZeRO: shard optimizer states (stage 1), gradients (2) and parameters (3) over the data-parallel group.
+
+    flat.py     flat padded buffers per unit, shard bounds
+    stages.py   Zero1 ⊂ Zero2 ⊂ Zero3
+    offload.py  where the fp32 master weights and optimizer states live (device or CPU), and the step
+    state.py    the layout-free training state for checkpoints (gather from / scatter to shards)
+"""
+from __future__ import annotations
+
+from .flat import FlatUnit, padded_numel, shard_bounds
+from .offload import CPUOffloadStore, MasterStore
+from .stages import Zero1, Zero2, Zero3, model_units
+from .state import load_training_state, training_state
+
+STAGES = {1: Zero1, 2: Zero2, 3: Zero3}
+
+
+def wrap(module, config, group, rank: int, make_optimizer):
+    """The ZeRO stage ``config.zero_stage`` (1-3) around ``module``, sharded over ``group``."""
+    if config.zero_stage not in STAGES:
+        raise ValueError(f"zero.wrap: zero_stage must be 1, 2 or 3, got {config.zero_stage}")
+    return STAGES[config.zero_stage](module, group, rank, config, make_optimizer)
+
+
+__all__ = ["FlatUnit", "padded_numel", "shard_bounds", "MasterStore", "CPUOffloadStore", "Zero1", "Zero2",
+           "Zero3", "model_units", "STAGES", "wrap", "training_state", "load_training_state"]

@@ -1,0 +1,99 @@
+"""Schedules, bubbles, stage split, printer and bad input: pure math, no process group (one CLI run at the end)."""
+import json
+
+import pytest
+import torch
+
+import minimega as mm
+from minimega.cli import main
+from minimega.pipeline import SCHEDULES, bubble_slots, check, layer_bounds, peak_in_flight, plan, split_model
+from minimega.pipeline.printer import grid_from_plan, render
+from minimega.pipeline.schedules import ORDERS
+from minimega.plots import pipeline_schedule
+
+
+@pytest.mark.parametrize("schedule", SCHEDULES)
+@pytest.mark.parametrize("p,m", [(2, 4), (2, 8), (4, 4), (4, 8)], ids=lambda x: str(x))
+def test_idle_slots_equal_the_closed_form(schedule, p, m):
+    v = 2 if schedule == "interleaved_1f1b" else 1
+    grid = plan(schedule, p, m, v).grid
+    for row in grid:
+        slots = bubble_slots(row)
+        assert slots["busy"] == 2 * m * v                     # every F and B of every chunk, once
+        if v == 1:   # GPipe and 1F1B: (p-1)/(m+p-1) of total time (Narayanan et al. 2021 §2.2.1)
+            assert slots["idle"] * (m + p - 1) == (p - 1) * slots["ticks"]
+        else:        # interleaved: (p-1)/(v·m) relative to the ideal time (§2.2.2)
+            assert slots["idle"] * v * m == (p - 1) * slots["busy"]
+    if (p, m) == (4, 8):   # the reference's test vector: 3/11 = 0.2727 and 0.1875
+        assert bubble_slots(grid[0])["idle_of_" + ("total" if v == 1 else "ideal")] == pytest.approx(
+            0.2727 if v == 1 else 0.1875, abs=1e-4)
+
+
+@pytest.mark.parametrize("p,m", [(2, 4), (4, 4), (4, 8)])
+def test_peak_in_flight_gpipe_holds_m_1f1b_at_most_p(p, m):
+    assert [peak_in_flight(ORDERS["gpipe"](p, m, 1, r)) for r in range(p)] == [m] * p
+    assert [peak_in_flight(ORDERS["1f1b"](p, m, 1, r)) for r in range(p)] == [min(p - r, m) for r in range(p)]
+
+
+def test_every_schedule_runs_each_pass_once_and_backwards_in_micro_order():
+    for schedule in SCHEDULES:
+        p, m, v = 4, 8, (2 if schedule == "interleaved_1f1b" else 1)
+        for r in range(p):
+            order = ORDERS[schedule](p, m, v, r)
+            assert sorted((a.kind, a.chunk, a.micro) for a in order) == sorted(
+                (k, c, i) for k in "FB" for c in range(r, p * v, p) for i in range(m))
+            for c in range(r, p * v, p):     # the runtime syncs a chunk's gradients on its micro m-1 backward
+                assert [a.micro for a in order if a.kind == "B" and a.chunk == c] == list(range(m))
+
+
+def test_stage_split_is_balanced_and_keeps_model_keys():
+    assert [len(b) for b in layer_bounds(7, 3)] == [3, 2, 2]
+    torch.manual_seed(0)
+    model = mm.GPT(mm.GPTConfig.tiny(block_size=32))
+    chunks = [c for r in range(2) for c in split_model(model, r, 2, 1)]
+    assert set().union(*(c.state_dict().keys() for c in chunks)) == set(model.state_dict())
+    assert "wte.weight" in chunks[0].state_dict() and "lm_head.weight" in chunks[-1].state_dict()
+    x = torch.randint(0, 256, (2, 32))
+    assert torch.equal(chunks[1](chunks[0](x)), model(x)[0])
+
+
+@pytest.mark.parametrize("args,message", [
+    (("interleaved_1f1b", 2, 3, 2, 8), "multiple of pp: m=3, p=2"),
+    (("interleaved_1f1b", 2, 4, 3, 8), "n_layer must be a multiple of 6"),
+    (("1f1b", 5, 4, 1, 4), "pp=5 stages but the model has only n_layer=4"),
+    (("zigzag", 2, 4, 1, 4), "schedule='zigzag'"),
+])
+def test_bad_pipeline_input_is_refused_with_the_fix(args, message):
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace("*", r"\*")):
+        check(*args)
+
+
+def test_bad_input_is_refused_before_launch(capsys):
+    for argv, message in [(["--nproc", "2", "--pp", "2", "--schedule", "interleaved_1f1b", "--virtual-stages", "2",
+                            "--micro-batches", "3"], "m % p = 1"),
+                          (["--nproc", "4", "--pp", "2", "--dp", "3"], "dp*tp*pp = 3*1*2 = 6 != world size 4"),
+                          (["--nproc", "8", "--pp", "8"], "pp=8 stages but the model has only n_layer=4")]:
+        assert main(["train", *argv]) == 2
+        assert message in capsys.readouterr().err
+
+
+def test_printer_and_figure():
+    text = render(grid_from_plan(plan("1f1b", 2, 4)))
+    assert text.splitlines()[0] == "rank 0 | F0 F1 .  B0 F2 B1 F3 B2 .  B3 | idle 2/10 = 0.200"
+    assert "F0:1" in render(grid_from_plan(plan("interleaved_1f1b", 2, 2, 2)))
+    events = [[{"kind": "forward", "step": 0, "start": 0.0, "end": 1.0, "micro": 0, "chunk": 0, "tick": 0},
+               {"kind": "send", "step": 0, "start": 1.0, "end": 1.5, "tick": 0}],
+              [{"kind": "backward", "step": 0, "start": 2.0, "end": 3.0, "micro": 0, "chunk": 1, "tick": 2}]]
+    fig = pipeline_schedule(events)
+    assert [t.name for t in fig.data] == ["forward", "send", "backward"]
+    assert fig.data[2].base[0] == 2000.0 and fig.layout.xaxis.title.text.endswith("(ms)")
+
+
+def test_cli_trains_a_pipeline_and_prints_its_schedule(capsys):
+    argv = ["train", "--nproc", "2", "--pp", "2", "--schedule", "1f1b", "--micro-batches", "4", "--steps", "3",
+            "--json", "--show-schedule"]
+    assert main(argv) == 0
+    out = capsys.readouterr()
+    summary = json.loads(out.out.strip().splitlines()[-1])
+    assert summary["steps"] == 3 and summary["final_loss"] < summary["first_loss"]
+    assert "rank 0 | F0 F1 .  B0 F2 B1 F3 B2 .  B3 | idle 2/10 = 0.200" in out.err
