@@ -45,7 +45,8 @@ def test_memory_trace_is_16_bytes_per_parameter_under_ddp_and_split_under_tp(tra
     for r in dp["ranks"]:
         held = r["after_backward"]
         assert held["params"] == ddp["params"] and held["grads"] == ddp["grads"]
-        assert held["optimizer_states"] == ddp["optimizer"] + 4 * n_tensors   # + Adam's fp32 step per tensor
+        assert held["optimizer_states"] == ddp["optimizer"]                  # Adam's m and v: 8 bytes/param
+        assert held["optimizer_step_counters"] == 4 * n_tensors              # Adam's fp32 step, one per tensor
         assert r["after_step"]["grads"] == 0                                   # zero_grad(set_to_none=True)
     # tp = 2: blocks' matrices, the vocabulary-split embedding and head halve; LayerNorms and wpe stay whole
     t, (L, h, V, s) = tp["tp"], (4, 64, 256, 64)
