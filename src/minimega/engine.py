@@ -133,7 +133,8 @@ class Engine:
                 total += loss.detach()
             norm = self._clip()
             self.optimizer.step()
-            self.memory_at_step = self.memory()          # params, grads and optimizer states all live
+            if self.step < 2:      # params, grads and optimizer states all live; steady from step 2 on
+                self.memory_at_step = self.memory()
             self.optimizer.zero_grad(set_to_none=True)
             self._event("optimizer_step_end")
         self.comm_per_step.append(self.comm_log.total_sent() - sent_before)
