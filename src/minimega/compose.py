@@ -15,10 +15,10 @@ replicas once:
     full state dict: ZeRO gathers over dp, TP layers gather over tp (`full_like_param`), then the stages'
            disjoint dicts are merged over pp.
 
-This is the 3D layout of BLOOM-176B (arXiv:2211.05100 §3.4): TP inside a node, PP across nodes, ZeRO-1
-over data parallel. ZeRO-2/3 are not combined with pp: gradients would be reduce-scattered (and ZeRO-3
+This is the 3D layout BLOOM-176B trained with (arXiv:2211.05100): TP inside a node, PP across nodes,
+ZeRO-1 over data parallel. ZeRO-2/3 are not combined with pp: gradients would be reduce-scattered (and ZeRO-3
 weights gathered) on every micro-batch, m times ZeRO-1's traffic; DeepSpeed's pipeline engine refuses
-them for the same reason.
+them too ("ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism").
 """
 from __future__ import annotations
 

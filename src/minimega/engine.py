@@ -9,9 +9,10 @@ seed) and wraps it, in this order:
     4. precision        (bf16 / fp16 storage, fp32 master weights)
     5. data parallel    (DDP at zero_stage 0, ZeRO stages 1-3 otherwise) over the dp group
 
-Any (dp, tp, pp) composes: the TP layers are built first and the pipeline's chunks share them (a chunk
-of a `ParallelGPT` runs its vocab-parallel ends), then each chunk gets its own dp wrapper: DDP, or
-ZeRO-1 (the BLOOM-176B recipe). ZeRO-2/3 combine with tp but not with pp (see `compose`).
+Any (dp, tp, pp) composes. In code, steps 1 and 2 run in the other order with the same result: the TP
+layers are built on the whole model and the split keeps this stage's blocks (TP never crosses a block),
+so a chunk of a `ParallelGPT` runs its vocab-parallel ends. Each chunk then gets its own dp wrapper:
+DDP, or ZeRO-1 (the BLOOM-176B recipe). ZeRO-2/3 combine with tp but not with pp (see `compose`).
 
 ``Engine.train_step((x, y))`` takes this dp rank's rows of the global batch (see `minimega.data`),
 runs the gradient-accumulation micro-steps, clips, steps the optimizer and returns the global mean loss.
@@ -61,14 +62,6 @@ def validate(model: GPT, config: TrainConfig, mesh: Mesh) -> None:
     if seq > model.config.block_size:
         raise ValueError(f"seq_len={seq} exceeds the model's block_size={model.config.block_size}")
     check_divisible(model.config, config.tp)
-    if config.pp > 1 and config.zero_stage > 1:
-        raise ValueError(f"zero_stage={config.zero_stage} with pp={config.pp}: under a pipeline ZeRO-2 would "
-                         f"reduce-scatter gradients (and ZeRO-3 gather weights) on each of the "
-                         f"{config.micro_batches} micro-batches; use zero_stage=1 (sharded optimizer states, one "
-                         "reduce-scatter per step) or 0")
-    if config.pp > 1 and config.precision == "fp16":
-        raise ValueError(f"precision='fp16' with pp={config.pp}: the pipeline does not scale its losses for fp16; "
-                         "use precision='bf16' (no loss scaling) or 'fp32'")
     if config.sequence_parallel and seq % config.tp:
         raise ValueError(f"sequence_parallel: seq_len={seq} is not divisible by tp={config.tp}")
 
