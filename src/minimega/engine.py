@@ -25,8 +25,8 @@ from contextlib import nullcontext
 import torch
 
 from . import comm, measure, zero
-from .compose import ChunkOptimizers, clip_zero_
 from .activation_checkpoint import apply_activation_checkpointing
+from .compose import ChunkOptimizers, clip_zero_
 from .config import TrainConfig
 from .data_parallel import DataParallel
 from .mesh import Mesh
@@ -250,7 +250,7 @@ class Engine:
                          "optimizer": {n: self.optimizer.state.get(p, {}) for n, p in part.named_parameters()}}
             model.update({n: self._full(part, n, w).float() for n, w in local["model"].items()})
             for name, st in local["optimizer"].items():
-                if st:                 # scalars (Adam's step) are per parameter already
+                if st:                 # a parameter the optimizer has not stepped has no state
                     optimizer[name] = {k: self._full(part, name, v) if v.dim() else v.detach().cpu().clone()
                                        for k, v in st.items()}
         return {"model": self._merge_stages(model), "optimizer": self._merge_stages(optimizer)}
