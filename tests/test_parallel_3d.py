@@ -42,10 +42,15 @@ LAYOUTS = [
 ]
 
 
+# bf16 storage with fp32 master shards: the BLOOM recipe's precision; compared with fp32 at bf16 tolerance.
+BF16 = ("dp2-pp2-zero1-bf16", 2, dict(pp=2, zero_stage=1, schedule="1f1b", micro_batches=4, precision="bf16"))
+
+
 @pytest.fixture(scope="module")
 def runs():
-    results = mm.launch(_cases, 4, [(dp, parity_config(**kw)) for _, dp, kw in LAYOUTS], timeout=600)
-    return {name: [rank[i] for rank in results] for i, (name, _, _) in enumerate(LAYOUTS)}
+    cases = LAYOUTS + [BF16]
+    results = mm.launch(_cases, 4, [(dp, parity_config(**kw)) for _, dp, kw in cases], timeout=600)
+    return {name: [rank[i] for rank in results] for i, (name, _, _) in enumerate(cases)}
 
 
 @pytest.mark.parametrize("name, dp, overrides", LAYOUTS, ids=[c[0] for c in LAYOUTS])
@@ -65,6 +70,15 @@ def test_zero1_under_a_pipeline_shards_the_optimizer_and_reduces_once_per_step(r
     assert sum(r["memory"]["optimizer_states"] for r in ranks) == 8 * mm.GPT(TINY).num_params()
     for r in ranks:    # one reduce-scatter per unit per step, not one per micro-batch
         assert r["by_op"]["reduce_scatter"]["calls"] == STEPS * r["units"]
+
+
+def test_bf16_pipeline_with_zero1_tracks_fp32(runs):
+    ref, ref_losses = reference_run(TINY, parity_config(), STEPS, seq_len=32)
+    for r in runs[BF16[0]]:
+        assert r["losses"] == pytest.approx(ref_losses, abs=3e-2)
+        assert max_rel_error(r["state"], ref) < 3e-2
+        # The fp32 master copy covers 1/dp of the stage: at dp 2, 4 bytes × N/2 = the 2 bytes × N of bf16 weights.
+        assert r["memory"]["master"] == r["memory"]["params"] > 0
 
 
 @pytest.mark.parametrize("overrides, message", [
