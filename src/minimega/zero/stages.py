@@ -69,7 +69,7 @@ class Zero1(nn.Module):
         self.module, self.group, self.rank, self.config = module, group, rank, config
         self.model_parallel = model_parallel
         self.policy = precision.policy(config.precision)
-        self.scaler = precision.make_scaler(self.policy, config.loss_scale)
+        self.scaler = precision.make_scaler(self.policy, config)
         self.timeline: list[dict] = []
         self._sync, self._callback_queued, self._prepared, self._overflow = True, False, False, False
         with torch.no_grad():
