@@ -32,6 +32,7 @@ from .comm import Group
 from .tensor_parallel import sharded_params
 
 
+# --8<-- [start:global_norm]
 def tp_norm_weight(module: nn.Module, tp: int) -> Callable[[str], float]:
     """name → its weight in the squared gradient norm: 1 for tp-sharded parameters, 1/tp for replicated ones."""
     sharded = set(sharded_params(module))
@@ -54,6 +55,7 @@ def global_norm(local_sq: torch.Tensor, groups: list[Group]) -> float:
     for group in groups:
         comm.all_reduce(local_sq, group, tag="grad_norm")
     return local_sq.sqrt().item()
+# --8<-- [end:global_norm]
 
 
 def clip_coefficient(norm: float, max_norm: float) -> float:
@@ -61,6 +63,7 @@ def clip_coefficient(norm: float, max_norm: float) -> float:
     return min(1.0, max_norm / (norm + 1e-6))
 
 
+# --8<-- [start:clip_zero]
 def clip_zero_(stages: list[nn.Module], mesh, max_norm: float) -> float:
     """Clip ZeRO-sharded gradients by the global norm; ``stages`` are this rank's ZeRO wrappers (one per chunk).
 
@@ -72,6 +75,7 @@ def clip_zero_(stages: list[nn.Module], mesh, max_norm: float) -> float:
     for s in stages:
         s.clip_grad_norm_(max_norm, norm=norm)
     return norm
+# --8<-- [end:clip_zero]
 
 
 class ChunkOptimizers:

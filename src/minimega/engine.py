@@ -83,6 +83,7 @@ class Engine:
         self.model_config = model.config
         self._keys = list(model.state_dict())
         self.pipeline: Pipeline | None = None
+        # --8<-- [start:compose_order]
         model = apply_tensor_parallel(model.to(mesh.device), mesh, config.sequence_parallel)
         apply_activation_checkpointing(model, config.activation_checkpointing, config.checkpoint_every)
         self.config, self.mesh, self.module = config, mesh, model
@@ -100,6 +101,7 @@ class Engine:
         else:
             self.model = data_parallel(model)
             self.parts, wrappers = [model], [self.model]
+        # --8<-- [end:compose_order]
         # `parts`: the modules holding this rank's parameters under model.py's names; `zero_stages`: their ZeRO wrappers.
         self.zero_stages = wrappers if config.zero_stage else []
         if not config.zero_stage:

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import torch
 
 
+# --8<-- [start:policies]
 @dataclass(frozen=True)
 class Policy:
     name: str
@@ -41,6 +42,7 @@ POLICIES = {
     "bf16": Policy("bf16", torch.bfloat16),
     "fp16": Policy("fp16", torch.float16, loss_scaling=True),
 }
+# --8<-- [end:policies]
 
 
 def policy(name: str) -> Policy:

@@ -136,6 +136,7 @@ class Pipeline(nn.Module):
         if a.chunk > 0:
             outbox[a] = inp.grad
 
+    # --8<-- [start:exchange]
     def _exchange(self, grid: Plan, t: int, shape, dtype, inbox, outbox, step: int) -> None:
         sends, recvs = grid.sends[self.rank].get(t, []), grid.recvs[self.rank].get(t, [])
         if not sends and not recvs:
@@ -150,6 +151,7 @@ class Pipeline(nn.Module):
         comm.batch_p2p(ops, self.mesh.pp_group).wait()
         kind = "send_recv" if sends and recvs else ("send" if sends else "recv")
         self._event(kind, start, step, t, sends=len(sends), recvs=len(recvs))
+    # --8<-- [end:exchange]
 
     def clip_grad_norm_(self, max_norm: float) -> float:
         """Clip by the norm over every stage's gradients (each stage holds a disjoint part of the model).

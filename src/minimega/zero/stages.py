@@ -188,6 +188,7 @@ class Zero1(nn.Module):
         return norm
     # --8<-- [end:clip]
 
+    # --8<-- [start:zero1_step]
     def step(self) -> bool:
         """Phase 3: update this rank's master shard, then refresh the parameters. False if skipped (fp16 overflow)."""
         self._prepare()
@@ -205,6 +206,7 @@ class Zero1(nn.Module):
                    for u, s in zip(self.units, self.shards)]
         for h in handles:
             h.wait()
+    # --8<-- [end:zero1_step]
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         for g in self.grad_buffers():
@@ -234,6 +236,7 @@ class Zero1(nn.Module):
                 **self.store.memory(), "optimizer_location": self.store.location}
 
 
+# --8<-- [start:zero2_buffers]
 class Zero2(Zero1):
     """ZeRO stage 2: + gradients sharded, reduce-scattered per unit from backward hooks (overlapped).
 
@@ -250,6 +253,7 @@ class Zero2(Zero1):
 
     def grad_buffers(self) -> list[torch.Tensor]:
         return self.grad_shards
+# --8<-- [end:zero2_buffers]
 
     # --8<-- [start:zero2_hook]
     def _on_grad_ready(self, p: nn.Parameter) -> None:
@@ -377,6 +381,7 @@ class Zero3(Zero2):
                 comm.all_gather(u.flat, s.clone(), self.group, tag=u.name)
 
 
+# --8<-- [start:zero3_backward]
 class _UnshardForBackward(torch.autograd.Function):
     """Forward: identity. Backward: gather unit k's parameters (and prefetch unit k-1's) before its backward runs."""
 
@@ -391,3 +396,4 @@ class _UnshardForBackward(torch.autograd.Function):
         if ctx.stage.config.prefetch and ctx.k > 0:
             ctx.stage.unshard(ctx.k - 1, prefetch=True)
         return grad, None, None
+# --8<-- [end:zero3_backward]
