@@ -465,8 +465,8 @@ def pipeline_recorded(step: int = -1) -> go.Figure:
                             textposition="inside", insidetextanchor="middle",
                             hovertemplate=f"{kind} %{{text}}: %{{base:.1f}} to %{{x:.1f}} ms long<extra>{row}</extra>")
                 seen.add(label)
-    _layout(fig, f"One recorded step at p = {p}, m = {m}: both schedules idle (p−1)/(m+p−1) = "
-                 f"{est.bubble_fraction(p, m, '1f1b'):.0%} of their slots; 1F1B holds ≤ p micro-batches, GPipe m",
+    _layout(fig, f"One recorded step, p = {p}, m = {m}: both idle (p−1)/(m+p−1) = "
+                 f"{est.bubble_fraction(p, m, '1f1b'):.0%} of slots",
             "time from the start of the step (ms)", "", barmode="overlay")
     fig.update_yaxes(categoryorder="array", categoryarray=rows[::-1])
     fig.update_layout(margin=dict(l=230))
