@@ -150,3 +150,29 @@ def test_corruption_and_wrong_model_are_refused(tmp_path):
         checkpoint.check_compatible(manifest, mm.GPTConfig.tiny(block_size=32, n_embd=32), tmp_path)
     with pytest.raises(CheckpointError, match="no checkpoint in"):
         checkpoint.resolve(tmp_path / "nowhere")
+
+
+def _train_with_saves(config, directory, steps, crash_at):
+    """Train to ``steps``, saving every 2 steps; rank 1 raises when it reaches ``crash_at`` (if given)."""
+    mesh = mm.init_mesh(mm.ParallelDims.infer(dist.get_world_size(), tp=config.tp, pp=config.pp))
+    torch.manual_seed(config.seed)
+    engine = mm.initialize(mm.GPT(MODEL), config, mesh)
+    if checkpoint.resolve_or_none(directory):
+        engine.load(directory)
+    for batch in data.batches(mesh, steps - engine.step, config.batch_size, 32, seed=config.seed, start=engine.step):
+        if engine.step == crash_at and mesh.rank == 1:
+            raise RuntimeError(f"injected crash at step {engine.step}")
+        engine.train_step(batch)
+        if engine.step % 2 == 0:
+            engine.save(directory)
+    return engine.full_state_dict()
+
+
+def test_crash_then_resume_continues_from_the_last_complete_checkpoint(tmp_path):
+    config = parity_config(zero_stage=2)
+    straight = mm.launch(_train_with_saves, 2, config, str(tmp_path / "straight"), 8, None, timeout=240)[0]
+    with pytest.raises(mm.WorkerError, match="rank 1 of 2 failed with RuntimeError: injected crash at step 5"):
+        mm.launch(_train_with_saves, 2, config, str(tmp_path / "run"), 8, 5, timeout=240)
+    assert (tmp_path / "run" / "latest").read_text() == "step-00000004"
+    resumed = mm.launch(_train_with_saves, 2, config, str(tmp_path / "run"), 8, None, timeout=240)[0]
+    assert all(torch.equal(straight[k], resumed[k]) for k in straight)

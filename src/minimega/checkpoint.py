@@ -180,6 +180,14 @@ def resolve(directory: str | os.PathLike) -> Path:
     return path
 
 
+def resolve_or_none(directory: str | os.PathLike) -> Path | None:
+    """Like `resolve`, but None when there is no checkpoint yet (a fresh run that may resume later)."""
+    try:
+        return resolve(directory)
+    except CheckpointError:
+        return None
+
+
 def read(directory: str | os.PathLike, verify: bool = True) -> tuple[dict, dict]:
     """(manifest, training state) of a checkpoint, after checking every file's sha256."""
     path = resolve(directory)
