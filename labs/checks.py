@@ -429,3 +429,131 @@ def check_checkpoint(fn) -> None:
     print("✓ Checkpoint: same output and gradients as the plain block (with and without dropout), "
           "keeping only the block's input for backward")
 
+
+
+def _run_ranks(name: str, worker, world: int, *args, timeout: float = 60) -> list:
+    """``mm.launch`` for a check: a hang or a worker's error becomes an `ExerciseError` that says why."""
+    try:
+        return mm.launch(worker, world, *args, timeout=timeout)
+    except mm.LaunchTimeout:
+        _fail(name, [f"the {world} ranks hung for {timeout:g} s: {_SAME_COLLECTIVES}"])
+    except mm.WorkerError as exc:
+        head = str(exc).splitlines()[0]
+        if "elements, expected" in head:
+            head += (": the flat buffer must have a multiple of group.size elements: pad it with zeros to "
+                     "padded = ceil(numel / n) · n before the collective")
+        elif not exc.exc_type:
+            head += f" (gloo aborts a rank when its peers run different collectives): {_SAME_COLLECTIVES}"
+        _fail(name, [head])
+
+
+# ------------------------------------------------------------------------------------------------
+# Lab 03: ZeRO-2's reduce-scatter of one unit's flat gradient.
+
+# Units of parameters (their shapes): a multiple of 3 elements, and not (22 → padded to 24), and one
+# where padding each gradient separately would give another length (3 × 4 → 3 × 6).
+ZERO_UNITS = [[(4, 6), (6,)], [(5, 3), (7,)], [(4,), (4,), (4,)]]
+
+
+def _shard_of(flat: torch.Tensor, n: int, r: int) -> torch.Tensor:
+    from minimega.zero import padded_numel, shard_bounds
+
+    padded = torch.cat([flat, flat.new_zeros(padded_numel(flat.numel(), n) - flat.numel())])
+    start, end = shard_bounds(flat.numel(), n, r)
+    return padded[start:end]
+
+
+def _zero_rs_worker(fn, units: list[list[tuple]]) -> list[dict]:
+    """Every rank: random gradients per unit; ``fn``'s shard next to the shards minimega's layout gives."""
+    mesh = mm.init_mesh(mm.ParallelDims(dp=dist.get_world_size()))
+    group, n, r = mesh.dp_group, mesh.dp_size, mesh.dp_rank
+    out = []
+    for i, shapes in enumerate(units):
+        gen = torch.Generator().manual_seed(100 * i + r)
+        grads = [torch.randn(s, generator=gen) for s in shapes]
+        local = torch.cat([g.reshape(-1) for g in grads])                       # (numel,)
+        summed = comm.all_reduce(local.clone(), group)                            # the sum over ranks
+        per_param = torch.cat([_pad_to(g.reshape(-1), n) for g in grads])        # each gradient padded alone
+        per_param_sum = comm.all_reduce(per_param.clone(), group)
+        reversed_sum = comm.all_reduce(torch.cat([g.reshape(-1) for g in reversed(grads)]), group)
+        log = comm.CommLog()
+        with log:
+            got = fn([g.clone() for g in grads], group)
+        got = got.detach().clone() if isinstance(got, torch.Tensor) else repr(got)
+        k = per_param.numel() // n
+        out.append({"shapes": shapes, "numel": local.numel(), "got": got, "events": log.events(),
+                    "want": _shard_of(summed, n, r), "shards": [_shard_of(summed, n, q) for q in range(n)],
+                    "local": _shard_of(local, n, r), "reversed": _shard_of(reversed_sum, n, r),
+                    "per_param": per_param_sum[r * k:(r + 1) * k], "full": summed})
+    return out
+
+
+def _pad_to(flat: torch.Tensor, n: int) -> torch.Tensor:
+    return torch.cat([flat, flat.new_zeros((-flat.numel()) % n)])
+
+
+def _zero_rs_value_problem(case: dict, rank: int, n: int) -> str | None:
+    got, want = case["got"], case["want"]
+    numel = case["numel"]
+    padded = -(-numel // n) * n
+    where = f"unit {case['shapes']} ({numel} elements, padded to {padded}), rank {rank}"
+    if not isinstance(got, torch.Tensor):
+        return f"{where}: returned {got} instead of a tensor: return this rank's summed shard"
+    if got.dim() != 1:
+        return f"{where}: returned shape {tuple(got.shape)}: return the 1-D shard of padded/n = {padded // n} elements"
+    if got.numel() == padded or got.numel() == numel:
+        return (f"{where}: returned {got.numel()} elements, the whole flat buffer: each rank keeps only its "
+                f"shard, padded/n = {padded // n} elements")
+    if _close(got, want):
+        return None
+    if got.shape == case["per_param"].shape != want.shape or _close(got, case["per_param"]):
+        return (f"{where}: the gradients were padded one by one: concatenate the unit's gradients into one flat "
+                f"buffer of {numel} elements first, then pad that buffer once, to padded = {padded} (a multiple of n)")
+    if got.shape != want.shape:
+        return f"{where}: returned {got.numel()} elements; the shard holds padded/n = {padded // n}"
+    if _close(got, want / n):
+        return (f"{where}: the shard is the mean over ranks, not the sum: reduce-scatter sums; ZeRO divides by "
+                "n (and the loss scale) later, once, on the fp32 master gradient")
+    if _close(got, case["local"]):
+        return f"{where}: the shard equals this rank's own gradients: nothing was summed across ranks"
+    for q, shard in enumerate(case["shards"]):
+        if q != rank and _close(got, shard):
+            return (f"{where}: this is rank {q}'s shard: rank r owns elements [r·padded/n, (r+1)·padded/n) of the "
+                    "flat buffer, and reduce-scatter hands chunk r to rank r: pass the whole padded buffer as input")
+    if _close(got, case["reversed"]):
+        return (f"{where}: the gradients were flattened in reverse order: keep the unit's parameter order "
+                "(the order of `grads`), the one every rank and the parameter views share")
+    return f"{where}: differs from minimega's summed shard by up to {(got - want).abs().max():.3g}"
+
+
+def _zero_rs_traffic_problem(case: dict, n: int) -> str | None:
+    ops = [e["op"] for e in case["events"]]
+    if "all_reduce" in ops:
+        return ("calls comm.all_reduce: an all-reduce sends twice the bytes of a reduce-scatter and leaves the "
+                "whole summed gradient on every rank; ZeRO-2 reduce-scatters so each rank receives only its shard")
+    if ops != ["reduce_scatter"]:
+        return (f"unit {case['shapes']}: issued {ops or 'no collective'}; ZeRO-2 issues exactly one "
+                "comm.reduce_scatter per unit, on its whole flat buffer")
+    padded = 4 * n * -(-case["numel"] // n)
+    sent, want = case["events"][0]["sent_bytes"], (n - 1) / n * padded
+    if abs(sent - want) > 1e-6:
+        return (f"unit {case['shapes']}: sends {sent:g} bytes per rank; the reduce-scatter of the padded flat buffer "
+                f"({padded} bytes) sends (n-1)/n · {padded} = {want:g}")
+    return None
+
+
+def check_zero_reduce_scatter(fn, world: int = 3, timeout: float = 60) -> None:
+    """Run ``fn(grads, group)`` on ``world`` gloo ranks; compare with the summed shard of `zero/flat.py`'s layout."""
+    try:
+        fn([torch.ones(3)], comm.Group(None, [0], "dp"))        # one rank: no process group needed
+    except Exception as exc:  # noqa: BLE001
+        if (msg := _not_done(exc, "reduce_scatter_grads")):
+            _fail("reduce_scatter_grads", [msg])
+    results = _run_ranks("reduce_scatter_grads", _zero_rs_worker, world, fn, ZERO_UNITS, timeout=timeout)
+    problems = [p for rank, cases in enumerate(results) for case in cases
+                for p in [_zero_rs_value_problem(case, rank, world)] if p]
+    problems += [p for case in results[0] for p in [_zero_rs_traffic_problem(case, world)] if p]
+    if problems:
+        _fail("reduce_scatter_grads", problems)
+    print(f"✓ reduce_scatter_grads: every rank holds the summed shard minimega's flat layout gives, on {world} ranks "
+          f"for units {ZERO_UNITS}, sending (n-1)/n of the padded buffer")

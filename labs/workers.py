@@ -62,3 +62,13 @@ def saved_activations(model: str | mm.GPTConfig, mode: str, batch_size: int, seq
     gpt = apply_activation_checkpointing(mm.GPT(model_config), mode)
     x, y = data.global_batch(0, batch_size, seq_len, vocab_size=model_config.vocab_size)
     return saved_activation_bytes(gpt, x, y)
+
+
+def unit_numels(model: str | mm.GPTConfig) -> list[int]:
+    """Elements of each ZeRO unit (embeddings, each block, the head): the groups `zero/flat.py` pads one by one."""
+    from minimega.zero import model_units
+
+    model_config = mm.GPTConfig.preset(model) if isinstance(model, str) else model
+    with torch.device("meta"):
+        gpt = mm.GPT(model_config)
+    return [sum(p.numel() for _, p in params) for _, params in model_units(gpt)]

@@ -235,3 +235,49 @@ class CheckpointSavesOutput(GoodCheckpoint):
         x = x.detach().requires_grad_()
         torch.autograd.backward(GoodCheckpoint._recompute(ctx, x), grad)
         return None, x.grad
+
+
+# ------------------------------------------------------------------------------------------------
+# labs/exercises/zero_reduce_scatter.py: reduce_scatter_grads(grads, group)
+
+
+def _rs(flat, group):
+    shard = flat.new_empty(flat.numel() // group.size)
+    comm.reduce_scatter(shard, flat, group)
+    return shard
+
+
+def _flat(grads):
+    return torch.cat([g.reshape(-1) for g in grads])
+
+
+def rs_no_padding(grads, group):
+    return _rs(_flat(grads), group)
+
+
+def rs_mean(grads, group):
+    return _rs(_padded(_flat(grads), group.size), group) / group.size
+
+
+def rs_all_reduce_then_slice(grads, group):
+    flat = comm.all_reduce(_padded(_flat(grads), group.size).clone(), group)
+    k, r = flat.numel() // group.size, group.rank_of(dist.get_rank())
+    return flat[r * k:(r + 1) * k].clone()
+
+
+def rs_pads_each_gradient(grads, group):
+    return _rs(torch.cat([_padded(g, group.size) for g in grads]), group)
+
+
+def rs_reversed_order(grads, group):
+    return _rs(_padded(_flat(list(reversed(grads))), group.size), group)
+
+
+def rs_local_slice(grads, group):
+    flat = _padded(_flat(grads), group.size)
+    k, r = flat.numel() // group.size, group.rank_of(dist.get_rank())
+    return flat[r * k:(r + 1) * k].clone()
+
+
+def rs_returns_full_buffer(grads, group):
+    return comm.all_reduce(_padded(_flat(grads), group.size).clone(), group)

@@ -23,7 +23,8 @@ NOTEBOOKS = sorted(LABS.glob("[0-9][0-9]-*.ipynb"))
 EXERCISES = {"memory": (["model_state_bytes"], checks.check_model_state_bytes),
              "ring_all_reduce": (["ring_all_reduce"], checks.check_ring_all_reduce),
              "tp_regions": (["CopyToTP", "ReduceFromTP"], checks.check_tp_regions),
-             "checkpoint": (["Checkpoint"], checks.check_checkpoint)}
+             "checkpoint": (["Checkpoint"], checks.check_checkpoint),
+             "zero_reduce_scatter": (["reduce_scatter_grads"], checks.check_zero_reduce_scatter)}
 
 
 def _load(package, name):
@@ -149,3 +150,18 @@ def test_checkpoint_check_names_the_mistake(answer, says):
 def test_ring_check_reports_a_hang_instead_of_waiting_forever():
     with pytest.raises(checks.ExerciseError, match="every rank must call the same collectives"):
         checks.check_ring_all_reduce(wrong.ring_only_rank0_communicates, timeout=10)
+
+
+@pytest.mark.parametrize("answer, says", [
+    (wrong.rs_no_padding, "pad it with zeros to padded = ceil(numel / n) · n"),
+    (wrong.rs_mean, "the shard is the mean over ranks, not the sum"),
+    (wrong.rs_all_reduce_then_slice, "calls comm.all_reduce"),
+    (wrong.rs_pads_each_gradient, "the gradients were padded one by one"),
+    (wrong.rs_reversed_order, "flattened in reverse order"),
+    (wrong.rs_local_slice, "nothing was summed across ranks"),
+    (wrong.rs_returns_full_buffer, "the whole flat buffer"),
+], ids=lambda v: v.__name__ if callable(v) else "")
+def test_zero_reduce_scatter_check_names_the_mistake(answer, says):
+    with pytest.raises(checks.ExerciseError, match="reduce_scatter_grads") as info:
+        checks.check_zero_reduce_scatter(answer)
+    assert says in str(info.value)
