@@ -557,3 +557,101 @@ def check_zero_reduce_scatter(fn, world: int = 3, timeout: float = 60) -> None:
         _fail("reduce_scatter_grads", problems)
     print(f"✓ reduce_scatter_grads: every rank holds the summed shard minimega's flat layout gives, on {world} ranks "
           f"for units {ZERO_UNITS}, sending (n-1)/n of the padded buffer")
+
+
+# ------------------------------------------------------------------------------------------------
+# Lab 08: the 1F1B order of one pipeline rank.
+
+ONE_F_ONE_B_CASES = [(p, m, r) for p in (2, 3, 4) for m in (1, 2, 3, 4, 8) for r in range(p)]
+
+
+def _forwards_before_first_backward(order: list[tuple[str, int]]) -> int:
+    kinds = [k for k, _ in order]
+    return kinds.index("B") if "B" in kinds else len(kinds)
+
+
+def _one_f_one_b_problem(got, p: int, m: int, rank: int) -> str | None:
+    from minimega.pipeline import peak_in_flight
+    from minimega.pipeline.schedules import Action, one_f_one_b
+
+    reference = one_f_one_b(p, m, 1, rank)
+    want = [(a.kind, a.micro) for a in reference]
+    where = f"p={p}, m={m}, rank {rank}"
+    try:
+        got = [(str(k), int(i)) for k, i in got]
+    except (TypeError, ValueError):
+        return f"{where}: returned {got!r}; return a list of ('F', i) / ('B', i) pairs"
+    if got == want:
+        return None
+    if sorted(got) != sorted(want):
+        extra = sorted({i for _, i in got if not 0 <= i < m})
+        backwards = sum(k == "B" for k, _ in got)
+        hint = ""
+        if extra:
+            hint = f": micro-batches {extra} do not exist (m = {m}): cap the warm-up at m forwards"
+        elif backwards < m:
+            hint = (f": only {backwards} backwards: after the steady state, run the backwards still owed "
+                    "(the cool-down)")
+        return f"{where}: not one F and one B for each micro-batch 0..{m - 1}: got {got}{hint}"
+    for kind in ("F", "B"):
+        micros = [i for k, i in got if k == kind]
+        if micros != sorted(micros):
+            return f"{where}: the {kind} passes run micro-batches in the order {micros}; run them in increasing order"
+    seen = set()
+    for k, i in got:
+        if k == "B" and i not in seen:
+            return f"{where}: B{i} comes before F{i}: a backward needs its own forward first"
+        seen.add(i)
+    peak, want_peak = peak_in_flight([Action(k, rank, i) for k, i in got]), peak_in_flight(reference)
+    return (f"{where}: got {' '.join(f'{k}{i}' for k, i in got)}; 1F1B runs {' '.join(f'{k}{i}' for k, i in want)} "
+            f"({peak} micro-batches in flight at the peak, 1F1B keeps {want_peak})")
+
+
+def _one_f_one_b_diagnosis(fn, p: int = 4, m: int = 8) -> str | None:
+    """The mistake behind the forwards each rank runs before its first backward, on a deep pipeline."""
+    try:
+        firsts = [_forwards_before_first_backward(list(fn(p, m, r))) for r in range(p)]
+    except Exception:  # noqa: BLE001 - reported case by case
+        return None
+    want = [p - r for r in range(p)]
+    if firsts == want:
+        return None
+    head = (f"with p={p}, m={m}, ranks 0..{p - 1} run {firsts} forwards before their first backward; 1F1B runs "
+            f"{want}: p - rank - 1 warm-up forwards, then one more forward before the first backward")
+    if firsts == [m] * p:
+        return head + ("; yours is GPipe's order (all forwards, then all backwards), which holds all m micro-batches: "
+                       "start the backwards after the warm-up")
+    if firsts == [w + 1 for w in want]:
+        return head + "; yours has one warm-up forward too many on every rank"
+    if firsts == [r + 1 for r in range(p)]:
+        return head + ("; yours is reversed: the *first* stage (rank 0) needs the most warm-up forwards, p - 1, "
+                       "and the last stage none")
+    if firsts[:-1] == [w - 1 for w in want[:-1]]:
+        return head + "; after the warm-up, the steady state starts with a forward, then the backward (F, B, F, B...)"
+    return head
+
+
+def check_one_f_one_b(fn) -> None:
+    """Compare ``fn(p, m, rank)`` with `minimega.pipeline.schedules.one_f_one_b` for every case, and run the
+    resulting orders through minimega's slot grid (`plan`) to count the bubble."""
+    try:
+        fn(2, 2, 0)
+    except Exception as exc:  # noqa: BLE001
+        if (msg := _not_done(exc, "one_f_one_b_order")):
+            _fail("one_f_one_b_order", [msg])
+    problems = [d for d in [_one_f_one_b_diagnosis(fn)] if d]
+    for p, m, rank in ONE_F_ONE_B_CASES:
+        try:
+            got = fn(p, m, rank)
+        except Exception as exc:  # noqa: BLE001
+            problems.append(f"p={p}, m={m}, rank {rank}: raised {type(exc).__name__}: {exc}")
+            continue
+        if (msg := _one_f_one_b_problem(got, p, m, rank)):
+            problems.append(msg)
+        if len(problems) >= 6:
+            problems.append("(further cases not shown)")
+            break
+    if problems:
+        _fail("one_f_one_b_order", problems)
+    print(f"✓ one_f_one_b_order matches minimega's 1F1B on all {len(ONE_F_ONE_B_CASES)} cases "
+          "(p = 2..4, m = 1..8, every rank)")

@@ -281,3 +281,45 @@ def rs_local_slice(grads, group):
 
 def rs_returns_full_buffer(grads, group):
     return comm.all_reduce(_padded(_flat(grads), group.size).clone(), group)
+
+
+# ------------------------------------------------------------------------------------------------
+# labs/exercises/one_f_one_b.py: one_f_one_b_order(p, m, rank)
+
+
+def _1f1b(m, warmup, backward_first=False):
+    warmup = min(warmup, m)
+    order = [("F", i) for i in range(warmup)]
+    for i in range(m - warmup):
+        order += [("B", i), ("F", warmup + i)] if backward_first else [("F", warmup + i), ("B", i)]
+    return order + [("B", i) for i in range(m - warmup, m)]
+
+
+def order_gpipe(p, m, rank):
+    return [("F", i) for i in range(m)] + [("B", i) for i in range(m)]
+
+
+def order_warmup_off_by_one(p, m, rank):
+    return _1f1b(m, p - rank)
+
+
+def order_warmup_reversed(p, m, rank):
+    return _1f1b(m, rank)
+
+
+def order_backward_first(p, m, rank):
+    if p - rank - 1 == 0:
+        return _1f1b(m, 0)
+    return _1f1b(m, p - rank - 1, backward_first=True)
+
+
+def order_warmup_not_capped(p, m, rank):
+    warmup = p - rank - 1
+    order = [("F", i) for i in range(warmup)]
+    for i in range(m - warmup):
+        order += [("F", warmup + i), ("B", i)]
+    return order + [("B", i) for i in range(max(m - warmup, 0), m)]
+
+
+def order_forgets_cool_down(p, m, rank):
+    return _1f1b(m, p - rank - 1)[:m + min(p - rank - 1, m)]

@@ -24,7 +24,8 @@ EXERCISES = {"memory": (["model_state_bytes"], checks.check_model_state_bytes),
              "ring_all_reduce": (["ring_all_reduce"], checks.check_ring_all_reduce),
              "tp_regions": (["CopyToTP", "ReduceFromTP"], checks.check_tp_regions),
              "checkpoint": (["Checkpoint"], checks.check_checkpoint),
-             "zero_reduce_scatter": (["reduce_scatter_grads"], checks.check_zero_reduce_scatter)}
+             "zero_reduce_scatter": (["reduce_scatter_grads"], checks.check_zero_reduce_scatter),
+             "one_f_one_b": (["one_f_one_b_order"], checks.check_one_f_one_b)}
 
 
 def _load(package, name):
@@ -164,4 +165,18 @@ def test_ring_check_reports_a_hang_instead_of_waiting_forever():
 def test_zero_reduce_scatter_check_names_the_mistake(answer, says):
     with pytest.raises(checks.ExerciseError, match="reduce_scatter_grads") as info:
         checks.check_zero_reduce_scatter(answer)
+    assert says in str(info.value)
+
+
+@pytest.mark.parametrize("answer, says", [
+    (wrong.order_gpipe, "yours is GPipe's order"),
+    (wrong.order_warmup_off_by_one, "one warm-up forward too many"),
+    (wrong.order_warmup_reversed, "yours is reversed"),
+    (wrong.order_backward_first, "the steady state starts with a forward"),
+    (wrong.order_warmup_not_capped, "cap the warm-up at m forwards"),
+    (wrong.order_forgets_cool_down, "the backwards still owed"),
+], ids=lambda v: v.__name__ if callable(v) else "")
+def test_one_f_one_b_check_names_the_mistake(answer, says):
+    with pytest.raises(checks.ExerciseError, match="one_f_one_b_order") as info:
+        checks.check_one_f_one_b(answer)
     assert says in str(info.value)
