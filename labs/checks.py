@@ -655,3 +655,115 @@ def check_one_f_one_b(fn) -> None:
         _fail("one_f_one_b_order", problems)
     print(f"✓ one_f_one_b_order matches minimega's 1F1B on all {len(ONE_F_ONE_B_CASES)} cases "
           "(p = 2..4, m = 1..8, every rank)")
+
+
+# ------------------------------------------------------------------------------------------------
+# Lab 10: which files of a checkpoint are damaged.
+
+def _save_checkpoint_worker(directory: str) -> None:
+    mesh = mm.init_mesh(mm.ParallelDims(dp=dist.get_world_size()))
+    torch.manual_seed(0)
+    config = mm.TrainConfig(zero_stage=1, batch_size=4)
+    engine = mm.initialize(mm.GPT(mm.GPTConfig.tiny(n_layer=1)), config, mesh)
+    for batch in data.batches(mesh, 1, 4, 16):
+        engine.train_step(batch)
+    engine.save(directory)
+
+
+def _damage(step_dir, how: str) -> list[str]:
+    """Damage a copy of a checkpoint; return the files minimega's loader must refuse."""
+    from pathlib import Path
+
+    step_dir = Path(step_dir)
+    shard, rng = step_dir / "shard-00001.safetensors", step_dir / "rng-00000.pt"
+    if how == "intact":
+        return []
+    if how == "one byte flipped in a shard":
+        raw = bytearray(shard.read_bytes())
+        raw[len(raw) // 2] ^= 0xFF                     # same size, different bytes
+        shard.write_bytes(bytes(raw))
+        return [shard.name]
+    if how == "a shard truncated":
+        shard.write_bytes(shard.read_bytes()[:100])
+        return [shard.name]
+    if how == "an RNG file deleted":
+        rng.unlink()
+        return [rng.name]
+    if how == "two files overwritten":
+        (step_dir / "shard-00000.safetensors").write_bytes(b"not a tensor file")
+        rng.write_bytes(b"")
+        return sorted(["shard-00000.safetensors", rng.name])
+    raise ValueError(how)
+
+
+CHECKPOINT_DAMAGES = ["intact", "one byte flipped in a shard", "a shard truncated", "an RNG file deleted",
+                      "two files overwritten"]
+
+
+def check_verify_checkpoint(fn) -> None:
+    """Save a real 2-rank checkpoint, damage copies of it, and compare ``fn(directory)`` with minimega's loader."""
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    from minimega import checkpoint
+
+    with tempfile.TemporaryDirectory() as tmp:
+        original = Path(tmp) / "original"
+        _run_ranks("verify_checkpoint", _save_checkpoint_worker, 2, str(original), timeout=120)
+        try:
+            fn(original)
+        except Exception as exc:  # noqa: BLE001
+            if (msg := _not_done(exc, "verify_checkpoint")):
+                _fail("verify_checkpoint", [msg])
+        problems = []
+        for i, how in enumerate(CHECKPOINT_DAMAGES):
+            root = Path(tmp) / f"copy{i}"
+            shutil.copytree(original, root)
+            step_dir = checkpoint.resolve(root)
+            want = _damage(step_dir, how)
+            try:
+                checkpoint.read(root)
+                refused = False
+            except checkpoint.CheckpointError:
+                refused = True
+            assert refused == bool(want), f"minimega's loader and the damage disagree for {how!r}"
+            for label, target in (("the step directory", step_dir), ("the top directory (via `latest`)", root)):
+                try:
+                    got = fn(target)
+                except Exception as exc:  # noqa: BLE001
+                    hint = ""
+                    if isinstance(exc, FileNotFoundError) and "manifest.json" in str(exc):
+                        hint = (": a top directory holds no manifest.json; read its `latest` file and check the "
+                                "step directory it names")
+                    elif isinstance(exc, FileNotFoundError):
+                        hint = ": a file the manifest lists may be missing; report it instead of opening it"
+                    problems.append(f"{how}, given {label}: raised {type(exc).__name__}: {exc}{hint}")
+                    continue
+                if not isinstance(got, (list, tuple)) or any(not isinstance(n, str) for n in got):
+                    problems.append(f"{how}: returned {got!r}; return a sorted list of file names (str)")
+                    continue
+                got = list(got)
+                if got == want:
+                    continue
+                paths = [n for n in got if "/" in n or "\\" in n]
+                if paths:
+                    problems.append(f"{how}: returned paths {paths}; return the file names as the manifest lists "
+                                    "them (`shard-00001.safetensors`)")
+                elif sorted(got) == want:
+                    problems.append(f"{how}: returned {got}; sort the names")
+                elif not want:
+                    problems.append(f"{how}: flagged {got} in an intact checkpoint: hash each file's bytes with "
+                                    "sha256 (hexdigest) exactly as written, and compare with manifest['files']")
+                elif how == "one byte flipped in a shard":
+                    problems.append(f"{how}: returned {got}, expected {want}: the file has its original size and "
+                                    "exists; only its sha256 shows the flipped byte")
+                elif set(want) - set(got) and how == "an RNG file deleted":
+                    problems.append(f"{how}: returned {got}, expected {want}: a file the manifest lists but the "
+                                    "directory lacks is damaged too")
+                else:
+                    problems.append(f"{how}: returned {got}, expected {want}")
+    if problems:
+        _fail("verify_checkpoint", problems)
+    print(f"✓ verify_checkpoint agrees with minimega's loader on a real 2-rank checkpoint: "
+          f"{', '.join(CHECKPOINT_DAMAGES)}")

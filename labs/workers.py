@@ -72,3 +72,30 @@ def unit_numels(model: str | mm.GPTConfig) -> list[int]:
     with torch.device("meta"):
         gpt = mm.GPT(model_config)
     return [sum(p.numel() for _, p in params) for _, params in model_units(gpt)]
+
+
+def train_and_checkpoint(model: str | mm.GPTConfig, config: mm.TrainConfig, steps: int, seq_len: int = 32,
+                         save_dir: str | None = None, save_at: int | None = None,
+                         load_dir: str | None = None) -> dict:
+    """Train up to step ``steps`` on this rank, optionally resuming from and saving a checkpoint.
+
+    Args:
+        save_dir, save_at: every rank calls ``engine.save(save_dir)`` once the engine reaches step ``save_at``.
+        load_dir: resume from the latest checkpoint there (saved under any layout); training continues
+            with the global batches of the steps that follow it.
+
+    Returns:
+        ``{"rank", "layout", "start": the step training (re)started from, "losses": one per step run}``.
+    """
+    world = dist.get_world_size() if dist.is_initialized() else 1
+    mesh = mm.init_mesh(mm.ParallelDims.infer(world, tp=config.tp, pp=config.pp))
+    model_config = mm.GPTConfig.preset(model) if isinstance(model, str) else model
+    torch.manual_seed(config.seed)
+    engine = mm.initialize(mm.GPT(model_config), config, mesh)
+    start = engine.load(load_dir) if load_dir else 0
+    for batch in data.batches(mesh, steps - start, config.batch_size, seq_len, start=start, seed=config.seed,
+                              vocab_size=model_config.vocab_size):
+        engine.train_step(batch)
+        if save_dir and engine.step == save_at:
+            engine.save(save_dir)
+    return {"rank": mesh.rank, "layout": engine.layout(), "start": start, "losses": list(engine.losses)}

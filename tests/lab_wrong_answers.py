@@ -323,3 +323,55 @@ def order_warmup_not_capped(p, m, rank):
 
 def order_forgets_cool_down(p, m, rank):
     return _1f1b(m, p - rank - 1)[:m + min(p - rank - 1, m)]
+
+
+# ------------------------------------------------------------------------------------------------
+# labs/exercises/verify_checkpoint.py: verify_checkpoint(directory)
+
+import hashlib  # noqa: E402
+import json  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+
+def _step_dir(directory):
+    path = Path(directory)
+    return path if (path / "manifest.json").exists() else path / (path / "latest").read_text().strip()
+
+
+def verify_existence_only(directory):
+    path = _step_dir(directory)
+    return sorted(n for n in json.loads((path / "manifest.json").read_text())["files"] if not (path / n).exists())
+
+
+def verify_by_size(directory):
+    """Flags missing files and ones too small to hold their tensors: a same-size corruption slips through."""
+    path = _step_dir(directory)
+    return sorted(n for n in json.loads((path / "manifest.json").read_text())["files"]
+                  if not (path / n).exists() or (path / n).stat().st_size < 200)
+
+
+def verify_md5(directory):
+    path = _step_dir(directory)
+    files = json.loads((path / "manifest.json").read_text())["files"]
+    return sorted(n for n, d in files.items()
+                  if not (path / n).exists() or hashlib.md5((path / n).read_bytes()).hexdigest() != d)
+
+
+def verify_ignores_latest(directory):
+    path = Path(directory)
+    files = json.loads((path / "manifest.json").read_text())["files"]
+    return sorted(n for n, d in files.items()
+                  if not (path / n).exists() or hashlib.sha256((path / n).read_bytes()).hexdigest() != d)
+
+
+def verify_crashes_on_missing(directory):
+    path = _step_dir(directory)
+    files = json.loads((path / "manifest.json").read_text())["files"]
+    return sorted(n for n, d in files.items() if hashlib.sha256((path / n).read_bytes()).hexdigest() != d)
+
+
+def verify_returns_paths(directory):
+    path = _step_dir(directory)
+    files = json.loads((path / "manifest.json").read_text())["files"]
+    return sorted(str(path / n) for n, d in files.items()
+                  if not (path / n).exists() or hashlib.sha256((path / n).read_bytes()).hexdigest() != d)

@@ -25,7 +25,8 @@ EXERCISES = {"memory": (["model_state_bytes"], checks.check_model_state_bytes),
              "tp_regions": (["CopyToTP", "ReduceFromTP"], checks.check_tp_regions),
              "checkpoint": (["Checkpoint"], checks.check_checkpoint),
              "zero_reduce_scatter": (["reduce_scatter_grads"], checks.check_zero_reduce_scatter),
-             "one_f_one_b": (["one_f_one_b_order"], checks.check_one_f_one_b)}
+             "one_f_one_b": (["one_f_one_b_order"], checks.check_one_f_one_b),
+             "verify_checkpoint": (["verify_checkpoint"], checks.check_verify_checkpoint)}
 
 
 def _load(package, name):
@@ -179,4 +180,18 @@ def test_zero_reduce_scatter_check_names_the_mistake(answer, says):
 def test_one_f_one_b_check_names_the_mistake(answer, says):
     with pytest.raises(checks.ExerciseError, match="one_f_one_b_order") as info:
         checks.check_one_f_one_b(answer)
+    assert says in str(info.value)
+
+
+@pytest.mark.parametrize("answer, says", [
+    (wrong.verify_existence_only, "only its sha256 shows the flipped byte"),
+    (wrong.verify_by_size, "only its sha256 shows the flipped byte"),
+    (wrong.verify_md5, "hash each file's bytes with sha256"),
+    (wrong.verify_ignores_latest, "read its `latest` file"),
+    (wrong.verify_crashes_on_missing, "report it instead of opening it"),
+    (wrong.verify_returns_paths, "return the file names as the manifest lists them"),
+], ids=lambda v: v.__name__ if callable(v) else "")
+def test_verify_checkpoint_check_names_the_mistake(answer, says):
+    with pytest.raises(checks.ExerciseError, match="verify_checkpoint") as info:
+        checks.check_verify_checkpoint(answer)
     assert says in str(info.value)
