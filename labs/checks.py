@@ -767,3 +767,95 @@ def check_verify_checkpoint(fn) -> None:
         _fail("verify_checkpoint", problems)
     print(f"✓ verify_checkpoint agrees with minimega's loader on a real 2-rank checkpoint: "
           f"{', '.join(CHECKPOINT_DAMAGES)}")
+
+
+# ------------------------------------------------------------------------------------------------
+# Lab 04: the dynamic loss scaler's update rule.
+
+def _overflow_runs() -> list[tuple[str, dict, list[bool]]]:
+    """(label, scaler arguments, overflow per step): hand-made cases, then random ones."""
+    gen = torch.Generator().manual_seed(0)
+    runs = [
+        ("no overflow for 9 steps, window 4", dict(window=4), [False] * 9),
+        ("a single overflow, hysteresis 2", dict(window=1000), [True]),
+        ("two overflows in a row, hysteresis 2", dict(window=1000), [True, True]),
+        ("three overflows, hysteresis 1", dict(window=1000, hysteresis=1), [True, True, True]),
+        ("an overflow, then 6 clean steps, window 3", dict(window=3), [True] + [False] * 6),
+        ("an overflow at step 2, then clean, window 3", dict(window=3), [False, False, True] + [False] * 6),
+        ("a long run of overflows down to min_scale 4", dict(init_scale=64.0, hysteresis=1, min_scale=4.0), [True] * 6),
+        ("overflow, growth, overflow, window 2", dict(window=2), [True, False, False, True, True, False, False]),
+        ("factor 4, window 2", dict(factor=4.0, window=2, hysteresis=1), [False, False, True, False, False, False]),
+    ]
+    for i in range(12):
+        kwargs = dict(window=int(torch.randint(1, 5, (), generator=gen)),
+                      hysteresis=int(torch.randint(1, 4, (), generator=gen)), init_scale=2.0 ** 10, min_scale=2.0)
+        steps = (torch.rand(24, generator=gen) < 0.3).tolist()
+        runs.append((f"random sequence {i} ({kwargs})", kwargs, steps))
+    return runs
+
+
+def _scales(cls, kwargs: dict, overflows: list[bool]) -> list[tuple[float, int]]:
+    s = cls(**kwargs)
+    out = []
+    for o in overflows:
+        s.update(o)
+        out.append((float(s.scale), int(s.skipped)))
+    return out
+
+
+def _scaler_hint(label: str, kwargs: dict, overflows: list[bool], got: list, want: list) -> str:
+    from minimega.precision import DynamicLossScaler
+
+    t = next(i for i, (a, b) in enumerate(zip(got, want)) if a != b)
+    seq = "".join("X" if o else "." for o in overflows[:t + 1])
+    head = (f"{label}: after step {t} (overflows so far {seq}, X = overflow) the scale is {got[t][0]:g}, "
+            f"minimega's is {want[t][0]:g}")
+    if got[t][1] != want[t][1]:
+        return (f"{label}: after step {t} skipped = {got[t][1]}, minimega's {want[t][1]}: count every overflowing "
+                "step in `skipped` (its update is skipped)")
+    prev = want[t - 1][0] if t else DynamicLossScaler(**kwargs).scale
+    g, w = got[t][0], want[t][0]
+    if overflows[t]:
+        if w == kwargs.get("min_scale", 1.0) and g < w:
+            return head + ": never drop below min_scale: S = max(S / factor, min_scale)"
+        if w == prev and g < prev:
+            return head + (": an overflow only uses up one unit of hysteresis while cur_hysteresis > 1; the scale "
+                           "shrinks once the hysteresis is used up")
+        if w < prev and g == prev:
+            return head + (": cur_hysteresis is used up (1), so this overflow must divide the scale by factor "
+                           "(or hysteresis is 1)")
+    else:
+        if w > prev and g == prev:
+            return head + (": `window` clean steps have passed since the last overflow: the scale grows by factor "
+                           "when (iteration - last_overflow) % window == 0")
+        if w == prev and g > prev:
+            return head + (": the scale grows only every `window` steps counted from the last overflow "
+                           "(iteration - last_overflow), not on every clean step nor from the start of training")
+    return head
+
+
+def check_loss_scaler(cls) -> None:
+    """Drive ``cls`` and `minimega.precision.DynamicLossScaler` with the same overflows; compare after every step."""
+    from minimega.precision import DynamicLossScaler
+
+    try:
+        cls().update(False)
+    except Exception as exc:  # noqa: BLE001
+        if (msg := _not_done(exc, "LossScaler.update")):
+            _fail("loss_scaler", [msg])
+    problems = []
+    for label, kwargs, overflows in _overflow_runs():
+        want = _scales(DynamicLossScaler, kwargs, overflows)
+        try:
+            got = _scales(cls, kwargs, overflows)
+        except Exception as exc:  # noqa: BLE001
+            problems.append(f"{label}: raised {type(exc).__name__}: {exc}")
+            continue
+        if got != want:
+            problems.append(_scaler_hint(label, kwargs, overflows, got, want))
+        if len(problems) >= 5:
+            break
+    if problems:
+        _fail("loss_scaler", problems)
+    print(f"✓ LossScaler.update gives minimega's scale and skip count after every step of "
+          f"{len(_overflow_runs())} overflow sequences")

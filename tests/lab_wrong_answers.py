@@ -375,3 +375,68 @@ def verify_returns_paths(directory):
     files = json.loads((path / "manifest.json").read_text())["files"]
     return sorted(str(path / n) for n, d in files.items()
                   if not (path / n).exists() or hashlib.sha256((path / n).read_bytes()).hexdigest() != d)
+
+
+# ------------------------------------------------------------------------------------------------
+# labs/exercises/loss_scaler.py: LossScaler.update(overflow)
+
+from solutions.loss_scaler import LossScaler as _GoodScaler  # noqa: E402
+
+
+class ScalerNoHysteresis(_GoodScaler):
+    def update(self, overflow):
+        if overflow:
+            self.scale = max(self.scale / self.factor, self.min_scale)
+            self.last_overflow = self.iteration
+            self.skipped += 1
+        elif (self.iteration - self.last_overflow) % self.window == 0:
+            self.scale *= self.factor
+        self.iteration += 1
+
+
+class ScalerWindowFromStart(_GoodScaler):
+    def update(self, overflow):
+        if overflow:
+            if self.cur_hysteresis == 1 or self.hysteresis == 1:
+                self.scale = max(self.scale / self.factor, self.min_scale)
+            else:
+                self.cur_hysteresis -= 1
+            self.skipped += 1
+        elif (self.iteration + 1) % self.window == 0:
+            self.scale *= self.factor
+            self.cur_hysteresis = self.hysteresis
+        self.iteration += 1
+
+
+class ScalerNoFloor(_GoodScaler):
+    def update(self, overflow):
+        if overflow:
+            if self.cur_hysteresis == 1 or self.hysteresis == 1:
+                self.scale = self.scale / self.factor
+            else:
+                self.cur_hysteresis -= 1
+            self.last_overflow = self.iteration
+            self.skipped += 1
+        elif (self.iteration - self.last_overflow) % self.window == 0:
+            self.scale *= self.factor
+            self.cur_hysteresis = self.hysteresis
+        self.iteration += 1
+
+
+class ScalerNeverGrows(_GoodScaler):
+    def update(self, overflow):
+        if overflow:
+            if self.cur_hysteresis == 1 or self.hysteresis == 1:
+                self.scale = max(self.scale / self.factor, self.min_scale)
+            else:
+                self.cur_hysteresis -= 1
+            self.last_overflow = self.iteration
+            self.skipped += 1
+        self.iteration += 1
+
+
+class ScalerForgetsSkipped(_GoodScaler):
+    def update(self, overflow):
+        skipped = self.skipped
+        super().update(overflow)
+        self.skipped = skipped

@@ -26,7 +26,8 @@ EXERCISES = {"memory": (["model_state_bytes"], checks.check_model_state_bytes),
              "checkpoint": (["Checkpoint"], checks.check_checkpoint),
              "zero_reduce_scatter": (["reduce_scatter_grads"], checks.check_zero_reduce_scatter),
              "one_f_one_b": (["one_f_one_b_order"], checks.check_one_f_one_b),
-             "verify_checkpoint": (["verify_checkpoint"], checks.check_verify_checkpoint)}
+             "verify_checkpoint": (["verify_checkpoint"], checks.check_verify_checkpoint),
+             "loss_scaler": (["LossScaler"], checks.check_loss_scaler)}
 
 
 def _load(package, name):
@@ -194,4 +195,17 @@ def test_one_f_one_b_check_names_the_mistake(answer, says):
 def test_verify_checkpoint_check_names_the_mistake(answer, says):
     with pytest.raises(checks.ExerciseError, match="verify_checkpoint") as info:
         checks.check_verify_checkpoint(answer)
+    assert says in str(info.value)
+
+
+@pytest.mark.parametrize("answer, says", [
+    (wrong.ScalerNoHysteresis, "uses up one unit of hysteresis"),
+    (wrong.ScalerWindowFromStart, "counted from the last overflow"),
+    (wrong.ScalerNoFloor, "never drop below min_scale"),
+    (wrong.ScalerNeverGrows, "the scale grows by factor"),
+    (wrong.ScalerForgetsSkipped, "count every overflowing step in `skipped`"),
+], ids=lambda v: v.__name__ if inspect.isclass(v) else "")
+def test_loss_scaler_check_names_the_mistake(answer, says):
+    with pytest.raises(checks.ExerciseError, match="loss_scaler") as info:
+        checks.check_loss_scaler(answer)
     assert says in str(info.value)
