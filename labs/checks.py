@@ -859,3 +859,95 @@ def check_loss_scaler(cls) -> None:
         _fail("loss_scaler", problems)
     print(f"✓ LossScaler.update gives minimega's scale and skip count after every step of "
           f"{len(_overflow_runs())} overflow sequences")
+
+
+# ------------------------------------------------------------------------------------------------
+# Lab 05: bytes on the device and on the CPU, with and without optimizer offload.
+
+OFFLOAD_CASES = [(precision, stage, offload) for precision in ("fp32", "bf16") for stage in (1, 2, 3)
+                 for offload in (False, True)]
+_OFFLOAD_MODEL = dict(n_embd=32, n_layer=2)
+
+
+def _offload_worker(cases: list[tuple]) -> list[dict]:
+    """One step per case on this rank; the bytes by category and where the optimizer states live."""
+    mesh = mm.init_mesh(mm.ParallelDims(dp=dist.get_world_size()))
+    model_config = mm.GPTConfig.tiny(**_OFFLOAD_MODEL)
+    out = []
+    for precision, stage, offload in cases:
+        torch.manual_seed(0)
+        config = mm.TrainConfig(zero_stage=stage, precision=precision, offload_optimizer=offload, batch_size=4)
+        engine = mm.initialize(mm.GPT(model_config), config, mesh)
+        for batch in data.batches(mesh, 1, 4, 8):
+            engine.train_step(batch)
+        out.append(engine.report()["memory_at_step"])
+    return out
+
+
+@lru_cache(maxsize=1)
+def _offload_oracle() -> tuple[int, list[dict]]:
+    from minimega.zero import model_units, padded_numel
+
+    with torch.device("meta"):
+        gpt = mm.GPT(mm.GPTConfig.tiny(**_OFFLOAD_MODEL))
+    padded = sum(padded_numel(sum(p.numel() for _, p in ps), 2) for _, ps in model_units(gpt))
+    return padded, mm.launch(_offload_worker, 2, OFFLOAD_CASES, timeout=120)[0]
+
+
+def _offload_hint(precision: str, stage: int, offload: bool, got: dict, want: dict, psi: int, dp: int) -> str:
+    where = f"{precision}, stage {stage}, offload={offload}"
+    width = 4 if precision == "fp32" else 2
+    head = f"{where}: got device {got['device']:,} / cpu {got['cpu']:,} B, measured {want['device']:,} / {want['cpu']:,}"
+    grads_stage = width * psi // (dp if stage >= 2 else 1)
+    if offload and got["cpu"] == want["cpu"] + grads_stage and got["device"] == want["device"] - grads_stage:
+        return head + (": the gradients stay on the device (the backward hooks reduce into them); only the fp32 "
+                       "master shard and Adam's moments move to the CPU")
+    master = 4 * psi // dp
+    if not offload and got["cpu"]:
+        return head + ": without offload everything stays on the device"
+    if offload and not got["cpu"]:
+        return head + ": offload moves the fp32 master shard and Adam's moments to the CPU"
+    if precision == "fp32" and not offload and got["device"] == want["device"] + master:
+        return head + (": in fp32 on the device the parameter shard *is* the master copy (the optimizer steps it in "
+                       "place): no extra 4 bytes per element")
+    if precision == "fp32" and offload and got["cpu"] == want["cpu"] - master:
+        return head + (": offloading always makes a separate fp32 master copy on the host, even when the parameters "
+                       "are fp32 (the device keeps its own parameters)")
+    if (got["cpu"] or got["device"]) and (got["cpu"] == dp * want["cpu"] or
+                                          got["device"] - want["device"] == (dp - 1) * (want["device"] - (
+                                              width * psi // (dp if stage >= 3 else 1) + grads_stage))):
+        return head + ": ZeRO shards the master and the moments: each rank keeps Ψ/dp of them"
+    if got["device"] != want["device"]:
+        params = width * psi // (dp if stage >= 3 else 1)
+        return head + (f": the device holds parameters ({params:,} B at stage {stage}: sharded only at stage 3) and "
+                       f"gradients ({grads_stage:,} B: sharded from stage 2), each {width} bytes per element in {precision}")
+    return head
+
+
+def check_offload(fn) -> None:
+    """Compare ``fn(Ψ, 2, stage, precision, offload)`` with the bytes real 2-rank jobs hold, by location."""
+    try:
+        fn(8, 2, 1, "bf16", False)
+    except Exception as exc:  # noqa: BLE001
+        if (msg := _not_done(exc, "bytes_by_location")):
+            _fail("bytes_by_location", [msg])
+    psi, measured = _offload_oracle()
+    problems = []
+    for (precision, stage, offload), m in zip(OFFLOAD_CASES, measured):
+        states = m["master"] + m["optimizer_states"]
+        on_cpu = m["optimizer_location"] == "cpu"
+        want = {"device": m["params"] + m["grads"] + (0 if on_cpu else states), "cpu": states if on_cpu else 0}
+        try:
+            got = fn(psi, 2, stage, precision, offload)
+        except Exception as exc:  # noqa: BLE001
+            problems.append(f"{precision}, stage {stage}, offload={offload}: raised {type(exc).__name__}: {exc}")
+            continue
+        if not isinstance(got, dict) or set(got) != {"device", "cpu"}:
+            problems.append(f"returned {got!r}; return a dict with exactly the keys 'cpu' and 'device'")
+            break
+        if got != want:
+            problems.append(_offload_hint(precision, stage, offload, got, want, psi, 2))
+    if problems:
+        _fail("bytes_by_location", problems)
+    print(f"✓ bytes_by_location matches what real 2-rank jobs hold on the device and the CPU in all "
+          f"{len(OFFLOAD_CASES)} cases (fp32/bf16 × stage 1-3 × offload)")

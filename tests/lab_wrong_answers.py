@@ -440,3 +440,43 @@ class ScalerForgetsSkipped(_GoodScaler):
         skipped = self.skipped
         super().update(overflow)
         self.skipped = skipped
+
+
+# ------------------------------------------------------------------------------------------------
+# labs/exercises/offload.py: bytes_by_location(n_params, dp, stage, precision, offload)
+
+from solutions.offload import bytes_by_location as _good_location  # noqa: E402
+
+
+def location_moves_grads(n_params, dp, stage, precision, offload):
+    out = _good_location(n_params, dp, stage, precision, offload)
+    if offload:
+        grads = (4 if precision == "fp32" else 2) * n_params // (dp if stage >= 2 else 1)
+        out = {"device": out["device"] - grads, "cpu": out["cpu"] + grads}
+    return out
+
+
+def location_fp32_master_on_device(n_params, dp, stage, precision, offload):
+    out = _good_location(n_params, dp, stage, precision, offload)
+    if precision == "fp32" and not offload:
+        out["device"] += 4 * n_params // dp
+    return out
+
+
+def location_fp32_offload_no_copy(n_params, dp, stage, precision, offload):
+    out = _good_location(n_params, dp, stage, precision, offload)
+    if precision == "fp32" and offload:
+        out["cpu"] -= 4 * n_params // dp
+    return out
+
+
+def location_optimizer_not_sharded(n_params, dp, stage, precision, offload):
+    out = _good_location(n_params, dp, stage, precision, offload)
+    key = "cpu" if offload else "device"
+    optimizer = out["cpu"] if offload else out["device"] - _good_location(n_params, dp, stage, precision, True)["device"]
+    out[key] += (dp - 1) * optimizer
+    return out
+
+
+def location_grads_always_whole(n_params, dp, stage, precision, offload):
+    return _good_location(n_params, dp, 1 if stage == 2 else stage, precision, offload)

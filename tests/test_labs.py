@@ -27,7 +27,8 @@ EXERCISES = {"memory": (["model_state_bytes"], checks.check_model_state_bytes),
              "zero_reduce_scatter": (["reduce_scatter_grads"], checks.check_zero_reduce_scatter),
              "one_f_one_b": (["one_f_one_b_order"], checks.check_one_f_one_b),
              "verify_checkpoint": (["verify_checkpoint"], checks.check_verify_checkpoint),
-             "loss_scaler": (["LossScaler"], checks.check_loss_scaler)}
+             "loss_scaler": (["LossScaler"], checks.check_loss_scaler),
+             "offload": (["bytes_by_location"], checks.check_offload)}
 
 
 def _load(package, name):
@@ -208,4 +209,17 @@ def test_verify_checkpoint_check_names_the_mistake(answer, says):
 def test_loss_scaler_check_names_the_mistake(answer, says):
     with pytest.raises(checks.ExerciseError, match="loss_scaler") as info:
         checks.check_loss_scaler(answer)
+    assert says in str(info.value)
+
+
+@pytest.mark.parametrize("answer, says", [
+    (wrong.location_moves_grads, "the gradients stay on the device"),
+    (wrong.location_fp32_master_on_device, "the parameter shard *is* the master copy"),
+    (wrong.location_fp32_offload_no_copy, "always makes a separate fp32 master copy on the host"),
+    (wrong.location_optimizer_not_sharded, "each rank keeps Ψ/dp of them"),
+    (wrong.location_grads_always_whole, "sharded from stage 2"),
+], ids=lambda v: v.__name__ if callable(v) else "")
+def test_offload_check_names_the_mistake(answer, says):
+    with pytest.raises(checks.ExerciseError, match="bytes_by_location") as info:
+        checks.check_offload(answer)
     assert says in str(info.value)
