@@ -951,3 +951,78 @@ def check_offload(fn) -> None:
         _fail("bytes_by_location", problems)
     print(f"✓ bytes_by_location matches what real 2-rank jobs hold on the device and the CPU in all "
           f"{len(OFFLOAD_CASES)} cases (fp32/bf16 × stage 1-3 × offload)")
+
+
+# ------------------------------------------------------------------------------------------------
+# Lab 11: the piece of each parameter FSDP2 keeps on a rank.
+
+FSDP_SHAPES = [(6, 4), (7, 3), (5,), (2, 5), (4, 1, 3), (1, 8)]
+
+
+class _Params(torch.nn.Module):
+    def __init__(self, shapes):
+        super().__init__()
+        gen = torch.Generator().manual_seed(0)
+        self.ps = torch.nn.ParameterList([torch.nn.Parameter(torch.randn(s, generator=gen)) for s in shapes])
+
+
+def _fsdp_shard_worker(fn, shapes) -> list[dict]:
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    world, rank = dist.get_world_size(), dist.get_rank()
+    module = _Params(shapes)
+    full = [p.detach().clone() for p in module.ps]
+    fully_shard(module, mesh=init_device_mesh("cpu", (world,)))
+    out = []
+    for f, p in zip(full, module.ps):
+        try:
+            got = fn(f.clone(), world, rank)
+            got = got.detach().clone() if isinstance(got, torch.Tensor) else repr(got)
+        except Exception as exc:  # noqa: BLE001
+            got = f"raised {type(exc).__name__}: {exc}"
+        out.append({"shape": tuple(f.shape), "full": f, "want": p.to_local().detach().clone(), "got": got})
+    return out
+
+
+def _fsdp_shard_problem(case: dict, rank: int, world: int) -> str | None:
+    got, want, full = case["got"], case["want"], case["full"]
+    where = f"parameter of shape {case['shape']}, rank {rank} of {world}"
+    if isinstance(got, str):
+        if got.startswith("raised IndexError"):
+            return (f"{where}: {got}: torch.chunk returns fewer than world chunks when the rows run out; ranks past "
+                    f"the last chunk hold zero rows, an empty tensor of shape (0, *rest) = {tuple(want.shape)}")
+        return f"{where}: {got}" if got.startswith("raised") else f"{where}: returned {got}; return a tensor"
+    if got.shape == want.shape and torch.equal(got, want):
+        return None
+    if got.dim() == 1 and full.dim() > 1:
+        return (f"{where}: returned a 1-D tensor of {got.numel()} elements: FSDP2 does not flatten; it keeps each "
+                f"parameter's shape and shards rows (dim 0): expected shape {tuple(want.shape)}")
+    if got.shape[0] > want.shape[0] and torch.equal(got[:want.shape[0]], want) and not got[want.shape[0]:].any():
+        return (f"{where}: {got.shape[0]} rows, {got.shape[0] - want.shape[0]} of them padding zeros: to_local() "
+                f"holds only the real rows ({want.shape[0]})")
+    split = torch.tensor_split(full, world, dim=0)[rank]
+    if got.shape == split.shape and torch.equal(got, split) and split.shape != want.shape:
+        return (f"{where}: {got.shape[0]} rows is torch.tensor_split's balanced cut; FSDP2 cuts like torch.chunk: "
+                f"ceil({full.shape[0]}/{world}) = {-(-full.shape[0] // world)} rows per rank, the last ranks get "
+                f"what remains, here {want.shape[0]}")
+    if full.dim() > 1 and got.shape[0] == full.shape[0]:
+        return f"{where}: kept all {full.shape[0]} rows: FSDP2 shards dim 0 (rows), not another dimension"
+    if got.shape != want.shape:
+        return f"{where}: shape {tuple(got.shape)}, FSDP2 keeps {tuple(want.shape)}"
+    return f"{where}: the right shape but other rows: rank r keeps the r-th chunk of rows"
+
+
+def check_fsdp_shard(fn, world: int = 3, timeout: float = 90) -> None:
+    """``fully_shard`` parameters of awkward shapes on ``world`` gloo ranks; compare ``fn`` with each ``to_local()``."""
+    try:
+        fn(torch.ones(2, 2), 1, 0)
+    except Exception as exc:  # noqa: BLE001
+        if (msg := _not_done(exc, "fsdp_local_shard")):
+            _fail("fsdp_local_shard", [msg])
+    results = _run_ranks("fsdp_local_shard", _fsdp_shard_worker, world, fn, FSDP_SHAPES, timeout=timeout)
+    problems = [p for rank, cases in enumerate(results) for case in cases
+                for p in [_fsdp_shard_problem(case, rank, world)] if p]
+    if problems:
+        _fail("fsdp_local_shard", problems[:8])
+    print(f"✓ fsdp_local_shard equals FSDP2's to_local() on every one of {world} ranks for shapes {FSDP_SHAPES}")

@@ -13,7 +13,7 @@ import torch
 import torch.distributed as dist
 
 import minimega as mm
-from minimega import data
+from minimega import comm, data
 
 
 def train(model: str | mm.GPTConfig, config: mm.TrainConfig, steps: int = 3, seq_len: int = 32,
@@ -98,3 +98,38 @@ def train_and_checkpoint(model: str | mm.GPTConfig, config: mm.TrainConfig, step
         if save_dir and engine.step == save_at:
             engine.save(save_dir)
     return {"rank": mesh.rank, "layout": engine.layout(), "start": start, "losses": list(engine.losses)}
+
+
+def train_fsdp2(model: str | mm.GPTConfig, config: mm.TrainConfig, steps: int = 3, seq_len: int = 32) -> dict:
+    """The same run as `train` with torch's own FSDP2: ``fully_shard`` on each block, then on the whole model.
+
+    Same seed, same global batches, same torch AdamW (built the engine's way); only the sharding is torch's.
+
+    Returns:
+        ``{"rank", "losses", "local": {name: (local shape, full shape, placement)}, "local_param_bytes"}``.
+    """
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from minimega.engine import make_optimizer
+
+    world = dist.get_world_size()
+    mesh = mm.init_mesh(mm.ParallelDims(dp=world))
+    model_config = mm.GPTConfig.preset(model) if isinstance(model, str) else model
+    torch.manual_seed(config.seed)
+    gpt = mm.GPT(model_config)
+    device_mesh = init_device_mesh("cpu", (world,))
+    for block in gpt.blocks:
+        fully_shard(block, mesh=device_mesh)           # one parameter group (FSDP2: FSDPParamGroup) per block
+    fully_shard(gpt, mesh=device_mesh)                 # the root: embeddings, final norm, head
+    opt = make_optimizer(gpt.parameters(), config)
+    losses = []
+    for x, y in data.batches(mesh, steps, config.batch_size, seq_len, seed=config.seed,
+                             vocab_size=model_config.vocab_size):
+        _, loss = gpt(x, y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        losses.append(comm.all_reduce_mean(loss.detach().clone(), mesh.dp_group).item())
+    local = {n: (tuple(p.to_local().shape), tuple(p.shape), str(p.placements[0])) for n, p in gpt.named_parameters()}
+    return {"rank": mesh.rank, "losses": losses, "local": local,
+            "local_param_bytes": sum(p.to_local().numel() * p.element_size() for p in gpt.parameters())}

@@ -480,3 +480,31 @@ def location_optimizer_not_sharded(n_params, dp, stage, precision, offload):
 
 def location_grads_always_whole(n_params, dp, stage, precision, offload):
     return _good_location(n_params, dp, 1 if stage == 2 else stage, precision, offload)
+
+
+# ------------------------------------------------------------------------------------------------
+# labs/exercises/fsdp_shard.py: fsdp_local_shard(full, world, rank)
+
+
+def fsdp_flat_shard(full, world, rank):
+    flat = _padded(full.reshape(-1), world)
+    k = flat.numel() // world
+    return flat[rank * k:(rank + 1) * k]
+
+
+def fsdp_tensor_split(full, world, rank):
+    return torch.tensor_split(full, world, dim=0)[rank]
+
+
+def fsdp_padded_rows(full, world, rank):
+    rows = -(-full.shape[0] // world)
+    padded = torch.cat([full, full.new_zeros((rows * world - full.shape[0], *full.shape[1:]))])
+    return padded[rank * rows:(rank + 1) * rows]
+
+
+def fsdp_last_dim(full, world, rank):
+    return torch.tensor_split(full, world, dim=-1)[rank] if full.dim() > 1 else torch.chunk(full, world)[rank]
+
+
+def fsdp_crashes_past_the_end(full, world, rank):
+    return torch.chunk(full, world, dim=0)[rank]

@@ -28,7 +28,8 @@ EXERCISES = {"memory": (["model_state_bytes"], checks.check_model_state_bytes),
              "one_f_one_b": (["one_f_one_b_order"], checks.check_one_f_one_b),
              "verify_checkpoint": (["verify_checkpoint"], checks.check_verify_checkpoint),
              "loss_scaler": (["LossScaler"], checks.check_loss_scaler),
-             "offload": (["bytes_by_location"], checks.check_offload)}
+             "offload": (["bytes_by_location"], checks.check_offload),
+             "fsdp_shard": (["fsdp_local_shard"], checks.check_fsdp_shard)}
 
 
 def _load(package, name):
@@ -222,4 +223,17 @@ def test_loss_scaler_check_names_the_mistake(answer, says):
 def test_offload_check_names_the_mistake(answer, says):
     with pytest.raises(checks.ExerciseError, match="bytes_by_location") as info:
         checks.check_offload(answer)
+    assert says in str(info.value)
+
+
+@pytest.mark.parametrize("answer, says", [
+    (wrong.fsdp_flat_shard, "FSDP2 does not flatten"),
+    (wrong.fsdp_tensor_split, "FSDP2 cuts like torch.chunk"),
+    (wrong.fsdp_padded_rows, "to_local() holds only the real rows"),
+    (wrong.fsdp_last_dim, "FSDP2 shards dim 0 (rows)"),
+    (wrong.fsdp_crashes_past_the_end, "ranks past the last chunk hold zero rows"),
+], ids=lambda v: v.__name__ if callable(v) else "")
+def test_fsdp_shard_check_names_the_mistake(answer, says):
+    with pytest.raises(checks.ExerciseError, match="fsdp_local_shard") as info:
+        checks.check_fsdp_shard(answer)
     assert says in str(info.value)
