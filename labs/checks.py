@@ -1026,3 +1026,72 @@ def check_fsdp_shard(fn, world: int = 3, timeout: float = 90) -> None:
     if problems:
         _fail("fsdp_local_shard", problems[:8])
     print(f"✓ fsdp_local_shard equals FSDP2's to_local() on every one of {world} ranks for shapes {FSDP_SHAPES}")
+
+
+# ------------------------------------------------------------------------------------------------
+# Lab 09: the rank grid of a dp × tp × pp job.
+
+GRID_LAYOUTS = [(2, 2, 1), (2, 1, 2), (1, 2, 2), (2, 2, 2), (3, 2, 2), (2, 4, 3), (4, 1, 1), (1, 1, 4)]
+
+
+def _norm_groups(groups) -> list[tuple[int, ...]]:
+    return sorted(tuple(sorted(int(r) for r in g)) for g in groups)
+
+
+def _grid_groups(dp: int, tp: int, pp: int, order: tuple[str, ...], dim: str) -> list[tuple[int, ...]]:
+    """Groups along ``dim`` on another grid layout (``order``: outermost to innermost), for the hints."""
+    sizes = {"dp": dp, "tp": tp, "pp": pp}
+    grid = torch.arange(dp * tp * pp).view(*[sizes[d] for d in order])
+    axis = order.index(dim)
+    return _norm_groups(grid.movedim(axis, -1).reshape(-1, sizes[dim]).tolist())
+
+
+def _grid_diagnosis(fn, dp: int = 2, tp: int = 3, pp: int = 4) -> str | None:
+    """Which grid ``fn`` lays the ranks on, told apart on a layout whose three sizes differ."""
+    from itertools import permutations
+
+    try:
+        got = {dim: _norm_groups(fn(dp, tp, pp, dim)) for dim in ("dp", "tp", "pp")}
+    except Exception:  # noqa: BLE001 - reported case by case
+        return None
+    for order in permutations(("pp", "dp", "tp")):
+        if order != ("pp", "dp", "tp") and all(got[d] == _grid_groups(dp, tp, pp, order, d) for d in got):
+            return (f"with dp={dp}, tp={tp}, pp={pp} your groups are those of the grid view({', '.join(order)}) "
+                    f"({order[-1]} innermost); minimega's grid is view(pp, dp, tp): tp innermost (consecutive ranks "
+                    "form a tp group: they share a node's fast links), pp outermost, so "
+                    "rank = (pp_rank·dp + dp_rank)·tp + tp_rank")
+    return None
+
+
+def check_rank_grid(fn) -> None:
+    """Compare ``fn(dp, tp, pp, dim)`` with `minimega.ParallelDims.group_ranks` on several layouts."""
+    try:
+        fn(1, 1, 1, "dp")
+    except Exception as exc:  # noqa: BLE001
+        if (msg := _not_done(exc, "group_ranks")):
+            _fail("group_ranks", [msg])
+    problems = [d for d in [_grid_diagnosis(fn)] if d]
+    for dp, tp, pp in GRID_LAYOUTS:
+        dims = mm.ParallelDims(dp=dp, tp=tp, pp=pp)
+        for dim in ("tp", "dp", "pp"):
+            where = f"dp={dp}, tp={tp}, pp={pp}, {dim} groups"
+            want = _norm_groups(dims.group_ranks(dim))
+            try:
+                raw = fn(dp, tp, pp, dim)
+                got = _norm_groups(raw)
+            except Exception as exc:  # noqa: BLE001
+                problems.append(f"{where}: raised {type(exc).__name__}: {exc}")
+                continue
+            if got == want:
+                if any(list(g) != sorted(g) for g in raw):
+                    problems.append(f"{where}: list each group's ranks in increasing order")
+                continue
+            size = {"dp": dp, "tp": tp, "pp": pp}[dim]
+            head = f"{where}: got {got}, minimega's mesh has {want}"
+            if any(len(g) != size for g in got) or len(got) != dp * tp * pp // size:
+                problems.append(head + f": there are world/{dim} = {dp * tp * pp // size} groups of {dim} = {size} ranks")
+            else:
+                problems.append(head)
+    if problems:
+        _fail("group_ranks", problems[:8])
+    print(f"✓ group_ranks matches minimega's mesh for every dimension of {len(GRID_LAYOUTS)} layouts")

@@ -508,3 +508,29 @@ def fsdp_last_dim(full, world, rank):
 
 def fsdp_crashes_past_the_end(full, world, rank):
     return torch.chunk(full, world, dim=0)[rank]
+
+
+# ------------------------------------------------------------------------------------------------
+# labs/exercises/rank_grid.py: group_ranks(dp, tp, pp, dim)
+
+
+def _groups_on(order, dp, tp, pp, dim):
+    sizes = {"dp": dp, "tp": tp, "pp": pp}
+    grid = torch.arange(dp * tp * pp).view(*[sizes[d] for d in order])
+    return grid.movedim(order.index(dim), -1).reshape(-1, sizes[dim]).tolist()
+
+
+def grid_dp_innermost(dp, tp, pp, dim):
+    return _groups_on(("pp", "tp", "dp"), dp, tp, pp, dim)
+
+
+def grid_pp_innermost(dp, tp, pp, dim):
+    return _groups_on(("tp", "dp", "pp"), dp, tp, pp, dim)
+
+
+def grid_one_group(dp, tp, pp, dim):
+    return [list(range({"dp": dp, "tp": tp, "pp": pp}[dim]))]
+
+
+def grid_unsorted(dp, tp, pp, dim):
+    return [list(reversed(g)) for g in _groups_on(("pp", "dp", "tp"), dp, tp, pp, dim)]

@@ -29,7 +29,8 @@ EXERCISES = {"memory": (["model_state_bytes"], checks.check_model_state_bytes),
              "verify_checkpoint": (["verify_checkpoint"], checks.check_verify_checkpoint),
              "loss_scaler": (["LossScaler"], checks.check_loss_scaler),
              "offload": (["bytes_by_location"], checks.check_offload),
-             "fsdp_shard": (["fsdp_local_shard"], checks.check_fsdp_shard)}
+             "fsdp_shard": (["fsdp_local_shard"], checks.check_fsdp_shard),
+             "rank_grid": (["group_ranks"], checks.check_rank_grid)}
 
 
 def _load(package, name):
@@ -236,4 +237,16 @@ def test_offload_check_names_the_mistake(answer, says):
 def test_fsdp_shard_check_names_the_mistake(answer, says):
     with pytest.raises(checks.ExerciseError, match="fsdp_local_shard") as info:
         checks.check_fsdp_shard(answer)
+    assert says in str(info.value)
+
+
+@pytest.mark.parametrize("answer, says", [
+    (wrong.grid_dp_innermost, "your groups are those of the grid view(pp, tp, dp)"),
+    (wrong.grid_pp_innermost, "your groups are those of the grid view(tp, dp, pp)"),
+    (wrong.grid_one_group, "groups of"),
+    (wrong.grid_unsorted, "in increasing order"),
+], ids=lambda v: v.__name__ if callable(v) else "")
+def test_rank_grid_check_names_the_mistake(answer, says):
+    with pytest.raises(checks.ExerciseError, match="group_ranks") as info:
+        checks.check_rank_grid(answer)
     assert says in str(info.value)
