@@ -13,12 +13,8 @@ job, alternating, on identical data; ratio = minimega / other (median step time;
 from __future__ import annotations
 
 import argparse
-import importlib
-import os
-import sys
 import statistics
 import time
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -120,16 +116,11 @@ def main() -> None:
     parser.add_argument("--nproc", type=int, default=2)
     parser.add_argument("--deepspeed", action="store_true", help="also time DeepSpeed (if installed)")
     args = parser.parse_args()
-    # Workers import the function they run: make this file importable under its own name.
-    here = str(Path(__file__).resolve().parent)
-    sys.path.insert(0, here)
-    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [here, os.environ.get("PYTHONPATH")]))
-    bench = importlib.import_module(Path(__file__).stem)._bench
     print(f"| preset | stage | minimega s/step | torch | torch s/step | ratio | DeepSpeed s/step | ratio |")
     print("|---|---|---|---|---|---|---|---|")
     for preset in args.presets:
         batch, seq = (8, 64) if preset == "tiny" else (8, 128)
-        rows = mm.launch(bench, args.nproc, preset, args.stages, args.steps, batch, seq, args.deepspeed)[0]
+        rows = mm.launch(_bench, args.nproc, preset, args.stages, args.steps, batch, seq, args.deepspeed)[0]
         for stage, (ours, theirs, ds) in rows.items():
             ds_cols = f"{ds:.4f} | {ours / ds:.3f}" if ds else "- | -"
             print(f"| {preset} | {stage} | {ours:.4f} | {TORCH_NAME[stage]} | {theirs:.4f} | {ours / theirs:.3f} "

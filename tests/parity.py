@@ -34,10 +34,11 @@ def max_rel_error(got: dict, ref: dict) -> float:
 
 
 def reference_run(model_config: mm.GPTConfig, config: mm.TrainConfig, steps: int,
-                  seq_len: int | None = None) -> tuple[dict, list[float]]:
+                  seq_len: int | None = None, norms: list | None = None) -> tuple[dict, list[float]]:
     """The single-process run every layout must reproduce: same seed, same global batches, torch's optimizer.
 
-    Returns the final fp32 state dict and the per-step losses.
+    Returns the final fp32 state dict and the per-step losses; with clipping, appends each step's
+    gradient norm (before clipping) to ``norms`` when given.
     """
     torch.manual_seed(config.seed)
     model = mm.GPT(model_config)
@@ -54,7 +55,9 @@ def reference_run(model_config: mm.GPTConfig, config: mm.TrainConfig, steps: int
             (loss / ga).backward()
             total += loss.item()
         if config.gradient_clipping:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), config.gradient_clipping)
+            norm = torch.nn.utils.clip_grad_norm_(model.parameters(), config.gradient_clipping)
+            if norms is not None:
+                norms.append(float(norm))
         opt.step()
         opt.zero_grad(set_to_none=True)
         losses.append(total / ga)

@@ -70,12 +70,15 @@ def _load_and_continue(config, directory):
 
 LAYOUTS = {"dp1": (1, {}), "dp2": (2, {}), "dp4": (4, {}), "tp2": (2, {"tp": 2}), "dp2-tp2": (4, {"tp": 2}),
            "dp2-zero3": (2, {"zero_stage": 3}), "dp4-zero1": (4, {"zero_stage": 1}),
-           "dp2-zero2": (2, {"zero_stage": 2}), "pp2": (2, {"pp": 2, "micro_batches": 4})}
+           "dp2-zero2": (2, {"zero_stage": 2}), "pp2": (2, {"pp": 2, "micro_batches": 4}),
+           "dp2-tp2-zero1": (4, {"tp": 2, "zero_stage": 1}), "tp2-pp2": (4, {"tp": 2, "pp": 2, "micro_batches": 4}),
+           "dp2-pp2-zero1": (4, {"pp": 2, "zero_stage": 1, "micro_batches": 4})}
 
 
 @pytest.mark.parametrize("src, dst", [("dp2", "dp1"), ("dp1", "dp4"), ("dp2", "tp2"), ("dp2-tp2", "dp1"),
                                       ("dp2-zero3", "dp1"), ("dp2-zero3", "dp4-zero1"), ("dp2-zero3", "tp2"),
-                                      ("tp2", "dp2-zero2"), ("tp2", "pp2"), ("pp2", "dp2-zero2")], ids=lambda v: v)
+                                      ("tp2", "dp2-zero2"), ("tp2", "pp2"), ("pp2", "dp2-zero2"),
+                                      ("dp2-tp2-zero1", "tp2-pp2"), ("tp2-pp2", "dp2-pp2-zero1")], ids=lambda v: v)
 def test_reshard_across_layouts(tmp_path, src, dst):
     (w_src, kw_src), (w_dst, kw_dst) = LAYOUTS[src], LAYOUTS[dst]
     straight = mm.launch(_save_after, w_src, parity_config(**kw_src), str(tmp_path), 10, timeout=240)[0]

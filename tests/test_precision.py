@@ -53,10 +53,19 @@ def test_dynamic_scaler_grows_after_a_clean_window_and_refills_hysteresis():
 
 
 def test_static_scaler_counts_skips_and_keeps_its_scale():
-    s = precision.make_scaler(precision.policy("fp16"), loss_scale=128.0)
+    s = precision.make_scaler(precision.policy("fp16"), mm.TrainConfig(loss_scale=128.0, zero_stage=1, precision="fp16"))
     s.update(True)
     assert s.scale == 128.0 and s.skipped == 1
     assert precision.make_scaler(precision.policy("bf16")) is None
+
+
+def test_deepspeed_fp16_settings_reach_the_dynamic_scaler():
+    cfg = mm.TrainConfig.from_deepspeed({"zero_optimization": {"stage": 1}, "fp16": {
+        "enabled": True, "initial_scale_power": 8, "loss_scale_window": 50, "hysteresis": 1, "min_loss_scale": 4}})
+    s = precision.make_scaler(precision.policy("fp16"), cfg)
+    assert (s.scale, s.window, s.hysteresis, s.min_scale) == (256.0, 50, 1, 4.0)
+    s.update(True)                                       # hysteresis 1: the first overflow halves at once
+    assert s.scale == 128.0
 
 
 def test_fp16_overflow_skips_the_step_and_leaves_weights_alone():

@@ -136,7 +136,15 @@ class TrainConfig:
     prefetch: bool = True
     """ZeRO-3: all-gather the next block's parameters while the current one computes."""
     loss_scale: float = 0.0
-    """fp16 only: 0 = dynamic loss scaling (DeepSpeed defaults), > 0 = a fixed scale."""
+    """fp16 only: 0 = dynamic loss scaling, > 0 = a fixed scale."""
+    initial_scale_power: int = 16
+    """fp16 dynamic scaling: the first scale is 2**initial_scale_power (DeepSpeed's default 16)."""
+    loss_scale_window: int = 1000
+    """fp16 dynamic scaling: clean steps before the scale doubles."""
+    hysteresis: int = 2
+    """fp16 dynamic scaling: overflows absorbed before the scale halves."""
+    min_loss_scale: float = 1.0
+    """fp16 dynamic scaling: the scale never drops below this."""
 
     def __post_init__(self):
         for name in ("tp", "pp", "micro_batches", "virtual_stages", "batch_size",
@@ -158,8 +166,19 @@ class TrainConfig:
                              f"(the fp32 master weights live in the ZeRO optimizer's shards)")
         if self.sequence_parallel and self.tp == 1:
             raise ValueError("TrainConfig: sequence_parallel needs tp > 1")
+        if self.pp > 1 and self.zero_stage > 1:
+            raise ValueError(f"TrainConfig: zero_stage={self.zero_stage} with pp={self.pp}: under a pipeline ZeRO-2 "
+                             f"would reduce-scatter gradients (and ZeRO-3 gather weights) on each of the "
+                             f"micro_batches={self.micro_batches}; use zero_stage=1 (sharded optimizer states, "
+                             "one reduce-scatter per step) or 0")
+        if self.pp > 1 and self.precision == "fp16":
+            raise ValueError(f"TrainConfig: precision='fp16' with pp={self.pp}: the pipeline does not scale its "
+                             "losses for fp16; use precision='bf16' (no loss scaling needed) or 'fp32'")
         if self.schedule != "interleaved_1f1b" and self.virtual_stages != 1:
             raise ValueError(f"TrainConfig: virtual_stages={self.virtual_stages} needs schedule='interleaved_1f1b'")
+        if self.loss_scale_window < 1 or self.hysteresis < 1 or self.min_loss_scale <= 0 or self.loss_scale < 0:
+            raise ValueError("TrainConfig: loss_scale_window and hysteresis must be >= 1, min_loss_scale > 0, "
+                             "loss_scale >= 0")
         if self.gradient_clipping < 0 or self.lr <= 0 or self.bucket_mb <= 0:
             raise ValueError("TrainConfig: gradient_clipping must be >= 0, lr and bucket_mb > 0")
         if self.seq_len is not None and self.seq_len < 1:
@@ -255,8 +274,13 @@ class TrainConfig:
         if "fp16" in config:
             check(config["fp16"], {"enabled", "loss_scale", "initial_scale_power", "loss_scale_window",
                                    "hysteresis", "min_loss_scale"}, "fp16")
-            if float(config["fp16"].get("loss_scale", 0)) > 0:
-                out["loss_scale"] = float(config["fp16"]["loss_scale"])
+            fp16_cfg = config["fp16"]
+            if float(fp16_cfg.get("loss_scale", 0)) > 0:
+                out["loss_scale"] = float(fp16_cfg["loss_scale"])
+            for key, cast in (("initial_scale_power", int), ("loss_scale_window", int), ("hysteresis", int),
+                              ("min_loss_scale", float)):
+                if key in fp16_cfg:
+                    out[key] = cast(fp16_cfg[key])
         if bf16 and fp16:
             raise ValueError("DeepSpeed config: fp16 and bf16 are both enabled; enable at most one")
         out["precision"] = "bf16" if bf16 else "fp16" if fp16 else "fp32"

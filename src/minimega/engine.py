@@ -9,6 +9,11 @@ seed) and wraps it, in this order:
     4. precision        (bf16 / fp16 storage, fp32 master weights)
     5. data parallel    (DDP at zero_stage 0, ZeRO stages 1-3 otherwise) over the dp group
 
+Any (dp, tp, pp) composes. In code, steps 1 and 2 run in the other order with the same result: the TP
+layers are built on the whole model and the split keeps this stage's blocks (TP never crosses a block),
+so a chunk of a `ParallelGPT` runs its vocab-parallel ends. Each chunk then gets its own dp wrapper:
+DDP, or ZeRO-1 (the BLOOM-176B recipe). ZeRO-2/3 combine with tp but not with pp (see `compose`).
+
 ``Engine.train_step((x, y))`` takes this dp rank's rows of the global batch (see `minimega.data`),
 runs the gradient-accumulation micro-steps, clips, steps the optimizer and returns the global mean loss.
 """
@@ -21,6 +26,7 @@ import torch
 
 from . import comm, measure, zero
 from .activation_checkpoint import apply_activation_checkpointing
+from .compose import ChunkOptimizers, clip_zero_
 from .config import TrainConfig
 from .data_parallel import DataParallel
 from .mesh import Mesh
@@ -56,12 +62,6 @@ def validate(model: GPT, config: TrainConfig, mesh: Mesh) -> None:
     if seq > model.config.block_size:
         raise ValueError(f"seq_len={seq} exceeds the model's block_size={model.config.block_size}")
     check_divisible(model.config, config.tp)
-    if config.zero_stage and (config.tp > 1 or config.pp > 1):
-        raise ValueError(f"zero_stage={config.zero_stage} with tp={config.tp}, pp={config.pp}: ZeRO does not compose "
-                         "with tensor or pipeline parallelism in this engine yet; use zero_stage=0 (DDP over dp)")
-    if config.tp > 1 and config.pp > 1:
-        raise ValueError(f"tp={config.tp} with pp={config.pp}: tensor and pipeline parallelism do not compose in "
-                         "this engine yet; use one of them (each combines with dp)")
     if config.sequence_parallel and seq % config.tp:
         raise ValueError(f"sequence_parallel: seq_len={seq} is not divisible by tp={config.tp}")
 
@@ -83,20 +83,31 @@ class Engine:
         self.model_config = model.config
         self._keys = list(model.state_dict())
         self.pipeline: Pipeline | None = None
+        # --8<-- [start:compose_order]
         model = apply_tensor_parallel(model.to(mesh.device), mesh, config.sequence_parallel)
         apply_activation_checkpointing(model, config.activation_checkpointing, config.checkpoint_every)
         self.config, self.mesh, self.module = config, mesh, model
+
+        def data_parallel(module):       # ZeRO shards the optimizer itself (the wrapper steps); DDP does not
+            if config.zero_stage:
+                return zero.wrap(module, config, mesh.dp_group, mesh.dp_rank, lambda p: make_optimizer(p, config),
+                                 model_parallel=(mesh.tp_group, mesh.pp_group))
+            return DataParallel(module, mesh.dp_group, bucket_mb=config.bucket_mb)
+
         if config.pp > 1:      # keep this rank's chunks; each syncs its gradients over dp on its own
-            self.pipeline = Pipeline(model, config, mesh,
-                                     wrap=lambda c: DataParallel(c, mesh.dp_group, bucket_mb=config.bucket_mb))
+            self.pipeline = Pipeline(model, config, mesh, wrap=data_parallel)
             self.module = self.model = self.pipeline
-            self.optimizer = make_optimizer(self.module.parameters(), config)
-        elif config.zero_stage > 0:      # ZeRO shards the optimizer itself: the wrapper steps
-            self.model = zero.wrap(model, config, mesh.dp_group, mesh.dp_rank, lambda p: make_optimizer(p, config))
-            self.optimizer = self.model
+            self.parts, wrappers = list(self.pipeline.chunks), list(self.pipeline.wrapped)
         else:
-            self.model = DataParallel(model, mesh.dp_group, bucket_mb=config.bucket_mb)
-            self.optimizer = make_optimizer(model.parameters(), config)
+            self.model = data_parallel(model)
+            self.parts, wrappers = [model], [self.model]
+        # --8<-- [end:compose_order]
+        # `parts`: the modules holding this rank's parameters under model.py's names; `zero_stages`: their ZeRO wrappers.
+        self.zero_stages = wrappers if config.zero_stage else []
+        if not config.zero_stage:
+            self.optimizer = make_optimizer(self.module.parameters(), config)
+        else:
+            self.optimizer = ChunkOptimizers(wrappers) if config.pp > 1 else self.model
         self.memory_at_step: dict = {}
         self.comm_log = comm.CommLog()
         self.losses: list[float] = []
@@ -133,7 +144,8 @@ class Engine:
                 total += loss.detach()
             norm = self._clip()
             self.optimizer.step()
-            self.memory_at_step = self.memory()          # params, grads and optimizer states all live
+            if self.step < 2:      # params, grads and optimizer states all live; steady from step 2 on
+                self.memory_at_step = self.memory()
             self.optimizer.zero_grad(set_to_none=True)
             self._event("optimizer_step_end")
         self.comm_per_step.append(self.comm_log.total_sent() - sent_before)
@@ -150,8 +162,8 @@ class Engine:
         """Clip by the global gradient norm (grads are replicated after the DDP all-reduce)."""
         if not self.config.gradient_clipping:
             return None
-        if self.config.zero_stage:
-            return self.model.clip_grad_norm_(self.config.gradient_clipping)
+        if self.config.zero_stage:          # shards over dp, slices over tp, chunks over pp: see compose
+            return clip_zero_(self.zero_stages, self.mesh, self.config.gradient_clipping)
         if self.pipeline is not None:
             return self.pipeline.clip_grad_norm_(self.config.gradient_clipping)
         if isinstance(self.module, ParallelGPT):     # shards: the norm needs every tp rank's share
@@ -175,21 +187,35 @@ class Engine:
         return comm.all_reduce_mean(loss.detach().clone(), self.mesh.dp_group).item()
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
-        """Consolidated fp32 weights with `model.py`'s keys, on every rank (a collective under ZeRO, TP and PP)."""
-        if self.config.zero_stage:
-            return self.model.full_state_dict()
-        if self.pipeline is not None:          # every stage holds a disjoint part: gather them all
-            local = {k: v.detach().float().cpu().clone() for c in self.pipeline.chunks for k, v in c.state_dict().items()}
+        """Consolidated fp32 weights with `model.py`'s keys, on every rank (a collective under ZeRO, TP and PP).
+
+        ZeRO gathers each part's shards over dp, TP layers gather their slices over tp, and the stages'
+        disjoint parts are merged over pp.
+        """
+        local = {}
+        for part, wrapper in self._holders():
+            state = wrapper.full_state_dict() if self.config.zero_stage else part.state_dict()
+            local.update({k: self._full(part, k, v).float() for k, v in state.items()})
+        return self._merge_stages(local)
+
+    def _holders(self):
+        """(part, its ZeRO wrapper or None) for each module holding this rank's parameters."""
+        return zip(self.parts, self.zero_stages or [None] * len(self.parts))
+
+    def _full(self, part, name: str, t: torch.Tensor) -> torch.Tensor:
+        """``t``, shaped like parameter ``name``'s local slice, gathered over tp to full shape, on the CPU."""
+        return full_like_param(part, name, t.detach().to(self.mesh.device)).detach().cpu().clone()
+
+    def _merge_stages(self, local: dict) -> dict:
+        """Every stage's disjoint entries, on every rank, in `model.py`'s order where the keys are its."""
+        if self.pipeline is not None:
             local = {k: v for part in comm.all_gather_object(local, self.mesh.pp_group) for k, v in part.items()}
-            return {k: local[k] for k in self._keys}
-        state = (self.module.full_state_dict() if isinstance(self.module, ParallelGPT)
-                 else self.module.state_dict())
-        return {k: v.detach().float().cpu().clone() for k, v in state.items()}
+        return {k: local[k] for k in self._keys if k in local}
 
     def memory(self) -> dict:
         """Bytes this rank holds right now, by category."""
         if self.config.zero_stage:
-            return self.model.memory()
+            return self.optimizer.memory()
         return measure.model_state_bytes(self.module, self.optimizer)
 
     def report(self) -> dict:
@@ -218,42 +244,45 @@ class Engine:
 
     def training_state(self) -> dict:
         """{'model': full fp32 weights, 'optimizer': {key: {state: full tensor}}} by `model.py` keys, on every rank."""
-        if self.config.zero_stage:
-            return zero.training_state(self.model)
-        optimizer = {}
-        for name, p in self._named_parameters().items():
-            st = self.optimizer.state.get(p, {})
-            optimizer[name] = {k: (full_like_param(self.module, name, v) if v.shape == p.shape else v).detach().cpu().clone()
-                               for k, v in st.items()}
-        optimizer = {k: v for k, v in optimizer.items() if v}
-        if self.pipeline is not None:          # each stage has its own parameters' states: merge them
-            optimizer = {k: v for part in comm.all_gather_object(optimizer, self.mesh.pp_group) for k, v in part.items()}
-        return {"model": self.full_state_dict(), "optimizer": optimizer}
-
-    def _named_parameters(self) -> dict:
-        """This rank's parameters by `model.py` key (a pipeline's chunks keep the model's names)."""
-        if self.pipeline is not None:
-            return {n: p for c in self.pipeline.chunks for n, p in c.named_parameters()}
-        return dict(self.module.named_parameters())
+        model, optimizer = {}, {}
+        for part, wrapper in self._holders():
+            if wrapper is not None:
+                local = zero.training_state(wrapper)
+            else:
+                local = {"model": dict(part.named_parameters()),
+                         "optimizer": {n: self.optimizer.state.get(p, {}) for n, p in part.named_parameters()}}
+            model.update({n: self._full(part, n, w).float() for n, w in local["model"].items()})
+            for name, st in local["optimizer"].items():
+                if st:                 # a parameter the optimizer has not stepped has no state
+                    optimizer[name] = {k: self._full(part, name, v) if v.dim() else v.detach().cpu().clone()
+                                       for k, v in st.items()}
+        return {"model": self._merge_stages(model), "optimizer": self._merge_stages(optimizer)}
 
     @torch.no_grad()
     def load_training_state(self, state: dict, step: int) -> None:
         """Take a full-shaped training state (any saved layout) into this rank's layout."""
         self.step = step
-        if self.config.zero_stage:
-            return zero.load_training_state(self.model, state)
-        params = self._named_parameters()
-        if missing := sorted(set(params) - set(state["model"])):
+        names = [n for part in self.parts for n, _ in part.named_parameters()]
+        if missing := [n for n in names if n not in state["model"]]:
             raise ValueError(f"checkpoint lacks parameters {missing[:5]}")
-        for name, p in params.items():
-            p.copy_(local_like_param(self.module, name, state["model"][name], p))
-        self.optimizer.state.clear()
-        for name, st in state["optimizer"].items():
-            if name not in params:             # another pipeline stage's parameter
+        if not self.config.zero_stage:
+            self.optimizer.state.clear()
+        for part, wrapper in self._holders():
+            params = dict(part.named_parameters())
+            # ZeRO keeps fp32 masters whatever the parameters' dtype: localise into fp32 for it.
+            like = {n: (torch.empty(p.shape, dtype=torch.float32, device=self.mesh.device) if wrapper else p)
+                    for n, p in params.items()}
+            local = {"model": {n: local_like_param(part, n, state["model"][n], like[n]) for n in params},
+                     "optimizer": {n: {k: local_like_param(part, n, v, like[n]) if v.dim() else v.clone()
+                                       for k, v in state["optimizer"][n].items()}
+                                   for n in params if n in state["optimizer"]}}
+            if wrapper is not None:
+                zero.load_training_state(wrapper, local)
                 continue
-            p = params[name]
-            self.optimizer.state[p] = {k: (local_like_param(self.module, name, v, p) if v.dim() else v.clone())
-                                       for k, v in st.items()}
+            for n, p in params.items():
+                p.copy_(local["model"][n])
+                if n in local["optimizer"]:
+                    self.optimizer.state[p] = local["optimizer"][n]
 
     def rng_state(self) -> dict:
         return {"torch": torch.get_rng_state(),

@@ -389,7 +389,94 @@ def activations_measured() -> go.Figure:
     return fig
 
 
+def zero_memory_measured() -> go.Figure:
+    """Bytes rank 0 holds at the optimizer step under DDP and ZeRO 1-3 (dp = 2), against the padded formula."""
+    tr = _trace("zero-memory")
+    dp = tr["source"]["dp"]
+    cats = (("params", "parameters (fp32, 4 B)"), ("grads", "gradients (fp32, 4 B)"),
+            ("optimizer_states", "Adam momentum + variance (8 B)"))
+    xs = [STAGE_NAMES[s["stage"]] for s in tr["stages"]]
+    mem = [s["ranks"][0]["memory_at_step"] for s in tr["stages"]]
+    fig = go.Figure()
+    for key, label in cats:
+        fig.add_bar(x=xs, y=[m[key] / 1e6 for m in mem], name=label,
+                    hovertemplate="%{y:.3f} MB<extra>" + label + "</extra>")
+    want = [est.model_state_bytes_padded([u["numel"] for u in s["units"]], dp, s["stage"], "fp32") / 1e6
+            for s in tr["stages"]]
+    fig.add_scatter(x=xs, y=want, mode="markers", marker=dict(symbol="line-ew-open", size=40, line=dict(width=3)),
+                    name="model_state_bytes_padded (16, 12, 10, 8 B × Ψ_pad / stage)",
+                    hovertemplate="%{y:.3f} MB<extra>formula</extra>")
+    _layout(fig, f"Model states on rank 0 at the optimizer step, N_d = {dp} (tiny GPT, fp32 AdamW, recorded)", "",
+            "MB per rank (1 MB = 10⁶ B)", barmode="stack")
+    return fig
+
+
+def zero_prefetch(step: int = -1) -> go.Figure:
+    """ZeRO-3 forward on rank 0: each unit's compute span and its all-gather in flight (issued → waited)."""
+    tr = _trace("zero-prefetch")
+    st = tr["ranks"][0]["steps"][step]
+    units = st["units"]
+    rows = [u["unit"] for u in units]
+    fig = go.Figure()
+    fig.add_bar(y=rows, x=[u["waited"] - u["issued"] for u in units], base=[u["issued"] for u in units],
+                orientation="h", name="all-gather in flight (issued → waited on)", marker_color=PALETTE[2],
+                opacity=0.45, customdata=[[u["bytes"] / 1e3] for u in units],
+                hovertemplate="%{y}: gather of %{customdata[0]:.0f} kB, %{base:.2f} to %{x:.2f} ms long<extra></extra>")
+    fig.add_bar(y=rows, x=[u["forward_end"] - u["forward_start"] for u in units],
+                base=[u["forward_start"] for u in units], orientation="h", name="unit forward",
+                marker_color=PALETTE[0], width=0.4,
+                hovertemplate="%{y} forward: %{base:.2f} to %{x:.2f} ms long<extra></extra>")
+    fig.add_scatter(y=rows, x=[u["issued"] for u in units], mode="markers", name="all-gather issued",
+                    marker=dict(symbol="diamond", size=9, color=PALETTE[3]),
+                    hovertemplate="%{y}: issued at %{x:.2f} ms<extra></extra>")
+    _layout(fig, f"ZeRO-3 forward on rank 0 of {tr['source']['world_size']}: block k+1's all-gather is issued "
+                 f"before block k computes (step {st['step']}, recorded)",
+            "time from the start of the step's forward (ms)", "unit", barmode="overlay")
+    fig.update_yaxes(categoryorder="array", categoryarray=rows[::-1])
+    return fig
+
+
+def pipeline_recorded(step: int = -1) -> go.Figure:
+    """GPipe and 1F1B at p = 2, m = 4: each rank's forward, backward and p2p spans of one recorded step."""
+    tr = _trace("pipeline")
+    p, m = tr["p"], tr["m"]
+    colours = {"forward": PALETTE[0], "backward": PALETTE[1], "send": PALETTE[5], "recv": PALETTE[5],
+               "send_recv": PALETTE[5]}
+    labels = {"forward": "forward", "backward": "backward", "send": "p2p (send / recv)",
+              "recv": "p2p (send / recv)", "send_recv": "p2p (send / recv)"}
+    names = {"gpipe": "GPipe", "1f1b": "1F1B"}
+    fig, rows, seen = go.Figure(), [], set()
+    for sch in tr["schedules"]:
+        for r in sch["ranks"]:
+            b = r["bubble"]
+            row = f"{names[sch['schedule']]} rank {r['rank']} ({b['idle']}/{b['ticks']} slots idle)"
+            rows.append(row)
+            spans = r["steps"][step]["spans"]
+            for kind in ("forward", "backward", "send", "recv", "send_recv"):
+                mine = [s for s in spans if s["kind"] == kind]
+                if not mine:
+                    continue
+                label = labels[kind]
+                fig.add_bar(y=[row] * len(mine), x=[s["end"] - s["start"] for s in mine],
+                            base=[s["start"] for s in mine], orientation="h", name=label,
+                            marker_color=colours[kind], opacity=1.0 if kind in ("forward", "backward") else 0.5,
+                            legendgroup=label, showlegend=label not in seen,
+                            text=[f"{kind[0].upper()}{s['micro']}" if "micro" in s else "" for s in mine],
+                            textposition="inside", insidetextanchor="middle",
+                            hovertemplate=f"{kind} %{{text}}: %{{base:.1f}} to %{{x:.1f}} ms long<extra>{row}</extra>")
+                seen.add(label)
+    _layout(fig, f"One recorded step, p = {p}, m = {m}: both idle (p−1)/(m+p−1) = "
+                 f"{est.bubble_fraction(p, m, '1f1b'):.0%} of slots",
+            "time from the start of the step (ms)", "", barmode="overlay")
+    fig.update_yaxes(categoryorder="array", categoryarray=rows[::-1])
+    fig.update_layout(margin=dict(l=230))
+    return fig
+
+
 FIGURES.update({
+    "zero-memory-measured": zero_memory_measured,
+    "zero-prefetch": zero_prefetch,
+    "pipeline-recorded": pipeline_recorded,
     "ddp-overlap": ddp_overlap,
     "memory-measured": memory_measured,
     "tp-comm-per-layer": tp_comm_per_layer,

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import torch
 
 
+# --8<-- [start:policies]
 @dataclass(frozen=True)
 class Policy:
     name: str
@@ -41,6 +42,7 @@ POLICIES = {
     "bf16": Policy("bf16", torch.bfloat16),
     "fp16": Policy("fp16", torch.float16, loss_scaling=True),
 }
+# --8<-- [end:policies]
 
 
 def policy(name: str) -> Policy:
@@ -97,11 +99,16 @@ class StaticLossScaler:
         self.skipped += int(overflow)
 
 
-def make_scaler(policy: Policy, loss_scale: float = 0.0):
-    """The scaler a policy needs, or None (fp32, bf16)."""
+def make_scaler(policy: Policy, config=None):
+    """The scaler a policy needs (fp16), or None (fp32, bf16); settings from a `TrainConfig` when given."""
     if not policy.loss_scaling:
         return None
-    return StaticLossScaler(loss_scale) if loss_scale > 0 else DynamicLossScaler()
+    if config is None:
+        return DynamicLossScaler()
+    if config.loss_scale > 0:
+        return StaticLossScaler(config.loss_scale)
+    return DynamicLossScaler(init_scale=2.0 ** config.initial_scale_power, window=config.loss_scale_window,
+                             hysteresis=config.hysteresis, min_scale=config.min_loss_scale)
 
 
 def has_overflow(tensors) -> bool:

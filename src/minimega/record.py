@@ -11,6 +11,12 @@ same way the labs and tests run:
                         sends per step, by layer (embedding, block i, head, loss), direction and collective
     activations.json    bytes one block keeps for backward, measured with ``saved_tensors_hooks``, against
                         `estimate.gpt_activation_bytes_per_layer`, for no / selective / full recomputation
+    zero-memory.json    bytes each rank holds by category at the optimizer step under DDP and ZeRO stages
+                        1, 2, 3 (dp = 2, fp32 AdamW), with each unit's element count for the padding rule
+    zero-prefetch.json  ZeRO-3 (dp = 2): per unit and step, when its all-gather was issued and waited on,
+                        against the unit's forward span (the next unit's gather starts before it ends)
+    pipeline.json       pp = 2, m = 4 under GPipe and 1F1B: each rank's forward, backward and p2p spans
+                        per step, its slot grid, and its idle slots
 
 The site builds its recorded-run figures from these files (``plots.py``), so the build needs no process
 group and stays fast. Byte counts are exact and repeat run to run; times (milliseconds from the start of
@@ -27,10 +33,11 @@ import torch
 
 SCHEMA = 1
 WORLD = 2
-TRACES = ("ddp-overlap", "memory", "tp-comm", "activations")
+TRACES = ("ddp-overlap", "memory", "tp-comm", "activations", "zero-memory", "zero-prefetch", "pipeline")
 DEFAULT_OUT = Path("course") / "data"
 BATCH, SEED = 8, 1
 ACT_BATCH, ACT_DROPOUT = 4, 0.1
+PP_MICRO = 4
 
 
 def _ms(t: float, t0: float) -> float:
@@ -230,6 +237,95 @@ def tp_worker(steps: int, sequence_parallel: bool, activations: bool) -> dict:
 
 
 # ------------------------------------------------------------------------------------------------
+# ZeRO: memory by category per stage, and ZeRO-3's prefetch
+
+def zero_worker(steps: int, stage: int) -> dict:
+    """One rank of a dp = 2 run at ZeRO ``stage`` (0 = DDP): memory at the step, units, and (stage 3) prefetch."""
+    from . import data
+    from .config import GPTConfig, TrainConfig
+    from .engine import initialize
+    from .mesh import ParallelDims, init_mesh
+    from .model import GPT
+
+    mesh = init_mesh(ParallelDims(dp=WORLD))
+    model_config = GPTConfig.tiny()
+    config = TrainConfig(batch_size=BATCH, seed=SEED, zero_stage=stage)
+    torch.manual_seed(config.seed)
+    engine = initialize(GPT(model_config), config, mesh)
+    for batch in data.batches(mesh, steps, BATCH, model_config.block_size, seed=SEED):
+        engine.train_step(batch)
+    rep = engine.report()
+    at_step = {k: v for k, v in rep["memory_at_step"].items() if isinstance(v, (int, float))}
+    out = {"rank": mesh.rank, "stage": stage, "memory_at_step": at_step,
+           "units": [{"name": u.name, "numel": u.numel, "padded": u.padded} for u in engine.model.units]
+           if stage else [{"name": "model", "numel": sum(p.numel() for p in engine.module.parameters()),
+                           "padded": sum(p.numel() for p in engine.module.parameters())}]}
+    if stage == 3:
+        out["steps"] = _prefetch_steps(rep, steps)
+    return out
+
+
+def _prefetch_steps(rep: dict, steps: int) -> list[dict]:
+    """Per step, per unit in forward order: all-gather issued / waited (ms) and the unit's forward span."""
+    engine_events = [e for e in rep["timeline"] if "step" in e]
+    stage_events = sorted((e for e in rep["timeline"] if "step" not in e), key=lambda e: e["time"])
+    gathers = [c for c in rep["comm_events"] if c["op"] == "all_gather" and c["group"].startswith("dp")]
+    out = []
+    for k in range(steps):
+        at = {e["event"]: e["time"] for e in engine_events if e["step"] == k}
+        t0, t1 = at["forward_start"], at["backward_start"]
+        fwd = [e for e in stage_events if t0 <= e["time"] <= t1]
+        starts = {e["unit"]: e["time"] for e in fwd if e["event"] == "unit_forward_start"}
+        ends = {e["unit"]: e["time"] for e in fwd if e["event"] == "unit_forward_end"}
+        issued = {e["unit"]: (e["time"], e["prefetch"]) for e in fwd if e["event"] == "all_gather_issued"}
+        waits = {c["tag"]: c for c in gathers if t0 <= c["start"] <= t1}
+        units = []
+        for name in starts:                                   # dict order: forward order
+            row = {"unit": name, "forward_start": _ms(starts[name], t0), "forward_end": _ms(ends[name], t0)}
+            if name in issued:
+                c = waits[name]
+                row.update(issued=_ms(issued[name][0], t0), waited=_ms(c["end"], t0), prefetch=issued[name][1],
+                           elements=c["elements"], bytes=c["bytes"], sent_bytes=c["sent_bytes"])
+            units.append(row)
+        out.append({"step": k, "backward_start": _ms(t1, t0), "units": units})
+    return out
+
+
+# ------------------------------------------------------------------------------------------------
+# Pipeline: GPipe against 1F1B
+
+def pipeline_worker(steps: int, schedule: str) -> dict:
+    """One rank of a pp = 2, m = PP_MICRO run: its spans per step, its row of the slot grid, its idle slots."""
+    from . import data
+    from .config import GPTConfig, TrainConfig
+    from .engine import initialize
+    from .mesh import ParallelDims, init_mesh
+    from .model import GPT
+
+    mesh = init_mesh(ParallelDims(pp=WORLD))
+    model_config = GPTConfig.tiny()
+    config = TrainConfig(batch_size=BATCH, seed=SEED, pp=WORLD, micro_batches=PP_MICRO, schedule=schedule)
+    torch.manual_seed(config.seed)
+    engine = initialize(GPT(model_config), config, mesh)
+    for batch in data.batches(mesh, steps, BATCH, model_config.block_size, seed=SEED):
+        engine.train_step(batch)
+    rep = engine.report()
+    pipe = engine.pipeline
+    out_steps = []
+    for k in range(steps):
+        ev = [e for e in pipe.events if e["step"] == k]
+        whole = next(e for e in ev if e["kind"] == "step")
+        t0 = whole["start"]
+        spans = [{"kind": e["kind"], "tick": e["tick"], "start": _ms(e["start"], t0), "end": _ms(e["end"], t0),
+                  **({"micro": e["micro"]} if "micro" in e else {})}
+                 for e in sorted(ev, key=lambda e: e["start"]) if e["kind"] != "step"]
+        out_steps.append({"step": k, "end": _ms(whole["end"], t0), "spans": spans})
+    return {"rank": mesh.pp_rank, "schedule": schedule, "grid": [str(a) if a else None for a in pipe.plan.grid[mesh.pp_rank]],
+            "bubble": {k: v for k, v in rep["pipeline"].items() if k != "wall_idle_of_total"},
+            "steps": out_steps}
+
+
+# ------------------------------------------------------------------------------------------------
 # Assemble the traces
 
 def _source(steps: int, **extra) -> dict:
@@ -291,6 +387,30 @@ def record(out: str | Path = DEFAULT_OUT, steps: int = 3, bucket_mb: float = 0.0
                 rows.append({"rank": r["rank"], **row, "formula": formula})
         traces["activations"] = {"schema": SCHEMA, "kind": "activations", "source": _source(0, tp=WORLD),
                                  "shape": act_shape, "rows": rows}
+    zero_runs = {}
+    if {"zero-memory", "zero-prefetch"} & set(only):
+        stages = (0, 1, 2, 3) if "zero-memory" in only else (3,)
+        zero_runs = {st: launch(zero_worker, WORLD, steps, st, backend="gloo", timeout=timeout) for st in stages}
+    if "zero-memory" in only:
+        traces["zero-memory"] = {
+            "schema": SCHEMA, "kind": "zero-memory", "source": _source(steps, optimizer="adamw", precision="fp32",
+                                                                       dp=WORLD),
+            "shape": shape, "n_params": sum(u["numel"] for u in zero_runs[0][0]["units"]),
+            "stages": [{"stage": st, "units": runs[0]["units"],
+                        "ranks": [{"rank": r["rank"], "memory_at_step": r["memory_at_step"]} for r in runs]}
+                       for st, runs in sorted(zero_runs.items())]}
+    if "zero-prefetch" in only:
+        traces["zero-prefetch"] = {
+            "schema": SCHEMA, "kind": "zero-prefetch", "source": _source(steps, dp=WORLD, zero_stage=3, prefetch=True),
+            "shape": shape, "units": zero_runs[3][0]["units"],
+            "ranks": [{"rank": r["rank"], "steps": r["steps"]} for r in zero_runs[3]]}
+    if "pipeline" in only:
+        runs = {sch: launch(pipeline_worker, WORLD, steps, sch, backend="gloo", timeout=timeout)
+                for sch in ("gpipe", "1f1b")}
+        traces["pipeline"] = {
+            "schema": SCHEMA, "kind": "pipeline", "source": _source(steps, pp=WORLD, micro_batches=PP_MICRO),
+            "shape": shape, "p": WORLD, "m": PP_MICRO,
+            "schedules": [{"schedule": sch, "ranks": rs} for sch, rs in runs.items()]}
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     paths = {}
@@ -320,7 +440,8 @@ def load(name: str, directory: str | Path | None = None) -> dict:
 def add_record_parser(subparsers) -> argparse.ArgumentParser:
     """Register ``record`` on an argparse subparsers object; the handler is `run_record`."""
     p = subparsers.add_parser("record", help="run small 2-rank jobs and write the course's JSON traces",
-                              description="Train the tiny GPT on 2 gloo ranks (DDP, tensor parallelism) and write "
+                              description="Train the tiny GPT on 2 gloo ranks (DDP, ZeRO, tensor and pipeline "
+                                          "parallelism) and write "
                                           "what they measured under --out: " + ", ".join(f"{t}.json" for t in TRACES))
     p.add_argument("--out", default=str(DEFAULT_OUT), help=f"directory for the traces (default {DEFAULT_OUT})")
     p.add_argument("--steps", type=int, default=3, help="training steps per job (default 3)")

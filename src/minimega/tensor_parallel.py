@@ -407,20 +407,24 @@ def apply_tensor_parallel(model: GPT, mesh, sequence_parallel: bool = False) -> 
 # element ids* through `full()` says, for every element of the full tensor, which rank and local slot it
 # came from; a rank then picks its own elements (padding rows, absent from the full tensor, stay zero).
 
-def _sharded_params(model: nn.Module) -> dict[str, nn.Module]:
-    if not isinstance(model, ParallelGPT):
-        return {}
+def sharded_params(module: nn.Module) -> dict[str, nn.Module]:
+    """{parameter name: the TP layer it belongs to} for every tp-sharded parameter under ``module``.
+
+    Works on anything holding TP layers: a `ParallelGPT`, or a pipeline chunk of one (whose names are the
+    model's). Parameters not listed are replicated over tp.
+    """
     out = {}
-    for name, module in model.sharded_modules().items():
-        out[f"{name}.weight"] = module
-        if isinstance(module, ColumnParallelLinear) and module.bias is not None:
-            out[f"{name}.bias"] = module
+    for name, m in module.named_modules():
+        if isinstance(m, (ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding)):
+            out[f"{name}.weight"] = m
+            if isinstance(m, ColumnParallelLinear) and m.bias is not None:
+                out[f"{name}.bias"] = m
     return out
 
 
 def full_like_param(model: nn.Module, name: str, t: torch.Tensor) -> torch.Tensor:
     """The full-shaped version of ``t``, a tensor shaped like parameter ``name``'s local shard (collective)."""
-    module = _sharded_params(model).get(name)
+    module = sharded_params(model).get(name)
     if module is None:
         return t.detach()
     return module.full(t)
@@ -428,13 +432,13 @@ def full_like_param(model: nn.Module, name: str, t: torch.Tensor) -> torch.Tenso
 
 def local_like_param(model: nn.Module, name: str, full: torch.Tensor, local: torch.Tensor) -> torch.Tensor:
     """This rank's shard of a full-shaped ``full``, shaped like ``local`` (collective over tp)."""
-    module = _sharded_params(model).get(name)
+    module = sharded_params(model).get(name)
     if module is None:
         return full.to(local.dtype).clone()
     n, rank = local.numel(), group_rank(module.group)
-    ids = (torch.arange(n, dtype=torch.float64) + rank * n).view_as(local.detach().cpu())
+    ids = (torch.arange(n, dtype=torch.float64) + rank * n).view(local.shape)
     placed = full_like_param(model, name, ids.to(local.device)).flatten().long().cpu()   # (full numel,)
     mine = (placed >= rank * n) & (placed < (rank + 1) * n)
     out = torch.zeros(n, dtype=local.dtype)
     out[placed[mine] - rank * n] = full.flatten()[mine].to(local.dtype)
-    return out.view_as(local).to(local.device)
+    return out.view(local.shape).to(local.device)

@@ -30,6 +30,7 @@ import torch
 import torch.nn as nn
 
 from .. import comm
+from ..compose import clip_coefficient, global_norm, weighted_sq_norm
 from ..config import TrainConfig
 from ..mesh import Mesh
 from ..model import GPT
@@ -52,6 +53,7 @@ class Pipeline(nn.Module):
         self.mesh, self.m, self.v = mesh, config.micro_batches, config.virtual_stages
         self.p, self.rank = mesh.pp_size, mesh.pp_rank
         self.n_embd = model.config.n_embd
+        self.seq_split = mesh.tp_size if config.sequence_parallel else 1     # the stream is (B, T/tp, D) under SP
         self.chunks = nn.ModuleList(split_model(model, self.rank, self.p, self.v))
         self.wrapped = [wrap(c) if wrap else c for c in self.chunks]
         self._local = {c.index: i for i, c in enumerate(self.chunks)}    # model chunk -> local index
@@ -73,12 +75,13 @@ class Pipeline(nn.Module):
     def forward_backward(self, x: torch.Tensor, y: torch.Tensor, step: int = 0, train: bool = True) -> torch.Tensor:
         """Run one step's schedule on this dp rank's rows; returns sum_i loss_i / m (0 off the last stage).
 
-        Shapes: x, y (B, T) split into m micro-batches (B/m, T); activations and gradients on the wire (B/m, T, D).
+        Shapes: x, y (B, T) split into m micro-batches (B/m, T); activations and gradients on the wire
+        (B/m, T, D), or (B/m, T/tp, D) with sequence parallelism (each tp rank sends its own slice).
         """
         if x.shape[0] % self.m:
             raise ValueError(f"this rank's {x.shape[0]} rows do not split into micro_batches={self.m}")
         xs, ys = x.chunk(self.m), y.chunk(self.m)
-        shape = (x.shape[0] // self.m, x.shape[1], self.n_embd)                 # (B/m, T, D)
+        shape = (x.shape[0] // self.m, x.shape[1] // self.seq_split, self.n_embd)   # (B/m, T, D)
         grid = (self.plan if train else self.eval_plan)
         inbox: dict[Action, torch.Tensor] = {}        # received tensors, keyed by the action that produced them
         stash: dict[tuple[int, int], tuple] = {}      # (chunk, micro) -> (input, output) awaiting backward
@@ -111,7 +114,7 @@ class Pipeline(nn.Module):
             inp = inbox.pop(Action("F", a.chunk - 1, a.micro)).requires_grad_(torch.is_grad_enabled())
         out = chunk(inp)                                                       # (B/m, T, D) or (B/m, T, V)
         if a.chunk == self.p * self.v - 1:
-            loss = GPT.loss(out, ys[a.micro]) / self.m
+            loss = self.chunks[self._local[a.chunk]].loss(out, ys[a.micro]) / self.m
             if torch.is_grad_enabled():
                 stash[(a.chunk, a.micro)] = (inp, loss)
             return loss.detach()
@@ -133,6 +136,7 @@ class Pipeline(nn.Module):
         if a.chunk > 0:
             outbox[a] = inp.grad
 
+    # --8<-- [start:exchange]
     def _exchange(self, grid: Plan, t: int, shape, dtype, inbox, outbox, step: int) -> None:
         sends, recvs = grid.sends[self.rank].get(t, []), grid.recvs[self.rank].get(t, [])
         if not sends and not recvs:
@@ -147,18 +151,20 @@ class Pipeline(nn.Module):
         comm.batch_p2p(ops, self.mesh.pp_group).wait()
         kind = "send_recv" if sends and recvs else ("send" if sends else "recv")
         self._event(kind, start, step, t, sends=len(sends), recvs=len(recvs))
+    # --8<-- [end:exchange]
 
     def clip_grad_norm_(self, max_norm: float) -> float:
-        """Clip by the norm over every stage's gradients (each stage holds a disjoint part of the model)."""
-        grads = [p.grad for p in self.chunks.parameters() if p.grad is not None]
-        sq = torch.zeros((), dtype=torch.float64, device=self.mesh.device)
-        for g in grads:
-            sq += g.detach().double().pow(2).sum()
-        comm.all_reduce(sq, self.mesh.pp_group, tag="grad_norm")
-        norm = sq.sqrt().item()
-        coef = min(1.0, max_norm / (norm + 1e-6))
-        for g in grads:
-            g.mul_(coef)
+        """Clip by the norm over every stage's gradients (each stage holds a disjoint part of the model).
+
+        Under tp the shards' squares are summed over tp too, the replicated parameters counted once
+        (`compose.weighted_sq_norm`); the dp replicas are equal after their all-reduce.
+        """
+        sq = sum(weighted_sq_norm(c, self.mesh.tp_size) for c in self.chunks)
+        norm = global_norm(sq, [self.mesh.tp_group, self.mesh.pp_group])
+        coef = clip_coefficient(norm, max_norm)
+        for p in self.chunks.parameters():
+            if p.grad is not None:
+                p.grad.mul_(coef)
         return norm
 
     def bubble(self, step: int | None = None) -> dict:

@@ -59,6 +59,7 @@ def gpipe(p: int, m: int, v: int, rank: int) -> list[Action]:
     return [Action("F", rank, i) for i in range(m)] + [Action("B", rank, i) for i in range(m)]
 
 
+# --8<-- [start:one_f_one_b]
 def one_f_one_b(p: int, m: int, v: int, rank: int) -> list[Action]:
     """PipeDream-Flush: p - rank - 1 warm-up forwards, then alternate F and B, then drain the backwards."""
     warmup = min(p - rank - 1, m)
@@ -66,6 +67,7 @@ def one_f_one_b(p: int, m: int, v: int, rank: int) -> list[Action]:
     for i in range(m - warmup):
         order += [Action("F", rank, warmup + i), Action("B", rank, i)]
     return order + [Action("B", rank, i) for i in range(m - warmup, m)]
+# --8<-- [end:one_f_one_b]
 
 
 def interleaved_1f1b(p: int, m: int, v: int, rank: int) -> list[Action]:

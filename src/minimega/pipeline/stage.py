@@ -8,9 +8,13 @@ head every parameter lives in exactly one chunk.
 A `StageChunk` keeps the reference model's parameter names (``blocks.5.attn.qkv.weight`` stays that,
 whichever chunk holds block 5), so gathering every chunk's ``state_dict`` rebuilds `GPT.state_dict`.
 The blocks are whatever modules the model holds (tensor parallelism may have replaced their layers).
+Cut from a `ParallelGPT`, a chunk runs the tensor-parallel embedding (vocab-parallel, sequence-split under
+sequence parallelism) and the vocab-parallel cross-entropy on the last chunk; it keeps only the tp
+group, not a reference to the whole model, so the other stages' blocks are freed.
 
 Shapes: chunk 0 maps token ids (B, T) to the residual stream (B, T, D); every other chunk maps
-(B, T, D) to (B, T, D), except the last, which returns logits (B, T, V).
+(B, T, D) to (B, T, D), except the last, which returns logits (B, T, V). Under tensor parallelism the
+logits are vocab-sharded (B, T, V_pad/tp), and with sequence parallelism the stream is (B, T/tp, D).
 """
 from __future__ import annotations
 
@@ -18,6 +22,7 @@ import torch
 import torch.nn as nn
 
 from ..model import GPT
+from ..tensor_parallel import ParallelGPT, vocab_parallel_cross_entropy
 
 
 def layer_bounds(n_layer: int, chunks: int) -> list[range]:
@@ -41,6 +46,10 @@ class StageChunk(nn.Module):
         super().__init__()
         self.index, self.is_first, self.is_last = index, index == 0, index == chunks - 1
         self.config = model.config
+        # Under tp the ends are ParallelGPT's (its embed reads group and sequence_parallel from self).
+        self.group = model.group if isinstance(model, ParallelGPT) else None
+        self.sequence_parallel = getattr(model, "sequence_parallel", False)
+        self._ends = ParallelGPT if self.group is not None else GPT
         if self.is_first:
             self.wte, self.wpe, self.drop = model.wte, model.wpe, model.drop
         # A ModuleDict keyed by the block's index in the full model keeps model.py's parameter names.
@@ -51,10 +60,16 @@ class StageChunk(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """(B, T) ids on the first chunk, else (B, T, D) → (B, T, D), or (B, T, V) logits on the last."""
         if self.is_first:
-            x = GPT.embed(self, x)                                             # (B, T, D)
+            x = self._ends.embed(self, x)                                      # (B, T, D) or (B, T/tp, D)
         for block in self.blocks.values():
             x = block(x)
-        return GPT.head(self, x) if self.is_last else x
+        return self._ends.head(self, x) if self.is_last else x
+
+    def loss(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """Mean cross-entropy of the last chunk's logits; vocab-parallel when they are sharded over tp."""
+        if self.group is None:
+            return GPT.loss(logits, targets)
+        return vocab_parallel_cross_entropy(logits, targets, self.group, self.config.vocab_size)
 
 
 def split_model(model: GPT, pp_rank: int, pp_size: int, virtual_stages: int = 1) -> list[StageChunk]:

@@ -15,11 +15,14 @@ from .state import load_training_state, training_state
 STAGES = {1: Zero1, 2: Zero2, 3: Zero3}
 
 
-def wrap(module, config, group, rank: int, make_optimizer):
-    """The ZeRO stage ``config.zero_stage`` (1-3) around ``module``, sharded over ``group``."""
+def wrap(module, config, group, rank: int, make_optimizer, model_parallel=()):
+    """The ZeRO stage ``config.zero_stage`` (1-3) around ``module``, sharded over ``group``.
+
+    ``model_parallel``: the groups (tp, pp) holding the model's other parts, see `Zero1`.
+    """
     if config.zero_stage not in STAGES:
         raise ValueError(f"zero.wrap: zero_stage must be 1, 2 or 3, got {config.zero_stage}")
-    return STAGES[config.zero_stage](module, group, rank, config, make_optimizer)
+    return STAGES[config.zero_stage](module, group, rank, config, make_optimizer, model_parallel)
 
 
 __all__ = ["FlatUnit", "padded_numel", "shard_bounds", "MasterStore", "CPUOffloadStore", "Zero1", "Zero2",

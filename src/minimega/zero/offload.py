@@ -45,6 +45,7 @@ class MasterStore:
     def aliased(self) -> bool:
         return all(m.data_ptr() == s.data_ptr() for m, s in zip(self.master, self.shards))
 
+    # --8<-- [start:master_phases]
     def set_grads(self, grads: list[torch.Tensor], divide_by: float) -> None:
         """Phase 1: ``master.grad = grad / divide_by`` in fp32 (divide_by = dp · loss scale)."""
         for m, g in zip(self.master, grads):
@@ -61,6 +62,7 @@ class MasterStore:
         if not self.aliased:
             for s, m in zip(self.shards, self.master):
                 s.copy_(m.to(device=s.device, dtype=s.dtype))
+    # --8<-- [end:master_phases]
 
     def zero_grad(self) -> None:
         for m in self.master:
@@ -74,6 +76,7 @@ class MasterStore:
                 "optimizer_step_counters": measure.tensor_bytes(t for t in states if t.dim() == 0)}
 
 
+# --8<-- [start:cpu_offload]
 class CPUOffloadStore(MasterStore):
     """ZeRO-Offload: master shards and optimizer states in host memory; the step runs on the host."""
 
@@ -91,3 +94,4 @@ class CPUOffloadStore(MasterStore):
     def set_grads(self, grads: list[torch.Tensor], divide_by: float) -> None:
         for m, g in zip(self.master, grads):
             m.grad = g.detach().to(device="cpu", dtype=torch.float32, copy=True).div_(divide_by)
+# --8<-- [end:cpu_offload]

@@ -35,14 +35,18 @@ from .offload import CPUOffloadStore, MasterStore
 
 
 def model_units(module: nn.Module) -> list[tuple[str, list[tuple[str, nn.Parameter]]]]:
-    """The GPT's units in forward order: ('embed', wte+wpe), ('blocks.i', block i), ('head', the rest)."""
+    """The GPT's units in forward order: ('embed', wte+wpe), ('blocks.i', block i), ('head', the rest).
+
+    ``module`` may be a pipeline chunk: its blocks are keyed by their index in the full model, and the
+    embed and head units exist only on the chunks that hold them.
+    """
     named = list(module.named_parameters())
     embed = [(n, p) for n, p in named if n.startswith(("wte.", "wpe."))]
     blocks = [(f"blocks.{i}", [(f"blocks.{i}.{n}", p) for n, p in b.named_parameters()])
-              for i, b in enumerate(module.blocks)]
+              for i, b in module.blocks.named_children()]
     taken = {n for n, _ in embed} | {n for _, ps in blocks for n, _ in ps}
     head = [(n, p) for n, p in named if n not in taken]
-    return [("embed", embed), *blocks, ("head", head)]
+    return ([("embed", embed)] if embed else []) + blocks + ([("head", head)] if head else [])
 
 
 class Zero1(nn.Module):
@@ -53,15 +57,19 @@ class Zero1(nn.Module):
         group: the data-parallel group; ``rank`` this rank's index in it.
         config: the TrainConfig (precision, offload_optimizer, loss_scale, param_persistence_threshold, prefetch).
         make_optimizer: ``params -> torch.optim.Optimizer``, applied to this rank's master shards.
+        model_parallel: the groups holding the model's other parts (tp, pp): an fp16 overflow on any of
+            their ranks skips the step on all of them, so the replicas never diverge.
     """
 
     stage = 1
 
-    def __init__(self, module: nn.Module, group: comm.Group, rank: int, config, make_optimizer):
+    def __init__(self, module: nn.Module, group: comm.Group, rank: int, config, make_optimizer,
+                 model_parallel: tuple[comm.Group, ...] = ()):
         super().__init__()
         self.module, self.group, self.rank, self.config = module, group, rank, config
+        self.model_parallel = model_parallel
         self.policy = precision.policy(config.precision)
-        self.scaler = precision.make_scaler(self.policy, config.loss_scale)
+        self.scaler = precision.make_scaler(self.policy, config)
         self.timeline: list[dict] = []
         self._sync, self._callback_queued, self._prepared, self._overflow = True, False, False, False
         with torch.no_grad():
@@ -142,25 +150,45 @@ class Zero1(nn.Module):
         self.store.set_grads(self.grad_shards, self.group.size * scale)
         if self.scaler:
             flag = torch.tensor(float(precision.has_overflow(self.store.grads())), device=self.units[0].flat.device)
-            self._overflow = comm.all_reduce(flag, self.group, tag="overflow").item() > 0
+            for group in (self.group, *self.model_parallel):
+                comm.all_reduce(flag, group, tag="overflow")
+            self._overflow = flag.item() > 0
+
+    def grad_sq_norm(self, weight=None) -> torch.Tensor:
+        """Σ weight(name)·‖g‖² over the elements of this rank's gradient shards (float64, not reduced).
+
+        ``weight`` (default 1) lets a caller count tp-replicated parameters once per tp group.
+        """
+        self._prepare()
+        local = torch.zeros((), dtype=torch.float64, device=self.units[0].flat.device)
+        for unit, master in zip(self.units, self.store.master):
+            if master.grad is None:
+                continue
+            g = master.grad.to(local.device)
+            for name, p, offset in zip(unit.names, unit.params, unit.offsets):
+                lo, hi = max(offset, unit.start) - unit.start, min(offset + p.numel(), unit.end) - unit.start
+                if hi > lo:                                    # the part of this parameter in the shard
+                    local += (weight(name) if weight else 1.0) * g[lo:hi].double().pow(2).sum()
+        return local
 
     def grad_norm(self) -> float:
         """Global L2 norm of the gradients: each element lives in exactly one rank's shard, counted once."""
-        self._prepare()
-        local = sum((g.float().pow(2).sum() for g in self.store.grads()), torch.zeros((), dtype=torch.float64))
-        local = local.to(self.units[0].flat.device)
-        return comm.all_reduce(local, self.group, tag="grad_norm").sqrt().item()
+        return comm.all_reduce(self.grad_sq_norm(), self.group, tag="grad_norm").sqrt().item()
 
     # --8<-- [start:clip]
-    def clip_grad_norm_(self, max_norm: float) -> float:
-        """Scale every gradient shard by min(1, max_norm / (norm + 1e-6)), as torch.nn.utils.clip_grad_norm_."""
-        norm = self.grad_norm()
+    def clip_grad_norm_(self, max_norm: float, norm: float | None = None) -> float:
+        """Scale every gradient shard by min(1, max_norm / (norm + 1e-6)), as torch.nn.utils.clip_grad_norm_.
+
+        ``norm``: the global norm when the caller computed it over more groups than dp (tp, pp).
+        """
+        norm = self.grad_norm() if norm is None else norm
         if not self._overflow and norm + 1e-6 > max_norm:
             for g in self.store.grads():
                 g.mul_(max_norm / (norm + 1e-6))
         return norm
     # --8<-- [end:clip]
 
+    # --8<-- [start:zero1_step]
     def step(self) -> bool:
         """Phase 3: update this rank's master shard, then refresh the parameters. False if skipped (fp16 overflow)."""
         self._prepare()
@@ -178,6 +206,7 @@ class Zero1(nn.Module):
                    for u, s in zip(self.units, self.shards)]
         for h in handles:
             h.wait()
+    # --8<-- [end:zero1_step]
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         for g in self.grad_buffers():
@@ -207,6 +236,7 @@ class Zero1(nn.Module):
                 **self.store.memory(), "optimizer_location": self.store.location}
 
 
+# --8<-- [start:zero2_buffers]
 class Zero2(Zero1):
     """ZeRO stage 2: + gradients sharded, reduce-scattered per unit from backward hooks (overlapped).
 
@@ -223,6 +253,7 @@ class Zero2(Zero1):
 
     def grad_buffers(self) -> list[torch.Tensor]:
         return self.grad_shards
+# --8<-- [end:zero2_buffers]
 
     # --8<-- [start:zero2_hook]
     def _on_grad_ready(self, p: nn.Parameter) -> None:
@@ -264,8 +295,9 @@ class Zero3(Zero2):
 
     stage = 3
 
-    def __init__(self, module: nn.Module, group: comm.Group, rank: int, config, make_optimizer):
-        super().__init__(module, group, rank, config, make_optimizer)
+    def __init__(self, module: nn.Module, group: comm.Group, rank: int, config, make_optimizer,
+                 model_parallel: tuple[comm.Group, ...] = ()):
+        super().__init__(module, group, rank, config, make_optimizer, model_parallel)
         self._gathers: dict[str, comm.Handle] = {}
         # Forward order: per model unit, its sharded FlatUnit (if any) and its persistent one (if any).
         self.steps: list[list[FlatUnit]] = []
@@ -349,6 +381,7 @@ class Zero3(Zero2):
                 comm.all_gather(u.flat, s.clone(), self.group, tag=u.name)
 
 
+# --8<-- [start:zero3_backward]
 class _UnshardForBackward(torch.autograd.Function):
     """Forward: identity. Backward: gather unit k's parameters (and prefetch unit k-1's) before its backward runs."""
 
@@ -363,3 +396,4 @@ class _UnshardForBackward(torch.autograd.Function):
         if ctx.stage.config.prefetch and ctx.k > 0:
             ctx.stage.unshard(ctx.k - 1, prefetch=True)
         return grad, None, None
+# --8<-- [end:zero3_backward]
