@@ -1,9 +1,15 @@
 """Deliberately wrong answers to the lab exercises: each is a mistake a learner makes, and the check must
 name it. Module level, because the ring checks send them to gloo ranks by reference."""
+import hashlib
+import json
+from pathlib import Path
+
 import torch
 import torch.distributed as dist
 
 from minimega import comm
+from solutions.loss_scaler import LossScaler as _GoodScaler      # labs/solutions/ (on sys.path in the tests)
+from solutions.offload import bytes_by_location as _good_location
 
 # ------------------------------------------------------------------------------------------------
 # labs/exercises/memory.py: model_state_bytes(param_numels, optimizer)
@@ -328,9 +334,6 @@ def order_forgets_cool_down(p, m, rank):
 # ------------------------------------------------------------------------------------------------
 # labs/exercises/verify_checkpoint.py: verify_checkpoint(directory)
 
-import hashlib  # noqa: E402
-import json  # noqa: E402
-from pathlib import Path  # noqa: E402
 
 
 def _step_dir(directory):
@@ -380,7 +383,6 @@ def verify_returns_paths(directory):
 # ------------------------------------------------------------------------------------------------
 # labs/exercises/loss_scaler.py: LossScaler.update(overflow)
 
-from solutions.loss_scaler import LossScaler as _GoodScaler  # noqa: E402
 
 
 class ScalerNoHysteresis(_GoodScaler):
@@ -445,7 +447,6 @@ class ScalerForgetsSkipped(_GoodScaler):
 # ------------------------------------------------------------------------------------------------
 # labs/exercises/offload.py: bytes_by_location(n_params, dp, stage, precision, offload)
 
-from solutions.offload import bytes_by_location as _good_location  # noqa: E402
 
 
 def location_moves_grads(n_params, dp, stage, precision, offload):

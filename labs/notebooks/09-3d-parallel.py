@@ -98,7 +98,7 @@ display(widgets.interactive(design, tp=widgets.Dropdown(options=[1, 2, 4, 8], va
 # ## 4. Real layouts of 4 ranks
 # Three layouts of the same 4 gloo ranks train the tiny GPT on the same global batch: dp = 4; dp = 2 × tp = 2;
 # dp = 2 × pp = 2. Each must give the same losses (the math is the model's) while each rank holds and sends different
-# bytes. (ZeRO does not combine with tp or pp in this engine yet, so these run DDP over dp.)
+# bytes. All three run DDP over dp (`zero_stage=0`), so the only difference is the split.
 
 # %%
 runs = {name: mm.launch(workers.train, 4, "tiny", c, 2, 32, timeout=180) for name, c in {
