@@ -429,3 +429,669 @@ def check_checkpoint(fn) -> None:
     print("✓ Checkpoint: same output and gradients as the plain block (with and without dropout), "
           "keeping only the block's input for backward")
 
+
+
+def _run_ranks(name: str, worker, world: int, *args, timeout: float = 60) -> list:
+    """``mm.launch`` for a check: a hang or a worker's error becomes an `ExerciseError` that says why."""
+    try:
+        return mm.launch(worker, world, *args, timeout=timeout)
+    except mm.LaunchTimeout:
+        _fail(name, [f"the {world} ranks hung for {timeout:g} s: {_SAME_COLLECTIVES}"])
+    except mm.WorkerError as exc:
+        head = str(exc).splitlines()[0]
+        if "elements, expected" in head:
+            head += (": the flat buffer must have a multiple of group.size elements: pad it with zeros to "
+                     "padded = ceil(numel / n) · n before the collective")
+        elif not exc.exc_type:
+            head += f" (gloo aborts a rank when its peers run different collectives): {_SAME_COLLECTIVES}"
+        _fail(name, [head])
+
+
+# ------------------------------------------------------------------------------------------------
+# Lab 03: ZeRO-2's reduce-scatter of one unit's flat gradient.
+
+# Units of parameters (their shapes): a multiple of 3 elements, and not (22 → padded to 24), and one
+# where padding each gradient separately would give another length (3 × 4 → 3 × 6).
+ZERO_UNITS = [[(4, 6), (6,)], [(5, 3), (7,)], [(4,), (4,), (4,)]]
+
+
+def _shard_of(flat: torch.Tensor, n: int, r: int) -> torch.Tensor:
+    from minimega.zero import padded_numel, shard_bounds
+
+    padded = torch.cat([flat, flat.new_zeros(padded_numel(flat.numel(), n) - flat.numel())])
+    start, end = shard_bounds(flat.numel(), n, r)
+    return padded[start:end]
+
+
+def _zero_rs_worker(fn, units: list[list[tuple]]) -> list[dict]:
+    """Every rank: random gradients per unit; ``fn``'s shard next to the shards minimega's layout gives."""
+    mesh = mm.init_mesh(mm.ParallelDims(dp=dist.get_world_size()))
+    group, n, r = mesh.dp_group, mesh.dp_size, mesh.dp_rank
+    out = []
+    for i, shapes in enumerate(units):
+        gen = torch.Generator().manual_seed(100 * i + r)
+        grads = [torch.randn(s, generator=gen) for s in shapes]
+        local = torch.cat([g.reshape(-1) for g in grads])                       # (numel,)
+        summed = comm.all_reduce(local.clone(), group)                            # the sum over ranks
+        per_param = torch.cat([_pad_to(g.reshape(-1), n) for g in grads])        # each gradient padded alone
+        per_param_sum = comm.all_reduce(per_param.clone(), group)
+        reversed_sum = comm.all_reduce(torch.cat([g.reshape(-1) for g in reversed(grads)]), group)
+        log = comm.CommLog()
+        with log:
+            got = fn([g.clone() for g in grads], group)
+        got = got.detach().clone() if isinstance(got, torch.Tensor) else repr(got)
+        k = per_param.numel() // n
+        out.append({"shapes": shapes, "numel": local.numel(), "got": got, "events": log.events(),
+                    "want": _shard_of(summed, n, r), "shards": [_shard_of(summed, n, q) for q in range(n)],
+                    "local": _shard_of(local, n, r), "reversed": _shard_of(reversed_sum, n, r),
+                    "per_param": per_param_sum[r * k:(r + 1) * k], "full": summed})
+    return out
+
+
+def _pad_to(flat: torch.Tensor, n: int) -> torch.Tensor:
+    return torch.cat([flat, flat.new_zeros((-flat.numel()) % n)])
+
+
+def _zero_rs_value_problem(case: dict, rank: int, n: int) -> str | None:
+    got, want = case["got"], case["want"]
+    numel = case["numel"]
+    padded = -(-numel // n) * n
+    where = f"unit {case['shapes']} ({numel} elements, padded to {padded}), rank {rank}"
+    if not isinstance(got, torch.Tensor):
+        return f"{where}: returned {got} instead of a tensor: return this rank's summed shard"
+    if got.dim() != 1:
+        return f"{where}: returned shape {tuple(got.shape)}: return the 1-D shard of padded/n = {padded // n} elements"
+    if got.numel() == padded or got.numel() == numel:
+        return (f"{where}: returned {got.numel()} elements, the whole flat buffer: each rank keeps only its "
+                f"shard, padded/n = {padded // n} elements")
+    if _close(got, want):
+        return None
+    if got.shape == case["per_param"].shape != want.shape or _close(got, case["per_param"]):
+        return (f"{where}: the gradients were padded one by one: concatenate the unit's gradients into one flat "
+                f"buffer of {numel} elements first, then pad that buffer once, to padded = {padded} (a multiple of n)")
+    if got.shape != want.shape:
+        return f"{where}: returned {got.numel()} elements; the shard holds padded/n = {padded // n}"
+    if _close(got, want / n):
+        return (f"{where}: the shard is the mean over ranks, not the sum: reduce-scatter sums; ZeRO divides by "
+                "n (and the loss scale) later, once, on the fp32 master gradient")
+    if _close(got, case["local"]):
+        return f"{where}: the shard equals this rank's own gradients: nothing was summed across ranks"
+    for q, shard in enumerate(case["shards"]):
+        if q != rank and _close(got, shard):
+            return (f"{where}: this is rank {q}'s shard: rank r owns elements [r·padded/n, (r+1)·padded/n) of the "
+                    "flat buffer, and reduce-scatter hands chunk r to rank r: pass the whole padded buffer as input")
+    if _close(got, case["reversed"]):
+        return (f"{where}: the gradients were flattened in reverse order: keep the unit's parameter order "
+                "(the order of `grads`), the one every rank and the parameter views share")
+    return f"{where}: differs from minimega's summed shard by up to {(got - want).abs().max():.3g}"
+
+
+def _zero_rs_traffic_problem(case: dict, n: int) -> str | None:
+    ops = [e["op"] for e in case["events"]]
+    if "all_reduce" in ops:
+        return ("calls comm.all_reduce: an all-reduce sends twice the bytes of a reduce-scatter and leaves the "
+                "whole summed gradient on every rank; ZeRO-2 reduce-scatters so each rank receives only its shard")
+    if ops != ["reduce_scatter"]:
+        return (f"unit {case['shapes']}: issued {ops or 'no collective'}; ZeRO-2 issues exactly one "
+                "comm.reduce_scatter per unit, on its whole flat buffer")
+    padded = 4 * n * -(-case["numel"] // n)
+    sent, want = case["events"][0]["sent_bytes"], (n - 1) / n * padded
+    if abs(sent - want) > 1e-6:
+        return (f"unit {case['shapes']}: sends {sent:g} bytes per rank; the reduce-scatter of the padded flat buffer "
+                f"({padded} bytes) sends (n-1)/n · {padded} = {want:g}")
+    return None
+
+
+def check_zero_reduce_scatter(fn, world: int = 3, timeout: float = 60) -> None:
+    """Run ``fn(grads, group)`` on ``world`` gloo ranks; compare with the summed shard of `zero/flat.py`'s layout."""
+    try:
+        fn([torch.ones(3)], comm.Group(None, [0], "dp"))        # one rank: no process group needed
+    except Exception as exc:  # noqa: BLE001
+        if (msg := _not_done(exc, "reduce_scatter_grads")):
+            _fail("reduce_scatter_grads", [msg])
+    results = _run_ranks("reduce_scatter_grads", _zero_rs_worker, world, fn, ZERO_UNITS, timeout=timeout)
+    problems = [p for rank, cases in enumerate(results) for case in cases
+                for p in [_zero_rs_value_problem(case, rank, world)] if p]
+    problems += [p for case in results[0] for p in [_zero_rs_traffic_problem(case, world)] if p]
+    if problems:
+        _fail("reduce_scatter_grads", problems)
+    print(f"✓ reduce_scatter_grads: every rank holds the summed shard minimega's flat layout gives, on {world} ranks "
+          f"for units {ZERO_UNITS}, sending (n-1)/n of the padded buffer")
+
+
+# ------------------------------------------------------------------------------------------------
+# Lab 08: the 1F1B order of one pipeline rank.
+
+ONE_F_ONE_B_CASES = [(p, m, r) for p in (2, 3, 4) for m in (1, 2, 3, 4, 8) for r in range(p)]
+
+
+def _forwards_before_first_backward(order: list[tuple[str, int]]) -> int:
+    kinds = [k for k, _ in order]
+    return kinds.index("B") if "B" in kinds else len(kinds)
+
+
+def _one_f_one_b_problem(got, p: int, m: int, rank: int) -> str | None:
+    from minimega.pipeline import peak_in_flight
+    from minimega.pipeline.schedules import Action, one_f_one_b
+
+    reference = one_f_one_b(p, m, 1, rank)
+    want = [(a.kind, a.micro) for a in reference]
+    where = f"p={p}, m={m}, rank {rank}"
+    try:
+        got = [(str(k), int(i)) for k, i in got]
+    except (TypeError, ValueError):
+        return f"{where}: returned {got!r}; return a list of ('F', i) / ('B', i) pairs"
+    if got == want:
+        return None
+    if sorted(got) != sorted(want):
+        extra = sorted({i for _, i in got if not 0 <= i < m})
+        backwards = sum(k == "B" for k, _ in got)
+        hint = ""
+        if extra:
+            hint = f": micro-batches {extra} do not exist (m = {m}): cap the warm-up at m forwards"
+        elif backwards < m:
+            hint = (f": only {backwards} backwards: after the steady state, run the backwards still owed "
+                    "(the cool-down)")
+        return f"{where}: not one F and one B for each micro-batch 0..{m - 1}: got {got}{hint}"
+    for kind in ("F", "B"):
+        micros = [i for k, i in got if k == kind]
+        if micros != sorted(micros):
+            return f"{where}: the {kind} passes run micro-batches in the order {micros}; run them in increasing order"
+    seen = set()
+    for k, i in got:
+        if k == "B" and i not in seen:
+            return f"{where}: B{i} comes before F{i}: a backward needs its own forward first"
+        seen.add(i)
+    peak, want_peak = peak_in_flight([Action(k, rank, i) for k, i in got]), peak_in_flight(reference)
+    return (f"{where}: got {' '.join(f'{k}{i}' for k, i in got)}; 1F1B runs {' '.join(f'{k}{i}' for k, i in want)} "
+            f"({peak} micro-batches in flight at the peak, 1F1B keeps {want_peak})")
+
+
+def _one_f_one_b_diagnosis(fn, p: int = 4, m: int = 8) -> str | None:
+    """The mistake behind the forwards each rank runs before its first backward, on a deep pipeline."""
+    try:
+        firsts = [_forwards_before_first_backward(list(fn(p, m, r))) for r in range(p)]
+    except Exception:  # noqa: BLE001 - reported case by case
+        return None
+    want = [p - r for r in range(p)]
+    if firsts == want:
+        return None
+    head = (f"with p={p}, m={m}, ranks 0..{p - 1} run {firsts} forwards before their first backward; 1F1B runs "
+            f"{want}: p - rank - 1 warm-up forwards, then one more forward before the first backward")
+    if firsts == [m] * p:
+        return head + ("; yours is GPipe's order (all forwards, then all backwards), which holds all m micro-batches: "
+                       "start the backwards after the warm-up")
+    if firsts == [w + 1 for w in want]:
+        return head + "; yours has one warm-up forward too many on every rank"
+    if firsts == [r + 1 for r in range(p)]:
+        return head + ("; yours is reversed: the *first* stage (rank 0) needs the most warm-up forwards, p - 1, "
+                       "and the last stage none")
+    if firsts[:-1] == [w - 1 for w in want[:-1]]:
+        return head + "; after the warm-up, the steady state starts with a forward, then the backward (F, B, F, B...)"
+    return head
+
+
+def check_one_f_one_b(fn) -> None:
+    """Compare ``fn(p, m, rank)`` with `minimega.pipeline.schedules.one_f_one_b` for every case, and run the
+    resulting orders through minimega's slot grid (`plan`) to count the bubble."""
+    try:
+        fn(2, 2, 0)
+    except Exception as exc:  # noqa: BLE001
+        if (msg := _not_done(exc, "one_f_one_b_order")):
+            _fail("one_f_one_b_order", [msg])
+    problems = [d for d in [_one_f_one_b_diagnosis(fn)] if d]
+    for p, m, rank in ONE_F_ONE_B_CASES:
+        try:
+            got = fn(p, m, rank)
+        except Exception as exc:  # noqa: BLE001
+            problems.append(f"p={p}, m={m}, rank {rank}: raised {type(exc).__name__}: {exc}")
+            continue
+        if (msg := _one_f_one_b_problem(got, p, m, rank)):
+            problems.append(msg)
+        if len(problems) >= 6:
+            problems.append("(further cases not shown)")
+            break
+    if problems:
+        _fail("one_f_one_b_order", problems)
+    print(f"✓ one_f_one_b_order matches minimega's 1F1B on all {len(ONE_F_ONE_B_CASES)} cases "
+          "(p = 2..4, m = 1..8, every rank)")
+
+
+# ------------------------------------------------------------------------------------------------
+# Lab 10: which files of a checkpoint are damaged.
+
+def _save_checkpoint_worker(directory: str) -> None:
+    mesh = mm.init_mesh(mm.ParallelDims(dp=dist.get_world_size()))
+    torch.manual_seed(0)
+    config = mm.TrainConfig(zero_stage=1, batch_size=4)
+    engine = mm.initialize(mm.GPT(mm.GPTConfig.tiny(n_layer=1)), config, mesh)
+    for batch in data.batches(mesh, 1, 4, 16):
+        engine.train_step(batch)
+    engine.save(directory)
+
+
+def _damage(step_dir, how: str) -> list[str]:
+    """Damage a copy of a checkpoint; return the files minimega's loader must refuse."""
+    from pathlib import Path
+
+    step_dir = Path(step_dir)
+    shard, rng = step_dir / "shard-00001.safetensors", step_dir / "rng-00000.pt"
+    if how == "intact":
+        return []
+    if how == "one byte flipped in a shard":
+        raw = bytearray(shard.read_bytes())
+        raw[len(raw) // 2] ^= 0xFF                     # same size, different bytes
+        shard.write_bytes(bytes(raw))
+        return [shard.name]
+    if how == "a shard truncated":
+        shard.write_bytes(shard.read_bytes()[:100])
+        return [shard.name]
+    if how == "an RNG file deleted":
+        rng.unlink()
+        return [rng.name]
+    if how == "two files overwritten":
+        (step_dir / "shard-00000.safetensors").write_bytes(b"not a tensor file")
+        rng.write_bytes(b"")
+        return sorted(["shard-00000.safetensors", rng.name])
+    raise ValueError(how)
+
+
+CHECKPOINT_DAMAGES = ["intact", "one byte flipped in a shard", "a shard truncated", "an RNG file deleted",
+                      "two files overwritten"]
+
+
+def check_verify_checkpoint(fn) -> None:
+    """Save a real 2-rank checkpoint, damage copies of it, and compare ``fn(directory)`` with minimega's loader."""
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    from minimega import checkpoint
+
+    with tempfile.TemporaryDirectory() as tmp:
+        original = Path(tmp) / "original"
+        _run_ranks("verify_checkpoint", _save_checkpoint_worker, 2, str(original), timeout=120)
+        try:
+            fn(original)
+        except Exception as exc:  # noqa: BLE001
+            if (msg := _not_done(exc, "verify_checkpoint")):
+                _fail("verify_checkpoint", [msg])
+        problems = []
+        for i, how in enumerate(CHECKPOINT_DAMAGES):
+            root = Path(tmp) / f"copy{i}"
+            shutil.copytree(original, root)
+            step_dir = checkpoint.resolve(root)
+            want = _damage(step_dir, how)
+            try:
+                checkpoint.read(root)
+                refused = False
+            except checkpoint.CheckpointError:
+                refused = True
+            assert refused == bool(want), f"minimega's loader and the damage disagree for {how!r}"
+            for label, target in (("the step directory", step_dir), ("the top directory (via `latest`)", root)):
+                try:
+                    got = fn(target)
+                except Exception as exc:  # noqa: BLE001
+                    hint = ""
+                    if isinstance(exc, FileNotFoundError) and "manifest.json" in str(exc):
+                        hint = (": a top directory holds no manifest.json; read its `latest` file and check the "
+                                "step directory it names")
+                    elif isinstance(exc, FileNotFoundError):
+                        hint = ": a file the manifest lists may be missing; report it instead of opening it"
+                    problems.append(f"{how}, given {label}: raised {type(exc).__name__}: {exc}{hint}")
+                    continue
+                if not isinstance(got, (list, tuple)) or any(not isinstance(n, str) for n in got):
+                    problems.append(f"{how}: returned {got!r}; return a sorted list of file names (str)")
+                    continue
+                got = list(got)
+                if got == want:
+                    continue
+                paths = [n for n in got if "/" in n or "\\" in n]
+                if paths:
+                    problems.append(f"{how}: returned paths {paths}; return the file names as the manifest lists "
+                                    "them (`shard-00001.safetensors`)")
+                elif sorted(got) == want:
+                    problems.append(f"{how}: returned {got}; sort the names")
+                elif not want:
+                    problems.append(f"{how}: flagged {got} in an intact checkpoint: hash each file's bytes with "
+                                    "sha256 (hexdigest) exactly as written, and compare with manifest['files']")
+                elif how == "one byte flipped in a shard":
+                    problems.append(f"{how}: returned {got}, expected {want}: the file has its original size and "
+                                    "exists; only its sha256 shows the flipped byte")
+                elif set(want) - set(got) and how == "an RNG file deleted":
+                    problems.append(f"{how}: returned {got}, expected {want}: a file the manifest lists but the "
+                                    "directory lacks is damaged too")
+                else:
+                    problems.append(f"{how}: returned {got}, expected {want}")
+    if problems:
+        _fail("verify_checkpoint", problems)
+    print(f"✓ verify_checkpoint agrees with minimega's loader on a real 2-rank checkpoint: "
+          f"{', '.join(CHECKPOINT_DAMAGES)}")
+
+
+# ------------------------------------------------------------------------------------------------
+# Lab 04: the dynamic loss scaler's update rule.
+
+def _overflow_runs() -> list[tuple[str, dict, list[bool]]]:
+    """(label, scaler arguments, overflow per step): hand-made cases, then random ones."""
+    gen = torch.Generator().manual_seed(0)
+    runs = [
+        ("no overflow for 9 steps, window 4", dict(window=4), [False] * 9),
+        ("a single overflow, hysteresis 2", dict(window=1000), [True]),
+        ("two overflows in a row, hysteresis 2", dict(window=1000), [True, True]),
+        ("three overflows, hysteresis 1", dict(window=1000, hysteresis=1), [True, True, True]),
+        ("an overflow, then 6 clean steps, window 3", dict(window=3), [True] + [False] * 6),
+        ("an overflow at step 2, then clean, window 3", dict(window=3), [False, False, True] + [False] * 6),
+        ("a long run of overflows down to min_scale 4", dict(init_scale=64.0, hysteresis=1, min_scale=4.0), [True] * 6),
+        ("overflow, growth, overflow, window 2", dict(window=2), [True, False, False, True, True, False, False]),
+        ("factor 4, window 2", dict(factor=4.0, window=2, hysteresis=1), [False, False, True, False, False, False]),
+    ]
+    for i in range(12):
+        kwargs = dict(window=int(torch.randint(1, 5, (), generator=gen)),
+                      hysteresis=int(torch.randint(1, 4, (), generator=gen)), init_scale=2.0 ** 10, min_scale=2.0)
+        steps = (torch.rand(24, generator=gen) < 0.3).tolist()
+        runs.append((f"random sequence {i} ({kwargs})", kwargs, steps))
+    return runs
+
+
+def _scales(cls, kwargs: dict, overflows: list[bool]) -> list[tuple[float, int]]:
+    s = cls(**kwargs)
+    out = []
+    for o in overflows:
+        s.update(o)
+        out.append((float(s.scale), int(s.skipped)))
+    return out
+
+
+def _scaler_hint(label: str, kwargs: dict, overflows: list[bool], got: list, want: list) -> str:
+    from minimega.precision import DynamicLossScaler
+
+    t = next(i for i, (a, b) in enumerate(zip(got, want)) if a != b)
+    seq = "".join("X" if o else "." for o in overflows[:t + 1])
+    head = (f"{label}: after step {t} (overflows so far {seq}, X = overflow) the scale is {got[t][0]:g}, "
+            f"minimega's is {want[t][0]:g}")
+    if got[t][1] != want[t][1]:
+        return (f"{label}: after step {t} skipped = {got[t][1]}, minimega's {want[t][1]}: count every overflowing "
+                "step in `skipped` (its update is skipped)")
+    prev = want[t - 1][0] if t else DynamicLossScaler(**kwargs).scale
+    g, w = got[t][0], want[t][0]
+    if overflows[t]:
+        if w == kwargs.get("min_scale", 1.0) and g < w:
+            return head + ": never drop below min_scale: S = max(S / factor, min_scale)"
+        if w == prev and g < prev:
+            return head + (": an overflow only uses up one unit of hysteresis while cur_hysteresis > 1; the scale "
+                           "shrinks once the hysteresis is used up")
+        if w < prev and g == prev:
+            return head + (": cur_hysteresis is used up (1), so this overflow must divide the scale by factor "
+                           "(or hysteresis is 1)")
+    else:
+        if w > prev and g == prev:
+            return head + (": `window` clean steps have passed since the last overflow: the scale grows by factor "
+                           "when (iteration - last_overflow) % window == 0")
+        if w == prev and g > prev:
+            return head + (": the scale grows only every `window` steps counted from the last overflow "
+                           "(iteration - last_overflow), not on every clean step nor from the start of training")
+    return head
+
+
+def check_loss_scaler(cls) -> None:
+    """Drive ``cls`` and `minimega.precision.DynamicLossScaler` with the same overflows; compare after every step."""
+    from minimega.precision import DynamicLossScaler
+
+    try:
+        cls().update(False)
+    except Exception as exc:  # noqa: BLE001
+        if (msg := _not_done(exc, "LossScaler.update")):
+            _fail("loss_scaler", [msg])
+    problems = []
+    for label, kwargs, overflows in _overflow_runs():
+        want = _scales(DynamicLossScaler, kwargs, overflows)
+        try:
+            got = _scales(cls, kwargs, overflows)
+        except Exception as exc:  # noqa: BLE001
+            problems.append(f"{label}: raised {type(exc).__name__}: {exc}")
+            continue
+        if got != want:
+            problems.append(_scaler_hint(label, kwargs, overflows, got, want))
+        if len(problems) >= 5:
+            break
+    if problems:
+        _fail("loss_scaler", problems)
+    print(f"✓ LossScaler.update gives minimega's scale and skip count after every step of "
+          f"{len(_overflow_runs())} overflow sequences")
+
+
+# ------------------------------------------------------------------------------------------------
+# Lab 05: bytes on the device and on the CPU, with and without optimizer offload.
+
+OFFLOAD_CASES = [(precision, stage, offload) for precision in ("fp32", "bf16") for stage in (1, 2, 3)
+                 for offload in (False, True)]
+_OFFLOAD_MODEL = dict(n_embd=32, n_layer=2)
+
+
+def _offload_worker(cases: list[tuple]) -> list[dict]:
+    """One step per case on this rank; the bytes by category and where the optimizer states live."""
+    mesh = mm.init_mesh(mm.ParallelDims(dp=dist.get_world_size()))
+    model_config = mm.GPTConfig.tiny(**_OFFLOAD_MODEL)
+    out = []
+    for precision, stage, offload in cases:
+        torch.manual_seed(0)
+        config = mm.TrainConfig(zero_stage=stage, precision=precision, offload_optimizer=offload, batch_size=4)
+        engine = mm.initialize(mm.GPT(model_config), config, mesh)
+        for batch in data.batches(mesh, 1, 4, 8):
+            engine.train_step(batch)
+        out.append(engine.report()["memory_at_step"])
+    return out
+
+
+@lru_cache(maxsize=1)
+def _offload_oracle() -> tuple[int, list[dict]]:
+    from minimega.zero import model_units, padded_numel
+
+    with torch.device("meta"):
+        gpt = mm.GPT(mm.GPTConfig.tiny(**_OFFLOAD_MODEL))
+    padded = sum(padded_numel(sum(p.numel() for _, p in ps), 2) for _, ps in model_units(gpt))
+    return padded, mm.launch(_offload_worker, 2, OFFLOAD_CASES, timeout=120)[0]
+
+
+def _offload_hint(precision: str, stage: int, offload: bool, got: dict, want: dict, psi: int, dp: int) -> str:
+    where = f"{precision}, stage {stage}, offload={offload}"
+    width = 4 if precision == "fp32" else 2
+    head = f"{where}: got device {got['device']:,} / cpu {got['cpu']:,} B, measured {want['device']:,} / {want['cpu']:,}"
+    grads_stage = width * psi // (dp if stage >= 2 else 1)
+    if offload and got["cpu"] == want["cpu"] + grads_stage and got["device"] == want["device"] - grads_stage:
+        return head + (": the gradients stay on the device (the backward hooks reduce into them); only the fp32 "
+                       "master shard and Adam's moments move to the CPU")
+    master = 4 * psi // dp
+    if not offload and got["cpu"]:
+        return head + ": without offload everything stays on the device"
+    if offload and not got["cpu"]:
+        return head + ": offload moves the fp32 master shard and Adam's moments to the CPU"
+    if precision == "fp32" and not offload and got["device"] == want["device"] + master:
+        return head + (": in fp32 on the device the parameter shard *is* the master copy (the optimizer steps it in "
+                       "place): no extra 4 bytes per element")
+    if precision == "fp32" and offload and got["cpu"] == want["cpu"] - master:
+        return head + (": offloading always makes a separate fp32 master copy on the host, even when the parameters "
+                       "are fp32 (the device keeps its own parameters)")
+    if (got["cpu"] or got["device"]) and (got["cpu"] == dp * want["cpu"] or
+                                          got["device"] - want["device"] == (dp - 1) * (want["device"] - (
+                                              width * psi // (dp if stage >= 3 else 1) + grads_stage))):
+        return head + ": ZeRO shards the master and the moments: each rank keeps Ψ/dp of them"
+    if got["device"] != want["device"]:
+        params = width * psi // (dp if stage >= 3 else 1)
+        return head + (f": the device holds parameters ({params:,} B at stage {stage}: sharded only at stage 3) and "
+                       f"gradients ({grads_stage:,} B: sharded from stage 2), each {width} bytes per element in {precision}")
+    return head
+
+
+def check_offload(fn) -> None:
+    """Compare ``fn(Ψ, 2, stage, precision, offload)`` with the bytes real 2-rank jobs hold, by location."""
+    try:
+        fn(8, 2, 1, "bf16", False)
+    except Exception as exc:  # noqa: BLE001
+        if (msg := _not_done(exc, "bytes_by_location")):
+            _fail("bytes_by_location", [msg])
+    psi, measured = _offload_oracle()
+    problems = []
+    for (precision, stage, offload), m in zip(OFFLOAD_CASES, measured):
+        states = m["master"] + m["optimizer_states"]
+        on_cpu = m["optimizer_location"] == "cpu"
+        want = {"device": m["params"] + m["grads"] + (0 if on_cpu else states), "cpu": states if on_cpu else 0}
+        try:
+            got = fn(psi, 2, stage, precision, offload)
+        except Exception as exc:  # noqa: BLE001
+            problems.append(f"{precision}, stage {stage}, offload={offload}: raised {type(exc).__name__}: {exc}")
+            continue
+        if not isinstance(got, dict) or set(got) != {"device", "cpu"}:
+            problems.append(f"returned {got!r}; return a dict with exactly the keys 'cpu' and 'device'")
+            break
+        if got != want:
+            problems.append(_offload_hint(precision, stage, offload, got, want, psi, 2))
+    if problems:
+        _fail("bytes_by_location", problems)
+    print(f"✓ bytes_by_location matches what real 2-rank jobs hold on the device and the CPU in all "
+          f"{len(OFFLOAD_CASES)} cases (fp32/bf16 × stage 1-3 × offload)")
+
+
+# ------------------------------------------------------------------------------------------------
+# Lab 11: the piece of each parameter FSDP2 keeps on a rank.
+
+FSDP_SHAPES = [(6, 4), (7, 3), (5,), (2, 5), (4, 1, 3), (1, 8)]
+
+
+class _Params(torch.nn.Module):
+    def __init__(self, shapes):
+        super().__init__()
+        gen = torch.Generator().manual_seed(0)
+        self.ps = torch.nn.ParameterList([torch.nn.Parameter(torch.randn(s, generator=gen)) for s in shapes])
+
+
+def _fsdp_shard_worker(fn, shapes) -> list[dict]:
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    world, rank = dist.get_world_size(), dist.get_rank()
+    module = _Params(shapes)
+    full = [p.detach().clone() for p in module.ps]
+    fully_shard(module, mesh=init_device_mesh("cpu", (world,)))
+    out = []
+    for f, p in zip(full, module.ps):
+        try:
+            got = fn(f.clone(), world, rank)
+            got = got.detach().clone() if isinstance(got, torch.Tensor) else repr(got)
+        except Exception as exc:  # noqa: BLE001
+            got = f"raised {type(exc).__name__}: {exc}"
+        out.append({"shape": tuple(f.shape), "full": f, "want": p.to_local().detach().clone(), "got": got})
+    return out
+
+
+def _fsdp_shard_problem(case: dict, rank: int, world: int) -> str | None:
+    got, want, full = case["got"], case["want"], case["full"]
+    where = f"parameter of shape {case['shape']}, rank {rank} of {world}"
+    if isinstance(got, str):
+        if got.startswith("raised IndexError"):
+            return (f"{where}: {got}: torch.chunk returns fewer than world chunks when the rows run out; ranks past "
+                    f"the last chunk hold zero rows, an empty tensor of shape (0, *rest) = {tuple(want.shape)}")
+        return f"{where}: {got}" if got.startswith("raised") else f"{where}: returned {got}; return a tensor"
+    if got.shape == want.shape and torch.equal(got, want):
+        return None
+    if got.dim() == 1 and full.dim() > 1:
+        return (f"{where}: returned a 1-D tensor of {got.numel()} elements: FSDP2 does not flatten; it keeps each "
+                f"parameter's shape and shards rows (dim 0): expected shape {tuple(want.shape)}")
+    if got.shape[0] > want.shape[0] and torch.equal(got[:want.shape[0]], want) and not got[want.shape[0]:].any():
+        return (f"{where}: {got.shape[0]} rows, {got.shape[0] - want.shape[0]} of them padding zeros: to_local() "
+                f"holds only the real rows ({want.shape[0]})")
+    split = torch.tensor_split(full, world, dim=0)[rank]
+    if got.shape == split.shape and torch.equal(got, split) and split.shape != want.shape:
+        return (f"{where}: {got.shape[0]} rows is torch.tensor_split's balanced cut; FSDP2 cuts like torch.chunk: "
+                f"ceil({full.shape[0]}/{world}) = {-(-full.shape[0] // world)} rows per rank, the last ranks get "
+                f"what remains, here {want.shape[0]}")
+    if full.dim() > 1 and got.shape[0] == full.shape[0]:
+        return f"{where}: kept all {full.shape[0]} rows: FSDP2 shards dim 0 (rows), not another dimension"
+    if got.shape != want.shape:
+        return f"{where}: shape {tuple(got.shape)}, FSDP2 keeps {tuple(want.shape)}"
+    return f"{where}: the right shape but other rows: rank r keeps the r-th chunk of rows"
+
+
+def check_fsdp_shard(fn, world: int = 3, timeout: float = 90) -> None:
+    """``fully_shard`` parameters of awkward shapes on ``world`` gloo ranks; compare ``fn`` with each ``to_local()``."""
+    try:
+        fn(torch.ones(2, 2), 1, 0)
+    except Exception as exc:  # noqa: BLE001
+        if (msg := _not_done(exc, "fsdp_local_shard")):
+            _fail("fsdp_local_shard", [msg])
+    results = _run_ranks("fsdp_local_shard", _fsdp_shard_worker, world, fn, FSDP_SHAPES, timeout=timeout)
+    problems = [p for rank, cases in enumerate(results) for case in cases
+                for p in [_fsdp_shard_problem(case, rank, world)] if p]
+    if problems:
+        _fail("fsdp_local_shard", problems[:8])
+    print(f"✓ fsdp_local_shard equals FSDP2's to_local() on every one of {world} ranks for shapes {FSDP_SHAPES}")
+
+
+# ------------------------------------------------------------------------------------------------
+# Lab 09: the rank grid of a dp × tp × pp job.
+
+GRID_LAYOUTS = [(2, 2, 1), (2, 1, 2), (1, 2, 2), (2, 2, 2), (3, 2, 2), (2, 4, 3), (4, 1, 1), (1, 1, 4)]
+
+
+def _norm_groups(groups) -> list[tuple[int, ...]]:
+    return sorted(tuple(sorted(int(r) for r in g)) for g in groups)
+
+
+def _grid_groups(dp: int, tp: int, pp: int, order: tuple[str, ...], dim: str) -> list[tuple[int, ...]]:
+    """Groups along ``dim`` on another grid layout (``order``: outermost to innermost), for the hints."""
+    sizes = {"dp": dp, "tp": tp, "pp": pp}
+    grid = torch.arange(dp * tp * pp).view(*[sizes[d] for d in order])
+    axis = order.index(dim)
+    return _norm_groups(grid.movedim(axis, -1).reshape(-1, sizes[dim]).tolist())
+
+
+def _grid_diagnosis(fn, dp: int = 2, tp: int = 3, pp: int = 4) -> str | None:
+    """Which grid ``fn`` lays the ranks on, told apart on a layout whose three sizes differ."""
+    from itertools import permutations
+
+    try:
+        got = {dim: _norm_groups(fn(dp, tp, pp, dim)) for dim in ("dp", "tp", "pp")}
+    except Exception:  # noqa: BLE001 - reported case by case
+        return None
+    for order in permutations(("pp", "dp", "tp")):
+        if order != ("pp", "dp", "tp") and all(got[d] == _grid_groups(dp, tp, pp, order, d) for d in got):
+            return (f"with dp={dp}, tp={tp}, pp={pp} your groups are those of the grid view({', '.join(order)}) "
+                    f"({order[-1]} innermost); minimega's grid is view(pp, dp, tp): tp innermost (consecutive ranks "
+                    "form a tp group: they share a node's fast links), pp outermost, so "
+                    "rank = (pp_rank·dp + dp_rank)·tp + tp_rank")
+    return None
+
+
+def check_rank_grid(fn) -> None:
+    """Compare ``fn(dp, tp, pp, dim)`` with `minimega.ParallelDims.group_ranks` on several layouts."""
+    try:
+        fn(1, 1, 1, "dp")
+    except Exception as exc:  # noqa: BLE001
+        if (msg := _not_done(exc, "group_ranks")):
+            _fail("group_ranks", [msg])
+    problems = [d for d in [_grid_diagnosis(fn)] if d]
+    for dp, tp, pp in GRID_LAYOUTS:
+        dims = mm.ParallelDims(dp=dp, tp=tp, pp=pp)
+        for dim in ("tp", "dp", "pp"):
+            where = f"dp={dp}, tp={tp}, pp={pp}, {dim} groups"
+            want = _norm_groups(dims.group_ranks(dim))
+            try:
+                raw = fn(dp, tp, pp, dim)
+                got = _norm_groups(raw)
+            except Exception as exc:  # noqa: BLE001
+                problems.append(f"{where}: raised {type(exc).__name__}: {exc}")
+                continue
+            if got == want:
+                if any(list(g) != sorted(g) for g in raw):
+                    problems.append(f"{where}: list each group's ranks in increasing order")
+                continue
+            size = {"dp": dp, "tp": tp, "pp": pp}[dim]
+            head = f"{where}: got {got}, minimega's mesh has {want}"
+            if any(len(g) != size for g in got) or len(got) != dp * tp * pp // size:
+                problems.append(head + f": there are world/{dim} = {dp * tp * pp // size} groups of {dim} = {size} ranks")
+            else:
+                problems.append(head)
+    if problems:
+        _fail("group_ranks", problems[:8])
+    print(f"✓ group_ranks matches minimega's mesh for every dimension of {len(GRID_LAYOUTS)} layouts")

@@ -65,3 +65,24 @@ def step_timeline(report: dict, step: int = -1) -> go.Figure:
                       height=220 + 16 * len(buckets), yaxis=dict(autorange="reversed"),
                       legend=dict(orientation="h", y=-0.25))
     return fig
+
+
+def measured_vs_estimate(rows: list[tuple[str, dict, dict]], title: str, unit: str = "KiB") -> go.Figure:
+    """Measured bytes (solid) next to the closed form (hatched), by category, one group per layout.
+
+    ``rows``: ``(label, measured {category: bytes}, estimated {category: bytes})`` per layout.
+    """
+    scale = {"KiB": 2**10, "MiB": MIB, "GiB": 2**30}[unit]
+    categories = list(rows[0][1])
+    colours = ["#4c78a8", "#f58518", "#54a24b", "#e45756", "#72b7b2"]
+    fig = go.Figure()
+    for i, c in enumerate(categories):
+        colour = colours[i % len(colours)]
+        fig.add_bar(name=f"{c} (measured)", x=[label for label, _, _ in rows],
+                    y=[m.get(c, 0) / scale for _, m, _ in rows], marker_color=colour, offsetgroup=2 * i)
+        fig.add_bar(name=f"{c} (formula)", x=[label for label, _, _ in rows],
+                    y=[e.get(c, 0) / scale for _, _, e in rows], marker_color=colour, offsetgroup=2 * i + 1,
+                    marker_pattern_shape="/", opacity=0.6)
+    fig.update_layout(title=title, barmode="group", yaxis_title=f"{unit} on one rank", height=400,
+                      legend=dict(orientation="h", y=-0.2))
+    return fig

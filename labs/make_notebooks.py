@@ -68,7 +68,10 @@ def execute(nb: nbformat.NotebookNode, timeout: float = 300) -> float:
     """Run every code cell in a fresh ``python3`` kernel started in ``labs/``; store outputs; return seconds."""
     from jupyter_client.manager import start_new_kernel
 
-    km, kc = start_new_kernel(kernel_name="python3", cwd=str(LABS), env=dict(os.environ))
+    env = dict(os.environ)
+    # The kernel starts in labs/: make PYTHONPATH absolute, or a relative `src` would miss this checkout's package.
+    env["PYTHONPATH"] = os.pathsep.join(os.path.abspath(p) for p in env.get("PYTHONPATH", "").split(os.pathsep) if p)
+    km, kc = start_new_kernel(kernel_name="python3", cwd=str(LABS), env=env)
     start = time.perf_counter()
     try:
         count = 0

@@ -13,7 +13,7 @@ import torch
 import torch.distributed as dist
 
 import minimega as mm
-from minimega import data
+from minimega import comm, data
 
 
 def train(model: str | mm.GPTConfig, config: mm.TrainConfig, steps: int = 3, seq_len: int = 32,
@@ -62,3 +62,74 @@ def saved_activations(model: str | mm.GPTConfig, mode: str, batch_size: int, seq
     gpt = apply_activation_checkpointing(mm.GPT(model_config), mode)
     x, y = data.global_batch(0, batch_size, seq_len, vocab_size=model_config.vocab_size)
     return saved_activation_bytes(gpt, x, y)
+
+
+def unit_numels(model: str | mm.GPTConfig) -> list[int]:
+    """Elements of each ZeRO unit (embeddings, each block, the head): the groups `zero/flat.py` pads one by one."""
+    from minimega.zero import model_units
+
+    model_config = mm.GPTConfig.preset(model) if isinstance(model, str) else model
+    gpt = mm.GPT(model_config)                 # the labs' models are small: building one takes milliseconds
+    return [sum(p.numel() for _, p in params) for _, params in model_units(gpt)]
+
+
+def train_and_checkpoint(model: str | mm.GPTConfig, config: mm.TrainConfig, steps: int, seq_len: int = 32,
+                         save_dir: str | None = None, save_at: int | None = None,
+                         load_dir: str | None = None) -> dict:
+    """Train up to step ``steps`` on this rank, optionally resuming from and saving a checkpoint.
+
+    Args:
+        save_dir, save_at: every rank calls ``engine.save(save_dir)`` once the engine reaches step ``save_at``.
+        load_dir: resume from the latest checkpoint there (saved under any layout); training continues
+            with the global batches of the steps that follow it.
+
+    Returns:
+        ``{"rank", "layout", "start": the step training (re)started from, "losses": one per step run}``.
+    """
+    world = dist.get_world_size() if dist.is_initialized() else 1
+    mesh = mm.init_mesh(mm.ParallelDims.infer(world, tp=config.tp, pp=config.pp))
+    model_config = mm.GPTConfig.preset(model) if isinstance(model, str) else model
+    torch.manual_seed(config.seed)
+    engine = mm.initialize(mm.GPT(model_config), config, mesh)
+    start = engine.load(load_dir) if load_dir else 0
+    for batch in data.batches(mesh, steps - start, config.batch_size, seq_len, start=start, seed=config.seed,
+                              vocab_size=model_config.vocab_size):
+        engine.train_step(batch)
+        if save_dir and engine.step == save_at:
+            engine.save(save_dir)
+    return {"rank": mesh.rank, "layout": engine.layout(), "start": start, "losses": list(engine.losses)}
+
+
+def train_fsdp2(model: str | mm.GPTConfig, config: mm.TrainConfig, steps: int = 3, seq_len: int = 32) -> dict:
+    """The same run as `train` with torch's own FSDP2: ``fully_shard`` on each block, then on the whole model.
+
+    Same seed, same global batches, same torch AdamW (built the engine's way); only the sharding is torch's.
+
+    Returns:
+        ``{"rank", "losses", "local": {name: (local shape, full shape, placement)}, "local_param_bytes"}``.
+    """
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from minimega.engine import make_optimizer
+
+    world = dist.get_world_size()
+    mesh = mm.init_mesh(mm.ParallelDims(dp=world))
+    model_config = mm.GPTConfig.preset(model) if isinstance(model, str) else model
+    torch.manual_seed(config.seed)
+    gpt = mm.GPT(model_config)
+    device_mesh = init_device_mesh("cpu", (world,))
+    for block in gpt.blocks:
+        fully_shard(block, mesh=device_mesh)           # one parameter group (FSDP2: FSDPParamGroup) per block
+    fully_shard(gpt, mesh=device_mesh)                 # the root: embeddings, final norm, head
+    opt = make_optimizer(gpt.parameters(), config)
+    losses = []
+    for x, y in data.batches(mesh, steps, config.batch_size, seq_len, seed=config.seed,
+                             vocab_size=model_config.vocab_size):
+        _, loss = gpt(x, y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        losses.append(comm.all_reduce_mean(loss.detach().clone(), mesh.dp_group).item())
+    local = {n: (tuple(p.to_local().shape), tuple(p.shape), str(p.placements[0])) for n, p in gpt.named_parameters()}
+    return {"rank": mesh.rank, "losses": losses, "local": local,
+            "local_param_bytes": sum(p.to_local().numel() * p.element_size() for p in gpt.parameters())}

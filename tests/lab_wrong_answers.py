@@ -1,9 +1,15 @@
 """Deliberately wrong answers to the lab exercises: each is a mistake a learner makes, and the check must
 name it. Module level, because the ring checks send them to gloo ranks by reference."""
+import hashlib
+import json
+from pathlib import Path
+
 import torch
 import torch.distributed as dist
 
 from minimega import comm
+from solutions.loss_scaler import LossScaler as _GoodScaler      # labs/solutions/ (on sys.path in the tests)
+from solutions.offload import bytes_by_location as _good_location
 
 # ------------------------------------------------------------------------------------------------
 # labs/exercises/memory.py: model_state_bytes(param_numels, optimizer)
@@ -235,3 +241,297 @@ class CheckpointSavesOutput(GoodCheckpoint):
         x = x.detach().requires_grad_()
         torch.autograd.backward(GoodCheckpoint._recompute(ctx, x), grad)
         return None, x.grad
+
+
+# ------------------------------------------------------------------------------------------------
+# labs/exercises/zero_reduce_scatter.py: reduce_scatter_grads(grads, group)
+
+
+def _rs(flat, group):
+    shard = flat.new_empty(flat.numel() // group.size)
+    comm.reduce_scatter(shard, flat, group)
+    return shard
+
+
+def _flat(grads):
+    return torch.cat([g.reshape(-1) for g in grads])
+
+
+def rs_no_padding(grads, group):
+    return _rs(_flat(grads), group)
+
+
+def rs_mean(grads, group):
+    return _rs(_padded(_flat(grads), group.size), group) / group.size
+
+
+def rs_all_reduce_then_slice(grads, group):
+    flat = comm.all_reduce(_padded(_flat(grads), group.size).clone(), group)
+    k, r = flat.numel() // group.size, group.rank_of(dist.get_rank())
+    return flat[r * k:(r + 1) * k].clone()
+
+
+def rs_pads_each_gradient(grads, group):
+    return _rs(torch.cat([_padded(g, group.size) for g in grads]), group)
+
+
+def rs_reversed_order(grads, group):
+    return _rs(_padded(_flat(list(reversed(grads))), group.size), group)
+
+
+def rs_local_slice(grads, group):
+    flat = _padded(_flat(grads), group.size)
+    k, r = flat.numel() // group.size, group.rank_of(dist.get_rank())
+    return flat[r * k:(r + 1) * k].clone()
+
+
+def rs_returns_full_buffer(grads, group):
+    return comm.all_reduce(_padded(_flat(grads), group.size).clone(), group)
+
+
+# ------------------------------------------------------------------------------------------------
+# labs/exercises/one_f_one_b.py: one_f_one_b_order(p, m, rank)
+
+
+def _1f1b(m, warmup, backward_first=False):
+    warmup = min(warmup, m)
+    order = [("F", i) for i in range(warmup)]
+    for i in range(m - warmup):
+        order += [("B", i), ("F", warmup + i)] if backward_first else [("F", warmup + i), ("B", i)]
+    return order + [("B", i) for i in range(m - warmup, m)]
+
+
+def order_gpipe(p, m, rank):
+    return [("F", i) for i in range(m)] + [("B", i) for i in range(m)]
+
+
+def order_warmup_off_by_one(p, m, rank):
+    return _1f1b(m, p - rank)
+
+
+def order_warmup_reversed(p, m, rank):
+    return _1f1b(m, rank)
+
+
+def order_backward_first(p, m, rank):
+    if p - rank - 1 == 0:
+        return _1f1b(m, 0)
+    return _1f1b(m, p - rank - 1, backward_first=True)
+
+
+def order_warmup_not_capped(p, m, rank):
+    warmup = p - rank - 1
+    order = [("F", i) for i in range(warmup)]
+    for i in range(m - warmup):
+        order += [("F", warmup + i), ("B", i)]
+    return order + [("B", i) for i in range(max(m - warmup, 0), m)]
+
+
+def order_forgets_cool_down(p, m, rank):
+    return _1f1b(m, p - rank - 1)[:m + min(p - rank - 1, m)]
+
+
+# ------------------------------------------------------------------------------------------------
+# labs/exercises/verify_checkpoint.py: verify_checkpoint(directory)
+
+
+
+def _step_dir(directory):
+    path = Path(directory)
+    return path if (path / "manifest.json").exists() else path / (path / "latest").read_text().strip()
+
+
+def verify_existence_only(directory):
+    path = _step_dir(directory)
+    return sorted(n for n in json.loads((path / "manifest.json").read_text())["files"] if not (path / n).exists())
+
+
+def verify_by_size(directory):
+    """Flags missing files and ones too small to hold their tensors: a same-size corruption slips through."""
+    path = _step_dir(directory)
+    return sorted(n for n in json.loads((path / "manifest.json").read_text())["files"]
+                  if not (path / n).exists() or (path / n).stat().st_size < 200)
+
+
+def verify_md5(directory):
+    path = _step_dir(directory)
+    files = json.loads((path / "manifest.json").read_text())["files"]
+    return sorted(n for n, d in files.items()
+                  if not (path / n).exists() or hashlib.md5((path / n).read_bytes()).hexdigest() != d)
+
+
+def verify_ignores_latest(directory):
+    path = Path(directory)
+    files = json.loads((path / "manifest.json").read_text())["files"]
+    return sorted(n for n, d in files.items()
+                  if not (path / n).exists() or hashlib.sha256((path / n).read_bytes()).hexdigest() != d)
+
+
+def verify_crashes_on_missing(directory):
+    path = _step_dir(directory)
+    files = json.loads((path / "manifest.json").read_text())["files"]
+    return sorted(n for n, d in files.items() if hashlib.sha256((path / n).read_bytes()).hexdigest() != d)
+
+
+def verify_returns_paths(directory):
+    path = _step_dir(directory)
+    files = json.loads((path / "manifest.json").read_text())["files"]
+    return sorted(str(path / n) for n, d in files.items()
+                  if not (path / n).exists() or hashlib.sha256((path / n).read_bytes()).hexdigest() != d)
+
+
+# ------------------------------------------------------------------------------------------------
+# labs/exercises/loss_scaler.py: LossScaler.update(overflow)
+
+
+
+class ScalerNoHysteresis(_GoodScaler):
+    def update(self, overflow):
+        if overflow:
+            self.scale = max(self.scale / self.factor, self.min_scale)
+            self.last_overflow = self.iteration
+            self.skipped += 1
+        elif (self.iteration - self.last_overflow) % self.window == 0:
+            self.scale *= self.factor
+        self.iteration += 1
+
+
+class ScalerWindowFromStart(_GoodScaler):
+    def update(self, overflow):
+        if overflow:
+            if self.cur_hysteresis == 1 or self.hysteresis == 1:
+                self.scale = max(self.scale / self.factor, self.min_scale)
+            else:
+                self.cur_hysteresis -= 1
+            self.skipped += 1
+        elif (self.iteration + 1) % self.window == 0:
+            self.scale *= self.factor
+            self.cur_hysteresis = self.hysteresis
+        self.iteration += 1
+
+
+class ScalerNoFloor(_GoodScaler):
+    def update(self, overflow):
+        if overflow:
+            if self.cur_hysteresis == 1 or self.hysteresis == 1:
+                self.scale = self.scale / self.factor
+            else:
+                self.cur_hysteresis -= 1
+            self.last_overflow = self.iteration
+            self.skipped += 1
+        elif (self.iteration - self.last_overflow) % self.window == 0:
+            self.scale *= self.factor
+            self.cur_hysteresis = self.hysteresis
+        self.iteration += 1
+
+
+class ScalerNeverGrows(_GoodScaler):
+    def update(self, overflow):
+        if overflow:
+            if self.cur_hysteresis == 1 or self.hysteresis == 1:
+                self.scale = max(self.scale / self.factor, self.min_scale)
+            else:
+                self.cur_hysteresis -= 1
+            self.last_overflow = self.iteration
+            self.skipped += 1
+        self.iteration += 1
+
+
+class ScalerForgetsSkipped(_GoodScaler):
+    def update(self, overflow):
+        skipped = self.skipped
+        super().update(overflow)
+        self.skipped = skipped
+
+
+# ------------------------------------------------------------------------------------------------
+# labs/exercises/offload.py: bytes_by_location(n_params, dp, stage, precision, offload)
+
+
+
+def location_moves_grads(n_params, dp, stage, precision, offload):
+    out = _good_location(n_params, dp, stage, precision, offload)
+    if offload:
+        grads = (4 if precision == "fp32" else 2) * n_params // (dp if stage >= 2 else 1)
+        out = {"device": out["device"] - grads, "cpu": out["cpu"] + grads}
+    return out
+
+
+def location_fp32_master_on_device(n_params, dp, stage, precision, offload):
+    out = _good_location(n_params, dp, stage, precision, offload)
+    if precision == "fp32" and not offload:
+        out["device"] += 4 * n_params // dp
+    return out
+
+
+def location_fp32_offload_no_copy(n_params, dp, stage, precision, offload):
+    out = _good_location(n_params, dp, stage, precision, offload)
+    if precision == "fp32" and offload:
+        out["cpu"] -= 4 * n_params // dp
+    return out
+
+
+def location_optimizer_not_sharded(n_params, dp, stage, precision, offload):
+    out = _good_location(n_params, dp, stage, precision, offload)
+    key = "cpu" if offload else "device"
+    optimizer = out["cpu"] if offload else out["device"] - _good_location(n_params, dp, stage, precision, True)["device"]
+    out[key] += (dp - 1) * optimizer
+    return out
+
+
+def location_grads_always_whole(n_params, dp, stage, precision, offload):
+    return _good_location(n_params, dp, 1 if stage == 2 else stage, precision, offload)
+
+
+# ------------------------------------------------------------------------------------------------
+# labs/exercises/fsdp_shard.py: fsdp_local_shard(full, world, rank)
+
+
+def fsdp_flat_shard(full, world, rank):
+    flat = _padded(full.reshape(-1), world)
+    k = flat.numel() // world
+    return flat[rank * k:(rank + 1) * k]
+
+
+def fsdp_tensor_split(full, world, rank):
+    return torch.tensor_split(full, world, dim=0)[rank]
+
+
+def fsdp_padded_rows(full, world, rank):
+    rows = -(-full.shape[0] // world)
+    padded = torch.cat([full, full.new_zeros((rows * world - full.shape[0], *full.shape[1:]))])
+    return padded[rank * rows:(rank + 1) * rows]
+
+
+def fsdp_last_dim(full, world, rank):
+    return torch.tensor_split(full, world, dim=-1)[rank] if full.dim() > 1 else torch.chunk(full, world)[rank]
+
+
+def fsdp_crashes_past_the_end(full, world, rank):
+    return torch.chunk(full, world, dim=0)[rank]
+
+
+# ------------------------------------------------------------------------------------------------
+# labs/exercises/rank_grid.py: group_ranks(dp, tp, pp, dim)
+
+
+def _groups_on(order, dp, tp, pp, dim):
+    sizes = {"dp": dp, "tp": tp, "pp": pp}
+    grid = torch.arange(dp * tp * pp).view(*[sizes[d] for d in order])
+    return grid.movedim(order.index(dim), -1).reshape(-1, sizes[dim]).tolist()
+
+
+def grid_dp_innermost(dp, tp, pp, dim):
+    return _groups_on(("pp", "tp", "dp"), dp, tp, pp, dim)
+
+
+def grid_pp_innermost(dp, tp, pp, dim):
+    return _groups_on(("tp", "dp", "pp"), dp, tp, pp, dim)
+
+
+def grid_one_group(dp, tp, pp, dim):
+    return [list(range({"dp": dp, "tp": tp, "pp": pp}[dim]))]
+
+
+def grid_unsorted(dp, tp, pp, dim):
+    return [list(reversed(g)) for g in _groups_on(("pp", "dp", "tp"), dp, tp, pp, dim)]

@@ -23,7 +23,14 @@ NOTEBOOKS = sorted(LABS.glob("[0-9][0-9]-*.ipynb"))
 EXERCISES = {"memory": (["model_state_bytes"], checks.check_model_state_bytes),
              "ring_all_reduce": (["ring_all_reduce"], checks.check_ring_all_reduce),
              "tp_regions": (["CopyToTP", "ReduceFromTP"], checks.check_tp_regions),
-             "checkpoint": (["Checkpoint"], checks.check_checkpoint)}
+             "checkpoint": (["Checkpoint"], checks.check_checkpoint),
+             "zero_reduce_scatter": (["reduce_scatter_grads"], checks.check_zero_reduce_scatter),
+             "one_f_one_b": (["one_f_one_b_order"], checks.check_one_f_one_b),
+             "verify_checkpoint": (["verify_checkpoint"], checks.check_verify_checkpoint),
+             "loss_scaler": (["LossScaler"], checks.check_loss_scaler),
+             "offload": (["bytes_by_location"], checks.check_offload),
+             "fsdp_shard": (["fsdp_local_shard"], checks.check_fsdp_shard),
+             "rank_grid": (["group_ranks"], checks.check_rank_grid)}
 
 
 def _load(package, name):
@@ -149,3 +156,97 @@ def test_checkpoint_check_names_the_mistake(answer, says):
 def test_ring_check_reports_a_hang_instead_of_waiting_forever():
     with pytest.raises(checks.ExerciseError, match="every rank must call the same collectives"):
         checks.check_ring_all_reduce(wrong.ring_only_rank0_communicates, timeout=10)
+
+
+@pytest.mark.parametrize("answer, says", [
+    (wrong.rs_no_padding, "pad it with zeros to padded = ceil(numel / n) · n"),
+    (wrong.rs_mean, "the shard is the mean over ranks, not the sum"),
+    (wrong.rs_all_reduce_then_slice, "calls comm.all_reduce"),
+    (wrong.rs_pads_each_gradient, "the gradients were padded one by one"),
+    (wrong.rs_reversed_order, "flattened in reverse order"),
+    (wrong.rs_local_slice, "nothing was summed across ranks"),
+    (wrong.rs_returns_full_buffer, "the whole flat buffer"),
+], ids=lambda v: v.__name__ if callable(v) else "")
+def test_zero_reduce_scatter_check_names_the_mistake(answer, says):
+    with pytest.raises(checks.ExerciseError, match="reduce_scatter_grads") as info:
+        checks.check_zero_reduce_scatter(answer)
+    assert says in str(info.value)
+
+
+@pytest.mark.parametrize("answer, says", [
+    (wrong.order_gpipe, "yours is GPipe's order"),
+    (wrong.order_warmup_off_by_one, "one warm-up forward too many"),
+    (wrong.order_warmup_reversed, "yours is reversed"),
+    (wrong.order_backward_first, "the steady state starts with a forward"),
+    (wrong.order_warmup_not_capped, "cap the warm-up at m forwards"),
+    (wrong.order_forgets_cool_down, "the backwards still owed"),
+], ids=lambda v: v.__name__ if callable(v) else "")
+def test_one_f_one_b_check_names_the_mistake(answer, says):
+    with pytest.raises(checks.ExerciseError, match="one_f_one_b_order") as info:
+        checks.check_one_f_one_b(answer)
+    assert says in str(info.value)
+
+
+@pytest.mark.parametrize("answer, says", [
+    (wrong.verify_existence_only, "only its sha256 shows the flipped byte"),
+    (wrong.verify_by_size, "only its sha256 shows the flipped byte"),
+    (wrong.verify_md5, "hash each file's bytes with sha256"),
+    (wrong.verify_ignores_latest, "read its `latest` file"),
+    (wrong.verify_crashes_on_missing, "report it instead of opening it"),
+    (wrong.verify_returns_paths, "return the file names as the manifest lists them"),
+], ids=lambda v: v.__name__ if callable(v) else "")
+def test_verify_checkpoint_check_names_the_mistake(answer, says):
+    with pytest.raises(checks.ExerciseError, match="verify_checkpoint") as info:
+        checks.check_verify_checkpoint(answer)
+    assert says in str(info.value)
+
+
+@pytest.mark.parametrize("answer, says", [
+    (wrong.ScalerNoHysteresis, "uses up one unit of hysteresis"),
+    (wrong.ScalerWindowFromStart, "counted from the last overflow"),
+    (wrong.ScalerNoFloor, "never drop below min_scale"),
+    (wrong.ScalerNeverGrows, "the scale grows by factor"),
+    (wrong.ScalerForgetsSkipped, "count every overflowing step in `skipped`"),
+], ids=lambda v: v.__name__ if inspect.isclass(v) else "")
+def test_loss_scaler_check_names_the_mistake(answer, says):
+    with pytest.raises(checks.ExerciseError, match="loss_scaler") as info:
+        checks.check_loss_scaler(answer)
+    assert says in str(info.value)
+
+
+@pytest.mark.parametrize("answer, says", [
+    (wrong.location_moves_grads, "the gradients stay on the device"),
+    (wrong.location_fp32_master_on_device, "the parameter shard *is* the master copy"),
+    (wrong.location_fp32_offload_no_copy, "always makes a separate fp32 master copy on the host"),
+    (wrong.location_optimizer_not_sharded, "each rank keeps Ψ/dp of them"),
+    (wrong.location_grads_always_whole, "sharded from stage 2"),
+], ids=lambda v: v.__name__ if callable(v) else "")
+def test_offload_check_names_the_mistake(answer, says):
+    with pytest.raises(checks.ExerciseError, match="bytes_by_location") as info:
+        checks.check_offload(answer)
+    assert says in str(info.value)
+
+
+@pytest.mark.parametrize("answer, says", [
+    (wrong.fsdp_flat_shard, "FSDP2 does not flatten"),
+    (wrong.fsdp_tensor_split, "FSDP2 cuts like torch.chunk"),
+    (wrong.fsdp_padded_rows, "to_local() holds only the real rows"),
+    (wrong.fsdp_last_dim, "FSDP2 shards dim 0 (rows)"),
+    (wrong.fsdp_crashes_past_the_end, "ranks past the last chunk hold zero rows"),
+], ids=lambda v: v.__name__ if callable(v) else "")
+def test_fsdp_shard_check_names_the_mistake(answer, says):
+    with pytest.raises(checks.ExerciseError, match="fsdp_local_shard") as info:
+        checks.check_fsdp_shard(answer)
+    assert says in str(info.value)
+
+
+@pytest.mark.parametrize("answer, says", [
+    (wrong.grid_dp_innermost, "your groups are those of the grid view(pp, tp, dp)"),
+    (wrong.grid_pp_innermost, "your groups are those of the grid view(tp, dp, pp)"),
+    (wrong.grid_one_group, "groups of"),
+    (wrong.grid_unsorted, "in increasing order"),
+], ids=lambda v: v.__name__ if callable(v) else "")
+def test_rank_grid_check_names_the_mistake(answer, says):
+    with pytest.raises(checks.ExerciseError, match="group_ranks") as info:
+        checks.check_rank_grid(answer)
+    assert says in str(info.value)

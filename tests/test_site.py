@@ -188,7 +188,8 @@ def test_chapters_follow_the_skeleton(built, banks):
         assert page.count('class="mm-item"') == counts[slug]
         assert "{{" not in page and "--8<--" not in page, slug
         assert '<details class="answer">' in page, f"{slug}: worked problems need hidden answers"
-        assert f"labs/{slug}.ipynb" in page and "make lab" in page
+        assert f'href="../labs/{slug}.ipynb"' in page and "make lab" in page, f"{slug}: link the lab's notebook"
+        assert (out / "labs" / f"{slug}.ipynb").is_file(), f"{slug}: the site must serve labs/{slug}.ipynb"
         assert re.search(r'<div class="highlight">', page), f"{slug}: no embedded code"
 
 

@@ -8,7 +8,9 @@ text (say, in a page someone else owns) is left alone:
     {{ quiz() }}                                      the practice quiz quizzes/<page stem>.yaml
     {{ presets_json() }}                              the calculator presets, as JSON
 
-After the build, `on_post_build` writes every figure of `minimega.plots.FIGURES` as a standalone page
+`on_files` adds the lab notebooks (``labs/NN-slug.ipynb``, outside ``docs_dir``) to the site as
+``labs/NN-slug.ipynb``, so a chapter links its lab as ``[…](labs/NN-slug.ipynb)`` and ``--strict``
+checks the link. After the build, `on_post_build` writes every figure of `minimega.plots.FIGURES` as a standalone page
 under ``assets/figures/``. Figures and the calculator load the vendored plotly.js basic bundle
 (``course/assets/vendor/plotly/``, the same plotly.js version plotly.py bundles), so the site makes
 no third-party request.
@@ -167,6 +169,16 @@ def on_page_markdown(markdown: str, page, config, files) -> str:
 
 
 PLOTLY_JS = "assets/vendor/plotly/plotly-basic.min.js"
+
+
+def on_files(files, config):
+    """Serve the lab notebooks from the site: ``labs/NN-slug.ipynb``, copied as static files."""
+    from mkdocs.structure.files import File
+
+    root = Path(config["config_file_path"]).parent
+    for notebook in sorted((root / "labs").glob("[0-9][0-9]-*.ipynb")):
+        files.append(File(f"labs/{notebook.name}", str(root), config["site_dir"], config["use_directory_urls"]))
+    return files
 
 
 def on_post_build(config) -> None:

@@ -1,0 +1,130 @@
+# %% [markdown]
+# # Lab 05 · Offload: move the optimizer states to the CPU
+#
+# **Why.** In mixed precision 12 of the 16 bytes per parameter are the optimizer's: the fp32 master weights and Adam's
+# two moments. They are touched once per step, by an element-wise update — work a CPU does well. ZeRO-Offload
+# (Ren et al. 2021, arXiv:2101.06840) keeps them in host memory and runs the step there; the GPU keeps only the 16-bit
+# parameters and gradients, and the forward and backward. One GPU can then train a model ~8× larger.
+#
+# This lab runs ZeRO-2 with and without `offload_optimizer=True` on 2 ranks and measures where the bytes are, then
+# uses the estimator for billion-parameter models on one GPU.
+
+# %%
+import ipywidgets as widgets
+import plotly.graph_objects as go
+from IPython.display import display
+
+import minimega as mm
+from minimega import estimate, plots
+import checks      # labs/checks.py: the exercise checks
+import workers     # labs/workers.py: the functions each rank runs
+
+# %% [markdown]
+# ## 1. Same job, optimizer on the device or on the CPU
+# bf16 parameters with an fp32 master, ZeRO-2, dp = 2, a small model (bf16 matmuls are slow on CPUs).
+
+# %%
+model = mm.GPTConfig.tiny(n_embd=32)
+dp = 2
+runs = {offload: mm.launch(workers.train, dp, model,
+                           mm.TrainConfig(zero_stage=2, precision="bf16", offload_optimizer=offload, batch_size=8),
+                           4, 16, timeout=180)
+        for offload in (False, True)}
+
+# %%
+# NBVAL_CHECK_OUTPUT
+numels = workers.unit_numels(model)
+psi = sum(estimate.padded_numel(n, dp) for n in numels)
+rows = {}
+for offload, reports in runs.items():
+    m = reports[0]["memory_at_step"]
+    states = m["master"] + m["optimizer_states"]
+    on_cpu = m["optimizer_location"] == "cpu"
+    rows[offload] = {"device": m["params"] + m["grads"] + (0 if on_cpu else states), "cpu": states if on_cpu else 0}
+    print(f"offload_optimizer={offload}: optimizer states on the {m['optimizer_location']}; rank 0 holds "
+          f"{rows[offload]['device']:,} B on the device ({rows[offload]['device'] / psi:.0f} B/param) and "
+          f"{rows[offload]['cpu']:,} B on the CPU ({rows[offload]['cpu'] / psi:.0f} B/param)")
+print(f"formula, ZeRO-2 over dp={dp}: device 2Ψ + 2Ψ/dp = {2 * psi + 2 * psi // dp:,} B, CPU 12Ψ/dp = {12 * psi // dp:,} B")
+gap = max(abs(a - b) for a, b in zip(runs[True][0]["losses"], runs[False][0]["losses"]))
+print("losses", [round(x, 4) for x in runs[False][0]["losses"]], "; offloaded run within 1e-5:", gap < 1e-5)
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+fig = go.Figure([go.Bar(name=where, x=["on the device", "offloaded"], y=[rows[o][where] / 1024 for o in (False, True)])
+                 for where in ("device", "cpu")])
+fig.update_layout(title="ZeRO-2, bf16, dp = 2: model states of rank 0 by location", yaxis_title="KiB",
+                  barmode="group", height=340)
+fig
+
+# %% [markdown]
+# The step is the same torch AdamW on the same fp32 numbers, only elsewhere: the losses agree. On a GPU the price is
+# the PCIe traffic — gradients down (2Ψ/dp bytes) and updated parameters up (2Ψ/dp) every step — and the CPU's
+# slower step, which ZeRO-Offload overlaps with the next backward.
+#
+# The estimator (and the ZeRO-Offload paper) also counts the gradient shard on the CPU: ZeRO-Offload streams each
+# gradient to host memory as backward produces it. minimega keeps its 16-bit gradient shard on the device (the hooks
+# reduce into it) and hands the CPU an fp32 copy at the step.
+#
+# ## 2. A billion parameters on one GPU
+# `estimate.memory_per_gpu` adds activations to the model states. A 1.3 B-parameter GPT (24 layers, width 2048), one
+# GPU, sequences of 1024, micro-batch 1:
+
+# %%
+# NBVAL_CHECK_OUTPUT
+shape = dict(layers=24, hidden=2048, heads=16, vocab=50257, seq_len=1024)
+for offload in ("none", "optimizer"):
+    for recompute in ("none", "full"):
+        mem = estimate.memory_per_gpu(estimate.MemoryConfig(**shape, offload=offload, recompute=recompute))
+        print(f"offload={offload:9} recompute={recompute:4}: GPU {mem['total'] / 1e9:5.1f} GB "
+              f"(states {(mem['params'] + mem['grads'] + mem['optimizer']) / 1e9:4.1f}, activations "
+              f"{mem['activations'] / 1e9:4.1f}), CPU {mem['cpu'] / 1e9:5.1f} GB; Ψ = {mem['stage_params'] / 1e9:.2f} B")
+
+# %% [markdown]
+# Without offload the 16 bytes per parameter alone need 21 GB; with it the GPU keeps 2 bytes per parameter, and the
+# 1.3 B model fits a 16 GB GPU with room for activations. The paper's headline: 10 B parameters on one 32 GB V100.
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+plots.offload_split(10e9, 1)
+
+# %% [markdown]
+# ## 3. How big on one GPU?
+# The estimator for a model of your shape (width 2048, 16 heads, sequences of 1024): the largest depth whose total
+# fits the GPU you choose.
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+def show_fit(gpu_gb, offload, recompute):
+    best = None
+    for layers in range(1, 400):
+        mem = estimate.memory_per_gpu(estimate.MemoryConfig(layers=layers, hidden=2048, heads=16, vocab=50257,
+                                                            seq_len=1024, offload=offload, recompute=recompute))
+        if mem["total"] > gpu_gb * 1e9:
+            break
+        best = (layers, mem)
+    if best is None:
+        print("not even one layer fits")
+        return
+    layers, mem = best
+    print(f"{layers} layers = {mem['stage_params'] / 1e9:.1f} B parameters fit in {gpu_gb} GB "
+          f"(GPU {mem['total'] / 1e9:.1f} GB, CPU {mem['cpu'] / 1e9:.0f} GB)")
+
+
+display(widgets.interactive(show_fit, gpu_gb=widgets.Dropdown(options=[16, 24, 40, 80], value=80, description="GPU GB"),
+                            offload=["none", "optimizer"], recompute=["none", "selective", "full"]))
+
+# %% [markdown]
+# ## 4. Exercise: bytes by location
+# Complete `bytes_by_location(n_params, dp, stage, precision, offload)` in `labs/exercises/offload.py`. The check trains
+# real 2-rank jobs in fp32 and bf16, ZeRO stages 1-3, with and without offload, and compares your bytes on the device
+# and on the CPU with what the ranks hold.
+
+# %%
+# NBVAL_CHECK_OUTPUT
+mine = checks.exercise("offload")   # labs/exercises/ (labs/solutions/ if MINIMEGA_LAB_SOLUTIONS=1)
+checks.check_offload(mine.bytes_by_location)
+
+# %% [markdown]
+# **Takeaway.** Optimizer offload leaves 2 bytes of parameters (plus the gradient shard) per parameter on the GPU and
+# moves the other 12 to host memory, which is larger and cheaper; the step runs there on the same numbers. The cost is
+# PCIe traffic and a CPU step per iteration — a good trade when the GPU is what limits the model's size.
