@@ -5,8 +5,9 @@
                (softmax(QKᵀ/√hs)V: little compute, much memory at long T; Korthikanti et al. 2022, arXiv:2205.05198)
 
 Recomputation must replay the same dropout masks, so `checkpoint` saves the RNG state (CPU, and the
-current CUDA device's when the inputs live there) before the first forward and restores it, in a
-fork so the training RNG stream moves on untouched, before the replay.
+current CUDA device's when the inputs live there) and every tensor-parallel stream (`minimega.rng`)
+before the first forward and restores them, in a fork so the training streams move on untouched,
+before the replay.
 
 How many bytes each mode keeps is `minimega.estimate.gpt_activation_bytes_per_layer` (next to
 Korthikanti's table there); `saved_activation_bytes` measures it, and the tests compare the two.
@@ -18,6 +19,7 @@ import torch.nn as nn
 
 from .estimate import gpt_activation_bytes_per_layer  # noqa: F401  (the formula `saved_activation_bytes` is tested against)
 from .model import GPT
+from .rng import live_streams
 
 MODES = ("none", "full", "selective")
 
@@ -33,6 +35,7 @@ class _Checkpoint(torch.autograd.Function):
         ctx.cuda = any(t.is_cuda for t in inputs if torch.is_tensor(t))
         ctx.cpu_rng = torch.get_rng_state()
         ctx.cuda_rng = torch.cuda.get_rng_state() if ctx.cuda else None
+        ctx.streams = [(s, s.state) for s in live_streams()]     # tensor-parallel dropout streams too
         ctx.save_for_backward(*inputs)
         with torch.no_grad():
             return fn(*inputs)
@@ -41,12 +44,17 @@ class _Checkpoint(torch.autograd.Function):
     def backward(ctx, grad):
         inputs = [t.detach().requires_grad_(t.requires_grad) for t in ctx.saved_tensors]
         devices = [torch.cuda.current_device()] if ctx.cuda else []
+        streams_now = [(s, s.state) for s, _ in ctx.streams]
         with torch.random.fork_rng(devices=devices):
             torch.set_rng_state(ctx.cpu_rng)
             if ctx.cuda:
                 torch.cuda.set_rng_state(ctx.cuda_rng)
+            for stream, state in ctx.streams:
+                stream.state = state
             with torch.enable_grad():
                 out = ctx.fn(*inputs)
+        for stream, state in streams_now:                        # the streams move on as if not replayed
+            stream.state = state
         torch.autograd.backward(out, grad)
         return (None, *(t.grad if t.requires_grad else None for t in inputs))
 

@@ -29,6 +29,7 @@ from . import comm
 from .comm import Group
 from .config import GPTConfig
 from .model import GPT, CausalSelfAttention
+from .rng import RNGStream
 
 SEQ_DIM = 1          # activations are (B, T, D); sequence parallelism shards T
 
@@ -310,9 +311,10 @@ def vocab_parallel_cross_entropy(logits: torch.Tensor, targets: torch.Tensor, gr
 class ParallelSelfAttention(CausalSelfAttention):
     """`model.CausalSelfAttention` on n_head/tp heads; T is read after qkv (which gathers it under SP)."""
 
-    def __init__(self, attn: CausalSelfAttention, group: Group, sequence_parallel: bool):
+    def __init__(self, attn: CausalSelfAttention, group: Group, sequence_parallel: bool, rng: RNGStream):
         nn.Module.__init__(self)
         self.n_head, self.head_size, self.dropout = attn.n_head // group.size, attn.head_size, attn.dropout
+        self.rng = rng
         self.qkv = ColumnParallelLinear(attn.qkv, group, sequence_parallel=sequence_parallel, partitions=3)
         self.proj = RowParallelLinear(attn.proj, group, sequence_parallel=sequence_parallel)
         self.resid_dropout = attn.resid_dropout
@@ -324,6 +326,27 @@ class ParallelSelfAttention(CausalSelfAttention):
                    for t in qkv.split(self.n_head * self.head_size, dim=-1))          # (B, nh, T, hs)
         y = self.core(q, k, v).transpose(1, 2).reshape(B, T, self.n_head * self.head_size)
         return self.resid_dropout(self.proj(y))                             # (B, T, D) or (B, T/tp, D)
+
+    def core(self, q, k, v):
+        """The attention core on this rank's heads; its dropout draws from the tp rank's own stream."""
+        if not (self.training and self.dropout > 0):
+            return super().core(q, k, v)
+        with self.rng:
+            return super().core(q, k, v)
+
+
+class _StreamDropout(nn.Module):
+    """Dropout drawing from a tp rank's stream: for activations split along T by sequence parallelism."""
+
+    def __init__(self, dropout: nn.Dropout, rng: RNGStream):
+        super().__init__()
+        self.p, self.rng = dropout.p, rng
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not (self.training and self.p > 0):
+            return x
+        with self.rng:
+            return F.dropout(x, self.p, training=True)
 
 
 class ParallelGPT(GPT):
@@ -340,12 +363,19 @@ class ParallelGPT(GPT):
         self.config, self.group, self.sequence_parallel = model.config, group, sequence_parallel
         self.wte = VocabParallelEmbedding(model.wte, group, sequence_parallel=sequence_parallel)
         self.wpe, self.drop, self.blocks, self.ln_f = model.wpe, model.drop, model.blocks, model.ln_f
+        # Megatron's model-parallel seed: heads (and, under SP, sequence slices) differ across tp ranks,
+        # so their dropout masks must too; replicated activations keep the default, shared stream.
+        self.rng = RNGStream(torch.initial_seed() + 2718 + group_rank(group), model.wte.weight.device)
         for block in self.blocks:
-            block.attn = ParallelSelfAttention(block.attn, group, sequence_parallel)
+            block.attn = ParallelSelfAttention(block.attn, group, sequence_parallel, self.rng)
+            if sequence_parallel:
+                block.attn.resid_dropout = _StreamDropout(block.attn.resid_dropout, self.rng)
+                block.mlp.dropout = _StreamDropout(block.mlp.dropout, self.rng)
             block.mlp.fc = ColumnParallelLinear(block.mlp.fc, group, sequence_parallel=sequence_parallel)
             block.mlp.proj = RowParallelLinear(block.mlp.proj, group, sequence_parallel=sequence_parallel)
         self.lm_head = ColumnParallelLinear(model.lm_head, group, sequence_parallel=sequence_parallel, pad=True)
         if sequence_parallel:
+            self.drop = _StreamDropout(model.drop, self.rng)
             for p in self.replicated_parameters():
                 p.register_hook(lambda g: comm.all_reduce(g.clone(), group, tag="sp_grad"))
 
