@@ -42,7 +42,7 @@ $(LABSTAMP): $(STAMP)
 
 lab: $(LABSTAMP)
 	$(BIN)/python -m ipykernel install --sys-prefix --name minimega --display-name "minimega"
-	$(BIN)/jupyter lab --notebook-dir=labs
+	$(BIN)/jupyter lab --notebook-dir=labs --ip=127.0.0.1 $$([ "$$(id -u)" = 0 ] && echo --allow-root)
 
 bench: install
 	$(BIN)/python bench/ddp.py
