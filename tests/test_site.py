@@ -257,13 +257,16 @@ def _random_config(rng: random.Random) -> dict:
     heads = rng.choice([1, 2, 4, 8, 12, 16, 32, 64, 96, 112, 128])
     tp = rng.choice([t for t in (1, 2, 4, 8, 16) if heads % t == 0])
     stage = rng.randrange(4)
+    precision = rng.choice(est.PRECISIONS)
     return dict(layers=rng.randint(1, 128), hidden=heads * rng.choice([16, 64, 128, 160]), heads=heads,
                 vocab=rng.randint(100, 260000), seq_len=rng.choice([128, 512, 1024, 2048, 4096, 8192, 32768]),
-                micro_batch=rng.randint(1, 16), precision=rng.choice(est.PRECISIONS), zero_stage=stage, tp=tp,
+                micro_batch=rng.randint(1, 16), precision=precision, zero_stage=stage, tp=tp,
                 dp=rng.choice([1, 2, 3, 8, 64, 1000]), pp=rng.choice([1, 2, 3, 4, 12, 35]),
                 sp=rng.random() < 0.5, recompute=rng.choice(est.RECOMPUTE), schedule=rng.choice(est.SCHEDULES),
                 micro_batches=rng.randint(1, 300), virtual_stages=rng.randint(1, 4),
-                offload=rng.choice(est.OFFLOAD if stage == 3 else est.OFFLOAD[:2]))
+                offload=rng.choice(est.OFFLOAD if stage == 3 else est.OFFLOAD[:2]),
+                attention=rng.choice(est.ATTENTION), position_embedding=rng.random() < 0.5,
+                fp32_grads=rng.random() < 0.5 and precision != "fp32", pp_partition=rng.choice(est.PP_PARTITION))
 
 
 def _run_js(cfgs):
@@ -278,7 +281,7 @@ def test_calculator_js_matches_python_on_random_configs():
     rng = random.Random(20240607)
     cfgs = [_random_config(rng) for _ in range(240)] + [dict(est.PRESETS[k]) for k in est.PRESETS]
     got = _run_js(cfgs)
-    keys = ("params", "grads", "optimizer", "gathered", "activations", "total", "cpu", "stage_params")
+    keys = ("params", "grads", "optimizer", "gathered", "activations", "recompute", "total", "cpu", "stage_params")
     for cfg, js in zip(cfgs, got):
         py = est.memory_per_gpu(est.MemoryConfig(**cfg))
         assert "error" not in js, (cfg, js)
@@ -290,7 +293,9 @@ def test_calculator_js_matches_python_on_random_configs():
 def test_calculator_js_rejects_what_python_rejects():
     base = dict(est.PRESETS["gpt2-124m"])
     bad = [{**base, "tp": 5}, {**base, "offload": "optimizer+params", "zero_stage": 2}, {**base, "dp": 0},
-           {**base, "recompute": "half"}, {**base, "layers": 2.5}]
+           {**base, "recompute": "half"}, {**base, "layers": 2.5}, {**base, "attention": "flash"},
+           {**base, "pp_partition": "uniform"}, {**base, "fp32_grads": True, "precision": "fp32"},
+           {**base, "position_embedding": 1}]
     for cfg, js in zip(bad, _run_js(bad)):
         with pytest.raises(ValueError):
             est.memory_per_gpu(est.MemoryConfig(**cfg))

@@ -153,7 +153,8 @@ def presets_memory() -> go.Figure:
     outs = [est.memory_per_gpu(est.MemoryConfig(**est.PRESETS[n])) for n in names]
     fig = go.Figure()
     for key, label in (("params", "parameters"), ("grads", "gradients"), ("optimizer", "optimizer states"),
-                       ("gathered", "gathered block (ZeRO-3)"), ("activations", "activations")):
+                       ("gathered", "gathered block (ZeRO-3)"), ("activations", "activations"),
+                       ("recompute", "recomputed layer (backward)")):
         fig.add_bar(x=names, y=[o[key] / est.GB for o in outs], name=label,
                     hovertemplate="%{y:.3g} GB<extra>" + label + "</extra>")
     _layout(fig, "Memory per GPU for the calculator presets", "", "GB per GPU", barmode="stack")
