@@ -335,3 +335,14 @@ def test_bloom_cost_from_its_log_and_paper():
     assert est.run_cost(1000, 2.0, overhead=0.25) == 2500
     with pytest.raises(ValueError):
         est.run_cost(1000, -1)
+
+
+def test_ring_time_alpha_beta():
+    # 2(n-1) latencies + 2(n-1)/n S / beta for an all-reduce; (n-1) each for reduce-scatter, all-gather
+    assert est.ring_time("all_reduce", 25e6, 64, 10e-6, 25e9) == pytest.approx(126 * 10e-6 + 2 * 63 / 64 * 25e6 / 25e9)
+    assert est.ring_time("all_gather", 100, 4, 1.0, 1.0) == 3 + 75
+    assert est.ring_time("all_reduce", 1e9, 1, 1.0, 1.0) == 0
+    # small messages are latency-bound, large ones bandwidth-bound
+    small = est.ring_time("all_reduce", 1e5, 64, 10e-6, 25e9)
+    assert 126 * 10e-6 / small > 0.9
+    assert est.ring_time("all_reduce", 1e10, 64, 10e-6, 25e9) == pytest.approx(2 * 63 / 64 * 1e10 / 25e9, rel=2e-3)

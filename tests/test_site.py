@@ -240,6 +240,36 @@ def test_numbers_on_pages_come_from_estimate(built):
         assert mb in acts
 
 
+def _text(out, slug):
+    return re.sub(r"\s+", " ", re.sub(r"<[^>]+>", "", html.unescape((out / slug / "index.html").read_text())))
+
+
+def test_corrected_numbers_are_on_their_pages(built):
+    """Each number a reviewer corrected, as the page prints it (computed by minimega.estimate)."""
+    out, _, _ = built
+    acts = _text(out, "06-activation-checkpointing")
+    # one layer's full activations, rebuilt by full recomputation's backward (7.5B shape, s = 8192, b = 1)
+    assert "model at \\(s = 8192\\) one layer keeps 11.9 GB unfused, 1.142 GB fused" in acts
+    assert "that is 11.9 GB, more than the 2.4 GB of stored layer inputs" in acts
+    assert "= 141 PFLOP; over" in acts and "0.1 EFLOP" not in acts
+    three_d = _text(out, "09-3d-parallel")
+    assert "One GPU of stage 0 then holds 3.98B parameters" in three_d
+    assert "That puts 21 GB on a GPU of the first stage" in three_d and "would need 125 GB" in three_d
+    assert "Megatron-DeepSpeed" in three_d and "1.46 blocks" in three_d
+    offload = _text(out, "05-offload")
+    assert "over 13 billion parameters train on a single GPU, 10×" in offload
+    assert "2_grads_16bit + 4_grads_32bit + 4_params_32bit + 8_optimizer_states" in offload
+    assert "18 bytes per parameter, sharded" in offload
+    mixed = _text(out, "04-mixed-precision")
+    assert "an fp32 copy of the gradients, 4 bytes the ZeRO paper's accounting leaves out" in mixed
+    dp = _text(out, "02-data-parallel")
+    assert "a 25 MB bucket costs 3.23 ms, of which latency is 39%" in dp
+    tp = _text(out, "07-tensor-parallel")
+    assert "critical path" in tp and "from \\(m = 3\\) on, TP moves more" in tp
+    pp = _text(out, "08-pipeline-parallel")
+    assert "interleaved_schedule_memory_penalty" in pp
+
+
 # ---------------------------------------------------------------------------------------------
 # The calculator's JavaScript against the Python estimator
 

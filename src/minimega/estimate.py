@@ -134,6 +134,22 @@ def ring_bytes(op: str, size_bytes: float, n: int) -> float:
     return factor * (n - 1) / n * size_bytes
 
 
+# --8<-- [start:ring_time]
+def ring_time(op: str, size_bytes: float, n: int, alpha: float, bandwidth: float) -> float:
+    """Seconds for one ring collective in the α-β model (Thakur, Rabenseifner and Gropp 2005).
+
+    Each of the ring's steps pays a start-up latency α and moves one chunk at `bandwidth` bytes/s:
+    all-reduce takes 2(n-1) steps, reduce-scatter and all-gather n-1 each, so
+    t = steps·α + `ring_bytes`/bandwidth. The α term grows with n and not with the message, which is
+    why many small messages (one per tensor) cost more than a few large buckets.
+    """
+    if n <= 1:
+        return 0.0
+    steps = {"all_reduce": 2, "reduce_scatter": 1, "all_gather": 1}[op] * (n - 1)
+    return steps * alpha + ring_bytes(op, size_bytes, n) / bandwidth
+# --8<-- [end:ring_time]
+
+
 def comm_collectives(stage: int) -> tuple[str, ...]:
     """The collectives one step issues over a full-model-sized buffer (ZeRO paper §7).
 

@@ -119,13 +119,22 @@ def activations_gpt3() -> go.Figure:
 
 def activations_vs_seq(hidden: int = 4096, heads: int = 32, layers: int = 36,
                        seqs=(512, 1024, 2048, 4096, 8192, 16384)) -> go.Figure:
-    """Whole-model activation GB against sequence length, with and without recomputation."""
+    """Whole-model activation GB against sequence length, with and without recomputation.
+
+    Recomputed curves include the working set the backward rebuilds for one layer
+    (`recompute_working_bytes`); the dashed curve is a fused attention kernel without recomputation.
+    """
     fig = go.Figure()
-    for name, rec in (("no recomputation", "none"), ("selective", "selective"), ("full recomputation", "full")):
-        fig.add_scatter(x=list(seqs), y=[layers * est.activation_bytes_per_layer(s, 1, hidden, heads, recompute=rec) / est.GB
-                                         for s in seqs], mode="lines+markers", name=name,
+    cases = (("no recomputation", "none", "unfused"), ("selective", "selective", "unfused"),
+             ("full recomputation", "full", "unfused"), ("fused attention, no recomputation", "none", "fused"))
+    for name, rec, attn in cases:
+        ys = [(layers * est.activation_bytes_per_layer(s, 1, hidden, heads, recompute=rec, attention=attn)
+               + est.recompute_working_bytes(s, 1, hidden, heads, recompute=rec, attention=attn)) / est.GB
+              for s in seqs]
+        fig.add_scatter(x=list(seqs), y=ys, mode="lines+markers", name=name,
+                        line=dict(dash="dash") if attn == "fused" else None,
                         hovertemplate="s=%{x}<br>%{y:.3g} GB<extra>" + name + "</extra>")
-    _layout(fig, f"Activations of {layers} layers, h = {hidden}, a = {heads}, b = 1, one GPU",
+    _layout(fig, f"Activations of {layers} layers, h = {hidden}, a = {heads}, b = 1, one GPU (with the recomputed layer)",
             "sequence length s (tokens, log scale)", "GB (log scale)")
     fig.update_xaxes(type="log")
     fig.update_yaxes(type="log")
