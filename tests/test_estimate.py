@@ -325,6 +325,10 @@ def test_bloom_cost_from_its_log_and_paper():
     # tr11 README log line at the end of epoch one: GBS 2048, 104.70 s/iteration, "TFLOPs: 149.77"
     f = est.megatron_hardware_flops(2048, 2048, 70, 14336, 250880)
     assert est.achieved_flops_per_gpu(f, 104.70, 384) / 1e12 == pytest.approx(149.77, abs=0.02)
+    # MT-NLG (Smith et al. 2022 §2.4): GBS 1920, 60.1 / 50.2 / 44.4 s on 2240 / 2800 / 3360 GPUs = 126 / 121 / 113
+    mt = est.megatron_hardware_flops(1920, 2048, 105, 20480, 51200)
+    for gpus, secs, paper in ((2240, 60.1, 126), (2800, 50.2, 121), (3360, 44.4, 113)):
+        assert est.achieved_flops_per_gpu(mt, secs, gpus) / 1e12 == pytest.approx(paper, abs=1.0), gpus
     # Eq. 4 for the 325.0B tokens of epoch one at that rate: 92 days on 384 GPUs
     secs = est.training_seconds(325_001_773_056, 176.247e9, 384, 149.77e12)
     assert round(secs / 86400) == 92

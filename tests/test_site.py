@@ -25,7 +25,7 @@ QUIZZES = ROOT / "quizzes"
 COURSE = ROOT / "course"
 CHAPTERS = ["01-memory", "02-data-parallel", "03-zero", "04-mixed-precision", "05-offload",
             "06-activation-checkpointing", "07-tensor-parallel", "08-pipeline-parallel", "09-3d-parallel",
-            "10-checkpoints", "11-fsdp"]
+            "10-checkpoints", "11-fsdp", "12-stack-and-cost"]
 SKELETON = ["why", "notation", "code", "takeaway", "worked-problems", "quiz", "lab"]
 # The seed guide's six questions, each a practice item somewhere in the banks.
 FAQ = {"faq-deepspeed-megatron": 1, "faq-zero-purpose": 3, "faq-zero-stage-saves-most": 3,
@@ -43,7 +43,7 @@ def banks():
 
 
 def test_one_bank_per_chapter_with_enough_items(banks):
-    assert [b.chapter for b in banks] == list(range(1, 12))
+    assert [b.chapter for b in banks] == list(range(1, 13))
     assert [b.path.stem for b in banks] == CHAPTERS
     for b in banks:
         assert len(b.items) >= 8, f"{b.path.name}: {len(b.items)} items"
@@ -339,3 +339,13 @@ def test_calculator_page_carries_the_python_presets(built):
     assert json.loads(blob) == json.loads(json.dumps(est.PRESETS))
     for name in est.PRESETS:
         assert f'<option value="{name}"' in page
+
+
+def test_chapter12_cost_numbers_on_the_page(built):
+    out, _, _ = built
+    page = _text(out, "12-stack-and-cost")
+    assert "Eq. 3 gives 149.76 TFLOP/s per GPU" in page                 # BLOOM's log prints 149.77
+    assert "into 126, 120 and 113 TFLOP/s per GPU" in page               # MT-NLG reports 126, 121, 113
+    assert "92 days, 849 904 GPU-hours" in page and "117.5 days of 384 GPUs" in page
+    assert "78% of what the run consumed" in page and "964B tokens" in page
+    assert "each iteration costs 11% more GPU-hours" in page

@@ -125,3 +125,20 @@ PRECISION = re.compile(r"\b(exact(ly)?|integer|whole number|decimals?|significan
                          ids=[_key(*n) for n in NUMERIC if n[0] == "practice" or n[1].chapter == 12])
 def test_numeric_questions_state_their_precision(kind, bank, item):
     assert PRECISION.search(item.question), f"{_key(kind, bank, item)}: say how precise the answer must be"
+
+
+# The chapter-12 exam items, recomputed with minimega.estimate (the exam schema carries no formula).
+EXAM12 = {"hardware-flops-iteration": "achieved_flops_per_gpu(megatron_hardware_flops(512, 2048, 24, 2048, 51200), 2.5, 64)"
+                                      " / 1e12",
+          "budget-days": "training_seconds(1e12, 30e9, 512, 150e12) / 86400",
+          "spares-share": "100 * (416 - 384) / 384"}
+
+
+def test_chapter12_exam_items_recomputed_with_estimate():
+    bank = next(b for k, b in BANKS if k == "exam" and b.chapter == 12)
+    items = {it.id: it for it in bank.items}
+    assert len(bank.items) >= 6 and set(EXAM12) <= set(items)
+    for item_id, expr in EXAM12.items():
+        value = sitebuild.evaluate(expr)
+        assert grade(items[item_id], value).correct, (item_id, value, items[item_id].answer)
+        assert abs(value - items[item_id].answer) <= items[item_id].tolerance * abs(value), item_id
