@@ -1,0 +1,130 @@
+"""`minimega cert verify` on the shared tamper cases (tests/verify_cases.py): the verdict, the exit
+status, and every check's status and words; issuer trust from --trust, the environment, a trust file
+and --issuer-url."""
+import json
+import re
+import sys
+
+import pytest
+
+import verify_cases
+from minimega.classroom import credential, trust
+from minimega.classroom.cli import main
+
+CASES = verify_cases.make_cases("https://course.example")
+EXIT = {"valid": 0, "invalid": 1, credential.NOT_TRUSTED: 3}
+# words a passing check must never carry (a pass says what was found, not what could go wrong)
+FAILURE_WORDS = ("missing", "expired", "stale", "not valid", "not one of", "does not match", "rejected",
+                 "not controlled", "malformed", "unknown key", "not a ")
+
+
+def run_cli(capsys, *args):
+    capsys.readouterr()
+    try:
+        code = main(["cert", "verify", *map(str, args)])
+    except SystemExit as exit_:
+        code = exit_.code if isinstance(exit_.code, int) else 2
+        print(exit_.code, file=sys.stderr)
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def case_files(case, tmp_path):
+    cred = case["credential"]
+    path = tmp_path / "credential.json"
+    path.write_text(json.dumps(cred) if isinstance(cred, dict) else cred)
+    args = [path]
+    url = (cred.get("credentialStatus") or {}).get("statusListCredential") if isinstance(cred, dict) else None
+    if isinstance(url, str) and url in case["lists"]:
+        (tmp_path / "list.json").write_text(json.dumps(case["lists"][url]))
+        args += ["--status-list", tmp_path / "list.json"]
+    return args
+
+
+def assert_truthful(checks, case):
+    """Exactly the expected checks fail, with the expected words; the others pass or say why they did not run."""
+    assert [c["check"] for c in checks] == list(credential.CHECKS)
+    failed = {c["check"]: c["detail"] for c in checks if c["status"] == "fail"}
+    assert set(failed) == set(case["fail"]), (case["name"], failed)
+    for name, words in case["fail"].items():
+        assert words in failed[name], (case["name"], name, failed[name])
+    for c in checks:
+        assert c["status"] in ("pass", "fail", "n/a") and c["detail"], c
+        if c["status"] == "pass":
+            words = re.sub(r"\S+://\S+", "URL", c["detail"])      # a URL may hold any word
+            assert not any(w in words for w in FAILURE_WORDS), (case["name"], c)
+        if c["status"] == "n/a":
+            assert c["detail"].startswith(("not checked", "no expiry date", "unknown:")), (case["name"], c)
+
+
+def test_the_shared_list_is_big_enough():
+    rejected = [c["name"] for c in CASES if c["verdict"] != "valid"]
+    assert len(rejected) >= 40
+    assert {"attacker-resigned", "rdfc-proof-flipped", "rdfc-proof-removed", "duplicate-jcs-proof", "proof-as-object",
+            "extra-proof", "validFrom-without-zone"} <= set(rejected)
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c["name"] for c in CASES])
+def test_cli_on_shared_case(case, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path))                 # no personal trust file
+    monkeypatch.delenv(trust.ENV, raising=False)
+    code, out, err = run_cli(capsys, *case_files(case, tmp_path), "--offline", "--json",
+                             "--trust", verify_cases.genuine_did)
+    result = json.loads(out)
+    assert (result["verdict"], code) == (case["verdict"], EXIT[case["verdict"]]), (case["name"], result["errors"])
+    assert_truthful(result["checks"], case)
+
+
+def test_genuine_lines_in_words(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    genuine = CASES[0]
+    code, out, _ = run_cli(capsys, *case_files(genuine, tmp_path), "--offline", "--trust", verify_cases.genuine_did)
+    assert code == 0 and out.startswith("VALID")
+    cred = genuine["credential"]
+    key = verify_cases.genuine_did.removeprefix("did:key:")[:16]
+    expected = [
+        "pass JSON: a JSON object", "pass @context: VC 2.0 and Open Badges 3.0.3",
+        "pass type: VerifiableCredential, OpenBadgeCredential", "pass credentialSubject: an achievement subject",
+        f"pass issuer: {verify_cases.genuine_did}",
+        "pass proof set: one eddsa-rdfc-2022 proof and one eddsa-jcs-2022 proof",
+        f"pass eddsa-rdfc-2022 proof: signature valid, by the issuer's key {key}…",
+        f"pass eddsa-jcs-2022 proof: signature valid, by the issuer's key {key}…",
+        "pass issuer trusted: a trusted issuer", f"pass validFrom: valid since {cred['validFrom']}",
+        "n/a  validUntil: no expiry date",
+        f"pass credentialStatus: revocation entry 4242 of https://course.example/status/main",
+        f"pass status list validUntil: fresh until ", "pass revocation: not revoked as of "]
+    lines = [line.strip() for line in out.splitlines()]
+    for want in expected:
+        assert any(line.startswith(want) for line in lines), (want, out)
+
+
+def test_trust_sources_and_bad_trust_input(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.delenv(trust.ENV, raising=False)
+    attacker = next(c for c in CASES if c["name"] == "attacker-resigned")
+    args = case_files(attacker, tmp_path) + ["--offline"]
+    code, out, err = run_cli(capsys, *args)
+    assert code == 3 and out.startswith("NOT TRUSTED (signature valid, issuer not trusted)")
+    assert "no trusted issuer is configured" in out
+    # each source of trust, alone, makes the attacker's credential valid
+    assert run_cli(capsys, *args, "--trust", verify_cases.ATTACKER.did)[0] == 0
+    monkeypatch.setenv(trust.ENV, f"{verify_cases.genuine_did}, {verify_cases.ATTACKER.did}")
+    assert run_cli(capsys, *args)[0] == 0
+    monkeypatch.delenv(trust.ENV)
+    pin = tmp_path / "pin.json"
+    pin.write_text(trust.to_json({verify_cases.ATTACKER.did: "a test issuer"}))
+    assert run_cli(capsys, *args, "--trust-file", pin)[0] == 0
+    default = tmp_path / ".config" / "minimega" / "trusted-issuers.json"
+    default.parent.mkdir(parents=True)
+    default.write_text(pin.read_text())
+    assert run_cli(capsys, *args)[0] == 0
+    default.unlink()
+    # refused, by name, before anything is verified
+    for bad in ("did:key:z6MkNOTAKEY", "https://course.example", "did:web:evil.example/path"):
+        code, _, err = run_cli(capsys, *args, "--trust", bad)
+        assert code == 2 and "is not an issuer DID; use did:key:z6Mk… or did:web:<host>" in err, err
+    pin.write_text('{"issuers": "did:web:course.example"}')
+    code, _, err = run_cli(capsys, *args, "--trust-file", pin)
+    assert code == 2 and "expected {\"issuers\"" in err
+    pin.write_text("x" * (trust.MAX_FILE_BYTES + 1))
+    assert "larger than" in run_cli(capsys, *args, "--trust-file", pin)[2]
