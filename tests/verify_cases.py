@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 import sys
 from datetime import datetime, timedelta, timezone
 
@@ -260,6 +261,28 @@ def make_cases(base: str, now: datetime | None = None) -> list[dict]:
          lists={url: GENUINE.sign(_edit(GENUINE.status(url, now), ["credentialSubject", "statusPurpose"], "suspension"),
                                   created=now)})
     return cases
+
+
+# words a passing check must never carry (a pass says what was found, not what could go wrong)
+FAILURE_WORDS = ("missing", "expired", "stale", "not valid", "not one of", "does not match", "rejected",
+                 "not controlled", "malformed", "unknown key", "not a ")
+
+
+def assert_truthful(checks, case):
+    """Exactly the expected checks fail, with the expected words; the others pass or say why they did not run."""
+    assert [c["check"] for c in checks] == list(credential.CHECKS)
+    failed = {c["check"]: c["detail"] for c in checks if c["status"] == "fail"}
+    assert set(failed) == set(case["fail"]), (case["name"], failed)
+    for name, words in case["fail"].items():
+        assert words in failed[name], (case["name"], name, failed[name])
+    for c in checks:
+        assert c["status"] in ("pass", "fail", "n/a") and c["detail"], c
+        if c["status"] == "pass":
+            words = re.sub(r"\S+://\S+", "URL", c["detail"])      # a URL may hold any word
+            assert not any(w in words for w in FAILURE_WORDS), (case["name"], c)
+        if c["status"] == "n/a":
+            assert c["detail"].startswith(("not checked", "no expiry date", "unknown:")), (case["name"], c)
+
 
 
 if __name__ == "__main__":
