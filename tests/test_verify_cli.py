@@ -2,7 +2,10 @@
 status, and every check's status and words; issuer trust from --trust, the environment, a trust file
 and --issuer-url."""
 import json
+import os
+import subprocess
 import sys
+import time
 
 import pytest
 
@@ -107,3 +110,33 @@ def test_trust_sources_and_bad_trust_input(tmp_path, capsys, monkeypatch):
     assert code == 2 and "expected {\"issuers\"" in err
     pin.write_text("x" * (trust.MAX_FILE_BYTES + 1))
     assert "larger than" in run_cli(capsys, *args, "--trust-file", pin)[2]
+
+
+def test_site_pin_and_serve_rebuilds_when_its_keys_change(tmp_path, monkeypatch):
+    from minimega.classroom import canonical, cli
+
+    web, key = "did:web:course.example", verify_cases.genuine_did
+    pinned = trust.write_site_files(tmp_path / "site", env={trust.ENV: f"{web} {key}"})
+    assert list(pinned) == [web, key] == list(trust.load_file(tmp_path / "site" / trust.SITE_FILE))
+    contexts = json.loads((tmp_path / "site" / "verify" / "contexts.json").read_text())
+    assert contexts == {url: canonical.bundled_context(url) for url in canonical.CONTEXT_FILES}
+    with pytest.raises(trust.TrustError, match="is not an issuer DID"):
+        trust.write_site_files(tmp_path / "bad", env={trust.ENV: "did:key:z6MkTypo"})
+
+    # `minimega serve` pins its own DIDs: a site pinned for other keys is stale, and the build gets the pin
+    (tmp_path / "site" / "index.html").write_text("<html>")
+    monkeypatch.chdir(tmp_path)
+    assert not cli.site_is_stale(tmp_path / "site", tmp_path, pin=f"{key} {web}")
+    assert cli.site_is_stale(tmp_path / "site", tmp_path, pin=verify_cases.ATTACKER.did)
+    (tmp_path / "mkdocs.yml").write_text("site_name: x\n")
+    os.utime(tmp_path / "site" / "index.html", (time.time() + 60, time.time() + 60))     # built after it
+    seen = {}
+    monkeypatch.setattr(cli.subprocess, "run", lambda argv, env: seen.update(env=env) or
+                        subprocess.CompletedProcess(argv, 0))
+    monkeypatch.setattr(cli.shutil, "which", lambda name: sys.executable)
+    cli.build_site(tmp_path / "site", [key, web])
+    assert seen == {}                                    # same pin, fresh site: no rebuild
+    cli.build_site(tmp_path / "site", [verify_cases.ATTACKER.did])
+    assert seen["env"][trust.ENV] == verify_cases.ATTACKER.did
+    assert trust.service_issuers(None, [verify_cases.GENUINE.private.public_key()]) == [key]
+    assert trust.service_issuers(web, [verify_cases.GENUINE.private.public_key()]) == [web]
