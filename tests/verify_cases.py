@@ -260,6 +260,11 @@ def make_cases(base: str, now: datetime | None = None) -> list[dict]:
     case("status-list-wrong-purpose", cred, {"status list contents": "not a revocation BitstringStatusList"},
          lists={url: GENUINE.sign(_edit(GENUINE.status(url, now), ["credentialSubject", "statusPurpose"], "suspension"),
                                   created=now)})
+    cred, url = own_list("gzip-bomb")
+    bomb = _edit(GENUINE.status(url, now), ["credentialSubject", "encodedList"],
+                 status_list.encode(bytes(3 * 1024 * 1024)))              # 3 MiB of zeros in ~3 KiB
+    case("status-list-gzip-bomb", cred, {"status list contents": "decodes to more than 262144 bytes"},
+         lists={url: GENUINE.sign(bomb, created=now)})
     return cases
 
 

@@ -20,9 +20,11 @@ Proofs (W3C vc-di-eddsa, a proof set: each proof covers the document without `pr
 where canonical is RDFC-1.0 N-Quads for ``eddsa-rdfc-2022`` and RFC 8785 JSON for ``eddsa-jcs-2022``,
 and proofConfig is the proof without `proofValue`, with the document's ``@context``.
 
-`verify` checks both proofs, the key (did:key offline, did:web from a DID document), that the key's
-controller is the issuer, the dates, and revocation when a status list is given; it returns every
-signed claim alongside the verdict so that nobody has to trust a bare "valid".
+`verify` checks the proof set (exactly one proof of each suite, each valid), the key (did:key
+offline, did:web from a DID document), that the key's controller is the issuer, that the issuer is
+one the verifier trusts, the dates, and revocation when a status list is given. It reports every
+check as pass, fail or n/a in words that match, and every signed claim, so that nobody has to trust
+a bare "valid"; the verify page runs the same checks with the same words.
 """
 from __future__ import annotations
 

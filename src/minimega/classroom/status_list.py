@@ -21,7 +21,7 @@ import zlib
 LIST_BITS = 131_072
 PURPOSE = "revocation"
 MAX_LIST_BYTES = 16 * LIST_BITS // 8
-"""The largest decoded list a verifier accepts (2 MiB, 16 times ours): a gzip bomb stops here."""
+"""The largest decoded list a verifier accepts (256 KiB, 16 times ours): a gzip bomb stops here."""
 
 
 class StatusListError(ValueError):
@@ -45,13 +45,13 @@ def decode(encoded: str) -> bytes:
         raw = base64.urlsafe_b64decode(body + "=" * (-len(body) % 4))
         inflate = zlib.decompressobj(wbits=31)              # gzip framing
         bits = inflate.decompress(raw, MAX_LIST_BYTES + 1)
-        if len(bits) > MAX_LIST_BYTES:
-            raise StatusListError(f"encodedList decodes to more than {MAX_LIST_BYTES} bytes")
-        if not inflate.eof:
-            raise StatusListError("encodedList does not decode (base64url, then gzip)")
-        return bits
     except (ValueError, binascii.Error, zlib.error):
         raise StatusListError("encodedList does not decode (base64url, then gzip)") from None
+    if len(bits) > MAX_LIST_BYTES:
+        raise StatusListError(f"encodedList decodes to more than {MAX_LIST_BYTES} bytes")
+    if not inflate.eof:
+        raise StatusListError("encodedList does not decode (base64url, then gzip)")
+    return bits
 
 
 def make_bits(revoked: list[int] | set[int], size: int = LIST_BITS) -> bytearray:
