@@ -116,7 +116,8 @@ def run_serve(args) -> int:
         config = config_from_args(args)
         if not args.no_build:        # the key exists before the build so that the site can pin its DID
             ring = Keyring.open(config.keys_path, create=True)
-            build_site(config.site_dir, trust.service_issuers(config.issuer_did, ring.publics))
+            extra = trust.parse_list(os.environ.get(trust.ENV, ""))       # issuers trusted besides this one
+            build_site(config.site_dir, trust.service_issuers(config.issuer_did, ring.publics) + extra)
         app = create_app(config)
     except (ExamError, KeyringError, StoreError, ValueError) as err:
         raise SystemExit(f"minimega serve: {err}")
