@@ -36,19 +36,26 @@ def text_of(case) -> str:
     return cred if isinstance(cred, str) else json.dumps(cred)
 
 
-def python_checks(case) -> tuple[str, list[list[str]]]:
+def did_documents(case) -> dict:
+    doc = case["did_document"]
+    return {doc["id"]: doc} if doc else {}
+
+
+def python_checks(case, base) -> tuple[str, list[list[str]]]:
     """What the CLI's verifier says about `case`: (verdict, [[check, status, detail], …])."""
-    r = credential.verify(text_of(case), trusted_issuers={verify_cases.genuine_did},
-                          status_list_credential=status_list_of(case))
+    r = credential.verify(text_of(case), trusted_issuers=set(verify_cases.trusted_dids(base)),
+                          did_documents=did_documents(case), status_list_credential=status_list_of(case))
     return r.verdict, [[c.name, c.status, c.detail] for c in r.checks]
 
 
 def test_verify_core_under_node_matches_python(tmp_path):
     if not shutil.which("node"):
         pytest.skip("node not installed")
-    cases = verify_cases.make_cases("https://course.example")
+    base = "https://course.example"
+    cases = verify_cases.make_cases(base)
     data = tmp_path / "cases.json"
-    data.write_text(json.dumps([{"name": c["name"], "text": text_of(c), "list": status_list_of(c)} for c in cases]))
+    data.write_text(json.dumps([{"name": c["name"], "text": text_of(c), "list": status_list_of(c),
+                                 "dids": did_documents(c)} for c in cases]))
     script = tmp_path / "run.js"
     script.write_text("""
 const V = require(process.argv[2]);
@@ -56,17 +63,18 @@ const cases = JSON.parse(require("fs").readFileSync(process.argv[3]));
 (async () => {
   const out = {};
   for (const c of cases)
-    out[c.name] = await V.verifyCredential(c.text, { trustedIssuers: [process.argv[4]], statusList: c.list });
+    out[c.name] = await V.verifyCredential(c.text,
+      { trustedIssuers: JSON.parse(process.argv[4]), statusList: c.list, didDocuments: c.dids });
   console.log(JSON.stringify(out));
 })();
 """)
-    run = subprocess.run(["node", str(script), str(CORE), str(data), verify_cases.genuine_did],
+    run = subprocess.run(["node", str(script), str(CORE), str(data), json.dumps(verify_cases.trusted_dids(base))],
                          capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr[-2000:]
     js = json.loads(run.stdout)
     for case in cases:
         got = js[case["name"]]
-        verdict, checks = python_checks(case)
+        verdict, checks = python_checks(case, base)
         assert [[c["check"], c["status"], c["detail"]] for c in got["checks"]] == checks, case["name"]
         assert got["verdict"] == verdict == case["verdict"], case["name"]
         assert_truthful(got["checks"], case)
@@ -89,7 +97,7 @@ def served(tmp_path_factory):
     httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(_Quiet, directory=str(out)))
     base = f"http://127.0.0.1:{httpd.server_address[1]}"
     env = {**os.environ, "NO_MKDOCS_2_WARNING": "1", "MINIMEGA_SITE_URL": base + "/",
-           trust.ENV: verify_cases.genuine_did}
+           trust.ENV: " ".join(verify_cases.trusted_dids(base))}
     proc = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-d", str(out)], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -99,6 +107,9 @@ def served(tmp_path_factory):
             path = out / urlparse(url).path.lstrip("/")
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(json.dumps(doc))
+        if case["did_document"]:
+            (out / ".well-known").mkdir(exist_ok=True)
+            (out / ".well-known" / "did.json").write_text(json.dumps(case["did_document"]))
     threading.Thread(target=httpd.serve_forever, daemon=True).start()
     yield base, out, cases
     httpd.shutdown()
@@ -138,12 +149,12 @@ def verify_in_page(pg, text: str) -> dict:
 def test_page_on_every_shared_case(served, page):
     base, site, cases = served
     assert json.loads((site / trust.SITE_FILE).read_text()) == \
-        {"issuers": [{"id": verify_cases.genuine_did, "name": "this site's issuer"}]}
+        {"issuers": [{"id": did, "name": "this site's issuer"} for did in verify_cases.trusted_dids(base)]}
     page.goto(f"{base}/verify/")
     marks = {"pass": "✓ pass", "fail": "✗ fail", "n/a": "– n/a"}
     for case in cases:
         got = verify_in_page(page, text_of(case))
-        verdict, checks = python_checks(case)
+        verdict, checks = python_checks(case, base)
         assert [[c["check"], c["status"], c["detail"]] for c in got["checks"]] == checks, case["name"]
         assert got["verdict"] == verdict == case["verdict"], case["name"]
         assert got["valid"] == str(case["verdict"] == "valid").lower()

@@ -14,7 +14,8 @@ from verify_cases import assert_truthful
 from minimega.classroom import credential, trust
 from minimega.classroom.cli import main
 
-CASES = verify_cases.make_cases("https://course.example")
+BASE = "https://course.example"
+CASES = verify_cases.make_cases(BASE)
 EXIT = {"valid": 0, "invalid": 1, credential.NOT_TRUSTED: 3}
 def run_cli(capsys, *args):
     capsys.readouterr()
@@ -36,6 +37,9 @@ def case_files(case, tmp_path):
     if isinstance(url, str) and url in case["lists"]:
         (tmp_path / "list.json").write_text(json.dumps(case["lists"][url]))
         args += ["--status-list", tmp_path / "list.json"]
+    if case["did_document"]:
+        (tmp_path / "did.json").write_text(json.dumps(case["did_document"]))
+        args += ["--did-document", tmp_path / "did.json"]
     return args
 
 
@@ -50,8 +54,8 @@ def test_the_shared_list_is_big_enough():
 def test_cli_on_shared_case(case, tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("HOME", str(tmp_path))                 # no personal trust file
     monkeypatch.delenv(trust.ENV, raising=False)
-    code, out, err = run_cli(capsys, *case_files(case, tmp_path), "--offline", "--json",
-                             "--trust", verify_cases.genuine_did)
+    trusted = [a for did in verify_cases.trusted_dids(BASE) for a in ("--trust", did)]
+    code, out, err = run_cli(capsys, *case_files(case, tmp_path), "--offline", "--json", *trusted)
     result = json.loads(out)
     assert (result["verdict"], code) == (case["verdict"], EXIT[case["verdict"]]), (case["name"], result["errors"])
     assert_truthful(result["checks"], case)

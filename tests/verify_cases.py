@@ -7,11 +7,13 @@ each case from it. A case is a dict:
     credential    the credential (a dict, or JSON text for the malformed ones)
     lists         status-list URL -> signed status list (the CLI gets it with --status-list, the
                   browser fetches it: the test serves these files at those URLs)
+    did_document  for a did:web issuer, its DID document (the CLI gets it with --did-document, the
+                  browser fetches it from BASE/.well-known/did.json)
     verdict       "valid", "invalid" or "signature valid, issuer not trusted"
     fail          check name -> words its detail must contain; every other check passes or is n/a
 
-Both verifiers trust only `genuine_did` (the CLI through --trust, the site through its build-time
-pin). `python tests/verify_cases.py OUT.json` writes the list as JSON.
+Both verifiers trust only `trusted_dids(base)`: the genuine did:key issuer and a did:web issuer at
+`base` (the CLI through --trust, the site through its build-time pin). `python tests/verify_cases.py OUT.json` writes the list as JSON.
 """
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ import json
 import re
 import sys
 from datetime import datetime, timedelta, timezone
+from urllib.parse import urlparse
 
 from minimega.classroom import credential, keys, status_list
 from minimega.classroom.keys import Ed25519PrivateKey
@@ -65,6 +68,19 @@ GENUINE, ATTACKER = Signer(7), Signer(66)
 genuine_did = GENUINE.did
 
 
+def web_signer(base: str, seed: int = 9, path: str = "") -> Signer:
+    """A did:web issuer at `base` (its DID document is served at BASE/.well-known/did.json, or at
+    BASE/PATH/did.json with a path)."""
+    s = Signer(seed)
+    s.did = keys.did_web(urlparse(base).netloc) + (f":{path}" if path else "")
+    s.vm = f"{s.did}#{keys.public_multikey(s.private.public_key())}"
+    return s
+
+
+def trusted_dids(base: str) -> list[str]:
+    return [genuine_did, web_signer(base).did]
+
+
 def _edit(doc, path, value=None, delete=False):
     doc = copy.deepcopy(doc)
     d = doc
@@ -100,10 +116,14 @@ def make_cases(base: str, now: datetime | None = None) -> list[dict]:
     unsigned = {k: v for k, v in genuine.items() if k != "proof"}
     cases = []
 
-    def case(name, cred, fail=None, verdict=None, lists=None):
+    web = web_signer(base)
+    web_doc = keys.did_document(web.did, [web.private.public_key()])
+
+    def case(name, cred, fail=None, verdict=None, lists=None, did_document=None):
         fail = fail or {}
         cases.append({"name": name, "credential": cred, "lists": lists if lists is not None else {main_url: main_list},
-                      "verdict": verdict or ("valid" if not fail else "invalid"), "fail": fail})
+                      "verdict": verdict or ("valid" if not fail else "invalid"), "fail": fail,
+                      "did_document": did_document})
 
     def own_list(name):
         """A genuine credential with a status list of its own (so the browser can fetch this one)."""
@@ -144,11 +164,27 @@ def make_cases(base: str, now: datetime | None = None) -> list[dict]:
     case("attacker-claims-course-key", ATTACKER.sign(unsigned, vm=GENUINE.vm), both)
     case("edited-issuer-id", _edit(genuine, ["issuer", "id"], ATTACKER.did),
          {"eddsa-rdfc-2022 proof": "is not controlled by the issuer", "eddsa-jcs-2022 proof": "is not controlled by the issuer",
-          "issuer trusted": "is not one of the 1 trusted issuers", "status list issuer": "not by the credential's issuer"})
+          "issuer trusted": "is not one of the 2 trusted issuers", "status list issuer": "not by the credential's issuer"})
     case("unknown-key-id", _with_proofs(genuine, [{**p, "verificationMethod": GENUINE.did + "#key-2"} for p in (rdfc, jcs)]),
          {"eddsa-rdfc-2022 proof": "unknown key id #key-2", "eddsa-jcs-2022 proof": "unknown key id #key-2"})
     case("key-id-without-fragment", _with_proofs(genuine, [{**p, "verificationMethod": GENUINE.did} for p in (rdfc, jcs)]),
          {"eddsa-rdfc-2022 proof": "no '#key' fragment", "eddsa-jcs-2022 proof": "no '#key' fragment"})
+
+    # a did:web issuer: keys from its DID document, trusted by its DID
+    url = f"{base}/status/web"
+    web_list = {url: web.status(url, now)}
+    case("did-web-genuine", web.issue(url, now), lists=web_list, did_document=web_doc)
+    rotated = web_signer(base, seed=10)                         # a key the document does not list
+    case("did-web-key-not-published", rotated.issue(url, now),
+         {"eddsa-rdfc-2022 proof": "not an assertion method of " + web.did,
+          "eddsa-jcs-2022 proof": "not an assertion method of " + web.did}, lists=web_list, did_document=web_doc)
+    nowhere = web_signer(base, path="unpublished")              # BASE/unpublished/did.json does not exist
+    url = f"{base}/status/unpublished"
+    case("did-web-without-document", nowhere.issue(url, now),
+         {"eddsa-rdfc-2022 proof": "no DID document for " + nowhere.did, "eddsa-jcs-2022 proof": "no DID document for",
+          "issuer trusted": "is not one of the 2 trusted issuers",
+          "status list eddsa-rdfc-2022 proof": "no DID document", "status list eddsa-jcs-2022 proof": "no DID document"},
+         lists={url: nowhere.status(url, now)})
 
     # --- the proof set ------------------------------------------------------------------------
     malformed = "not checked: the proof set is malformed"
