@@ -144,3 +144,25 @@ def test_site_pin_and_serve_rebuilds_when_its_keys_change(tmp_path, monkeypatch)
     assert seen["env"][trust.ENV] == verify_cases.ATTACKER.did
     assert trust.service_issuers(None, [verify_cases.GENUINE.private.public_key()]) == [key]
     assert trust.service_issuers(web, [verify_cases.GENUINE.private.public_key()]) == [web]
+
+
+def test_issuer_url_speaks_only_for_its_own_host(tmp_path, capsys, monkeypatch):
+    from minimega.classroom import cli, keys
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.delenv(trust.ENV, raising=False)
+    attacker = next(c for c in CASES if c["name"] == "attacker-resigned")
+    pub = verify_cases.ATTACKER.private.public_key()
+    evil = keys.did_document("did:web:evil.example", [pub], [verify_cases.ATTACKER.did])
+    served = {"https://evil.example/.well-known/did.json": evil,              # honest about itself
+              "https://course.example/.well-known/did.json": evil}           # a course URL serving evil's document
+    monkeypatch.setattr(cli, "_fetch_json", lambda url, timeout=5.0: served[url])
+    args = case_files(attacker, tmp_path)
+    code, out, _ = run_cli(capsys, *args, "--issuer-url", "https://evil.example", "--json")
+    assert code == 0 and json.loads(out)["trusted_issuers"] == {
+        "did:web:evil.example": "published by https://evil.example",
+        verify_cases.ATTACKER.did: "published by https://evil.example"}
+    code, out, _ = run_cli(capsys, *args, "--issuer-url", "https://course.example", "--json")
+    result = json.loads(out)
+    assert code == 3 and result["trusted_issuers"] == {}
+    assert any("describes 'did:web:evil.example', not did:web:course.example" in n for n in result["notes"])

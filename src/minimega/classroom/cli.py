@@ -19,6 +19,7 @@ import shutil
 import subprocess
 import sys
 import urllib.error
+import urllib.parse
 import urllib.request
 from pathlib import Path
 from urllib.parse import quote
@@ -251,13 +252,16 @@ def verify_with_network(cred, *, trusted: dict[str, str], issuer_url=None, offli
             url = issuer_url.rstrip("/") + "/.well-known/did.json"
             try:
                 doc = _fetch_json(url)
-                site_dids = [doc.get("id")] + list(doc.get("alsoKnownAs") or [])
-                for did in site_dids:       # the site's did:web, and the did:keys it says it signs with
+                own = keys.did_web(urllib.parse.urlparse(issuer_url).netloc)
+                if doc.get("id") != own:        # a site speaks for its own host only
+                    raise ValueError(f"it describes {str(doc.get('id'))[:80]!r}, not {own}")
+                # the site's did:web, and the did:keys it says it signs with (self-certifying)
+                aka = [d for d in doc.get("alsoKnownAs") or [] if isinstance(d, str) and d.startswith("did:key:")]
+                for did in [own, *aka]:
                     trusted.setdefault(trust.check_did(did, url), f"published by {issuer_url}")
-                if str(doc.get("id", "")).startswith("did:web:"):
-                    did_docs.setdefault(doc["id"], doc)
+                did_docs.setdefault(own, doc)
             except (OSError, ValueError, AttributeError, TypeError) as err:
-                notes.append(f"could not fetch {url}, so its issuer is not trusted: {err}")
+                notes.append(f"could not use {url}, so its issuer is not trusted: {err}")
         if status_doc is None and isinstance(parsed, dict):
             try:
                 url, _ = sl.parse_entry(parsed.get("credentialStatus"))
