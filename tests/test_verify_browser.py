@@ -151,6 +151,9 @@ def test_page_on_every_shared_case(served, page):
     assert json.loads((site / trust.SITE_FILE).read_text()) == \
         {"issuers": [{"id": did, "name": "this site's issuer"} for did in verify_cases.trusted_dids(base)]}
     page.goto(f"{base}/verify/")
+    pinned = page.locator("#mm-verify-pinned")
+    pinned.filter(has_text="This site trusts 2 issuers").wait_for()
+    assert all(did in pinned.inner_text() for did in verify_cases.trusted_dids(base))
     marks = {"pass": "✓ pass", "fail": "✗ fail", "n/a": "– n/a"}
     for case in cases:
         got = verify_in_page(page, text_of(case))
@@ -177,6 +180,8 @@ def test_page_trusts_only_its_pin(served, page):
         page.route(f"{base}/verify/trusted-issuers.json",
                    lambda route: route.fulfill(status=200, body=body, content_type="application/json"))
         page.goto(f"{base}/verify/")
+        said = "pins no issuer" if not pin["issuers"] else "trusts 1 issuer: " + verify_cases.ATTACKER.did
+        page.locator("#mm-verify-pinned").filter(has_text=said).wait_for()
         got = verify_in_page(page, genuine)
         assert got["verdict"] == credential.NOT_TRUSTED and got["valid"] == "false"
         trusted = next(c for c in got["checks"] if c["check"] == "issuer trusted")

@@ -136,10 +136,19 @@
     };
   }
 
+  async function showPinned() {
+    const box = document.getElementById("mm-verify-pinned");
+    if (!box) return;
+    const { trusted } = await sitePins();
+    box.textContent = trusted.length ? `This site trusts ${trusted.length} issuer${trusted.length > 1 ? "s" : ""}: ${trusted.join(", ")}.`
+      : "This site pins no issuer: every certificate will be reported as not trusted.";
+  }
+
   function init() {
     const root = document.getElementById("mm-verify");
     if (!root || root.dataset.ready) return;
     root.dataset.ready = "1";
+    showPinned();
     const form = root.querySelector("#mm-verify-form");
     form.addEventListener("submit", async (ev) => {
       ev.preventDefault();
