@@ -69,7 +69,14 @@ def find_leaks(site: Path) -> list[str]:
 @pytest.fixture(scope="module")
 def site(tmp_path_factory):
     pytest.importorskip("mkdocs")
-    return build_site(tmp_path_factory.mktemp("site") / "site")
+    from minimega.classroom import keys, trust
+
+    key = keys.Ed25519PrivateKey.generate()
+    env = pytest.MonkeyPatch()
+    env.setenv(keys.ENV_KEY, keys.private_multikey(key))        # the test service signs with this key,
+    env.setenv(trust.ENV, keys.did_key(key.public_key()))       # and the site pins its did:key at build time
+    yield build_site(tmp_path_factory.mktemp("site") / "site")
+    env.undo()
 
 
 def test_no_exam_answer_in_the_built_site(site, tmp_path):
