@@ -27,7 +27,7 @@ def _add_config_flags(parser: argparse.ArgumentParser) -> None:
         doc = _field_doc(f.name)
         hint = hints[f.name]
         if hint is bool:
-            parser.add_argument(*flags, dest=f.name, action="store_true", default=None, help=doc)
+            parser.add_argument(*flags, dest=f.name, action=argparse.BooleanOptionalAction, default=None, help=doc)
         elif f.name == "betas":
             parser.add_argument(*flags, dest=f.name, type=float, nargs=2, default=None, help=doc)
         else:

@@ -128,7 +128,7 @@ class Engine:
         sent_before = self.comm_log.total_sent()
         total = torch.zeros((), device=self.mesh.device)
         self.model.train()
-        with self.comm_log:
+        with self.comm_log, comm.overlap(self.config.overlap_comm):
             if self.pipeline is not None:
                 total = self.pipeline.forward_backward(x, y, self.step)    # sum_i loss_i / m, last stage only
             micro_steps = () if self.pipeline is not None else zip(x.chunk(ga), y.chunk(ga))
