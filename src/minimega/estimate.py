@@ -114,6 +114,55 @@ def model_state_bytes_padded(numels, dp: int, stage: int, precision: str = "mixe
     return model_state_bytes(sum(padded_numel(n, dp) for n in numels), dp, stage, precision)
 
 
+# --8<-- [start:peak_memory]
+def peak_memory_bytes(units: list[list[int]], dp: int, stage: int, *, prefetch: bool = True,
+                      overlap: bool = True) -> dict:
+    """Peak bytes per rank by category during an fp32 step of minimega's DDP (stage 0) or ZeRO 1-3.
+
+    ``units``: the element count of each parameter, grouped by ZeRO unit in forward order (embeddings,
+    each block, the head: `zero.stages.model_units`). With N_u a unit's numel, P_u = padded(N_u, dp),
+    e = 4 bytes and n = dp, each category's largest value over forward, backward and the step:
+
+        params            stage 0-2: Σ N_u·e (0: unpadded) | stage 3: the shards, Σ P_u/n·e
+        gathered          stage 3: max_k (P_k + P_k+1)·e, two neighbouring units (prefetch) | max_k P_k·e without
+        grads             stage 0: Σ N_u·e | 1: the flat buffers, Σ P_u·e
+                          stage 2-3: the shards Σ P_u/n·e + one unit's full gradients max_u N_u·e (before
+                          its reduce-scatter flattens them)
+        optimizer_states  Adam's m and v: 2·Σ N_u·e (stage 0) | 2·Σ P_u/n·e
+        comm_buffers      what collectives in flight hold beyond the categories above:
+                          stage 0: every bucket, Σ N_u·e (all are issued before the first is waited for)
+                          stage 1: the reduce-scatter outputs, Σ P_u/n·e (max_u P_u/n·e without overlap)
+                          stage 2-3: each unit's flattened gradient and its output shard, Σ P_u(1 + 1/n)·e,
+                          held until backward ends (max_u P_u(1 + 1/n)·e without overlap)
+        optimizer_step_counters  torch's 0-d fp32 ``step`` per optimizer tensor: one per parameter
+                          (stage 0), one per unit (1-3)
+
+    Activations (tensors saved for backward) are those of `model.py` on the rank's rows: measured by
+    `activation_checkpoint.saved_activation_bytes`, estimated by `gpt_activation_bytes_per_layer`.
+    """
+    _check_stage_dp(stage, dp)
+    e, n = 4, dp
+    N = [sum(u) for u in units]
+    P = [padded_numel(x, n) for x in N]
+    shards = sum(P) // n * e
+    full = sum(N if stage == 0 else P) * e
+    out = {"params": shards if stage == 3 else full, "gathered": 0, "master": 0,
+           "optimizer_states": 2 * (full if stage == 0 else shards),
+           "optimizer_step_counters": 4 * (sum(len(u) for u in units) if stage == 0 else len(units))}
+    if stage == 3:
+        out["gathered"] = e * (max(a + b for a, b in zip(P, P[1:])) if prefetch and len(P) > 1 else max(P))
+    out["grads"] = full if stage < 2 else shards + max(N) * e
+    if stage == 0:
+        out["comm_buffers"] = full
+    elif stage == 1:
+        out["comm_buffers"] = shards if overlap else max(P) // n * e
+    else:
+        per_unit = [p * e + p // n * e for p in P]
+        out["comm_buffers"] = sum(per_unit) if overlap else max(per_unit)
+    return out
+# --8<-- [end:peak_memory]
+
+
 # ----------------------------------------------------------------------------------------------
 # Data-parallel communication (ring model)
 
