@@ -87,3 +87,42 @@ def test_overlap_hides_most_of_the_delay(timings, name):
         assert saved >= 0.5 * r["hideable"] * DELAY, (
             f"{name}: overlap hid {saved*1e3:.0f} ms per step, less than half of the "
             f"{r['hideable']} x {DELAY*1e3:.0f} ms the design can hide")
+
+
+def _wire_worker(delay):
+    """Timings of the simulated wire itself, on 2 ranks (see comm's [Note: a wire you can slow down])."""
+    mesh = mm.init_mesh(mm.ParallelDims(dp=2))
+    g, x, y = mesh.dp_group, torch.ones(16), torch.ones(16)
+    out = {}
+    with comm.delay(delay):
+        comm.barrier(g)
+        t = time.perf_counter()
+        h = comm.all_reduce(x, g, async_op=True)
+        out["issue"] = time.perf_counter() - t                 # async: returns at once
+        h.wait()
+        out["one"] = time.perf_counter() - t                   # done no earlier than issue + D
+        comm.barrier(g)
+        t = time.perf_counter()
+        h1, h2 = comm.all_reduce(x, g, async_op=True), comm.all_reduce(y, g, async_op=True)
+        h2.wait()
+        h1.wait()
+        out["two"] = time.perf_counter() - t                   # one wire: one after the other, 2D
+        comm.barrier(g)
+        with comm.overlap(False):
+            t = time.perf_counter()
+            comm.all_reduce(x, g, async_op=True)
+            out["forced"] = time.perf_counter() - t            # forced synchronous: the call pays D
+            out["in_flight"] = len(comm.in_flight_tensors())
+    return out
+
+
+def test_delay_and_overlap_switch_semantics():
+    d = 0.05
+    for r in mm.launch(_wire_worker, 2, d, timeout=120):
+        assert r["issue"] < d / 2
+        assert r["one"] >= d
+        assert r["two"] >= 2 * d
+        assert r["forced"] >= d and r["in_flight"] == 0
+    with pytest.raises(ValueError, match="finite number >= 0"):
+        with comm.delay(-1):
+            pass

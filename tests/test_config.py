@@ -141,3 +141,15 @@ def test_train_config_checks():
     cfg = mm.TrainConfig(lr=1, eps=1e-6, betas=(0.0, 0.999), gradient_clipping=0, weight_decay=0.1, zero_stage=3,
                          prefetch=False, pp=1, seed=0)
     assert cfg.lr == 1 and cfg.prefetch is False
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("n_layer", True, "n_layer must be a positive integer, got True"),
+    ("n_embd", 64.0, "n_embd must be a positive integer, got 64.0"),
+    ("dropout", math.nan, r"dropout must be a number in \[0, 1\)"),
+    ("dropout", "0.1", r"dropout must be a number in \[0, 1\)"),
+    ("bias", 0, "bias must be True or False, got 0"),
+])
+def test_gpt_config_refuses_field(field, value, message):
+    with pytest.raises(ValueError, match=message):
+        mm.GPTConfig.tiny(**{field: value})

@@ -36,6 +36,17 @@ def _add_config_flags(parser: argparse.ArgumentParser) -> None:
                                 help=f"{doc} (default: {f.default})")
 
 
+def _positive_int(text: str) -> int:
+    """argparse type: an integer >= 1 (``--steps 0`` would train nothing and report nothing)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} must be >= 1")
+    return value
+
+
 def _field_doc(name: str) -> str:
     """The docstring under a TrainConfig field (read from the source, shown in --help)."""
     import inspect
@@ -51,7 +62,7 @@ def _train_parser(sub) -> None:
                        description="Train on N local ranks (gloo on CPU, NCCL with one GPU per rank).")
     p.add_argument("--nproc", type=int, default=1, help="number of ranks (processes) (default: 1)")
     p.add_argument("--dp", type=int, default=None, help="data-parallel degree (default: nproc / (tp*pp))")
-    p.add_argument("--steps", type=int, default=20, help="optimizer steps (default: 20)")
+    p.add_argument("--steps", type=_positive_int, default=20, help="optimizer steps (default: 20)")
     p.add_argument("--preset", default="tiny", choices=["tiny", "small", "gpt2"], help="model size (default: tiny)")
     p.add_argument("--config", default=None, help="a DeepSpeed-style JSON config; flags override it")
     p.add_argument("--backend", default="auto", choices=["auto", "gloo", "nccl"])

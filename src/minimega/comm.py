@@ -165,8 +165,18 @@ def _record(op: str, group: Group, tensor: torch.Tensor, elements: int, tag: str
 # ``blocked_seconds()`` sums the time this process spent waiting for communication (inside ``wait()`` or a
 # synchronous call): the exposed part of communication, which load on the machine does not inflate
 # (slower compute only hides more), so tests compare it rather than noisy step times.
-_STATE = {"delay": float(os.environ.get("MINIMEGA_COMM_DELAY_MS", "0")) / 1e3, "overlap": True,
-          "wire_free_at": 0.0, "blocked": 0.0}
+def _env_delay() -> float:
+    text = os.environ.get("MINIMEGA_COMM_DELAY_MS", "0")
+    try:
+        ms = float(text)
+    except ValueError:
+        ms = float("nan")
+    if not ms >= 0 or ms == float("inf"):
+        raise ValueError(f"MINIMEGA_COMM_DELAY_MS={text!r}: set a number of milliseconds >= 0, or unset it")
+    return ms / 1e3
+
+
+_STATE = {"delay": _env_delay(), "overlap": True, "wire_free_at": 0.0, "blocked": 0.0}
 
 
 def blocked_seconds() -> float:
@@ -177,8 +187,8 @@ def blocked_seconds() -> float:
 @contextmanager
 def delay(seconds: float):
     """Within the block, every collective over more than one rank takes at least ``seconds`` on the wire."""
-    if not seconds >= 0:
-        raise ValueError(f"comm.delay: seconds must be >= 0, got {seconds!r}")
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not 0 <= seconds < float("inf"):
+        raise ValueError(f"comm.delay: seconds must be a finite number >= 0, got {seconds!r}")
     old, _STATE["delay"] = _STATE["delay"], float(seconds)
     try:
         yield

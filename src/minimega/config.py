@@ -12,6 +12,14 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
 
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_real(v) -> bool:
+    return (isinstance(v, (int, float)) and not isinstance(v, bool)) and math.isfinite(v)
+
+
 @dataclass(frozen=True, kw_only=True)
 class GPTConfig:
     """A nanoGPT-shaped decoder: token + position embeddings, pre-LN blocks, causal attention, GELU MLP."""
@@ -35,12 +43,14 @@ class GPTConfig:
     def __post_init__(self):
         for name in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd", "mlp_ratio"):
             value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
+            if not _is_int(value) or value < 1:
                 raise ValueError(f"GPTConfig.{name} must be a positive integer, got {value!r}")
         if self.n_embd % self.n_head:
             raise ValueError(f"GPTConfig: n_head={self.n_head} does not divide n_embd={self.n_embd}")
-        if not 0.0 <= self.dropout < 1.0:
-            raise ValueError(f"GPTConfig.dropout must lie in [0, 1), got {self.dropout}")
+        if not _is_real(self.dropout) or not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"GPTConfig.dropout must be a number in [0, 1), got {self.dropout!r}")
+        if not isinstance(self.bias, bool):
+            raise ValueError(f"GPTConfig.bias must be True or False, got {self.bias!r}")
 
     @property
     def head_size(self) -> int:
@@ -82,14 +92,6 @@ OPTIMIZERS = ("adamw", "adam", "sgd")
 def _flag(*names: str, **extra) -> dict:
     """Field metadata: extra command-line spellings for `minimega train` (besides --field-name)."""
     return {"flags": names, **extra}
-
-
-def _is_int(v) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
-def _is_real(v) -> bool:
-    return (isinstance(v, (int, float)) and not isinstance(v, bool)) and math.isfinite(v)
 
 
 # [Note: one rule per field]
