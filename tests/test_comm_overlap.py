@@ -23,11 +23,12 @@ MODEL = dict(n_layer=4, n_embd=128, n_head=4, block_size=64)
 STEPS = 4
 
 
-def _hideable(name: str, n_units: int, n_buckets: int) -> int:
-    """Collectives the design can hide behind compute in one step (see the module docstring)."""
-    return {"ddp": n_buckets - 1,                     # the last bucket is issued when backward ends
-            "zero2": n_units - 1,                     # likewise the last unit's reduce-scatter
-            "zero3": 3 * (n_units - 1)}[name]         # forward gathers, backward gathers, reduce-scatters
+def _hideable(name: str, per_step: dict) -> int:
+    """Collectives the design can hide behind compute in one step (see the module docstring), from the
+    step's own collectives: DDP's bucket all-reduces, ZeRO's per-unit reduce-scatters (one per unit)."""
+    return {"ddp": per_step.get("all_reduce", 0) - 1,           # the last bucket is issued when backward ends
+            "zero2": per_step.get("reduce_scatter", 0) - 1,     # likewise the last unit's reduce-scatter
+            "zero3": 3 * (per_step.get("reduce_scatter", 0) - 1)}[name]   # forward, backward gathers; reductions
 
 
 def _overlap_worker(layouts, delay, steps):
@@ -52,14 +53,13 @@ def _overlap_worker(layouts, delay, steps):
                     if i:                                  # step 0 warms up (Adam's states, allocator)
                         times[key].append(time.perf_counter() - t)
                         blocked[key].append(comm.blocked_seconds() - b)
-        e = engines[True]
-        n_units = len(e.model.units) if hasattr(e.model, "units") else 0
-        n_buckets = len(e.model.buckets) if hasattr(e.model, "buckets") else 0
+        by_op = engines[False].comm_log.summary()["by_op"]
+        per_step = {op: row["calls"] // (steps + 1) for op, row in by_op.items()}
         med = min                  # the least-disturbed step: interference only adds time
         out[name] = {"step": {"free": med(times["free"]), "overlap": med(times[True]), "sync": med(times[False])},
                      "blocked": {"free": med(blocked["free"]), "overlap": med(blocked[True]), "sync": med(blocked[False])},
                      "collectives": len(engines[False].comm_log.records) // (steps + 1),
-                     "hideable": _hideable(name, n_units, n_buckets)}
+                     "hideable": _hideable(name, per_step)}
     return out
 
 
