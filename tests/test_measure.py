@@ -45,7 +45,8 @@ from minimega.zero.stages import model_units  # noqa: E402
 PEAK_MODEL = dict(vocab_size=255, block_size=64, n_layer=3, n_head=3, n_embd=33)
 PEAK_RUNS = {"stage0": dict(zero_stage=0), "stage1": dict(zero_stage=1), "stage2": dict(zero_stage=2),
              "stage3": dict(zero_stage=3), "stage3-no-prefetch": dict(zero_stage=3, prefetch=False),
-             "stage2-sync": dict(zero_stage=2, overlap_comm=False)}
+             "stage2-sync": dict(zero_stage=2, overlap_comm=False),
+             **{f"stage{s}-bf16": dict(zero_stage=s, precision="bf16") for s in (1, 2, 3)}}
 
 
 def _peak_worker(runs):
@@ -60,7 +61,8 @@ def _peak_worker(runs):
         for batch in batches:
             engine.train_step(batch)
         torch.manual_seed(0)
-        ref = mm.GPT(mm.GPTConfig(**PEAK_MODEL))               # the single-process model, this rank's rows
+        ref = mm.GPT(mm.GPTConfig(**PEAK_MODEL)).to(engine.zero_stages[0].policy.param_dtype if config.zero_stage
+                                                    else torch.float32)   # the single-process model, this rank's rows
         out[name] = {"peak": engine.report()["memory_peak"],
                      "activations": activation_checkpoint.saved_activation_bytes(ref, *batches[-1])}
     return out
@@ -75,6 +77,7 @@ def test_memory_peak_equals_the_formulas(dp):
         for name, overrides in PEAK_RUNS.items():
             got = result[name]["peak"]
             want = estimate.peak_memory_bytes(units, dp, overrides["zero_stage"],
+                                              precision=overrides.get("precision", "fp32"),
                                               prefetch=overrides.get("prefetch", True),
                                               overlap=overrides.get("overlap_comm", True))
             for category, value in want.items():
