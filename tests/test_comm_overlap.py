@@ -113,6 +113,16 @@ def _wire_worker(delay):
             comm.all_reduce(x, g, async_op=True)
             out["forced"] = time.perf_counter() - t            # forced synchronous: the call pays D
             out["in_flight"] = len(comm.in_flight_tensors())
+    # Forced synchronous changes when collectives complete, not what they compute.
+    states = []
+    for overlap in (True, False):
+        config = mm.TrainConfig(batch_size=8, zero_stage=3, overlap_comm=overlap)
+        torch.manual_seed(0)
+        engine = mm.initialize(mm.GPT(mm.GPTConfig.tiny()), config, mesh)
+        for batch in data.batches(mesh, 2, 8, 32):
+            engine.train_step(batch)
+        states.append(engine.full_state_dict())
+    out["same_result"] = all(torch.equal(states[0][k], states[1][k]) for k in states[0])
     return out
 
 
@@ -123,6 +133,7 @@ def test_delay_and_overlap_switch_semantics():
         assert r["one"] >= d
         assert r["two"] >= 2 * d
         assert r["forced"] >= d and r["in_flight"] == 0
+        assert r["same_result"]
     with pytest.raises(ValueError, match="finite number >= 0"):
         with comm.delay(-1):
             pass
