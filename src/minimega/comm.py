@@ -82,7 +82,8 @@ class CommRecord:
     bytes: int
     """Payload S: the full buffer for collectives, the message for p2p."""
     sent_bytes: float
-    """Bytes this rank sends under the ring model."""
+    """Algorithmic bytes this rank sends: the ring model applied to the payload (gloo's real bytes differ:
+    `measure.wire_bytes`)."""
     start: float
     end: float | None = None
     tag: str = ""
@@ -113,7 +114,9 @@ class CommLog:
                    if (op is None or r.op == op) and (group is None or r.group == group))
 
     def summary(self) -> dict:
-        """{'by_op': {op: {calls, bytes, sent_bytes, seconds}}, 'by_group': {...}, 'sent_bytes': total}."""
+        """{'by_op': {op: {calls, bytes, sent_bytes, seconds}}, 'by_group': {...}, 'sent_bytes': total}.
+
+        ``sent_bytes`` are algorithmic (ring model over payload sizes), not bytes measured on the wire."""
         def table(key):
             out = defaultdict(lambda: {"calls": 0, "bytes": 0, "sent_bytes": 0.0, "seconds": 0.0})
             for r in self.records:
