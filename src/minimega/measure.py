@@ -160,10 +160,10 @@ def state_tensors(dp_wrappers, optimizer=None) -> dict[str, list[torch.Tensor]]:
     out = {c: [] for c in CATEGORIES[:6]}
     for w in dp_wrappers:
         if hasattr(w, "units"):                                    # a ZeRO stage
-            persistent = getattr(w, "_persistent", lambda u: True)
-            sharded_params = w.stage == 3
             for u, s in zip(w.units, w.shards):
-                if sharded_params and not persistent(u):
+                # A unit sharded at rest (ZeRO-3) keeps its shard in storage of its own; its full flat
+                # buffer is then a gathered copy, present only between unshard and reshard.
+                if s.untyped_storage().data_ptr() != u.flat.untyped_storage().data_ptr():
                     out["params"].append(s)
                     out["gathered"].append(u.flat)
                 else:
