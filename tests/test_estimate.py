@@ -350,3 +350,30 @@ def test_ring_time_alpha_beta():
     small = est.ring_time("all_reduce", 1e5, 64, 10e-6, 25e9)
     assert 126 * 10e-6 / small > 0.9
     assert est.ring_time("all_reduce", 1e10, 64, 10e-6, 25e9) == pytest.approx(2 * 63 / 64 * 1e10 / 25e9, rel=2e-3)
+
+
+# ------------------------------------------------------------------------------------------------
+# Peak memory by category (the multi-rank measurement is in test_measure.py)
+
+def test_peak_memory_formulas_against_the_at_rest_accounting():
+    units = [[1000, 24], [5000, 7], [5000, 7], [3000]]          # embed, two blocks, head (odd sizes: padding)
+    psi = sum(map(sum, units))
+    for dp in (2, 4):
+        for stage in range(4):
+            peak = est.peak_memory_bytes(units, dp, stage)
+            at_rest = est.model_state_bytes_padded([sum(u) for u in units], dp, stage, "fp32")
+            # params + grads + Adam at rest is the ZeRO table; the peak adds what is transient
+            rest = peak["params"] + peak["optimizer_states"] + (peak["grads"] if stage < 2 else 0)
+            if stage >= 2:
+                rest += sum(est.padded_numel(sum(u), dp) for u in units) // dp * 4     # the gradient shards
+            assert rest == at_rest, (dp, stage)
+    z3 = est.peak_memory_bytes(units, 4, 3)
+    assert z3["gathered"] == 4 * (est.padded_numel(5007, 4) * 2)          # the two blocks, neighbours
+    assert est.peak_memory_bytes(units, 4, 3, prefetch=False)["gathered"] == 4 * est.padded_numel(5007, 4)
+    shards = sum(est.padded_numel(sum(u), 2) for u in units) // 2
+    assert shards * 2 > psi                                              # padding counted per unit
+    assert est.peak_memory_bytes(units, 2, 2)["grads"] == 4 * (shards + 5007)   # shards + the largest unit
+    bf16 = est.peak_memory_bytes(units, 2, 3, precision="bf16")
+    assert bf16["master"] == 2 * bf16["params"]                        # fp32 masters of bf16 shards
+    with pytest.raises(ValueError, match="precision='bf16' at stage 0"):
+        est.peak_memory_bytes(units, 2, 0, precision="bf16")

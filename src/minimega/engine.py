@@ -109,6 +109,7 @@ class Engine:
         else:
             self.optimizer = ChunkOptimizers(wrappers) if config.pp > 1 else self.model
         self.memory_at_step: dict = {}
+        self._peak = measure.PeakTracker(lambda: measure.state_tensors(wrappers, None if config.zero_stage else self.optimizer))
         self.comm_log = comm.CommLog()
         self.losses: list[float] = []
         self.grad_norms: list[float] = []
@@ -128,7 +129,8 @@ class Engine:
         sent_before = self.comm_log.total_sent()
         total = torch.zeros((), device=self.mesh.device)
         self.model.train()
-        with self.comm_log:
+        peak = self._peak.track() if self.step < 2 else nullcontext()     # steady from step 2 on (see memory_at_step)
+        with self.comm_log, comm.overlap(self.config.overlap_comm), peak:
             if self.pipeline is not None:
                 total = self.pipeline.forward_backward(x, y, self.step)    # sum_i loss_i / m, last stage only
             micro_steps = () if self.pipeline is not None else zip(x.chunk(ga), y.chunk(ga))
@@ -228,6 +230,7 @@ class Engine:
             "grad_norms": list(self.grad_norms),
             "memory": self.memory(),
             "memory_at_step": dict(self.memory_at_step),
+            "memory_peak": self._peak.report(),
             "comm": self.comm_log.summary(),
             "comm_per_step": list(self.comm_per_step),
             "comm_events": self.comm_log.events(),

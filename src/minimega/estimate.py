@@ -118,6 +118,66 @@ def model_state_bytes_padded(numels, dp: int, stage: int, precision: str = "mixe
     return model_state_bytes(sum(padded_numel(n, dp) for n in numels), dp, stage, precision)
 
 
+# --8<-- [start:peak_memory]
+def peak_memory_bytes(units: list[list[int]], dp: int, stage: int, *, precision: str = "fp32",
+                      prefetch: bool = True, overlap: bool = True) -> dict:
+    """Peak bytes per rank by category during a step of minimega's DDP (stage 0) or ZeRO 1-3 with Adam.
+
+    ``units``: the element count of each parameter, grouped by ZeRO unit in forward order (embeddings,
+    each block, the head: `zero.stages.model_units`). With N_u a unit's numel, P_u = padded(N_u, dp),
+    n = dp and e the bytes of the parameters' dtype (fp32: 4; bf16: 2, with fp32 masters, ZeRO only),
+    each category's largest value over forward, backward and the step:
+
+        params            stage 0-2: Σ N_u·e (0: unpadded) | stage 3: the shards, Σ P_u/n·e
+        gathered          stage 3: max_k (P_k + P_k+1)·e, two neighbouring units (prefetch) | max_k P_k·e without
+        master            bf16: the fp32 master shards, Σ P_u/n·4 (fp32: the shards are their own masters)
+        grads             stage 0: Σ N_u·e | 1: the flat buffers Σ P_u·e
+                          stage 2-3: the shards Σ P_u/n·e + one unit's full gradients max_u N_u·e (before
+                          its reduce-scatter flattens them)
+                          bf16, at the step: + the fp32 copies handed to the optimizer, Σ P_u/n·4
+                          (stages 2-3: whichever of the two terms is larger)
+        optimizer_states  Adam's m and v in fp32: 2·Σ N_u·4 (stage 0) | 2·Σ P_u/n·4
+        comm_buffers      what collectives in flight hold beyond the categories above:
+                          stage 0: every bucket, Σ N_u·e (all are issued before the first is waited for)
+                          stage 1: the reduce-scatter outputs, Σ P_u/n·e (max_u P_u/n·e without overlap)
+                          stage 2-3: each unit's flattened gradient and its output shard, Σ P_u(1 + 1/n)·e,
+                          held until backward ends (max_u P_u(1 + 1/n)·e without overlap)
+        optimizer_step_counters  torch's 0-d fp32 ``step`` per optimizer tensor: one per parameter
+                          (stage 0), one per unit (1-3)
+
+    Activations (tensors saved for backward) are those of `model.py` on the rank's rows in the same dtype:
+    measured by `activation_checkpoint.saved_activation_bytes`, estimated by `gpt_activation_bytes_per_layer`.
+    """
+    _check_stage_dp(stage, dp)
+    if precision not in ("fp32", "bf16") or (precision == "bf16" and stage == 0):
+        raise ValueError(f"peak_memory_bytes: precision={precision!r} at stage {stage}; modelled: fp32 at "
+                         "stages 0-3, bf16 at stages 1-3")
+    e, n = (4 if precision == "fp32" else 2), dp
+    N = [sum(u) for u in units]
+    P = [padded_numel(x, n) for x in N]
+    shard_elems = sum(P) // n
+    full = sum(N if stage == 0 else P) * e
+    masters = shard_elems * 4 if e != 4 else 0          # fp32 master shards, and at the step fp32 grad copies
+    out = {"params": shard_elems * e if stage == 3 else full, "gathered": 0, "master": masters,
+           "optimizer_states": 2 * 4 * (sum(N) if stage == 0 else shard_elems),
+           "optimizer_step_counters": 4 * (sum(len(u) for u in units) if stage == 0 else len(units))}
+    if stage == 3:
+        out["gathered"] = e * (max(a + b for a, b in zip(P, P[1:])) if prefetch and len(P) > 1 else max(P))
+    if stage < 2:
+        out["grads"] = full + masters
+    else:
+        out["grads"] = shard_elems * e + max(max(N) * e, masters)
+    if stage == 0:
+        out["comm_buffers"] = full
+    elif stage == 1:
+        out["comm_buffers"] = shard_elems * e if overlap else max(P) // n * e
+    else:
+        per_unit = [p * e + p // n * e for p in P]
+        out["comm_buffers"] = sum(per_unit) if overlap else max(per_unit)
+    return out
+# --8<-- [end:peak_memory]
+
+
 # ----------------------------------------------------------------------------------------------
 # Data-parallel communication (ring model)
 

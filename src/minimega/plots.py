@@ -421,6 +421,31 @@ def zero_memory_measured() -> go.Figure:
     return fig
 
 
+def comm_wire() -> go.Figure:
+    """Bytes each rank really sends per collective (TCP payload) over the ring model's, against buffer size."""
+    tr = _trace("comm-wire")
+    fig = go.Figure()
+    names = {"all_reduce": "all-reduce", "reduce_scatter": "reduce-scatter", "all_gather": "all-gather"}
+    for i, op in enumerate(("all_reduce", "reduce_scatter", "all_gather")):
+        for n, dash in ((2, "solid"), (4, "dot")):
+            rows = [r for r in tr["rows"] if r["op"] == op and r["ranks"] == n]
+            ratio = [max(r["measured"]) / r["model"] for r in rows]
+            label = f"{names[op]}, {n} ranks"
+            fig.add_scatter(x=[r["bytes"] / 1024 for r in rows], y=ratio, mode="lines+markers", name=label,
+                            line=dict(color=PALETTE[i], dash=dash),
+                            hovertemplate="S = %{x:.0f} KiB<br>measured / ring model = %{y:.3f}<extra>"
+                                          + label + "</extra>")
+    _layout(fig, "What gloo sends per rank, over the ring model's (n−1)/n·S per phase (TCP payload, loopback)",
+            "buffer S, KiB (log scale)", "measured ÷ ring model")
+    fig.update_xaxes(type="log")
+    fig.add_hline(y=1, line=dict(width=1, dash="dash"), annotation_text="ring model",
+                  annotation_position="bottom right")
+    fig.add_hline(y=2, line=dict(width=1, dash="dash"), annotation_text="2× (reduce-scatter as an all-reduce)",
+                  annotation_position="top right")
+    fig.update_yaxes(range=[0.8, 2.4])
+    return fig
+
+
 def zero_prefetch(step: int = -1) -> go.Figure:
     """ZeRO-3 forward on rank 0: each unit's compute span and its all-gather in flight (issued → waited)."""
     tr = _trace("zero-prefetch")
@@ -491,4 +516,5 @@ FIGURES.update({
     "memory-measured": memory_measured,
     "tp-comm-per-layer": tp_comm_per_layer,
     "activations-measured": activations_measured,
+    "comm-wire": comm_wire,
 })
