@@ -156,9 +156,6 @@ class Handle:
                 rec.end = now
         return self.result
 
-    def is_completed(self) -> bool:
-        return all(w.is_completed() for w in self._works)
-
 
 def _finish(work, rec, result, async_op):
     if async_op:
@@ -225,18 +222,6 @@ def broadcast(tensor: torch.Tensor, src: int, group: Group, *, async_op: bool = 
     rec = _record("broadcast", group, tensor, tensor.numel(), tag)
     work = dist.broadcast(tensor, src=src, group=group.pg, async_op=async_op)
     return _finish(work, rec, tensor, async_op)
-
-
-def send(tensor: torch.Tensor, dst: int, group: Group, *, tag: str = "") -> None:
-    rec = _record("send", group, tensor, tensor.numel(), tag)
-    dist.send(tensor, dst=dst, group=group.pg)
-    _finish(None, rec, None, False)
-
-
-def recv(tensor: torch.Tensor, src: int, group: Group, *, tag: str = "") -> torch.Tensor:
-    rec = _record("recv", group, tensor, tensor.numel(), tag)
-    dist.recv(tensor, src=src, group=group.pg)
-    return _finish(None, rec, tensor, False)
 
 
 @dataclass

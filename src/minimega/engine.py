@@ -12,13 +12,16 @@ seed) and wraps it, in this order:
 Any (dp, tp, pp) composes. In code, steps 1 and 2 run in the other order with the same result: the TP
 layers are built on the whole model and the split keeps this stage's blocks (TP never crosses a block),
 so a chunk of a `ParallelGPT` runs its vocab-parallel ends. Each chunk then gets its own dp wrapper:
-DDP, or ZeRO-1 (the BLOOM-176B recipe). ZeRO-2/3 combine with tp but not with pp (see `compose`).
+DDP or ZeRO 1-3 (ZeRO-1 is the BLOOM-176B recipe; see `compose`), all on the gradient-sync protocol of
+`grad_sync`. The caller's model is never modified: the engine works on new layers or a copy.
 
 ``Engine.train_step((x, y))`` takes this dp rank's rows of the global batch (see `minimega.data`),
-runs the gradient-accumulation micro-steps, clips, steps the optimizer and returns the global mean loss.
+runs the gradient-accumulation micro-steps (each backward followed by ``finish_grad_sync()``), clips,
+steps the optimizer and returns the global mean loss.
 """
 from __future__ import annotations
 
+import copy
 import time
 from contextlib import nullcontext
 
@@ -96,7 +99,9 @@ class Engine:
         self._keys = list(model.state_dict())
         self.pipeline: Pipeline | None = None
         # --8<-- [start:compose_order]
-        model = apply_tensor_parallel(model.to(mesh.device), mesh, config.sequence_parallel)
+        # The caller's model is never modified: TP builds new layers from it, otherwise the engine takes a copy.
+        model = (apply_tensor_parallel(model, mesh, config.sequence_parallel) if config.tp > 1
+                 else copy.deepcopy(model)).to(mesh.device)
         apply_activation_checkpointing(model, config.activation_checkpointing, config.checkpoint_every)
         self.config, self.mesh, self.module = config, mesh, model
 
