@@ -141,11 +141,8 @@ def _cmd_train(args: argparse.Namespace) -> int:
     if args.dp is not None:
         ParallelDims(dp=args.dp, tp=tp, pp=pp).check(args.nproc)
     config = build_train_config(args, dims.dp)
-    from .tensor_parallel import check_divisible
-    check_divisible(GPTConfig.preset(args.preset), tp)        # before any rank starts
-    if config.pp > 1:
-        from .pipeline import check
-        check(config.schedule, config.pp, config.micro_batches, config.virtual_stages, GPTConfig.preset(args.preset).n_layer)
+    from .engine import validate
+    validate(GPTConfig.preset(args.preset), config, dims)     # before any rank starts
     print(f"minimega train: {args.nproc} rank(s), dp={dims.dp} tp={dims.tp} pp={dims.pp}, zero_stage="
           f"{config.zero_stage}, preset {args.preset}, {args.steps} steps", file=sys.stderr)
     if args.resume:

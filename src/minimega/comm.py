@@ -351,18 +351,6 @@ def broadcast(tensor: torch.Tensor, src: int, group: Group, *, async_op: bool = 
     return _finish(work, rec, tensor, async_op, _ready_at(), (tensor,))
 
 
-def send(tensor: torch.Tensor, dst: int, group: Group, *, tag: str = "") -> None:
-    rec = _record("send", group, tensor, tensor.numel(), tag)
-    dist.send(tensor, dst=dst, group=group.pg)
-    _finish(None, rec, None, False)
-
-
-def recv(tensor: torch.Tensor, src: int, group: Group, *, tag: str = "") -> torch.Tensor:
-    rec = _record("recv", group, tensor, tensor.numel(), tag)
-    dist.recv(tensor, src=src, group=group.pg)
-    return _finish(None, rec, tensor, False)
-
-
 @dataclass
 class P2P:
     """One point-to-point transfer for `batch_p2p`: ``kind`` is 'send' or 'recv', ``peer`` a global rank."""

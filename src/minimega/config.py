@@ -244,11 +244,6 @@ class TrainConfig:
                              f"(the fp32 master weights live in the ZeRO optimizer's shards)")
         if self.sequence_parallel and self.tp == 1:
             raise ValueError("TrainConfig: sequence_parallel needs tp > 1")
-        if self.pp > 1 and self.zero_stage > 1:
-            raise ValueError(f"TrainConfig: zero_stage={self.zero_stage} with pp={self.pp}: under a pipeline ZeRO-2 "
-                             f"would reduce-scatter gradients (and ZeRO-3 gather weights) on each of the "
-                             f"micro_batches={self.micro_batches}; use zero_stage=1 (sharded optimizer states, "
-                             "one reduce-scatter per step) or 0")
         if self.pp > 1 and self.precision == "fp16":
             raise ValueError(f"TrainConfig: precision='fp16' with pp={self.pp}: the pipeline does not scale its "
                              "losses for fp16; use precision='bf16' (no loss scaling needed) or 'fp32'")

@@ -27,14 +27,13 @@ import torch
 class Policy:
     name: str
     param_dtype: torch.dtype
-    """Storage and communication dtype of parameters and gradients."""
-    master_dtype: torch.dtype = torch.float32
+    """Storage and communication dtype of parameters and gradients (the masters are always fp32)."""
     loss_scaling: bool = False
 
     @property
     def has_master_copy(self) -> bool:
         """Whether fp32 master weights are a separate copy (not the parameters themselves)."""
-        return self.param_dtype != self.master_dtype
+        return self.param_dtype != torch.float32
 
 
 POLICIES = {
