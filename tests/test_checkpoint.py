@@ -48,8 +48,7 @@ def test_resume_is_bit_identical_dp2(tmp_path):
     step_dir = tmp_path / "step-00000010"
     manifest = json.loads((step_dir / "manifest.json").read_text())
     assert manifest["layout"] == {"world": 2, "dp": 2, "tp": 1, "pp": 1, "zero_stage": 0}
-    assert sorted(manifest["files"]) == ["rng-00000.pt", "rng-00001.pt", "shard-00000.safetensors",
-                                         "shard-00001.safetensors"]
+    assert sorted(manifest["files"]) == ["shard-00000.safetensors", "shard-00001.safetensors"]
     assert (tmp_path / "latest").read_text() == "step-00000010"
 
 

@@ -188,9 +188,10 @@ def _cmd_consolidate(args) -> int:
 
 def _cmd_info(args) -> int:
     from . import checkpoint
-    manifest, state = checkpoint.read(args.dir)
-    print(json.dumps({"step": manifest["step"], "layout": manifest["layout"], "files": len(manifest["files"]),
-                      "tensors": len(manifest["tensors"]), "checksums": "ok"}, indent=1))
+    path, manifest = checkpoint.open_checked(args.dir, None)
+    print(json.dumps({"path": str(path), "step": manifest["step"], "layout": manifest["layout"],
+                      "files": len(manifest["files"]), "bytes": sum(f["bytes"] for f in manifest["files"].values()),
+                      "tensors": len(manifest["tensors"]), "checks": "ok"}, indent=1))
     return 0
 
 
