@@ -79,7 +79,7 @@ def write_safetensors(path: Path, items: list[tuple[str, torch.dtype, tuple[int,
         offset += n
     blob = json.dumps(header, separators=(",", ":")).encode()
     blob += b" " * (-len(blob) % 8)                        # the data section starts 8-byte aligned
-    digest = hashlib.sha256()
+    digest, per_item = hashlib.sha256(), []
     with open(path, "wb") as f:
         for chunk in (struct.pack("<Q", len(blob)), blob):
             f.write(chunk)
@@ -91,9 +91,10 @@ def write_safetensors(path: Path, items: list[tuple[str, torch.dtype, tuple[int,
             raw = _raw(t)
             f.write(raw)
             digest.update(raw)
+            per_item.append(hashlib.sha256(raw).hexdigest())
         f.flush()
         os.fsync(f.fileno())
-    return {"bytes": 8 + len(blob) + offset, "sha256": digest.hexdigest()}
+    return {"bytes": 8 + len(blob) + offset, "sha256": digest.hexdigest(), "items": per_item}
 # --8<-- [end:stream_write]
 
 
@@ -137,11 +138,17 @@ def read_header(path: Path) -> tuple[dict, int]:
 
 
 class Reader:
-    """Reads boxes of stored tensors with ``os.pread``; counts the bytes it reads (``bytes_read``)."""
+    """Reads boxes of stored tensors with ``os.pread``; counts the bytes it reads (``bytes_read``).
 
-    def __init__(self):
+    ``digests``: ``{(path, key): sha256}``. A box that is a whole stored tensor is checked against its
+    digest from the bytes just read (no extra I/O: the common case, resuming on the same layout); a
+    part of one makes the reader hash the whole stored tensor once, streaming (``bytes_hashed``).
+    """
+
+    def __init__(self, digests: dict | None = None):
         self._open: dict[Path, tuple[int, dict, int]] = {}
-        self.bytes_read = 0
+        self.digests, self._verified = digests, set()
+        self.bytes_read = self.bytes_hashed = 0
 
     def header(self, path: Path) -> dict:
         return self._file(path)[1]
@@ -161,6 +168,9 @@ class Reader:
         fd, header, start = self._file(path)
         info = header[key]
         shape, dtype = info["shape"], DTYPES[info["dtype"]]
+        whole = list(lengths) == shape
+        if self.digests is not None and not whole:
+            self._verify_stream(path, key)
         out = torch.empty(lengths, dtype=dtype)
         buf = _raw(out) if out.numel() else None
         if buf is None:
@@ -185,7 +195,32 @@ class Reader:
                 raise CheckpointError(f"{path}: short read of {key!r} ({got} of {n} bytes): the file is truncated")
             pos += n
         self.bytes_read += pos
+        if self.digests is not None and whole and (path, key) not in self._verified:
+            self._check(path, key, hashlib.sha256(buf).hexdigest())
         return out
+
+    def _check(self, path: Path, key: str, digest: str) -> None:
+        want = self.digests.get((path, key))
+        if digest != want:
+            raise CheckpointError(f"{path}: {key!r} checksum mismatch (sha256 {digest[:12]}… != manifest.json "
+                                  f"{str(want)[:12]}…): the file is corrupted or was modified")
+        self._verified.add((path, key))
+
+    def _verify_stream(self, path: Path, key: str) -> None:
+        """Hash stored tensor ``key`` whole, 1 MiB at a time, once."""
+        if (path, key) in self._verified:
+            return
+        fd, header, start = self._file(path)
+        b, e = header[key]["data_offsets"]
+        h, pos = hashlib.sha256(), start + b
+        while pos < start + e:
+            block = os.pread(fd, min(1 << 20, start + e - pos), pos)
+            if not block:
+                raise CheckpointError(f"{path}: short read of {key!r}: the file is truncated")
+            h.update(block)
+            pos += len(block)
+        self.bytes_hashed += e - b
+        self._check(path, key, h.hexdigest())
 
     def close(self) -> None:
         for fd, _, _ in self._open.values():

@@ -19,7 +19,7 @@ from .. import comm
 from ..zero import state as zero_state
 from .files import CheckpointError, Reader, sha256_file
 from .layout import Box, engine_locals, pieces
-from .manifest import STEP_DIR, check, check_headers, dtype_of, load_json
+from .manifest import STEP_DIR, check, check_headers, digests, dtype_of, load_json
 from .plan import plan_reads
 
 
@@ -93,16 +93,15 @@ def open_checked(directory, model_config, mesh=None) -> tuple[Path, dict]:
 def load(engine, directory: str | os.PathLike, verify_files: bool = True, stats: dict | None = None) -> int:
     """Load the latest (or the given) checkpoint into ``engine`` under its current layout; returns the step.
 
-    ``stats``, when given, receives this rank's ``bytes_read`` (tensor data, by the plan), ``bytes_needed``
-    (the bytes of its boxes) and ``files_opened``.
+    With ``verify_files`` every stored tensor this rank reads is checked against its sha256 in the
+    manifest. ``stats``, when given, receives this rank's ``bytes_read`` (tensor data, by the plan),
+    ``bytes_hashed`` (whole stored tensors it read only part of), ``bytes_needed`` (its boxes) and
+    ``files_opened``. A refusal on any rank is raised on every rank (no rank waits for another).
     """
     mesh = engine.mesh
-    if verify_files:
-        path, manifest = open_checked(directory, engine.model_config, mesh)
-    else:
-        path = resolve(directory)
-        manifest = load_json(path)
-        check(path, manifest, engine.model_config)
+    path = resolve(directory)
+    manifest = load_json(path)
+    check(path, manifest, engine.model_config)
     kinds = state_kinds(manifest)
     saved_opt = manifest.get("train_config", {}).get("optimizer")
     if kinds and saved_opt != engine.config.optimizer:
@@ -110,26 +109,31 @@ def load(engine, directory: str | os.PathLike, verify_files: bool = True, stats:
                               f"states this run's optimizer={engine.config.optimizer!r} cannot use")
     _prepare(engine, manifest, kinds)
     needs = pieces(engine_locals(engine), for_save=False)
+    error = None
     # --8<-- [start:execute_plan]
     reads = plan_reads(manifest, needs)
-    with torch.no_grad(), Reader() as reader:
+    with torch.no_grad(), Reader(digests(path, manifest) if verify_files else None) as reader:
         checked = set()
-        for r in reads:
-            if r.file not in checked:                        # the header must say what the manifest says
-                check_headers(path, manifest, r.file, reader.header(path / r.file))
-                checked.add(r.file)
-            rel = r.relative()
-            r.dest.copy_(reader.read_box(path / r.file, r.key, rel.offsets, rel.lengths))
-        _restore_rng(engine, manifest, path, reader, checked)
-        bytes_read = reader.bytes_read
+        try:
+            for r in reads:
+                if r.file not in checked:                    # the header must say what the manifest says
+                    check_headers(path, manifest, r.file, reader.header(path / r.file))
+                    checked.add(r.file)
+                rel = r.relative()
+                r.dest.copy_(reader.read_box(path / r.file, r.key, rel.offsets, rel.lengths))
+            _restore_rng(engine, manifest, path, reader, checked)
+        except CheckpointError as exc:
+            error = str(exc)
     # --8<-- [end:execute_plan]
+    if errors := [e for e in comm.all_gather_object(error, mesh.world) if e]:
+        raise CheckpointError(errors[0])
     for wrapper in engine.zero_stages:
         zero_state.finish_load(wrapper)
     if manifest.get("scaler") is not None:
         engine.load_scaler_state(manifest["scaler"])
     engine.step = manifest["step"]
     if stats is not None:
-        stats.update(bytes_read=bytes_read, files_opened=len(checked),
+        stats.update(bytes_read=reader.bytes_read, bytes_hashed=reader.bytes_hashed, files_opened=len(checked),
                      bytes_needed=sum(p.data.numel() * p.data.element_size() for p in needs))
     return manifest["step"]
 

@@ -27,7 +27,7 @@ from .files import DTYPES, CheckpointError, plain_name, read_header
 
 FORMAT_VERSION = 2
 MAX_MANIFEST = 64 << 20
-MAX_CHUNKS = 1 << 14
+MAX_CHUNKS = 1 << 12
 STEP_DIR = re.compile(r"step-(\d{8})")
 SHARD = re.compile(r"shard-(\d{5})\.safetensors")
 KIND = re.compile(r"[a-z][a-z0-9_]{0,63}")
@@ -120,9 +120,11 @@ def check(path: Path, manifest: dict, model_config=None) -> None:
             raise CheckpointError(f"{path / name}: {size} bytes, manifest.json field 'files' says {info['bytes']}")
     _check_tensors(path, manifest.get("tensors"), param_shapes(model_config), files)
     ranks = manifest.get("ranks")
-    if not isinstance(ranks, list) or not all(isinstance(r, dict) and r.get("file") in files
-                                              and isinstance(r.get("rng"), dict) for r in ranks):
-        _fail(path, "ranks", "must list, per rank, its 'file' (one of 'files') and its 'rng' keys")
+    if not isinstance(ranks, list) or not all(
+            isinstance(r, dict) and r.get("file") in files and isinstance(r.get("rng"), dict)
+            and isinstance(r.get("rng_sha256"), dict) and set(r["rng"]) == set(r["rng_sha256"])
+            and all(isinstance(k, str) for k in r["rng"].values()) for r in ranks):
+        _fail(path, "ranks", "must list, per rank, its 'file' (one of 'files'), its 'rng' keys and their sha256")
     scaler = manifest.get("scaler")
     if scaler is not None and not (isinstance(scaler, dict) and all(
             isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in scaler.values())):
@@ -151,6 +153,7 @@ def _check_tensors(path: Path, tensors, shapes: dict, files: dict) -> None:
         boxes = []
         for c in chunks:
             ok = (isinstance(c, dict) and c.get("file") in files and isinstance(c.get("key"), str)
+                  and isinstance(c.get("sha256"), str) and re.fullmatch(r"[0-9a-f]{64}", c["sha256"])
                   and isinstance(c.get("offsets"), list) and isinstance(c.get("lengths"), list)
                   and len(c["offsets"]) == len(c["lengths"]) == len(shape)
                   and all(_int(o) and _int(n) and o >= 0 and n > 0 and o + n <= d
@@ -172,6 +175,14 @@ def _overlap(boxes) -> bool:
             if all(b < a + n and a < b + m for a, n, b, m in zip(o1, n1, o2, n2)):
                 return True
     return False
+
+
+def digests(path: Path, manifest: dict) -> dict[tuple[Path, str], str]:
+    """``{(file path, key): sha256}`` of every stored tensor the manifest lists (chunks and RNG states)."""
+    out = {(path / c["file"], c["key"]): c["sha256"] for t in manifest["tensors"].values() for c in t["chunks"]}
+    for r in manifest["ranks"]:
+        out.update({(path / r["file"], r["rng"][n]): d for n, d in r["rng_sha256"].items()})
+    return out
 
 
 def check_headers(path: Path, manifest: dict, file: str, header: dict | None = None) -> dict:

@@ -59,9 +59,11 @@ def save(engine, directory: str | os.PathLike, keep: int = 3, stats: dict | None
     file = shard_name(rank)
     info = write_safetensors(tmp / file, items, {"format": "minimega", "rank": str(rank)})
     _maybe_fault(rank, 1)
-    chunks = [(p.name, str(p.data.dtype).removeprefix("torch."), list(p.box.offsets), list(p.box.lengths))
-              for p in owned]
-    gathered = comm.all_gather_object((file, info, chunks, sorted(rng)), mesh.world)
+    digests = info.pop("items")
+    chunks = [(p.name, str(p.data.dtype).removeprefix("torch."), list(p.box.offsets), list(p.box.lengths), digest)
+              for p, digest in zip(owned, digests)]
+    rng_digests = dict(zip(rng, digests[len(owned):]))
+    gathered = comm.all_gather_object((file, info, chunks, rng_digests), mesh.world)
     if rank == 0:
         manifest = _manifest(engine, gathered)
         (tmp / "manifest.json").write_text(json.dumps(manifest, indent=1, sort_keys=True))
@@ -85,11 +87,12 @@ def _manifest(engine, gathered) -> dict:
     from .. import __version__
     tensors: dict[str, dict] = {}
     for file, _, chunks, _ in gathered:
-        for name, dtype, offsets, lengths in chunks:
+        for name, dtype, offsets, lengths, digest in chunks:
             t = tensors.setdefault(name, {"dtype": dtype, "shape": None, "chunks": []})
             if t["dtype"] != dtype:
                 raise RuntimeError(f"checkpoint.save: {name} is {dtype} on one rank and {t['dtype']} on another")
-            t["chunks"].append({"file": file, "key": _key(name, offsets), "offsets": offsets, "lengths": lengths})
+            t["chunks"].append({"file": file, "key": _key(name, offsets), "offsets": offsets, "lengths": lengths,
+                                "sha256": digest})
     shapes = {k: list(v) for k, v in _shapes(engine).items()}
     for name, t in tensors.items():
         t["shape"] = shapes[name.split("/", 1)[1]] if t["chunks"][0]["offsets"] else []
@@ -99,7 +102,8 @@ def _manifest(engine, gathered) -> dict:
         "train_config": json.loads(json.dumps(asdict(engine.config), default=list)),
         "scaler": engine.scaler_state(),
         "files": {file: info for file, info, _, _ in gathered},
-        "ranks": [{"file": file, "rng": {n: f"rng/{n}" for n in rng}} for file, _, _, rng in gathered],
+        "ranks": [{"file": file, "rng": {n: f"rng/{n}" for n in rng}, "rng_sha256": rng}
+                  for file, _, _, rng in gathered],
         "tensors": tensors,
     }
 
