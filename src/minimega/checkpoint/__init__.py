@@ -89,5 +89,12 @@ def consolidate(directory: str | os.PathLike, out: str | os.PathLike) -> Path:
 # --8<-- [end:consolidate]
 
 
-__all__ = ["CheckpointError", "FAULT_ENV", "FORMAT_VERSION", "save", "load", "read", "resolve", "resolve_or_none",
+def export_safetensors(directory, out) -> Path:
+    """``minimega checkpoint export --format safetensors``: the consolidated fp32 weights."""
+    return consolidate(directory, out)
+
+
+from .interop import export_dcp, import_dcp  # noqa: E402  (needs `_checked` above)
+
+__all__ = ["export_dcp", "import_dcp", "export_safetensors", "CheckpointError", "FAULT_ENV", "FORMAT_VERSION", "save", "load", "read", "resolve", "resolve_or_none",
            "consolidate", "check", "check_compatible", "verify", "prune"]

@@ -31,7 +31,7 @@ DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF1
 CODES = {v: k for k, v in DTYPES.items()}
 MAX_HEADER = 64 << 20
 """A header larger than this is refused before it is read (a hostile length field cannot exhaust memory)."""
-PLAIN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+PLAIN_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,127}")
 
 
 class CheckpointError(RuntimeError):
