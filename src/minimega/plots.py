@@ -482,3 +482,12 @@ FIGURES.update({
     "tp-comm-per-layer": tp_comm_per_layer,
     "activations-measured": activations_measured,
 })
+
+
+def checkpoint_read_plan() -> go.Figure:
+    """Which new rank reads which box of which saved file (recorded: `minimega.checkpoint.figure`)."""
+    from minimega.checkpoint.figure import read_plan_figure
+    return read_plan_figure()
+
+
+FIGURES["checkpoint-read-plan"] = checkpoint_read_plan

@@ -96,7 +96,7 @@ def load(engine, directory: str | os.PathLike, verify_files: bool = True, stats:
     With ``verify_files`` every stored tensor this rank reads is checked against its sha256 in the
     manifest. ``stats``, when given, receives this rank's ``bytes_read`` (tensor data, by the plan),
     ``bytes_hashed`` (whole stored tensors it read only part of), ``bytes_needed`` (its boxes) and
-    ``files_opened``. A refusal on any rank is raised on every rank (no rank waits for another).
+    ``files_opened`` and ``reads`` (its plan: tensor, file, offsets, lengths). A refusal on any rank is raised on every rank (no rank waits for another).
     """
     mesh = engine.mesh
     path = resolve(directory)
@@ -134,7 +134,8 @@ def load(engine, directory: str | os.PathLike, verify_files: bool = True, stats:
     engine.step = manifest["step"]
     if stats is not None:
         stats.update(bytes_read=reader.bytes_read, bytes_hashed=reader.bytes_hashed, files_opened=len(checked),
-                     bytes_needed=sum(p.data.numel() * p.data.element_size() for p in needs))
+                     bytes_needed=sum(p.data.numel() * p.data.element_size() for p in needs),
+                     reads=[(r.name, r.file, r.part.offsets, r.part.lengths) for r in reads])
     return manifest["step"]
 
 

@@ -54,8 +54,14 @@ def prepare_load(stage, kinds: dict[str, tuple[torch.dtype, bool]]) -> None:
     """Fresh optimizer state for every master shard: ``kinds`` maps a state name to (dtype, is 0-d)."""
     opt = stage.store.optimizer
     for master in stage.store.master:
-        opt.state.pop(master, None)
         master.zero_()                                   # padding stays zero; the plan fills the rest
+        old = opt.state.get(master, {})
+        if kinds and set(old) == set(kinds) and all(
+                t.dtype == kinds[k][0] and t.shape == (() if kinds[k][1] else master.shape) for k, t in old.items()):
+            for t in old.values():                       # reuse the states a run already has: no new memory
+                t.zero_()
+            continue
+        opt.state.pop(master, None)
         if kinds:
             opt.state[master] = {k: torch.zeros((), dtype=dt) if scalar else torch.zeros_like(master, dtype=dt)
                                  for k, (dt, scalar) in kinds.items()}
