@@ -146,13 +146,18 @@ def _prepare(engine, manifest: dict, kinds: dict) -> None:
         zero_state.prepare_load(wrapper, kinds)
     if engine.zero_stages:
         return
-    engine.optimizer.state.clear()
+    state = engine.optimizer.state
     for part in engine.parts:
         for key, p in part.named_parameters():
             mine = {k: v for k, v in kinds.items() if f"{k}/{key}" in manifest["tensors"]}
+            old = state.get(p, {})
+            if mine and set(old) == set(mine) and all(
+                    t.dtype == mine[k][0] and t.shape == (() if mine[k][1] else p.shape) for k, t in old.items()):
+                continue                                     # the plan overwrites every element: reuse them
+            state.pop(p, None)
             if mine:
-                engine.optimizer.state[p] = {k: torch.zeros((), dtype=dt) if scalar else torch.zeros_like(p, dtype=dt)
-                                             for k, (dt, scalar) in mine.items()}
+                state[p] = {k: torch.zeros((), dtype=dt) if scalar else torch.zeros_like(p, dtype=dt)
+                            for k, (dt, scalar) in mine.items()}
 
 
 def _restore_rng(engine, manifest: dict, path: Path, reader: Reader, checked: set) -> None:
