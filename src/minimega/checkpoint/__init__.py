@@ -96,5 +96,6 @@ def export_safetensors(directory, out) -> Path:
 
 from .interop import export_dcp, import_dcp  # noqa: E402  (needs `_checked` above)
 
-__all__ = ["export_dcp", "import_dcp", "export_safetensors", "CheckpointError", "FAULT_ENV", "FORMAT_VERSION", "save", "load", "read", "resolve", "resolve_or_none",
+__all__ = ["export_dcp", "import_dcp", "export_safetensors", "CheckpointError", "FAULT_ENV", "FORMAT_VERSION",
+           "save", "load", "read", "resolve", "resolve_or_none",
            "consolidate", "check", "check_compatible", "verify", "prune"]

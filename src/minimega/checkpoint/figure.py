@@ -63,7 +63,6 @@ def record_plan(out: Path = DATA) -> Path:
 
 def read_plan_figure(path: Path = DATA):
     """Two panels (fc: rows split over tp; proj: columns split): saved chunks outlined, reads filled by rank."""
-    import plotly.graph_objects as go
     from plotly.subplots import make_subplots
     from minimega.plots import PALETTE, _layout
     trace = json.loads(Path(path).read_text())

@@ -96,7 +96,8 @@ def load(engine, directory: str | os.PathLike, verify_files: bool = True, stats:
     With ``verify_files`` every stored tensor this rank reads is checked against its sha256 in the
     manifest. ``stats``, when given, receives this rank's ``bytes_read`` (tensor data, by the plan),
     ``bytes_hashed`` (whole stored tensors it read only part of), ``bytes_needed`` (its boxes) and
-    ``files_opened`` and ``reads`` (its plan: tensor, file, offsets, lengths). A refusal on any rank is raised on every rank (no rank waits for another).
+    ``files_opened`` and ``reads`` (its plan: tensor, file, offsets, lengths). A refusal on any rank is
+    raised on every rank (no rank waits for another).
     """
     mesh = engine.mesh
     path = resolve(directory)
