@@ -159,11 +159,13 @@ class Reader:
             self._open[path] = (os.open(path, os.O_RDONLY), header, start)
         return self._open[path]
 
-    def read_box(self, path: Path, key: str, offsets: tuple[int, ...], lengths: tuple[int, ...]) -> torch.Tensor:
-        """Elements ``[offsets, offsets + lengths)`` of stored tensor ``key``, as a new tensor of that shape.
+    def read_box(self, path: Path, key: str, offsets: tuple[int, ...], lengths: tuple[int, ...],
+                 into: torch.Tensor | None = None) -> torch.Tensor:
+        """Elements ``[offsets, offsets + lengths)`` of stored tensor ``key``, as a tensor of that shape.
 
         Reads one contiguous run per row of the box's leading dimensions (the trailing dimensions the box
-        covers whole merge into one run).
+        covers whole merge into one run), straight into ``into`` when that is a contiguous CPU tensor of
+        the right shape and dtype (no read buffer), else into a new tensor.
         """
         fd, header, start = self._file(path)
         info = header[key]
@@ -171,7 +173,9 @@ class Reader:
         whole = list(lengths) == shape
         if self.digests is not None and not whole:
             self._verify_stream(path, key)
-        out = torch.empty(lengths, dtype=dtype)
+        direct = (into is not None and into.is_contiguous() and into.device.type == "cpu" and into.dtype == dtype
+                  and tuple(into.shape) == tuple(lengths))
+        out = into if direct else torch.empty(lengths, dtype=dtype)
         buf = _raw(out) if out.numel() else None
         if buf is None:
             return out

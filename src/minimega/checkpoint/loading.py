@@ -121,7 +121,9 @@ def load(engine, directory: str | os.PathLike, verify_files: bool = True, stats:
                     check_headers(path, manifest, r.file, reader.header(path / r.file))
                     checked.add(r.file)
                 rel = r.relative()
-                r.dest.copy_(reader.read_box(path / r.file, r.key, rel.offsets, rel.lengths))
+                got = reader.read_box(path / r.file, r.key, rel.offsets, rel.lengths, into=r.dest)
+                if got is not r.dest:                        # read into a buffer: the destination is strided
+                    r.dest.copy_(got)
             _restore_rng(engine, manifest, path, reader, checked)
         except CheckpointError as exc:
             error = str(exc)
@@ -184,5 +186,8 @@ def read_tensor(path: Path, manifest: dict, name: str, reader: Reader) -> torch.
     whole = Box((0,) * len(t["shape"]), tuple(t["shape"]))
     for c in t["chunks"]:
         box = Box(tuple(c["offsets"]), tuple(c["lengths"]))
-        out[box.slices(whole)] = reader.read_box(path / c["file"], c["key"], (0,) * len(box.lengths), box.lengths)
+        dest = out[box.slices(whole)]
+        got = reader.read_box(path / c["file"], c["key"], (0,) * len(box.lengths), box.lengths, into=dest)
+        if got is not dest:
+            dest.copy_(got)
     return out
