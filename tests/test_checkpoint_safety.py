@@ -283,3 +283,32 @@ def test_shards_are_plain_safetensors(saved):
                 want = f.get_slice(c["key"])[rows // 3:rows, 1:cols]
             got = reader.read_box(step / c["file"], c["key"], (rows // 3, 1), (rows - rows // 3, cols - 1))
             assert torch.equal(got, want)
+
+
+def test_loss_scaler_state_round_trips_and_refuses_nonsense():
+    from minimega.precision import DynamicLossScaler, StaticLossScaler
+    a = DynamicLossScaler(init_scale=2.0 ** 10, window=3, hysteresis=2)
+    for overflow in (True, False, False, False, True, True, False):
+        a.update(overflow)
+    b = DynamicLossScaler(init_scale=2.0 ** 10, window=3, hysteresis=2)
+    b.load_state_dict(json.loads(json.dumps(a.state_dict())))          # JSON, nothing else
+    for overflow in (False, False, False, True, False):
+        a.update(overflow)
+        b.update(overflow)
+        assert a.state_dict() == b.state_dict()
+    for bad, msg in (({**a.state_dict(), "scale": -1.0}, "scale must be > 0"),
+                     ({**a.state_dict(), "cur_hysteresis": 7}, r"cur_hysteresis in \[1, 2\]"),
+                     ({"kind": 0, "scale": 8.0, "skipped": 0}, "saved with another fp16 loss_scale setting"),
+                     ({**a.state_dict(), "extra": 1}, "saved with another fp16 loss_scale setting")):
+        with pytest.raises(ValueError, match=msg):
+            DynamicLossScaler(hysteresis=2).load_state_dict(bad)
+    with pytest.raises(ValueError, match="saved with loss_scale=8.0, this run uses 4.0"):
+        StaticLossScaler(4.0).load_state_dict({"kind": 0, "scale": 8.0, "skipped": 0})
+
+
+def test_a_tampered_scaler_state_is_refused_before_loading(tmp_path):
+    config = parity_config(zero_stage=1, precision="fp16")
+    mm.launch(_train_and_save, 2, config, str(tmp_path), 1, timeout=120)
+    _edit_manifest(tmp_path, lambda m: m["scaler"].update(scale=-1.0))
+    with pytest.raises(mm.WorkerError, match=r"manifest.json: field 'scaler': .*scale must be > 0"):
+        mm.launch(_load, 2, config, str(tmp_path), timeout=120)

@@ -108,6 +108,11 @@ def load(engine, directory: str | os.PathLike, verify_files: bool = True, stats:
     if kinds and saved_opt != engine.config.optimizer:
         raise CheckpointError(f"{path / 'manifest.json'}: field 'train_config.optimizer' = {saved_opt!r} holds "
                               f"states this run's optimizer={engine.config.optimizer!r} cannot use")
+    if manifest.get("scaler") is not None:            # checked before anything is overwritten
+        try:
+            engine.load_scaler_state(manifest["scaler"])
+        except (ValueError, TypeError, KeyError) as exc:
+            raise CheckpointError(f"{path / 'manifest.json'}: field 'scaler': {exc}") from None
     _prepare(engine, manifest, kinds)
     needs = pieces(engine_locals(engine), for_save=False)
     error = None
@@ -132,8 +137,6 @@ def load(engine, directory: str | os.PathLike, verify_files: bool = True, stats:
         raise CheckpointError(errors[0])
     for wrapper in engine.zero_stages:
         zero_state.finish_load(wrapper)
-    if manifest.get("scaler") is not None:
-        engine.load_scaler_state(manifest["scaler"])
     engine.step = manifest["step"]
     if stats is not None:
         stats.update(bytes_read=reader.bytes_read, bytes_hashed=reader.bytes_hashed, files_opened=len(checked),
