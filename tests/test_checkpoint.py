@@ -242,3 +242,29 @@ def test_every_tensor_survives_a_trip_through_another_layout(tmp_path, src, dst)
     assert a["model"].keys() == b["model"].keys() and a["optimizer"].keys() == b["optimizer"].keys()
     assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
     assert all(torch.equal(a["optimizer"][k][s], b["optimizer"][k][s]) for k in a["optimizer"] for s in a["optimizer"][k])
+
+
+def _dropout_straight_and_resumed(config, directory):
+    model = mm.GPTConfig.tiny(block_size=32, dropout=0.1)
+
+    def engine():
+        mesh = mm.init_mesh(mm.ParallelDims.infer(dist.get_world_size(), tp=config.tp))
+        torch.manual_seed(config.seed)
+        return mesh, mm.initialize(mm.GPT(model), config, mesh)
+    mesh, straight = engine()
+    _train(straight, mesh, config, 8)
+    mesh, first = engine()
+    _train(first, mesh, config, 4)
+    first.save(directory)
+    torch.manual_seed(999)                                    # the load must restore every stream itself
+    mesh, second = engine()
+    second.load(directory)
+    _train(second, mesh, config, 4)
+    return straight.full_state_dict(), second.full_state_dict(), straight.losses[4:], second.losses
+
+
+def test_resume_with_dropout_under_tp_restores_every_random_stream(tmp_path):
+    """tp 2, dropout 0.1: the default generator and each rank's tp stream (seed + 2718 + tp_rank) come back."""
+    straight, resumed, l1, l2 = mm.launch(_dropout_straight_and_resumed, 2, parity_config(tp=2), str(tmp_path),
+                                          timeout=240)[0]
+    assert all(torch.equal(straight[k], resumed[k]) for k in straight) and l1 == l2

@@ -249,6 +249,8 @@ class Engine:
         out = {"torch": torch.get_rng_state()}
         if (stream := self._tp_stream()) is not None:
             out["tp_stream"] = stream.state[0]
+            if stream.state[1] is not None:
+                out["tp_stream_cuda"] = stream.state[1]
         if torch.cuda.is_available():
             out.update({f"cuda{i}": s for i, s in enumerate(torch.cuda.get_rng_state_all())})
         return out
@@ -256,7 +258,7 @@ class Engine:
     def set_rng_state(self, state: dict[str, torch.Tensor]) -> None:
         torch.set_rng_state(state["torch"])
         if (stream := self._tp_stream()) is not None and "tp_stream" in state:
-            stream.state = (state["tp_stream"], stream.state[1])
+            stream.state = (state["tp_stream"], state.get("tp_stream_cuda", stream.state[1]))
         cuda = [state[f"cuda{i}"] for i in range(torch.cuda.device_count()) if f"cuda{i}" in state]
         if cuda and torch.cuda.is_available():
             torch.cuda.set_rng_state_all(cuda)
