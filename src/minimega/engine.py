@@ -36,7 +36,8 @@ from .grad_sync import clip_grad_norm_
 from .mesh import Mesh, ParallelDims
 from .model import GPT
 from .pipeline import Pipeline, check as check_pipeline
-from .tensor_parallel import full_like_param, local_like_param, apply_tensor_parallel, check_divisible
+from .rng import RNGStream
+from .tensor_parallel import full_like_param, apply_tensor_parallel, check_divisible
 
 # What this build of the engine can combine; anything else is refused before training starts.
 _SUPPORTED = {"zero_stage": {0, 1, 2, 3}, "precision": {"fp32", "bf16", "fp16"},
@@ -249,62 +250,51 @@ class Engine:
         }
 
 
-    # ---- checkpoints (see checkpoint.py): the layout-free training state and this rank's RNG --------
+    # ---- checkpoints (see minimega.checkpoint): what the layout-free state needs from the engine ------
 
     def layout(self) -> dict:
         return {"world": self.mesh.world_size, "dp": self.mesh.dp_size, "tp": self.mesh.tp_size,
                 "pp": self.mesh.pp_size, "zero_stage": self.config.zero_stage}
 
-    def training_state(self) -> dict:
-        """{'model': full fp32 weights, 'optimizer': {key: {state: full tensor}}} by `model.py` keys, on every rank."""
-        model, optimizer = {}, {}
-        for part, wrapper in self._holders():
-            if wrapper is not None:
-                local = zero.training_state(wrapper)
-            else:
-                local = {"model": dict(part.named_parameters()),
-                         "optimizer": {n: self.optimizer.state.get(p, {}) for n, p in part.named_parameters()}}
-            model.update({n: self._full(part, n, w).float() for n, w in local["model"].items()})
-            for name, st in local["optimizer"].items():
-                if st:                 # a parameter the optimizer has not stepped has no state
-                    optimizer[name] = {k: self._full(part, name, v) if v.dim() else v.detach().cpu().clone()
-                                       for k, v in st.items()}
-        return {"model": self._merge_stages(model), "optimizer": self._merge_stages(optimizer)}
+    def rng_state(self) -> dict[str, torch.Tensor]:
+        """This rank's random states as uint8 tensors: the default CPU generator, the tp dropout stream
+        (`rng.RNGStream`, under tp), each CUDA device's generator."""
+        out = {"torch": torch.get_rng_state()}
+        if (stream := self._tp_stream()) is not None:
+            out["tp_stream"] = stream.state[0]
+            if stream.state[1] is not None:
+                out["tp_stream_cuda"] = stream.state[1]
+        if torch.cuda.is_available():
+            out.update({f"cuda{i}": s for i, s in enumerate(torch.cuda.get_rng_state_all())})
+        return out
 
-    @torch.no_grad()
-    def load_training_state(self, state: dict, step: int) -> None:
-        """Take a full-shaped training state (any saved layout) into this rank's layout."""
-        self.step = step
-        names = [n for part in self.parts for n, _ in part.named_parameters()]
-        if missing := [n for n in names if n not in state["model"]]:
-            raise ValueError(f"checkpoint lacks parameters {missing[:5]}")
-        if not self.config.zero_stage:
-            self.optimizer.state.clear()
-        for part, wrapper in self._holders():
-            params = dict(part.named_parameters())
-            # ZeRO keeps fp32 masters whatever the parameters' dtype: localise into fp32 for it.
-            like = {n: (torch.empty(p.shape, dtype=torch.float32, device=self.mesh.device) if wrapper else p)
-                    for n, p in params.items()}
-            local = {"model": {n: local_like_param(part, n, state["model"][n], like[n]) for n in params},
-                     "optimizer": {n: {k: local_like_param(part, n, v, like[n]) if v.dim() else v.clone()
-                                       for k, v in state["optimizer"][n].items()}
-                                   for n in params if n in state["optimizer"]}}
-            if wrapper is not None:
-                zero.load_training_state(wrapper, local)
-                continue
-            for n, p in params.items():
-                p.copy_(local["model"][n])
-                if n in local["optimizer"]:
-                    self.optimizer.state[p] = local["optimizer"][n]
-
-    def rng_state(self) -> dict:
-        return {"torch": torch.get_rng_state(),
-                "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}
-
-    def set_rng_state(self, state: dict) -> None:
+    def set_rng_state(self, state: dict[str, torch.Tensor]) -> None:
         torch.set_rng_state(state["torch"])
-        if state.get("cuda") is not None and torch.cuda.is_available():
-            torch.cuda.set_rng_state_all(state["cuda"])
+        if (stream := self._tp_stream()) is not None and "tp_stream" in state:
+            stream.state = (state["tp_stream"], state.get("tp_stream_cuda", stream.state[1]))
+        cuda = [state[f"cuda{i}"] for i in range(torch.cuda.device_count()) if f"cuda{i}" in state]
+        if cuda and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(cuda)
+
+    def _tp_stream(self):
+        """The tp dropout stream this rank's parts draw from (one per rank), or None without tp."""
+        for part in self.parts:
+            for m in part.modules():
+                if isinstance(getattr(m, "rng", None), RNGStream):
+                    return m.rng
+        return None
+
+    def _scalers(self) -> list:
+        return [w.scaler for w in self.zero_stages if getattr(w, "scaler", None) is not None]
+
+    def scaler_state(self) -> dict | None:
+        """The fp16 loss scaler's state (identical on every rank: overflows are agreed on), or None."""
+        scalers = self._scalers()
+        return scalers[0].state_dict() if scalers else None
+
+    def load_scaler_state(self, state: dict) -> None:
+        for scaler in self._scalers():
+            scaler.load_state_dict(state)
 
     def save(self, directory, keep: int = 3):
         """Atomic sharded checkpoint of everything needed to resume (see `minimega.checkpoint`)."""

@@ -518,3 +518,12 @@ FIGURES.update({
     "activations-measured": activations_measured,
     "comm-wire": comm_wire,
 })
+
+
+def checkpoint_read_plan() -> go.Figure:
+    """Which new rank reads which box of which saved file (recorded: `minimega.checkpoint.figure`)."""
+    from minimega.checkpoint.figure import read_plan_figure
+    return read_plan_figure()
+
+
+FIGURES["checkpoint-read-plan"] = checkpoint_read_plan

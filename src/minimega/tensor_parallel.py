@@ -425,11 +425,8 @@ def apply_tensor_parallel(model: GPT, mesh, sequence_parallel: bool = False) -> 
     return ParallelGPT(model, group, sequence_parallel)
 
 
-# [Note: checkpoints under tp] A checkpoint stores every tensor full-shaped (model.py's layout). A
-# parameter's optimizer states have the parameter's local shape, so `full_like_param` gathers them with
-# the same `full()` as the weight. The inverse needs no per-layer code: gathering a tensor of *global
-# element ids* through `full()` says, for every element of the full tensor, which rank and local slot it
-# came from; a rank then picks its own elements (padding rows, absent from the full tensor, stay zero).
+# [Note: checkpoints under tp] A checkpoint stores boxes of model.py's full tensors; which box of a
+# parameter's full tensor a rank's slice is lives in `minimega.checkpoint.layout` (the resharding helpers).
 
 def sharded_params(module: nn.Module) -> dict[str, nn.Module]:
     """{parameter name: the TP layer it belongs to} for every tp-sharded parameter under ``module``.
@@ -452,17 +449,3 @@ def full_like_param(model: nn.Module, name: str, t: torch.Tensor) -> torch.Tenso
     if module is None:
         return t.detach()
     return module.full(t)
-
-
-def local_like_param(model: nn.Module, name: str, full: torch.Tensor, local: torch.Tensor) -> torch.Tensor:
-    """This rank's shard of a full-shaped ``full``, shaped like ``local`` (collective over tp)."""
-    module = sharded_params(model).get(name)
-    if module is None:
-        return full.to(local.dtype).clone()
-    n, rank = local.numel(), group_rank(module.group)
-    ids = (torch.arange(n, dtype=torch.float64) + rank * n).view(local.shape)
-    placed = full_like_param(model, name, ids.to(local.device)).flatten().long().cpu()   # (full numel,)
-    mine = (placed >= rank * n) & (placed < (rank + 1) * n)
-    out = torch.zeros(n, dtype=local.dtype)
-    out[placed[mine] - rank * n] = full.flatten()[mine].to(local.dtype)
-    return out.view(local.shape).to(local.device)
