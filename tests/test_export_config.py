@@ -278,6 +278,7 @@ def test_bloom_ds_config_matches_the_published_one():
         assert ours[key] == BLOOM_DS_CONFIG[key], key
     # DeepSpeed derives it from the two batch sizes; written here so from_deepspeed can check it: 2048 / (2 * 8)
     assert ours["gradient_accumulation_steps"] == 128
+    assert "optimizer" not in ours           # Megatron-DeepSpeed builds it from --optimizer, --lr, ...
     with pytest.raises(ex.ExportError, match="tp=4"):
         ex.to_deepspeed(p.train, p.dp)                 # plain ds_config.json has no tensor parallelism
 

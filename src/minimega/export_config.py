@@ -148,7 +148,8 @@ def to_deepspeed(cfg: TrainConfig, dp: int, *, megatron: bool = False) -> dict:
         cfg: the run.
         dp: data-parallel degree (world size / (tp · pp)).
         megatron: the config that goes with Megatron-DeepSpeed's command line (`to_megatron`): tp, pp, the
-            schedule, recomputation, the sequence length and the seed live there, so they are not refused here.
+            schedule, recomputation, the sequence length, the seed and the optimizer live there, so they are
+            not refused here and no "optimizer" section is written (BLOOM's ds_config has none).
     Raises:
         ExportError: a setting ds_config.json cannot hold, named.
     """
@@ -166,7 +167,9 @@ def to_deepspeed(cfg: TrainConfig, dp: int, *, megatron: bool = False) -> dict:
     micro = _split(cfg.batch_size, dp * steps, "batch_size / (dp · accumulation steps)")
     ds: dict = {"train_batch_size": cfg.batch_size, "train_micro_batch_size_per_gpu": micro,
                 "gradient_accumulation_steps": steps, "gradient_clipping": cfg.gradient_clipping}
-    if cfg.optimizer == "sgd":          # not a DeepSpeed optimizer: the engine falls back to torch.optim.SGD by name
+    if megatron:
+        pass          # Megatron-DeepSpeed builds the optimizer from its own flags and hands it to DeepSpeed
+    elif cfg.optimizer == "sgd":        # not a DeepSpeed optimizer: the engine falls back to torch.optim.SGD by name
         ds["optimizer"] = {"type": "SGD", "params": {"lr": cfg.lr, "weight_decay": cfg.weight_decay}}
     else:
         params = {"lr": cfg.lr, "betas": list(cfg.betas), "eps": cfg.eps, "weight_decay": cfg.weight_decay}
@@ -245,9 +248,11 @@ def check_deepspeed(ds: dict, dp: int) -> str:
               "train_micro_batch_size_per_gpu": ds["train_micro_batch_size_per_gpu"],
               "gradient_clipping": ds["gradient_clipping"], "stage": want["stage"],
               "bf16": "bf16" in ds, "fp16": "fp16" in ds,
-              "offload": want.get("offload_optimizer", {}).get("device", "none"),
-              "optimizer": ds["optimizer"]["type"] if ds["optimizer"]["type"] == "SGD"
-              else ds["optimizer"]["type"].lower(), "optimizer_params": ds["optimizer"]["params"]}
+              "offload": want.get("offload_optimizer", {}).get("device", "none")}
+    if "optimizer" in ds:
+        kind = ds["optimizer"]["type"]
+        expect["optimizer"] = kind if kind == "SGD" else kind.lower()
+        expect["optimizer_params"] = ds["optimizer"]["params"]
     for key in ("overlap_comm", "reduce_bucket_size", "stage3_param_persistence_threshold",
                 "stage3_prefetch_bucket_size"):
         if key in want:

@@ -70,8 +70,8 @@ def _deepspeed_memory(engine, stage: int) -> dict:
     shards); master: the fp32 partitions the wrapped torch optimizer steps; optimizer_states: its moments.
     """
     module_params = list(engine.module.parameters())
-    if stage == 3:
-        params = [p.ds_tensor for p in module_params]
+    if stage == 3:        # this rank's shards, plus whole copies of the parameters DeepSpeed keeps persistent
+        params = [p.ds_tensor for p in module_params] + [p.data for p in module_params if getattr(p, "ds_persist", False)]
     else:
         params = [p.data for p in module_params]
     inner = engine.optimizer.optimizer                  # the torch AdamW DeepSpeed wraps
