@@ -307,3 +307,26 @@ def test_cli_megatron_bloom(capsys):
     assert main(["export-config", "--megatron", "--preset", "bloom-176b"]) == 0
     text = capsys.readouterr().out
     assert text.startswith("pretrain_gpt.py") and "--tensor-model-parallel-size 4 \\" in text
+
+
+# ------------------------------------------------------------------------------------------------
+# Chapter 14 prints what the code produces
+
+def test_chapter_14_carries_the_table_and_bloom_exports(capsys):
+    from pathlib import Path
+    page = (Path(__file__).resolve().parents[1] / "course" / "14-real-stacks.md").read_text()
+    assert ex.markdown_table() in page, "course/14-real-stacks.md: paste export_config.markdown_table() again"
+    assert main(["export-config", "--megatron", "--preset", "bloom-176b"]) == 0
+    assert capsys.readouterr().out.rstrip("\n") in page
+    assert main(["export-config", "--deepspeed", "--megatron-deepspeed", "--preset", "bloom-176b", "--no-check"]) == 0
+    assert capsys.readouterr().out.rstrip("\n") in page
+
+
+def test_mt_nlg_layout_as_the_chapter_states():
+    """TP 8 x PP 35, global batch 1920 at DP 8 (Smith et al. 2022 §2.4), micro-batch 1 (Korthikanti et al. Table 3)."""
+    model = GPTConfig(vocab_size=51200, block_size=2048, n_layer=105, n_head=128, n_embd=20480)
+    argv = ex.to_megatron(TrainConfig(tp=8, pp=35, batch_size=1920, micro_batches=240), 8, model)
+    args = _parse_argv(argv)
+    assert (args["--tensor-model-parallel-size"], args["--pipeline-model-parallel-size"]) == ("8", "35")
+    assert (args["--micro-batch-size"], args["--global-batch-size"]) == ("1", "1920")
+    assert 8 * 8 * 35 == 2240

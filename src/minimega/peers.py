@@ -108,6 +108,8 @@ def train_deepspeed(model_config: GPTConfig, config: TrainConfig, steps: int, se
     from .model import GPT
 
     check(config)
+    import warnings   # DeepSpeed calls torch.distributed's deprecated *_tensor collectives: one warning per call
+    warnings.filterwarnings("ignore", message=".*is deprecated. Please use torch.distributed.*", category=FutureWarning)
     # inference-only all-reduce kernel: skip its JIT build (see the module docstring). By module path:
     # `deepspeed.comm.torch` as an attribute is PyTorch itself (deepspeed.comm re-exports `torch`).
     importlib.import_module("deepspeed.comm.torch").build_shm_op = lambda: None
