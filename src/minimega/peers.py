@@ -180,7 +180,9 @@ def run_pairs(model_config: GPTConfig, configs: list[TrainConfig], world_size: i
     for config in configs:
         check(config)
     os.environ.setdefault("DS_ACCELERATOR", "cpu")        # the ranks follow this process's environment
-    return launch(pair_worker, world_size, model_config, list(configs), steps, seq_len, timeout=timeout)[0]
+    # gloo on CPU for both engines, also where CUDA exists: DeepSpeed runs on its CPU accelerator here
+    return launch(pair_worker, world_size, model_config, list(configs), steps, seq_len, backend="gloo",
+                  timeout=timeout)[0]
 
 
 def max_relative_error(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
