@@ -70,7 +70,8 @@ TABLE: tuple[tuple[str, str, str, str], ...] = (
     ("pp", "— on Megatron-DeepSpeed's command line", "--pipeline-model-parallel-size",
      "parallelism.pipeline_parallel_degree"),
     ("zero_stage", "zero_optimization.stage",
-     "1: --use-distributed-optimizer; 2, 3: --use-megatron-fsdp --data-parallel-sharding-strategy",
+     "1: --use-distributed-optimizer; 2, 3: + --use-megatron-fsdp --data-parallel-sharding-strategy "
+     "optim_grads|optim_grads_params",
      "0: data_parallel_replicate_degree; 2, 3: data_parallel_shard_degree + fsdp_reshard_after_forward; "
      "1: — FSDP2 has no optimizer-only sharding"),
     ("sequence_parallel", "— on Megatron-DeepSpeed's command line", "--sequence-parallel",
@@ -353,7 +354,8 @@ def to_megatron(cfg: TrainConfig, dp: int, model: GPTConfig) -> list[str]:
     if cfg.zero_stage == 1:
         a.append(("--use-distributed-optimizer", None))
     elif cfg.zero_stage in (2, 3):
-        a += [("--use-megatron-fsdp", None),
+        # Megatron-FSDP (v1, the default) runs on the distributed optimizer: arguments.py L1124-1135
+        a += [("--use-megatron-fsdp", None), ("--use-distributed-optimizer", None),
               ("--data-parallel-sharding-strategy", {2: "optim_grads", 3: "optim_grads_params"}[cfg.zero_stage])]
         if cfg.param_persistence_threshold:
             raise _refuse(target, "param_persistence_threshold", cfg.param_persistence_threshold,
