@@ -18,7 +18,8 @@ $(STAMP):
 	$(BIN)/pip install -q --upgrade pip
 	# Pin the CPU wheel first: an unpinned torch resolves to a multi-GB CUDA build.
 	$(BIN)/pip install -q "$(TORCH)"
-	$(BIN)/pip install -q -e ".[test,site,serve]" "$(TORCH)"
+	# DeepSpeed (an sdist, ~40 s to build) for the side-by-side parity tests; torch optimizers avoid its JIT kernels.
+	$(BIN)/pip install -q -e ".[test,site,serve,deepspeed]" "$(TORCH)"
 	rm -f $(VENV)/.stamp-*
 	touch $@
 

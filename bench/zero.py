@@ -13,6 +13,7 @@ job, alternating, on identical data; ratio = minimega / other (median step time;
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import time
 
@@ -20,8 +21,9 @@ import torch
 import torch.distributed as dist
 
 import minimega as mm
-from minimega import data
+from minimega import data, peers
 from minimega.engine import make_optimizer
+from minimega.export_config import to_deepspeed
 
 
 def _timed(step_fn, mesh, steps, batch, seq):
@@ -73,16 +75,21 @@ def _torch(model_cfg, stage, mesh, steps, batch, seq):
 
 
 def _deepspeed(model_cfg, stage, mesh, steps, batch, seq):
-    try:
-        import deepspeed
-    except ImportError:
+    """DeepSpeed's engine on the same run: the ds_config export_config writes, torch's AdamW as in peers.py."""
+    if peers.deepspeed_missing():
         return None
+    import importlib
+
+    import deepspeed
+    importlib.import_module("deepspeed.comm.torch").build_shm_op = lambda: None    # inference-only kernel, no JIT
     torch.manual_seed(0)
     model = mm.GPT(model_cfg)
-    ds_config = {"train_batch_size": batch, "train_micro_batch_size_per_gpu": batch // dist.get_world_size(),
-                 "optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "betas": [0.9, 0.95]}},
-                 "zero_optimization": {"stage": stage}}
-    engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=ds_config)
+    config = mm.TrainConfig(batch_size=batch, zero_stage=stage)
+    ds_config = to_deepspeed(config, dist.get_world_size())
+    ds_config.pop("optimizer")
+    ds_config["steps_per_print"] = 10**9
+    engine, *_ = deepspeed.initialize(model=model, optimizer=make_optimizer(model.parameters(), config),
+                                      config=ds_config)
 
     def step(x, y):
         _, loss = engine(x, y)
@@ -116,11 +123,14 @@ def main() -> None:
     parser.add_argument("--nproc", type=int, default=2)
     parser.add_argument("--deepspeed", action="store_true", help="also time DeepSpeed (if installed)")
     args = parser.parse_args()
+    if args.deepspeed:
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")          # the launched ranks inherit it
     print(f"| preset | stage | minimega s/step | torch | torch s/step | ratio | DeepSpeed s/step | ratio |")
     print("|---|---|---|---|---|---|---|---|")
     for preset in args.presets:
         batch, seq = (8, 64) if preset == "tiny" else (8, 128)
-        rows = mm.launch(_bench, args.nproc, preset, args.stages, args.steps, batch, seq, args.deepspeed)[0]
+        rows = mm.launch(_bench, args.nproc, preset, args.stages, args.steps, batch, seq, args.deepspeed,
+                         backend="gloo" if args.deepspeed else "auto")[0]     # DeepSpeed runs on its CPU accelerator
         for stage, (ours, theirs, ds) in rows.items():
             ds_cols = f"{ds:.4f} | {ours / ds:.3f}" if ds else "- | -"
             print(f"| {preset} | {stage} | {ours:.4f} | {TORCH_NAME[stage]} | {theirs:.4f} | {ours / theirs:.3f} "

@@ -1,4 +1,4 @@
-"""The `minimega` command: ``train``, ``checkpoint``, ``serve`` (course site + exam), ``cert``.
+"""The `minimega` command: ``train``, ``checkpoint``, ``export-config``, ``serve`` (course site + exam), ``cert``.
 
 ``minimega train`` maps its flags one-to-one onto `TrainConfig` fields (``--zero-stage``, ``--tp``,
 ``--sp`` …), generated from the dataclass so the two never drift apart.
@@ -251,8 +251,10 @@ def build_parser() -> argparse.ArgumentParser:
     _checkpoint_parser(sub)
     from .classroom.cli import add_cert_parser, add_serve_parser
     from .estimate import add_estimate_parser
+    from .export_config import add_export_parser
     from .record import add_record_parser
     add_estimate_parser(sub)
+    add_export_parser(sub)
     add_record_parser(sub)
     add_serve_parser(sub)
     add_cert_parser(sub)
