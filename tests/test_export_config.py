@@ -122,6 +122,7 @@ ROUND_TRIP = [
     TrainConfig(zero_stage=1, optimizer="sgd", lr=0.1),
     TrainConfig(bucket_mb=50.0),
     TrainConfig(zero_stage=3, optimizer="adam"),
+    TrainConfig(zero_stage=1, optimizer="adam", weight_decay=0.1),
 ]
 # These need the from_deepspeed that reads stage3_prefetch_bucket_size and overlap_comm (TrainConfig.overlap_comm).
 ROUND_TRIP_NEW = [dict(zero_stage=3, prefetch=False), dict(zero_stage=2, overlap_comm=False)]
@@ -146,7 +147,25 @@ def test_adam_with_weight_decay_turns_deepspeed_adamw_mode_off():
     ds = ex.to_deepspeed(TrainConfig(optimizer="adam", weight_decay=0.1), DP)
     assert ds["optimizer"] == {"type": "Adam", "params": {"lr": 1e-3, "betas": [0.9, 0.95], "eps": 1e-8,
                                                           "weight_decay": 0.1, "adam_w_mode": False}}
-    assert "adam_w_mode" not in ex.to_deepspeed(TrainConfig(optimizer="adam"), DP)["optimizer"]["params"]
+    assert ex.to_deepspeed(TrainConfig(optimizer="adam"), DP)["optimizer"]["params"]["adam_w_mode"] is False
+    assert "adam_w_mode" not in ex.to_deepspeed(TrainConfig(optimizer="adamw"), DP)["optimizer"]["params"]
+
+
+@pytest.mark.parametrize("optimizer,mode,expected", [("Adam", None, "adamw"), ("Adam", True, "adamw"),
+                                                      ("Adam", False, "adam"), ("AdamW", None, "adamw")])
+def test_from_deepspeed_reads_adam_as_deepspeed_does(optimizer, mode, expected):
+    """DeepSpeed's "Adam" is AdamW (decoupled weight decay) unless adam_w_mode is false."""
+    params = {"lr": 1e-3, "weight_decay": 0.1} | ({} if mode is None else {"adam_w_mode": mode})
+    cfg = TrainConfig.from_deepspeed({"optimizer": {"type": optimizer, "params": params}})
+    assert cfg.optimizer == expected and cfg.weight_decay == 0.1
+
+
+def test_from_deepspeed_refuses_adam_w_mode_where_it_means_nothing():
+    for opt, mode in (("AdamW", False), ("SGD", True)):
+        with pytest.raises(ValueError, match="adam_w_mode"):
+            TrainConfig.from_deepspeed({"optimizer": {"type": opt, "params": {"adam_w_mode": mode}}})
+    with pytest.raises(ValueError, match="adam_w_mode"):
+        TrainConfig.from_deepspeed({"optimizer": {"type": "Adam", "params": {"adam_w_mode": "false"}}})
 
 
 @pytest.mark.skipif(not HAS_DEEPSPEED, reason="deepspeed is not installed: ds_config keys not checked against its classes")

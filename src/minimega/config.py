@@ -268,7 +268,7 @@ class TrainConfig:
         every other key is refused by name (with the reason, where DeepSpeed has it and minimega does not).
 
         Read: train_batch_size, train_micro_batch_size_per_gpu (needs ``dp``), gradient_accumulation_steps,
-        gradient_clipping, optimizer {type, params{lr, betas, eps, weight_decay}}, zero_optimization {stage,
+        gradient_clipping, optimizer {type, params{lr, betas, eps, weight_decay, adam_w_mode}}, zero_optimization {stage,
         reduce_bucket_size (stage 0: DDP's buckets), overlap_comm, stage3_param_persistence_threshold,
         stage3_prefetch_bucket_size (0 only: prefetch off), offload_optimizer {device}}, bf16 {enabled},
         fp16 {enabled, loss_scale, initial_scale_power, loss_scale_window, hysteresis, min_loss_scale}.
@@ -361,9 +361,21 @@ def _read_deepspeed(config: dict, dp: int | None) -> dict:
         kind = _ds_get(opt, "type", "str", "optimizer.").lower() if "type" in opt else "adamw"
         if kind not in OPTIMIZERS:
             raise ValueError(f"DeepSpeed config: optimizer.type={opt.get('type')!r}; supported: AdamW, Adam, SGD")
+        if "params" in opt:
+            params = _ds_section(opt, "params", {"lr", "betas", "eps", "weight_decay", "adam_w_mode"},
+                                 "optimizer.params")
+            if "adam_w_mode" in params:     # DeepSpeed: "Adam" decouples weight decay (AdamW) unless this is false
+                mode = _ds_get(params, "adam_w_mode", "bool", "optimizer.params.")
+                if kind != "adam":
+                    raise ValueError(f"DeepSpeed config: optimizer.params.adam_w_mode={mode} has an effect only with "
+                                     f"type Adam (AdamW always decouples weight decay); remove it")
+                kind = "adamw" if mode else "adam"
+            elif kind == "adam":
+                kind = "adamw"
+        elif kind == "adam":
+            kind = "adamw"                  # DeepSpeed's default adam_w_mode is true
         out["optimizer"] = kind
         if "params" in opt:
-            params = _ds_section(opt, "params", {"lr", "betas", "eps", "weight_decay"}, "optimizer.params")
             for k in ("lr", "eps", "weight_decay"):
                 if k in params:
                     out[k] = _ds_get(params, k, "number", "optimizer.params.")

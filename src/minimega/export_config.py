@@ -174,7 +174,7 @@ def to_deepspeed(cfg: TrainConfig, dp: int, *, megatron: bool = False) -> dict:
         ds["optimizer"] = {"type": "SGD", "params": {"lr": cfg.lr, "weight_decay": cfg.weight_decay}}
     else:
         params = {"lr": cfg.lr, "betas": list(cfg.betas), "eps": cfg.eps, "weight_decay": cfg.weight_decay}
-        if cfg.optimizer == "adam" and cfg.weight_decay:
+        if cfg.optimizer == "adam":
             params["adam_w_mode"] = False   # DeepSpeed's "Adam" decouples weight decay unless told not to
         ds["optimizer"] = {"type": {"adamw": "AdamW", "adam": "Adam"}[cfg.optimizer], "params": params}
     stage = cfg.zero_stage
