@@ -110,6 +110,13 @@ def test_dp_reduction_overlaps_without_pp_and_waits_for_the_flush_with_pp():
     assert piped["dp_comm"] == pytest.approx(k2 * perf.collective_time("all_reduce", grads2 / k2, 8, A100.intra))
 
 
+def test_micro_batches_are_derived_not_given():
+    assert _gpt3(dp=2, micro_batch=2, global_batch=64).micro_batches == 16
+    assert perf.replace(_gpt3(), dp=2).micro_batches == 32
+    with pytest.raises(TypeError, match="micro_batches"):
+        _gpt3(micro_batches=7)
+
+
 def test_outputs_are_consistent():
     c = _gpt3(dp=2, global_batch=128)
     r = perf.step_time(c, "a100-80gb")
@@ -131,7 +138,6 @@ def test_outputs_are_consistent():
     (dict(schedule="interleaved", virtual_stages=5), "multiple of pp"),
     (dict(stack="jax"), "stack"),
     (dict(offload="optimizer"), "offload"),
-    (dict(micro_batches=7), "derived"),
 ])
 def test_bad_layouts_are_refused_by_name(kw, match):
     with pytest.raises(ValueError, match=match):

@@ -46,7 +46,7 @@ def test_plan_rows_fit_are_sorted_and_obey_the_rules():
         assert c["dp"] * c["tp"] * c["pp"] == 64 and c["tp"] <= 8 and 16 % c["tp"] == 0
         assert not (c["zero_stage"] >= 2 and c["pp"] > 1)
         assert r["cost"] == pytest.approx(3.0 * r["gpu_hours"])
-        again = perf.step_time(perf.PerfConfig(**c), "a100-40gb")
+        again = perf.step_time(perf.PerfConfig(**{k: v for k, v in c.items() if k != "micro_batches"}), "a100-40gb")
         assert again["total"] == r["total"]
     assert {r["config"]["zero_stage"] for r in rows} == {0, 1, 2, 3}
     assert {r["config"]["recompute"] for r in rows} == {"none", "selective", "full"}

@@ -202,9 +202,11 @@ def build_parser() -> argparse.ArgumentParser:
     from .classroom.cli import add_cert_parser, add_serve_parser
     from .estimate import add_estimate_parser
     from .record import add_record_parser
+    from .perf_calibrate import add_calibrate_parser
     from .perf_plan import add_plan_parser
     add_estimate_parser(sub)
     add_plan_parser(sub)
+    add_calibrate_parser(sub)
     add_record_parser(sub)
     add_serve_parser(sub)
     add_cert_parser(sub)

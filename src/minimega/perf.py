@@ -27,7 +27,7 @@ Collectives use the α-β model (Thakur, Rabenseifner and Gropp 2005) on the lin
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 
 from . import estimate as est
 from .perf_hardware import HARDWARE, Hardware, Link, hardware
@@ -61,6 +61,7 @@ def collective_time(op: str, size_bytes: float, n: int, link: Link, algorithm: s
         raise ValueError(f"collective {op!r}: expected one of {COLLECTIVES}")
     if algorithm not in ALGORITHMS:
         raise ValueError(f"algorithm {algorithm!r}: expected one of {ALGORITHMS}")
+    link = link.for_op(op)
     if op == "send_recv":
         return link.alpha + size_bytes / link.beta
     if n <= 1:
@@ -84,6 +85,8 @@ class PerfConfig(est.MemoryConfig):
 
     `micro_batches` is derived: m = global_batch / (dp · micro_batch).
     """
+    micro_batches: int = field(default=1, init=False)
+    """Derived, m = global_batch / (dp · micro_batch); not an argument."""
     global_batch: int = 1
     """Sequences per optimizer step B."""
     dropout: bool = True
@@ -100,9 +103,6 @@ class PerfConfig(est.MemoryConfig):
         if self.global_batch % per:
             raise ValueError(f"global_batch={self.global_batch} is not a multiple of dp*micro_batch = "
                              f"{self.dp}*{self.micro_batch} = {per}")
-        if self.micro_batches not in (1, self.global_batch // per):
-            raise ValueError(f"micro_batches={self.micro_batches}: it is derived, global_batch / (dp*micro_batch) = "
-                             f"{self.global_batch // per}; leave it out")
         object.__setattr__(self, "micro_batches", self.global_batch // per)
 
     def check(self) -> None:

@@ -44,11 +44,20 @@ class Link:
     """Seconds of start-up latency per message (per ring step)."""
     efficiency: float = 0.8
     """Share of `bandwidth` a collective reaches (its bus bandwidth over the link's)."""
+    per_op: tuple = ()
+    """Measured (op, alpha, beta) triples that replace α and β for that collective (``minimega calibrate``)."""
 
     @property
     def beta(self) -> float:
         """Achieved bytes/s: what the α-β formulas divide by."""
         return self.bandwidth * self.efficiency
+
+    def for_op(self, op: str) -> "Link":
+        """This link as `op` sees it: the measured α and β when calibrated, else the link's own."""
+        for name, alpha, beta in self.per_op:
+            if name == op:
+                return Link(name=f"{self.name} ({op})", bandwidth=beta, alpha=alpha, efficiency=1.0)
+        return self
 
 
 @dataclass(frozen=True, kw_only=True)
