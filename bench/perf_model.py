@@ -19,7 +19,7 @@ import torch.distributed as dist
 import minimega as mm
 from minimega import data
 from minimega.perf import PerfConfig
-from minimega.perf_calibrate import calibrate, predict_minimega
+from minimega.perf_calibrate import calibrate, measure_compute_now, predict_minimega
 
 # name: (dp, tp, pp, TrainConfig overrides)
 LAYOUTS = {
@@ -81,17 +81,19 @@ def main() -> None:
     print(f"calibration: matmul {cal['matmul_flops'] / 1e9:.1f} GFLOP/s, memory {cal['memory_bandwidth'] / 1e9:.1f} GB/s, "
           f"op {cal['op_overhead'] * 1e6:.1f} us, gloo all_reduce alpha {cal['collectives']['all_reduce']['alpha'] * 1e6:.0f} us "
           f"beta {cal['collectives']['all_reduce']['beta'] / 1e9:.2f} GB/s; load {load0:.1f} on {os.cpu_count()} cores")
-    print("| layout | ranks | predicted s | measured s | measured / predicted | within ±30% |")
-    print("|---|---|---|---|---|---|")
+    print("| layout | ranks | load | GFLOP/s per thread | predicted s | measured s | measured / predicted | within ±30% |")
+    print("|---|---|---|---|---|---|---|---|")
     hits = total = 0
     for name, (dp, tp, pp, ov) in LAYOUTS.items():
         if args.only and name not in args.only:
             continue
+        cal.update(measure_compute_now())           # the load moves: re-measure the rates next to each run
         pred = predict_minimega(cal, perf_config((dp, tp, pp), ov, args.batch, args.seq))["total"]
         meas = mm.launch(_worker, dp * tp * pp, (dp, tp, pp), ov, args.steps, args.batch, args.seq, backend="gloo")[0]
         ok = abs(meas / pred - 1) <= 0.3
         hits, total = hits + ok, total + 1
-        print(f"| {name} | {dp * tp * pp} | {pred:.3f} | {meas:.3f} | {meas / pred:.2f} | {'yes' if ok else 'NO'} |", flush=True)
+        print(f"| {name} | {dp * tp * pp} | {cal['load']:.1f} | {cal['matmul_flops'] / 1e9:.1f} | {pred:.3f} | {meas:.3f} "
+              f"| {meas / pred:.2f} | {'yes' if ok else 'NO'} |", flush=True)
     print(f"\n{hits}/{total} within ±30%; load average now {os.getloadavg()[0]:.1f} (was {load0:.1f})")
 
 

@@ -186,13 +186,18 @@ def head_ops(cfg: PerfConfig) -> list[tuple[str, float, float]]:
             ("cross-entropy", 5 * N * Vt, (e + 4 + 4) * N * Vt)]
 
 
+def _hw(hw: Hardware | str) -> Hardware:
+    return hardware(hw) if isinstance(hw, str) else hw
+
+
 def op_time(flops: float, bytes_: float, hw: Hardware) -> float:
     """Roofline time of one op: the slower of its compute and its memory traffic."""
     return max(flops / (hw.peak_flops * hw.matmul_efficiency), bytes_ / (hw.hbm_bandwidth * hw.memory_efficiency))
 
 
-def roofline(cfg: PerfConfig, hw: Hardware) -> list[dict]:
+def roofline(cfg: PerfConfig, hw: Hardware | str) -> list[dict]:
     """Each forward op with its arithmetic intensity (FLOP/byte) and whether it is compute- or memory-bound."""
+    hw = _hw(hw)
     return [{"op": name, "flops": f, "bytes": by, "intensity": f / by, "bound": "compute" if f / by >= hw.ridge
              else "memory", "seconds": op_time(f, by, hw)} for name, f, by in layer_ops(cfg) + head_ops(cfg)]
 
@@ -211,8 +216,9 @@ def _stage_layers(cfg: PerfConfig) -> tuple[int, int]:
     return per, per
 
 
-def layer_times(cfg: PerfConfig, hw: Hardware) -> dict:
+def layer_times(cfg: PerfConfig, hw: Hardware | str) -> dict:
     """Seconds of one layer for one micro-batch: forward, backward, recompute, TP communication."""
+    hw = _hw(hw)
     ops = layer_ops(cfg)
     fwd = sum(op_time(f, b, hw) for _, f, b in ops)
     core = sum(op_time(f, b, hw) for name, f, b in ops if name in ATTENTION_CORE)
@@ -224,8 +230,9 @@ def layer_times(cfg: PerfConfig, hw: Hardware) -> dict:
     return {"forward": fwd, "backward": 2 * fwd, "recompute": recompute, "tp_comm": n_ar * ar}
 
 
-def microbatch_time(cfg: PerfConfig, hw: Hardware) -> dict:
+def microbatch_time(cfg: PerfConfig, hw: Hardware | str) -> dict:
     """Forward + backward of one micro-batch on the slowest stage, by part (seconds)."""
+    hw = _hw(hw)
     lt = layer_times(cfg, hw)
     first, last = _stage_layers(cfg)
     head = sum(op_time(f, b, hw) for _, f, b in head_ops(cfg)) * 3          # forward + 2x backward
@@ -267,7 +274,7 @@ def step_time(cfg: PerfConfig, hw: Hardware | str = "a100-80gb") -> dict:
     ``tflops_per_gpu`` (Narayanan's Eq. 3 hardware FLOPs with full recomputation, what Megatron logs),
     ``mfu`` (model FLOPs, Korthikanti App. A), ``hfu``, ``memory`` (`estimate.memory_per_gpu`), ``fits``.
     """
-    hw = hardware(hw) if isinstance(hw, str) else hw
+    hw = _hw(hw)
     hw.check()
     cfg.check()
     mb = microbatch_time(cfg, hw)

@@ -3,7 +3,7 @@ own step time from those measurements; ``minimega calibrate``.
 
 What is measured (each a median of short repeats, a few seconds in all):
     matmul_flops      one thread (and, as all_threads, every core): FLOP/s of an fp32 (N, D) @ (D, 4D) matmul, the MLP's shape
-    memory_bandwidth  bytes/s of ``y = x + 1`` over 32 MB (read + write): the roofline's slope
+    memory_bandwidth  bytes/s of ``y = x + 1`` over 4 MB into a fresh tensor (read + write): the roofline's slope
     op_overhead       seconds to dispatch one small autograd op forward and backward (PyTorch's per-op
                       cost; on a GPU the launch queue hides it, on a CPU every op pays it)
     collectives       for all_reduce, reduce_scatter, all_gather, all_to_all, send_recv over gloo with
@@ -48,9 +48,8 @@ def measure_compute(d: int = 384, n: int = 1024, reps: int = 5) -> dict:
     import torch
     a, w = torch.randn(n, d), torch.randn(d, 4 * d)
     t_mm = _median_time(lambda: a @ w, reps)
-    x = torch.randn(8 << 20)                                        # 32 MB of fp32
-    y = torch.empty_like(x)
-    t_add = _median_time(lambda: torch.add(x, 1, out=y), reps)
+    x = torch.randn(1 << 20)              # 4 MB of fp32, an activation's size; a fresh output, as autograd's ops make
+    t_add = _median_time(lambda: x + 1, reps)
     p = torch.randn(4, requires_grad=True)
 
     def tiny():
@@ -98,11 +97,9 @@ def _fit(op: str, n: int, sizes, times) -> tuple[float, float]:
 
 
 # --8<-- [start:calibrate]
-def calibrate(world_size: int = 2, reps: int = 5, sizes=SIZES) -> dict:
-    """Measure this machine: compute (one process) and gloo collectives (`world_size` ranks)."""
-    from .launch import launch
-    if world_size < 2:
-        raise ValueError(f"world_size={world_size}: collectives need at least 2 ranks")
+def measure_compute_now(reps: int = 5) -> dict:
+    """`measure_compute` with one thread and with every thread, and the load average: the part of a
+    calibration that moves with the machine's load (cheap enough to repeat before every measurement)."""
     import torch
     threads = torch.get_num_threads()
     torch.set_num_threads(1)                       # what each rank of a multi-rank job gets on few cores
@@ -110,15 +107,22 @@ def calibrate(world_size: int = 2, reps: int = 5, sizes=SIZES) -> dict:
         one = measure_compute(reps=reps)
     finally:
         torch.set_num_threads(threads)
-    compute = {**one, "all_threads": measure_compute(reps=reps)}
+    return {**one, "all_threads": measure_compute(reps=reps), "load": os.getloadavg()[0]}
+
+
+def calibrate(world_size: int = 2, reps: int = 5, sizes=SIZES) -> dict:
+    """Measure this machine: compute (one process) and gloo collectives (`world_size` ranks)."""
+    from .launch import launch
+    if world_size < 2:
+        raise ValueError(f"world_size={world_size}: collectives need at least 2 ranks")
+    compute = measure_compute_now(reps)
     raw = launch(_collectives_worker, world_size, list(sizes), reps, backend="gloo")
     coll = {}
     for op in OPS:
         times = [max(r[op][i] for r in raw) for i in range(len(sizes))]   # a collective ends when its last rank does
         alpha, beta = _fit(op, world_size, sizes[:2], times[:2])
         coll[op] = {"alpha": alpha, "beta": beta, "times": times}
-    return {**compute, "world_size": world_size, "sizes": list(sizes), "collectives": coll,
-            "cores": os.cpu_count(), "load": os.getloadavg()[0]}
+    return {**compute, "world_size": world_size, "sizes": list(sizes), "collectives": coll, "cores": os.cpu_count()}
 # --8<-- [end:calibrate]
 
 
@@ -143,11 +147,12 @@ def ops_per_step(cfg: perf.PerfConfig, blocks: int) -> float:
 def predict_minimega(cal: dict, cfg: perf.PerfConfig) -> dict:
     """Predicted seconds of one minimega step on this machine (`cfg`: fp32, fused attention, no dropout)."""
     cores, w = cal["cores"] or 1, cfg.n_gpus
-    if w == 1:                                     # one process, every core's thread
+    load = max(0.0, cal.get("load", 0.0))
+    if w == 1:                                     # one process, every core's thread: measured as such
         cal, share = {**cal, **cal["all_threads"]}, 1.0
     else:                                          # launch gives each rank cores // w threads (at least 1)
         t = max(1, cores // w)
-        share = t * min(1.0, cores / (w * t))      # in units of one thread's rate
+        share = t * max(cores, load + 1) / max(cores, load + w * t)     # in units of one thread's rate
     hw = cpu_hardware(cal)
     r = perf.step_time(cfg, hw)
     slow = 1 / share

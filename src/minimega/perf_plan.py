@@ -95,6 +95,27 @@ def plan(model: dict, n_gpus: int, global_batch: int, hw: Hardware | str = "a100
 # --8<-- [end:plan]
 
 
+SHAPE_KEYS = ("layers", "hidden", "heads", "vocab", "seq_len", "precision", "fp32_grads", "position_embedding",
+              "pp_partition", "attention")
+
+
+def preset_shape(name: str) -> dict:
+    """The fixed part of an `estimate.PRESETS` entry (its layout left out), with the run's stack and dropout."""
+    if name not in est.PRESETS:
+        raise ValueError(f"model preset {name!r}: expected one of {sorted(est.PRESETS)}")
+    shape = {k: v for k, v in est.PRESETS[name].items() if k in SHAPE_KEYS}
+    if name == "bloom-176b":
+        shape.update(dropout=False, stack="megatron-deepspeed")
+    if name == "mt-nlg-530b":
+        shape.update(stack="megatron-deepspeed")
+    return shape
+
+
+def plan_rank(preset: str, n_gpus: int, global_batch: int, layout: str, hw: str = "a100-80gb", **options) -> int:
+    """Rank of `layout` among the fitting layouts of a preset's shape (0 if it does not fit)."""
+    return rank_of(plan(preset_shape(preset), n_gpus, global_batch, hw, top=0, **options), layout) or 0
+
+
 def layout_name(cfg: PerfConfig) -> str:
     """dp8-tp4-pp12 z1 full b2 1f1b (+sp, +v2)."""
     s = f"dp{cfg.dp}-tp{cfg.tp}-pp{cfg.pp} z{cfg.zero_stage} {cfg.recompute} b{cfg.micro_batch}"
@@ -148,13 +169,7 @@ def add_plan_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def _model_from_args(args) -> dict:
-    keep = ("layers", "hidden", "heads", "vocab", "seq_len", "precision", "fp32_grads", "position_embedding",
-            "pp_partition", "attention")
-    model = {k: v for k, v in est.PRESETS.get(args.model, {}).items() if k in keep}
-    if args.model == "bloom-176b":
-        model.update(dropout=False, stack="megatron-deepspeed")
-    if args.model == "mt-nlg-530b":
-        model.update(stack="megatron-deepspeed")
+    model = preset_shape(args.model) if args.model else {}
     for k in ("layers", "hidden", "heads", "vocab", "seq_len", "precision", "fp32_grads", "attention", "stack"):
         if getattr(args, k) is not None:
             model[k] = getattr(args, k)
