@@ -2,10 +2,11 @@
 
     python bench/perf_model.py [--steps 3] [--seq 128] [--only dp2-z3 ...]
 
-`minimega calibrate`'s measurements (matmul rate, memory bandwidth, per-op overhead, gloo α and β per
-collective) go into `perf_calibrate.predict_minimega`, which runs the same `perf.step_time` as the GPU
-predictions; each layout is then trained for a few steps and its median step time compared. The
-machine's load (1-minute average) is printed with the table: on a shared machine every ratio moves with it.
+`minimega calibrate`'s measurements (gloo α and β per collective) and the compute rates each rank measures
+right before each of its steps (matmul FLOP/s, memory bandwidth, per-op cost: the same microbenchmarks, run
+where and when the step runs, so a shared machine's changing load is seen by both) go into
+`perf_calibrate.predict_minimega`, which runs the same `perf.step_time` as the GPU predictions. Each layout
+trains a few steps; its median step time is compared. The load (1-minute average) is printed with each row.
 """
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ import torch.distributed as dist
 import minimega as mm
 from minimega import data
 from minimega.perf import PerfConfig
-from minimega.perf_calibrate import calibrate, measure_compute_now, predict_minimega
+from minimega.perf_calibrate import calibrate, measure_compute, predict_minimega
 
 # name: (dp, tp, pp, TrainConfig overrides)
 LAYOUTS = {
@@ -43,18 +44,22 @@ LAYOUTS = {
 
 
 def _worker(dims, overrides, steps, batch, seq):
+    """Median step time, and the compute rates this rank measured right before each step (with its own threads,
+    next to the other ranks and whatever else the machine runs): the load the step saw, not an earlier one."""
     dp, tp, pp = dims
     mesh = mm.init_mesh(mm.ParallelDims(dp=dp, tp=tp, pp=pp))
     cfg = mm.TrainConfig(tp=tp, pp=pp, batch_size=batch, seq_len=seq, **overrides)
     engine = mm.initialize(mm.GPT(mm.GPTConfig.small()), cfg, mesh)
-    times = []
+    times, rates = [], []
     for x, y in data.batches(mesh, steps + 1, batch, seq):
+        rates.append(measure_compute(reps=1))
         dist.barrier()
         t = time.perf_counter()
         engine.train_step((x, y))
         dist.barrier()
         times.append(time.perf_counter() - t)
-    return statistics.median(times[1:])
+    keys = ("matmul_flops", "memory_bandwidth", "op_overhead")
+    return statistics.median(times[1:]), {k: statistics.median(r[k] for r in rates[1:]) for k in keys}
 
 
 def perf_config(dims, overrides, batch, seq) -> PerfConfig:
@@ -87,9 +92,14 @@ def main() -> None:
     for name, (dp, tp, pp, ov) in LAYOUTS.items():
         if args.only and name not in args.only:
             continue
-        cal.update(measure_compute_now())           # the load moves: re-measure the rates next to each run
-        pred = predict_minimega(cal, perf_config((dp, tp, pp), ov, args.batch, args.seq))["total"]
-        meas = mm.launch(_worker, dp * tp * pp, (dp, tp, pp), ov, args.steps, args.batch, args.seq, backend="gloo")[0]
+        out = mm.launch(_worker, dp * tp * pp, (dp, tp, pp), ov, args.steps, args.batch, args.seq, backend="gloo")
+        meas = max(o[0] for o in out)
+        rates = {k: statistics.median(o[1][k] for o in out) for k in out[0][1]}
+        # the rates were measured by the ranks themselves, so they already carry the sharing: no load term
+        w = dp * tp * pp
+        run_cal = {**cal, **rates, "all_threads": rates, "load": 0.0, "cores": w}
+        pred = predict_minimega(run_cal, perf_config((dp, tp, pp), ov, args.batch, args.seq))["total"]
+        cal = {**cal, "load": os.getloadavg()[0], "matmul_flops": rates["matmul_flops"]}
         ok = abs(meas / pred - 1) <= 0.3
         hits, total = hits + ok, total + 1
         print(f"| {name} | {dp * tp * pp} | {cal['load']:.1f} | {cal['matmul_flops'] / 1e9:.1f} | {pred:.3f} | {meas:.3f} "
