@@ -57,6 +57,9 @@ def test_plan_cli_json_and_errors(capsys):
                  "--tokens", "1e9"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert len(out["top"]) == 3 and out["top"][0]["days"] > 0
+    assert main(["plan", "--model", "mt-nlg-530b", "--nodes", "280", "--global-batch", "1920", "--recompute", "full",
+                 "--schedules", "1f1b", "--zero-stages", "0", "1", "--no-sp", "--top", "5"]) == 0
+    assert "dp8-tp8-pp35 z1 full b1 1f1b " in capsys.readouterr().out
     assert main(["plan", "--model", "gpt2-124m", "--gpus", "8", "--nodes", "1", "--global-batch", "64"]) == 2
     assert "exactly one of --nodes and --gpus" in capsys.readouterr().err
     assert main(["plan", "--gpus", "8", "--global-batch", "64"]) == 2

@@ -162,6 +162,7 @@ def add_plan_parser(subparsers) -> argparse.ArgumentParser:
     s.add_argument("--recompute", nargs="+", choices=est.RECOMPUTE, default=None)
     s.add_argument("--zero-stages", nargs="+", type=int, choices=est.STAGES, default=None)
     s.add_argument("--schedules", nargs="+", choices=est.SCHEDULES, default=None)
+    s.add_argument("--no-sp", action="store_true", help="search without Megatron sequence parallelism")
     s.add_argument("--top", type=int, default=10)
     s.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=run_plan)
@@ -188,6 +189,8 @@ def run_plan(args: argparse.Namespace) -> int:
     n = args.gpus if args.gpus is not None else args.nodes * hw.gpus_per_node
     opts = {k: tuple(getattr(args, a)) for k, a in (("recompute", "recompute"), ("zero_stages", "zero_stages"),
                                                     ("schedules", "schedules")) if getattr(args, a)}
+    if args.no_sp:
+        opts["sp"] = (False,)
     res = plan(_model_from_args(args), n, args.global_batch, hw, top=args.top, memory_fraction=args.memory_fraction,
                tokens=args.tokens, price_per_gpu_hour=args.price, **opts)
     if args.json:
@@ -197,14 +200,14 @@ def run_plan(args: argparse.Namespace) -> int:
     print(f"{res['hardware']} x {n}: {res['searched']} layouts searched, {res['fit']} fit "
           f"{args.memory_fraction:.0%} of {hw.memory_bytes / GB:.0f} GB")
     head = f"{'#':>2} {'layout':<38} {'s/step':>8} {'tok/s':>9} {'TF/s':>6} {'MFU':>5} {'GB':>5}  " \
-           f"{'compute':>7} {'tp':>6} {'p2p':>6} {'bubble':>6} {'dp':>6}"
+           f"{'compute':>7} {'tp':>6} {'p2p':>6} {'bubble':>6} {'stack':>6} {'dp':>6}"
     if args.tokens:
         head += f" {'days':>7} {'cost $':>11}"
     print(head)
     for i, r in enumerate(res["top"], 1):
         line = (f"{i:>2} {r['layout']:<38} {r['total']:>8.2f} {r['tokens_per_s']:>9.0f} {r['tflops_per_gpu']:>6.1f} "
                 f"{r['mfu']:>5.1%} {r['memory_gb']:>5.1f}  {r['compute']:>7.2f} {r['tp_comm']:>6.2f} {r['p2p']:>6.2f} "
-                f"{r['bubble']:>6.2f} {r['dp_comm']:>6.2f}")
+                f"{r['bubble']:>6.2f} {r['stack_overhead']:>6.2f} {r['dp_comm']:>6.2f}")
         if args.tokens:
             line += f" {r['days']:>7.1f} {r['cost']:>11,.0f}"
         print(line)
