@@ -2,8 +2,10 @@
 own step time from those measurements; ``minimega calibrate``.
 
 What is measured (each a median of short repeats, a few seconds in all):
-    matmul_flops      one thread (and, as all_threads, every core): FLOP/s of an fp32 (N, D) @ (D, 4D) matmul, the MLP's shape
-    memory_bandwidth  bytes/s of ``y = x + 1`` over 4 MB into a fresh tensor (read + write): the roofline's slope
+    matmul_flops      one thread (and, as all_threads, every core): FLOP/s of an fp32 (N, D) → (N, 4D) linear layer,
+                      forward and backward through autograd (three matmuls), the MLP's shape
+    memory_bandwidth  bytes/s of a GeLU over (N, 4D), forward and backward through autograd (five tensor passes,
+                      fresh outputs as training allocates them): the roofline's slope for element-wise ops
     op_overhead       seconds to dispatch one small autograd op forward and backward (PyTorch's per-op
                       cost; on a GPU the launch queue hides it, on a CPU every op pays it)
     collectives       for all_reduce, reduce_scatter, all_gather, all_to_all, send_recv over gloo with
@@ -44,12 +46,15 @@ def _median_time(fn, reps: int) -> float:
 
 
 def measure_compute(d: int = 384, n: int = 1024, reps: int = 5) -> dict:
-    """matmul FLOP/s, memory bytes/s and per-op overhead of this process (its torch threads)."""
+    """matmul FLOP/s, memory bytes/s and per-op overhead of this process (its torch threads), each measured the
+    way a training step runs it: through autograd, forward and backward, at an MLP's shapes."""
     import torch
-    a, w = torch.randn(n, d), torch.randn(d, 4 * d)
-    t_mm = _median_time(lambda: a @ w, reps)
-    x = torch.randn(1 << 20)              # 4 MB of fp32, an activation's size; a fresh output, as autograd's ops make
-    t_add = _median_time(lambda: x + 1, reps)
+    lin = torch.nn.Linear(d, 4 * d, bias=False)
+    x = torch.randn(n, d, requires_grad=True)
+    g = torch.ones(n, 4 * d)
+    t_mm = _median_time(lambda: lin(x).backward(g), reps)                 # 3 matmuls: y, dx, dW
+    z = torch.randn(n, 4 * d, requires_grad=True)
+    t_gelu = _median_time(lambda: torch.nn.functional.gelu(z).backward(g), reps)   # read z, write y; read z, dy, write dz
     p = torch.randn(4, requires_grad=True)
 
     def tiny():
@@ -58,7 +63,7 @@ def measure_compute(d: int = 384, n: int = 1024, reps: int = 5) -> dict:
             y = y * 1.0001
         y.sum().backward()
     t_op = _median_time(tiny, reps) / 21
-    return {"matmul_flops": 2 * n * d * 4 * d / t_mm, "memory_bandwidth": 2 * x.numel() * 4 / t_add,
+    return {"matmul_flops": 6 * n * d * 4 * d / t_mm, "memory_bandwidth": 5 * z.numel() * 4 / t_gelu,
             "op_overhead": t_op, "threads": torch.get_num_threads()}
 
 
