@@ -6,6 +6,7 @@ What is measured (each a median of short repeats, a few seconds in all):
                       forward and backward through autograd (three matmuls), the MLP's shape
     memory_bandwidth  bytes/s of a GeLU over (N, 4D), forward and backward through autograd (five tensor passes,
                       fresh outputs as training allocates them): the roofline's slope for element-wise ops
+    stream_bandwidth  bytes/s of an in-place add over 16 MB: the optimizer's, which allocates nothing
     op_overhead       seconds to dispatch one small autograd op forward and backward (PyTorch's per-op
                       cost; on a GPU the launch queue hides it, on a CPU every op pays it)
     collectives       for all_reduce, reduce_scatter, all_gather, all_to_all, send_recv over gloo with
@@ -55,6 +56,8 @@ def measure_compute(d: int = 384, n: int = 1024, reps: int = 5) -> dict:
     t_mm = _median_time(lambda: lin(x).backward(g), reps)                 # 3 matmuls: y, dx, dW
     z = torch.randn(n, 4 * d, requires_grad=True)
     t_gelu = _median_time(lambda: torch.nn.functional.gelu(z).backward(g), reps)   # read z, write y; read z, dy, write dz
+    s = torch.randn(4 << 20)                                                # 16 MB, updated in place as Adam does
+    t_stream = _median_time(lambda: s.add_(1.0), reps)
     p = torch.randn(4, requires_grad=True)
 
     def tiny():
@@ -64,7 +67,7 @@ def measure_compute(d: int = 384, n: int = 1024, reps: int = 5) -> dict:
         y.sum().backward()
     t_op = _median_time(tiny, reps) / 21
     return {"matmul_flops": 6 * n * d * 4 * d / t_mm, "memory_bandwidth": 5 * z.numel() * 4 / t_gelu,
-            "op_overhead": t_op, "threads": torch.get_num_threads()}
+            "stream_bandwidth": 2 * s.numel() * 4 / t_stream, "op_overhead": t_op, "threads": torch.get_num_threads()}
 
 
 def _collectives_worker(sizes, reps):
@@ -163,7 +166,8 @@ def predict_minimega(cal: dict, cfg: perf.PerfConfig) -> dict:
     slow = 1 / share
     blocks = -(-cfg.layers // cfg.pp)
     overhead = ops_per_step(cfg, blocks) * cal["op_overhead"] * slow
-    busy = r["compute"] + r["bubble"] + r["optimizer"]
+    optimizer = r["optimizer"] * cal["memory_bandwidth"] / cal.get("stream_bandwidth", cal["memory_bandwidth"])
+    busy = r["compute"] + r["bubble"] + optimizer
     total = busy * slow + overhead + r["tp_comm"] + r["p2p"] + r["dp_comm"]
     return {"total": total, "compute": busy * slow, "overhead": overhead, "comm": r["tp_comm"] + r["p2p"] + r["dp_comm"],
             "share": share}
