@@ -2,7 +2,7 @@
 
     python bench/perf_model.py [--steps 3] [--seq 128] [--only dp2-z3 ...]
 
-`minimega calibrate`'s measurements (gloo α and β per collective) and the compute rates each rank measures
+`minimega calibrate`'s measurements (gloo α and β per collective, at the layout's world size) and the compute rates each rank measures
 right before each of its steps (matmul FLOP/s, memory bandwidth, per-op cost: the same microbenchmarks, run
 where and when the step runs, so a shared machine's changing load is seen by both) go into
 `perf_calibrate.predict_minimega`, which runs the same `perf.step_time` as the GPU predictions. Each layout
@@ -52,7 +52,7 @@ def _worker(dims, overrides, steps, batch, seq):
     engine = mm.initialize(mm.GPT(mm.GPTConfig.small()), cfg, mesh)
     times, rates = [], []
     for x, y in data.batches(mesh, steps + 1, batch, seq):
-        rates.append(measure_compute(reps=1))
+        rates.append(measure_compute(reps=3))
         dist.barrier()
         t = time.perf_counter()
         engine.train_step((x, y))
@@ -82,7 +82,8 @@ def main() -> None:
     ap.add_argument("--only", nargs="*", default=None)
     args = ap.parse_args()
     load0 = os.getloadavg()[0]
-    cal = calibrate(2)
+    cals = {2: calibrate(2), 4: calibrate(4)}        # gloo's α and β as 2 and as 4 ranks on these cores see them
+    cal = cals[2]
     print(f"calibration: matmul {cal['matmul_flops'] / 1e9:.1f} GFLOP/s, memory {cal['memory_bandwidth'] / 1e9:.1f} GB/s, "
           f"op {cal['op_overhead'] * 1e6:.1f} us, gloo all_reduce alpha {cal['collectives']['all_reduce']['alpha'] * 1e6:.0f} us "
           f"beta {cal['collectives']['all_reduce']['beta'] / 1e9:.2f} GB/s; load {load0:.1f} on {os.cpu_count()} cores")
@@ -97,7 +98,7 @@ def main() -> None:
         rates = {k: statistics.median(o[1][k] for o in out) for k in out[0][1]}
         # the rates were measured by the ranks themselves, so they already carry the sharing: no load term
         w = dp * tp * pp
-        run_cal = {**cal, **rates, "all_threads": rates, "load": 0.0, "cores": w}
+        run_cal = {**cals[max(2, w)], **rates, "all_threads": rates, "load": 0.0, "cores": w}
         pred = predict_minimega(run_cal, perf_config((dp, tp, pp), ov, args.batch, args.seq))["total"]
         cal = {**cal, "load": os.getloadavg()[0], "matmul_flops": rates["matmul_flops"]}
         ok = abs(meas / pred - 1) <= 0.3
