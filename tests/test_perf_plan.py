@@ -20,7 +20,7 @@ def _shape(name, **extra):
 
 
 def test_mt_nlg_published_layout_ranks_in_the_top_5():
-    res = perf_plan.plan(_shape("mt-nlg-530b"), 2240, 1920, "a100-80gb", **DEEPSPEED_2022)
+    res = perf.plan(_shape("mt-nlg-530b"), 2240, 1920, "a100-80gb", **DEEPSPEED_2022)
     assert perf_plan.rank_of(res, "dp8-tp8-pp35 z1 full b1 1f1b") <= 5, res["ranked"][:10]
 
 

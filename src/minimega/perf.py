@@ -358,6 +358,18 @@ def preset_config(name: str, **overrides) -> PerfConfig:
     return PerfConfig(**base)
 
 
+def plan(*args, **kwargs) -> dict:
+    """`perf_plan.plan`: rank every layout that fits by predicted throughput (``minimega plan``)."""
+    from .perf_plan import plan as _plan
+    return _plan(*args, **kwargs)
+
+
+def calibrate(*args, **kwargs) -> dict:
+    """`perf_calibrate.calibrate`: measure this machine's rates and gloo α, β (``minimega calibrate``)."""
+    from .perf_calibrate import calibrate as _calibrate
+    return _calibrate(*args, **kwargs)
+
+
 __all__ = ["ALGORITHMS", "COLLECTIVES", "HARDWARE", "PerfConfig", "collective_time", "days_and_cost", "hardware",
            "layer_ops", "layer_times", "microbatch_time", "op_time", "preset_config", "roofline", "step_time",
            "replace"]
