@@ -133,3 +133,29 @@ def train_fsdp2(model: str | mm.GPTConfig, config: mm.TrainConfig, steps: int = 
     local = {n: (tuple(p.to_local().shape), tuple(p.shape), str(p.placements[0])) for n, p in gpt.named_parameters()}
     return {"rank": mesh.rank, "losses": losses, "local": local,
             "local_param_bytes": sum(p.to_local().numel() * p.element_size() for p in gpt.parameters())}
+
+
+def timed_train(model: str, configs: list, steps: int = 4, seq_len: int = 32) -> list[float]:
+    """For each `TrainConfig` in turn: median seconds of one `Engine.train_step` on this rank after one warm-up
+    step (ranks in lockstep). One launch times several layouts of the same world size."""
+    import statistics
+    import time
+    world = dist.get_world_size() if dist.is_initialized() else 1
+    model_config = mm.GPTConfig.preset(model)
+    out = []
+    for config in configs:
+        mesh = mm.init_mesh(mm.ParallelDims.infer(world, tp=config.tp, pp=config.pp))
+        torch.manual_seed(config.seed)
+        engine = mm.initialize(mm.GPT(model_config), config, mesh)
+        times = []
+        for batch in data.batches(mesh, steps + 1, config.batch_size, seq_len, seed=config.seed,
+                                  vocab_size=model_config.vocab_size):
+            if world > 1:
+                dist.barrier()
+            t = time.perf_counter()
+            engine.train_step(batch)
+            if world > 1:
+                dist.barrier()
+            times.append(time.perf_counter() - t)
+        out.append(statistics.median(times[1:]))
+    return out

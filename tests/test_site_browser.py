@@ -160,6 +160,27 @@ def test_calculator_updates_and_matches_python(server, browser):
     ctx.close()
 
 
+def test_step_time_panel_and_planner_match_python(server, browser):
+    from minimega import perf, perf_plan
+    ctx, page, watch = _page(browser, server)
+    page.goto(f"{server}/calculator/")
+    page.wait_for_function("document.getElementById('mm-calc-plot').data !== undefined")
+    page.select_option("select[name=preset]", "bloom-176b")
+    page.select_option("#mm-perf select[name=stack]", "megatron-deepspeed")
+    page.uncheck("#mm-perf input[name=dropout]")
+    py = perf.step_time(perf.preset_config("bloom-176b"), "a100-80gb")
+    status = page.locator(".mm-perf-status")
+    assert f"{py['tflops_per_gpu']:.1f} TFLOP/s per GPU" in status.inner_text()
+    page.check("#mm-perf input[name=full_only]")
+    page.click("#mm-perf button[type=submit]")
+    page.wait_for_function("document.querySelectorAll('.mm-plan-table tbody tr').length === 10")
+    plan = perf_plan.plan(perf_plan.preset_shape("bloom-176b"), 384, 2048, "a100-80gb", recompute=("full",))
+    first = page.locator(".mm-plan-table tbody tr").first.locator("td").nth(1).inner_text()
+    assert first == plan["top"][0]["layout"]
+    watch.clean()
+    ctx.close()
+
+
 @pytest.mark.parametrize("scheme", ["light", "dark"])
 def test_screenshots_and_theme(server, browser, scheme):
     SHOTS.mkdir(parents=True, exist_ok=True)

@@ -253,7 +253,11 @@ def build_parser() -> argparse.ArgumentParser:
     from .estimate import add_estimate_parser
     from .export_config import add_export_parser
     from .record import add_record_parser
+    from .perf_calibrate import add_calibrate_parser
+    from .perf_plan import add_plan_parser
     add_estimate_parser(sub)
+    add_plan_parser(sub)
+    add_calibrate_parser(sub)
     add_export_parser(sub)
     add_record_parser(sub)
     add_serve_parser(sub)

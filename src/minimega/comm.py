@@ -66,6 +66,7 @@ _RING_FACTOR = {
     "reduce_scatter": lambda n: (n - 1) / n,
     "all_gather": lambda n: (n - 1) / n,
     "broadcast": lambda n: 1.0,
+    "all_to_all": lambda n: (n - 1) / n,
     "send": lambda n: 1.0,
     "recv": lambda n: 0.0,
 }
@@ -349,6 +350,27 @@ def broadcast(tensor: torch.Tensor, src: int, group: Group, *, async_op: bool = 
     rec = _record("broadcast", group, tensor, tensor.numel(), tag)
     work = dist.broadcast(tensor, src=src, group=group.pg, async_op=True)
     return _finish(work, rec, tensor, async_op, _ready_at(), (tensor,))
+
+
+def all_to_all(output: torch.Tensor, input: torch.Tensor, group: Group, *, tag: str = "") -> torch.Tensor:
+    """Rank i sends chunk j of ``input`` (n equal chunks) to rank j and receives rank j's chunk i in ``output``."""
+    if group.size == 1:
+        return output.copy_(input)
+    rec = _record("all_to_all", group, input, input.numel(), tag)
+    dist.all_to_all_single(output, input, group=group.pg)
+    return _finish(None, rec, output, False, _ready_at(), (input, output))
+
+
+def send(tensor: torch.Tensor, dst: int, group: Group, *, tag: str = "") -> None:
+    rec = _record("send", group, tensor, tensor.numel(), tag)
+    dist.send(tensor, dst=dst, group=group.pg)
+    _finish(None, rec, None, False, _ready_at(), (tensor,))
+
+
+def recv(tensor: torch.Tensor, src: int, group: Group, *, tag: str = "") -> torch.Tensor:
+    rec = _record("recv", group, tensor, tensor.numel(), tag)
+    dist.recv(tensor, src=src, group=group.pg)
+    return _finish(None, rec, tensor, False, _ready_at(), (tensor,))
 
 
 @dataclass

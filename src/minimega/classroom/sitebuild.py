@@ -38,8 +38,12 @@ PRESETS = re.compile(r"^\s*presets_json\(\s*\)\s*$")
 
 def formula_namespace() -> dict:
     """Names a `num(...)` macro or a quiz item's `formula` may use: minimega.estimate's public API,
-    GB, and math's functions. Nothing else (no builtins)."""
+    minimega.perf's (``perf.__all__``), GB, and math's functions. Nothing else (no builtins)."""
     ns = {k: getattr(est, k) for k in dir(est) if not k.startswith("_")}
+    from minimega import perf                      # the time model (chapter 13): step_time, collective_time, ...
+    ns.update({k: getattr(perf, k) for k in perf.__all__})
+    from minimega.perf_plan import plan_rank
+    ns.update(plan_rank=plan_rank)
     ns.update({k: getattr(math, k) for k in ("ceil", "floor", "log2", "log10", "sqrt")})
     ns.update(min=min, max=max, round=round, sum=sum, range=range)
     return ns

@@ -1,0 +1,381 @@
+/* Step-time calculator and layout planner: minimega.perf and minimega.perf_plan in JavaScript.
+ *
+ * The compute half (mmPerf) mirrors perf.step_time and perf_plan.plan term by term, on top of the memory
+ * calculator (calculator.js, mmMemory); the test suite runs both under Node on random configurations and
+ * requires the Python numbers to 1e-9 relative. The page half adds a time/MFU panel and a planner to the
+ * calculator page; it starts from document$ because instant navigation swaps pages without re-running scripts.
+ */
+(function (root) {
+  "use strict";
+
+  var mem = typeof module !== "undefined" && module.exports ? require("./calculator.js") : root.mmMemory;
+  var GB = 1e9;
+  var STACKS = {"megatron": 1.0, "megatron-deepspeed": 0.77};
+
+  function link(name, bandwidth, alpha) { return {name: name, bandwidth: bandwidth, alpha: alpha, efficiency: 0.8}; }
+  var NVLINK3 = link("NVLink 3 (A100)", 300 * GB, 5e-6), NVLINK4 = link("NVLink 4 (H100/H200)", 450 * GB, 5e-6);
+  var IB_HDR = link("InfiniBand HDR 200 Gb/s", 25 * GB, 10e-6), IB_NDR = link("InfiniBand NDR 400 Gb/s", 50 * GB, 10e-6);
+  function hw(name, peak, hbm, memory, intra, inter) {
+    return {name: name, peak_flops: peak, hbm_bandwidth: hbm, memory_bytes: memory, gpus_per_node: 8, intra: intra,
+            inter: inter, nics_per_node: 8, matmul_efficiency: 0.75, memory_efficiency: 0.8};
+  }
+  var HARDWARE = {                                   // perf_hardware.HARDWARE
+    "a100-40gb": hw("A100 SXM4 40GB", 312e12, 1555 * GB, 40 * GB, NVLINK3, IB_HDR),
+    "a100-80gb": hw("A100 SXM4 80GB", 312e12, 2039 * GB, 80 * GB, NVLINK3, IB_HDR),
+    "h100": hw("H100 SXM5 80GB", 989e12, 3350 * GB, 80 * GB, NVLINK4, IB_NDR),
+    "h200": hw("H200 SXM 141GB", 989e12, 4800 * GB, 141 * GB, NVLINK4, IB_NDR)
+  };
+
+  function hardware(h) {
+    if (typeof h !== "string") return h;
+    if (!HARDWARE[h]) throw new Error("hardware " + h + ": expected one of " + Object.keys(HARDWARE).join(", "));
+    return HARDWARE[h];
+  }
+  function beta(l) { return l.bandwidth * l.efficiency; }
+  function linkFor(h, span) {                        // Hardware.link
+    if (span <= h.gpus_per_node) return h.intra;
+    return {name: h.inter.name, bandwidth: h.inter.bandwidth * (h.nics_per_node / h.gpus_per_node),
+            alpha: h.inter.alpha, efficiency: h.inter.efficiency};
+  }
+  function ridge(h) { return h.peak_flops * h.matmul_efficiency / (h.hbm_bandwidth * h.memory_efficiency); }
+
+  function ringTime(op, size, n, alpha, bw) {        // estimate.ring_time
+    if (n <= 1) return 0;
+    var f = {all_reduce: 2, reduce_scatter: 1, all_gather: 1}[op];
+    return f * (n - 1) * alpha + f * (n - 1) / n * size / bw;
+  }
+
+  function collectiveTime(op, size, n, l, algorithm) {   // perf.collective_time
+    algorithm = algorithm || "ring";
+    if (["all_reduce", "reduce_scatter", "all_gather", "all_to_all", "send_recv"].indexOf(op) < 0)
+      throw new Error("collective " + op);
+    if (algorithm !== "ring" && algorithm !== "tree") throw new Error("algorithm " + algorithm);
+    if (op === "send_recv") return l.alpha + size / beta(l);
+    if (n <= 1) return 0;
+    if (algorithm === "tree") {
+      if (op !== "all_reduce") throw new Error("algorithm 'tree' is implemented for all_reduce only");
+      return 2 * Math.log2(n) * l.alpha + 2 * size / beta(l);
+    }
+    if (op === "all_to_all") return (n - 1) * l.alpha + (n - 1) / n * size / beta(l);
+    return ringTime(op, size, n, l.alpha, beta(l));
+  }
+
+  var DEFAULTS = {micro_batch: 1, precision: "mixed", zero_stage: 0, tp: 1, dp: 1, pp: 1, sp: false,
+                  recompute: "none", schedule: "1f1b", virtual_stages: 1, offload: "none", attention: "unfused",
+                  position_embedding: true, fp32_grads: false, pp_partition: "blocks", global_batch: 1,
+                  dropout: true, bucket_bytes: 25e6, stack: "megatron"};
+
+  function perfConfig(input) {                       // perf.PerfConfig (+ check)
+    var c = {}, k;
+    for (k in DEFAULTS) c[k] = DEFAULTS[k];
+    for (k in input) if (k !== "micro_batches") c[k] = input[k];
+    if (!(Number.isInteger(c.global_batch) && c.global_batch >= 1)) throw new Error("global_batch = " + c.global_batch);
+    var per = c.dp * c.micro_batch;
+    if (c.global_batch % per !== 0) throw new Error("global_batch is not a multiple of dp*micro_batch");
+    c.micro_batches = c.global_batch / per;
+    mem.memoryPerGpu(memCfg(c));                     // MemoryConfig.check
+    if (c.zero_stage >= 2 && c.pp > 1) throw new Error("ZeRO-2/3 do not compose with pipeline parallelism");
+    if (c.schedule === "interleaved") {
+      if (c.pp === 1 || c.virtual_stages < 2) throw new Error("schedule='interleaved' needs pp > 1 and virtual_stages >= 2");
+      if (c.layers % (c.pp * c.virtual_stages) !== 0) throw new Error("interleaved: layers not a multiple of pp*v");
+      if (c.micro_batches % c.pp !== 0) throw new Error("interleaved: micro-batches must be a multiple of pp");
+    } else if (c.virtual_stages !== 1) throw new Error("virtual_stages needs schedule='interleaved'");
+    if (!(c.stack in STACKS)) throw new Error("stack " + c.stack);
+    if (c.offload !== "none") throw new Error("the time model does not cover offload");
+    return c;
+  }
+
+  function memCfg(c) {
+    var out = {}, k;
+    ["layers", "hidden", "heads", "vocab", "seq_len", "micro_batch", "precision", "zero_stage", "tp", "dp", "pp", "sp",
+     "recompute", "schedule", "micro_batches", "virtual_stages", "offload", "attention", "position_embedding",
+     "fp32_grads", "pp_partition"].forEach(function (k2) { out[k2] = c[k2]; });
+    return out;
+  }
+
+  function layerOps(c) {                             // perf.layer_ops
+    var s = c.seq_len, b = c.micro_batch, h = c.hidden, a = c.heads, t = c.tp;
+    var e = c.precision === "fp32" ? 4 : 2;
+    var N = s * b, ht = h / t, at = a / t;
+    var rep = (c.sp && t > 1) ? t : 1;
+    var drop = c.dropout ? 1 : 0;
+    var ops = [["layernorm", 8 * N * h / rep, 2 * N * h * e / rep],
+               ["qkv", 2 * N * h * 3 * ht, e * (N * h + 3 * h * ht + 3 * N * ht)]];
+    if (c.attention === "fused") ops.push(["attention (fused)", 4 * N * s * ht, e * 4 * N * ht]);
+    else {
+      var scores = at * s * N;
+      ops.push(["scores q·kᵀ", 2 * N * s * ht, e * (2 * N * ht + scores)], ["softmax", 5 * scores, 2 * e * scores]);
+      if (drop) ops.push(["attention dropout", scores, 2 * e * scores + scores]);
+      ops.push(["scores·v", 2 * N * s * ht, e * (scores + 2 * N * ht)]);
+    }
+    ops.push(["proj", 2 * N * ht * h, e * (N * ht + ht * h + N * h)],
+             ["dropout+residual", 3 * N * h / rep, (3 * e + drop) * N * h / rep],
+             ["layernorm", 8 * N * h / rep, 2 * N * h * e / rep],
+             ["fc1", 2 * N * h * 4 * ht, e * (N * h + 4 * h * ht + 4 * N * ht)],
+             ["gelu", 8 * N * ht * 4, 2 * e * 4 * N * ht],
+             ["fc2", 2 * N * 4 * ht * h, e * (4 * N * ht + 4 * ht * h + N * h)],
+             ["dropout+residual", 3 * N * h / rep, (3 * e + drop) * N * h / rep]);
+    return ops;
+  }
+  var CORE = ["scores q·kᵀ", "softmax", "attention dropout", "scores·v", "attention (fused)"];
+
+  function headOps(c) {
+    var N = c.seq_len * c.micro_batch, h = c.hidden, Vt = c.vocab / c.tp, e = c.precision === "fp32" ? 4 : 2;
+    return [["logits", 2 * N * h * Vt, e * (N * h + h * Vt + N * Vt)], ["cross-entropy", 5 * N * Vt, (e + 4 + 4) * N * Vt]];
+  }
+
+  function opTime(f, by, h) {
+    return Math.max(f / (h.peak_flops * h.matmul_efficiency), by / (h.hbm_bandwidth * h.memory_efficiency));
+  }
+  function sumTimes(ops, h, only) {
+    var s = 0;
+    ops.forEach(function (o) { if (!only || CORE.indexOf(o[0]) >= 0) s += opTime(o[1], o[2], h); });
+    return s;
+  }
+
+  function layerTimes(c, h) {                        // perf.layer_times
+    var ops = layerOps(c);
+    var fwd = sumTimes(ops, h), core = sumTimes(ops, h, true);
+    var recompute = {none: 0, selective: core, full: fwd}[c.recompute];
+    var e = c.precision === "fp32" ? 4 : 2;
+    var ar = collectiveTime("all_reduce", c.seq_len * c.micro_batch * c.hidden * e, c.tp, linkFor(h, c.tp));
+    var nAr = 4 + (c.recompute === "full" ? 2 : 0);
+    return {forward: fwd, backward: 2 * fwd, recompute: recompute, tp_comm: nAr * ar};
+  }
+
+  function stageLayers(c) {
+    if (c.pp === 1) return [c.layers, c.layers];
+    var per;
+    if (c.pp_partition === "blocks+embedding") {
+      per = Math.ceil((c.layers + 2) / c.pp);
+      return [Math.min(c.layers, per - 1), Math.min(c.layers, per - 1)];
+    }
+    per = Math.ceil(c.layers / c.pp);
+    return [per, per];
+  }
+
+  function microbatchTime(c, h) {                    // perf.microbatch_time
+    var lt = layerTimes(c, h);
+    var fl = stageLayers(c), first = fl[0], last = fl[1];
+    var head = sumTimes(headOps(c), h) * 3;
+    var e = c.precision === "fp32" ? 4 : 2;
+    var headTp = collectiveTime("all_reduce", c.seq_len * c.micro_batch * c.hidden * e, c.tp, linkFor(h, c.tp));
+    var perLayer = lt.forward + lt.backward + lt.recompute;
+    var sFirst = first * perLayer + (c.pp > 1 ? 0 : head), sLast = last * perLayer + head;
+    var slow = sLast > sFirst ? "last" : "first";     // Python's max() keeps the first on ties
+    var blocks = slow === "first" ? first : last;
+    var withHead = slow === "last" || c.pp === 1;
+    return {forward: blocks * lt.forward + (withHead ? head / 3 : 0),
+            backward: blocks * lt.backward + (withHead ? 2 * head / 3 : 0),
+            recompute: blocks * lt.recompute, tp_comm: blocks * lt.tp_comm + (withHead ? headTp : 0), blocks: blocks};
+  }
+
+  function bucketed(op, size, n, l, bucket) {
+    var k = Math.max(1, Math.ceil(size / bucket));
+    var one = collectiveTime(op, size / k, n, l);
+    return [k * one, one];
+  }
+
+  function modelFlops(B, s, L, h, V) { return 72 * B * L * s * h * h * (1 + s / (6 * h) + V / (12 * h * L)); }
+  function hardwareFlops(B, s, l, h, V) { return 96 * B * s * l * h * h * (1 + s / (6 * h) + V / (16 * l * h)); }
+
+  function stepTime(input, hwIn) {                   // perf.step_time
+    var h = hardware(hwIn || "a100-80gb"), c = perfConfig(input);
+    var mb = microbatchTime(c, h);
+    var m = c.micro_batches, p = c.pp, v = c.virtual_stages, e = c.precision === "fp32" ? 4 : 2;
+    var nGpus = c.dp * c.tp * c.pp;
+    var p2p = 0;
+    if (p > 1) p2p = 2 * v * collectiveTime("send_recv", c.seq_len * c.micro_batch * c.hidden * e / c.tp, 2, linkFor(h, nGpus));
+    var slot = mb.forward + mb.backward + mb.recompute + mb.tp_comm + p2p;
+    var bubble = p > 1 ? (p - 1) / v * slot : 0;
+    var stackOverhead = (m + (p - 1) / v) * slot * (1 / STACKS[c.stack] - 1);
+    var nStage = mem.stageParams(memCfg(c));
+    var gradB = (c.fp32_grads || c.precision === "fp32") ? 4 : 2;
+    var l = linkFor(h, c.tp * c.dp);
+    var lastBwd = mb.backward + mb.recompute;
+    var dpComm = 0;
+    if (c.dp > 1) {
+      if (c.zero_stage === 3) {
+        var lt = layerTimes(c, h);
+        var layerBytes = (12 * c.hidden * c.hidden + 7 * c.hidden) / c.tp * e;
+        var ag = collectiveTime("all_gather", layerBytes, c.dp, l);
+        var rs = collectiveTime("reduce_scatter", layerBytes * gradB / e, c.dp, l);
+        var perLayer = Math.max(0, ag - lt.forward) + Math.max(0, ag + rs - lt.backward - lt.recompute);
+        dpComm = m * (mb.blocks * perLayer + 2 * ag + rs);
+      } else {
+        var tl = bucketed(c.zero_stage === 0 ? "all_reduce" : "reduce_scatter", nStage * gradB, c.dp, l, c.bucket_bytes);
+        dpComm = p === 1 ? Math.max(tl[1], tl[0] - lastBwd) : tl[0];
+        if (c.zero_stage === 1 || c.zero_stage === 2) dpComm += collectiveTime("all_gather", nStage * e, c.dp, l);
+      }
+    }
+    var shard = nStage / (c.zero_stage >= 1 ? c.dp : 1);
+    var optimizer = shard * (4 * 6 + gradB + e) / (h.hbm_bandwidth * h.memory_efficiency);
+    var compute = m * (mb.forward + mb.backward + mb.recompute);
+    var out = {compute: compute, forward: m * mb.forward, backward: m * mb.backward, recompute: m * mb.recompute,
+               tp_comm: m * mb.tp_comm, p2p: m * p2p, bubble: bubble, stack_overhead: stackOverhead, dp_comm: dpComm,
+               optimizer: optimizer};
+    out.total = compute + out.tp_comm + out.p2p + bubble + stackOverhead + dpComm + optimizer;
+    var tokens = c.global_batch * c.seq_len;
+    var mf = modelFlops(c.global_batch, c.seq_len, c.layers, c.hidden, c.vocab);
+    var hf = {none: mf, full: hardwareFlops(c.global_batch, c.seq_len, c.layers, c.hidden, c.vocab),
+              selective: 72 * c.global_batch * c.layers * c.seq_len * c.hidden * c.hidden *
+                         (1 + c.seq_len / (3 * c.hidden) + c.vocab / (12 * c.hidden * c.layers))}[c.recompute];
+    var memory = mem.memoryPerGpu(memCfg(c));
+    out.tokens_per_s = tokens / out.total;
+    out.micro_batches = m;
+    out.n_gpus = nGpus;
+    out.tflops_per_gpu = hardwareFlops(c.global_batch, c.seq_len, c.layers, c.hidden, c.vocab) / out.total / nGpus / 1e12;
+    out.mfu = mf / out.total / nGpus / h.peak_flops;
+    out.hfu = hf / out.total / nGpus / h.peak_flops;
+    out.memory = memory;
+    out.fits = memory.total <= h.memory_bytes;
+    return out;
+  }
+
+  function divisors(n) { var d = []; for (var i = 1; i <= n; i++) if (n % i === 0) d.push(i); return d; }
+
+  function layoutName(c) {                           // perf_plan.layout_name
+    var s = "dp" + c.dp + "-tp" + c.tp + "-pp" + c.pp + " z" + c.zero_stage + " " + c.recompute + " b" + c.micro_batch;
+    if (c.pp > 1) s += " " + c.schedule + (c.schedule === "interleaved" ? " v" + c.virtual_stages : "");
+    return s + (c.sp ? " sp" : "");
+  }
+
+  function layouts(model, n, B, h, o) {              // perf_plan.layouts
+    var out = [];
+    divisors(n).forEach(function (tp) {
+      if (tp > h.gpus_per_node || model.heads % tp !== 0) return;
+      divisors(n / tp).forEach(function (pp) {
+        var dp = n / (tp * pp);
+        if (pp > model.layers || B % dp !== 0) return;
+        o.zero_stages.forEach(function (z) { o.recompute.forEach(function (rc) {
+          o.micro_batches.forEach(function (b) { o.sp.forEach(function (sp) {
+            if ((z >= 2 && pp > 1) || (z > 0 && dp === 1) || (sp && tp === 1) || (B / dp) % b !== 0) return;
+            var m = B / (dp * b), scheds = [];
+            if (pp === 1) scheds = [["1f1b", 1]];
+            else o.schedules.forEach(function (sc) {
+              (sc === "interleaved" ? [2, 4] : [1]).forEach(function (v) {
+                if (sc !== "interleaved" || (model.layers % (pp * v) === 0 && m % pp === 0)) scheds.push([sc, v]);
+              });
+            });
+            scheds.forEach(function (sv) {
+              var c = {}, k;
+              for (k in model) c[k] = model[k];
+              c.tp = tp; c.pp = pp; c.dp = dp; c.zero_stage = z; c.recompute = rc; c.micro_batch = b; c.sp = sp;
+              c.schedule = sv[0]; c.virtual_stages = sv[1]; c.global_batch = B;
+              out.push(c);
+            });
+          }); });
+        }); });
+      });
+    });
+    return out;
+  }
+
+  function plan(model, n, B, hwIn, opts) {           // perf_plan.plan
+    opts = opts || {};
+    var h = hardware(hwIn || "a100-80gb");
+    var frac = opts.memory_fraction === undefined ? 0.9 : opts.memory_fraction;
+    var top = opts.top === undefined ? 10 : opts.top;
+    var o = {zero_stages: opts.zero_stages || [0, 1, 2, 3], recompute: opts.recompute || ["none", "selective", "full"],
+             schedules: opts.schedules || ["1f1b", "interleaved"], micro_batches: opts.micro_batches || [1, 2, 4, 8, 16],
+             sp: opts.sp || [false, true]};
+    var all = layouts(model, n, B, h, o), fits = [];
+    all.forEach(function (c) {
+      var m = mem.memoryPerGpu(memCfg(perfConfig(c))).total;
+      if (m > h.memory_bytes * frac) return;
+      fits.push([c, stepTime(c, h)]);
+    });
+    fits.sort(function (x, y) {
+      return (y[1].tokens_per_s - x[1].tokens_per_s) || (x[1].memory.total - y[1].memory.total);
+    });
+    return {searched: all.length, fit: fits.length, n_gpus: n, hardware: h.name,
+            top: fits.slice(0, top).map(function (cr) {
+              var r = {layout: layoutName(perfConfig(cr[0])), memory_gb: cr[1].memory.total / GB}, k;
+              for (k in cr[1]) if (k !== "memory") r[k] = cr[1][k];
+              return r;
+            }),
+            ranked: fits.map(function (cr) { return layoutName(perfConfig(cr[0])); })};
+  }
+
+  var api = {HARDWARE: HARDWARE, STACKS: STACKS, collectiveTime: collectiveTime, layerOps: layerOps,
+             layerTimes: layerTimes, stepTime: stepTime, plan: plan, layoutName: layoutName, ridge: ridge};
+  if (typeof module !== "undefined" && module.exports) { module.exports = api; return; }
+  root.mmPerf = api;
+
+  /* ---------------------------------------------------------------- page half */
+  var PARTS = [["forward", "forward"], ["backward", "backward"], ["recompute", "recompute"], ["tp_comm", "TP all-reduces"],
+               ["p2p", "pipeline p2p"], ["bubble", "pipeline bubble"], ["stack_overhead", "stack overhead"],
+               ["dp_comm", "data-parallel (exposed)"], ["optimizer", "optimizer step"]];
+
+  function readCalc(calc) {
+    var f = calc.querySelector("form"), cfg = {};
+    ["layers", "hidden", "heads", "vocab", "seq_len", "micro_batch", "tp", "dp", "pp", "virtual_stages"]
+      .forEach(function (k) { cfg[k] = Number(f.elements[k].value); });
+    cfg.zero_stage = Number(f.elements.zero_stage.value);
+    ["precision", "recompute", "schedule", "offload", "attention", "pp_partition"].forEach(function (k) { cfg[k] = f.elements[k].value; });
+    ["sp", "position_embedding", "fp32_grads"].forEach(function (k) { cfg[k] = f.elements[k].checked; });
+    cfg.global_batch = cfg.dp * cfg.micro_batch * Number(f.elements.micro_batches.value);
+    return cfg;
+  }
+
+  function row(table, label, value) {
+    var tr = document.createElement("tr");
+    tr.innerHTML = "<th scope=\"row\"></th><td></td>";
+    tr.firstChild.textContent = label;
+    tr.lastChild.textContent = value;
+    table.appendChild(tr);
+  }
+
+  function updateTime(el, calc) {
+    var f = el.querySelector("form"), status = el.querySelector(".mm-perf-status"), table = el.querySelector("tbody");
+    var cfg = readCalc(calc), r;
+    cfg.stack = f.elements.stack.value;
+    cfg.dropout = f.elements.dropout.checked;
+    try { r = stepTime(cfg, f.elements.gpu.value); } catch (e) { status.textContent = "Cannot compute: " + e.message; return; }
+    table.innerHTML = "";
+    PARTS.forEach(function (p) { row(table, p[1], r[p[0]].toFixed(3)); });
+    row(table, "step", r.total.toFixed(3));
+    status.textContent = "Global batch " + cfg.global_batch + " on " + r.n_gpus + " GPUs: " + r.total.toFixed(2) +
+      " s per step, " + Math.round(r.tokens_per_s).toLocaleString() + " tokens/s, " + r.tflops_per_gpu.toFixed(1) +
+      " TFLOP/s per GPU (Eq. 3), MFU " + (100 * r.mfu).toFixed(1) + "%, " + (r.fits ? "fits" : "does not fit") + " in memory.";
+  }
+
+  function runPlan(el, calc) {
+    var f = el.querySelector("form"), out = el.querySelector(".mm-plan-status"), table = el.querySelector(".mm-plan-table tbody");
+    var c = readCalc(calc);
+    var model = {layers: c.layers, hidden: c.hidden, heads: c.heads, vocab: c.vocab, seq_len: c.seq_len,
+                 precision: c.precision, attention: c.attention, position_embedding: c.position_embedding,
+                 fp32_grads: c.fp32_grads, pp_partition: c.pp_partition, stack: f.elements.stack.value,
+                 dropout: f.elements.dropout.checked};
+    var res;
+    try {
+      res = plan(model, Number(f.elements.gpus.value), Number(f.elements.global_batch.value), f.elements.gpu.value,
+                 {recompute: f.elements.full_only.checked ? ["full"] : undefined});
+    } catch (e) { out.textContent = "Cannot plan: " + e.message; return; }
+    table.innerHTML = "";
+    res.top.forEach(function (r, i) {
+      var tr = document.createElement("tr");
+      [String(i + 1), r.layout, r.total.toFixed(2), Math.round(r.tokens_per_s).toLocaleString(), (100 * r.mfu).toFixed(1),
+       r.memory_gb.toFixed(1)].forEach(function (t) { var td = document.createElement("td"); td.textContent = t; tr.appendChild(td); });
+      table.appendChild(tr);
+    });
+    out.textContent = res.searched + " layouts searched, " + res.fit + " fit 90% of a GPU; the fastest " + res.top.length + " below.";
+  }
+
+  function init(el) {
+    if (el.dataset.ready) return;
+    el.dataset.ready = "1";
+    var calc = document.getElementById("mm-calculator");
+    if (!calc) return;
+    var update = function () { updateTime(el, calc); };
+    calc.addEventListener("input", update);
+    calc.addEventListener("change", update);
+    el.querySelector("form").addEventListener("input", update);
+    el.querySelector("form").addEventListener("submit", function (ev) { ev.preventDefault(); runPlan(el, calc); });
+    update();
+  }
+
+  function start() { document.querySelectorAll(".mm-perf").forEach(init); }
+  if (root.document$) root.document$.subscribe(function () { setTimeout(start, 0); });
+  else document.addEventListener("DOMContentLoaded", start);
+})(typeof window !== "undefined" ? window : this);

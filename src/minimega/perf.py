@@ -1,0 +1,375 @@
+"""Predicted step time, tokens/s and MFU of one training layout: an α-β + roofline model.
+
+Pure functions of a few integers and a `Hardware` (``perf_hardware.py``); no torch. Memory per GPU comes
+from ``estimate.memory_per_gpu``, FLOP counts from ``estimate`` too, so a plan never disagrees with the
+memory calculator.
+
+The model, phase by phase, for the slowest pipeline stage of one step:
+
+    1. Compute. Every op of a transformer layer (``layer_ops``) costs its roofline time
+       max(FLOPs / (peak · matmul_efficiency), bytes / (HBM · memory_efficiency)): GEMMs are compute-bound,
+       LayerNorm, softmax, dropout, GeLU and residual adds are memory-bound. Backward costs twice the
+       forward; full recomputation adds one forward (8Ψ FLOPs per token instead of 6Ψ), selective
+       recomputation only the attention core (Korthikanti et al. 2022).
+    2. Tensor parallelism sits on the critical path: two all-reduces forward and two backward per layer
+       on a (b, s, h) tensor (Narayanan et al. 2021 §3.2), two more when the forward is recomputed.
+    3. Pipeline: (m + (p-1)/v) slots of one micro-batch's forward + backward on the slowest stage
+       (bubble (p-1)/(v·m), §2.2), each slot also paying its two p2p transfers.
+    4. Data parallelism: DDP and ZeRO-1/2 reduce gradients in buckets that overlap the last backward
+       when pp = 1; with pp > 1 the reduction waits for the pipeline flush (Megatron, DeepSpeed) and is
+       exposed. ZeRO-1/2 then all-gather the updated parameters, exposed. ZeRO-3 gathers each layer's
+       parameters before its forward and backward and reduce-scatters its gradients, per micro-batch,
+       hiding each behind the neighbouring layer's compute: only the excess is exposed.
+    5. The optimizer step: Adam reads and writes its states, memory-bound, on its shard.
+
+Collectives use the α-β model (Thakur, Rabenseifner and Gropp 2005) on the link tier the group spans.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field, replace
+
+from . import estimate as est
+from .perf_hardware import HARDWARE, Hardware, Link, hardware
+
+ALGORITHMS = ("ring", "tree")
+STACKS = {"megatron": 1.0, "megatron-deepspeed": 0.77}
+"""Per-micro-batch efficiency of the training stack's pipeline engine relative to Megatron-LM's own.
+
+The 530B shape (105 layers, h = 20480, TP 8 x PP 35) ran at 163 TFLOP/s per GPU under Megatron-LM
+(Narayanan et al. 2021 Table 1, 2520 GPUs) and at 126 under Megatron-DeepSpeed (MT-NLG, Smith et al.
+2022, 2240 GPUs), on the same A100 cluster type with nearly the same layout. Nothing in this model
+(FLOPs, bytes, collectives) tells the two apart, so the ratio is fitted once, 126 / 163.4 (this model's
+prediction for MT-NLG's layout) = 0.77, on that one row; MT-NLG at 2800 and 3360 GPUs and BLOOM-176B
+(also Megatron-DeepSpeed) are then predictions."""
+COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather", "all_to_all", "send_recv")
+
+
+# ----------------------------------------------------------------------------------------------
+# Collectives (α-β)
+
+# --8<-- [start:collective_time]
+def collective_time(op: str, size_bytes: float, n: int, link: Link, algorithm: str = "ring") -> float:
+    """Seconds for one collective of a `size_bytes` buffer over `n` ranks on `link`.
+
+    ring (reduce-scatter, all-gather, all-reduce): `estimate.ring_time`, steps·α + ring bytes/β.
+    tree (all-reduce only, NCCL's double binary tree): 2·log2(n) steps of α, and the buffer goes up
+    and down the tree once each, pipelined: 2·log2(n)·α + 2S/β. Latency grows with log n, not n.
+    all-to-all (pairwise exchange): (n-1)·α + (n-1)/n·S/β. send/recv: α + S/β (n is ignored).
+    """
+    if op not in COLLECTIVES:
+        raise ValueError(f"collective {op!r}: expected one of {COLLECTIVES}")
+    if algorithm not in ALGORITHMS:
+        raise ValueError(f"algorithm {algorithm!r}: expected one of {ALGORITHMS}")
+    link = link.for_op(op)
+    if op == "send_recv":
+        return link.alpha + size_bytes / link.beta
+    if n <= 1:
+        return 0.0
+    if algorithm == "tree":
+        if op != "all_reduce":
+            raise ValueError(f"algorithm 'tree' is implemented for all_reduce only, not {op!r}; use 'ring'")
+        return 2 * math.log2(n) * link.alpha + 2 * size_bytes / link.beta
+    if op == "all_to_all":
+        return (n - 1) * link.alpha + (n - 1) / n * size_bytes / link.beta
+    return est.ring_time(op, size_bytes, n, link.alpha, link.beta)
+# --8<-- [end:collective_time]
+
+
+# ----------------------------------------------------------------------------------------------
+# The layout
+
+@dataclass(frozen=True, kw_only=True)
+class PerfConfig(est.MemoryConfig):
+    """A model, a layout and a global batch: the memory calculator's inputs plus what time needs.
+
+    `micro_batches` is derived: m = global_batch / (dp · micro_batch).
+    """
+    micro_batches: int = field(default=1, init=False)
+    """Derived, m = global_batch / (dp · micro_batch); not an argument."""
+    global_batch: int = 1
+    """Sequences per optimizer step B."""
+    dropout: bool = True
+    """Dropout after attention and on the residuals (GPT-3 and MT-NLG: 0.1; BLOOM: none)."""
+    bucket_bytes: float = 25e6
+    """Gradient bucket size for DDP/ZeRO-1/2 reductions (torch DDP's 25 MB)."""
+    stack: str = "megatron"
+    """Whose pipeline engine runs the step, one of `STACKS`."""
+
+    def __post_init__(self):
+        if not (isinstance(self.global_batch, int) and self.global_batch >= 1):
+            raise ValueError(f"global_batch={self.global_batch!r}: expected an integer >= 1")
+        per = self.dp * self.micro_batch
+        if self.global_batch % per:
+            raise ValueError(f"global_batch={self.global_batch} is not a multiple of dp*micro_batch = "
+                             f"{self.dp}*{self.micro_batch} = {per}")
+        object.__setattr__(self, "micro_batches", self.global_batch // per)
+
+    def check(self) -> None:
+        super().check()
+        if self.zero_stage >= 2 and self.pp > 1:
+            raise ValueError(f"zero_stage={self.zero_stage} with pp={self.pp}: ZeRO-2/3 do not compose with "
+                             "pipeline parallelism (they would reduce every micro-batch); use zero_stage <= 1")
+        if self.schedule == "interleaved":
+            if self.pp == 1 or self.virtual_stages < 2:
+                raise ValueError("schedule='interleaved' needs pp > 1 and virtual_stages >= 2")
+            if self.layers % (self.pp * self.virtual_stages):
+                raise ValueError(f"interleaved: layers={self.layers} is not a multiple of pp*v = "
+                                 f"{self.pp * self.virtual_stages}")
+            if self.micro_batches % self.pp:
+                raise ValueError(f"interleaved: micro-batches m={self.micro_batches} must be a multiple of pp={self.pp}")
+        elif self.virtual_stages != 1:
+            raise ValueError(f"virtual_stages={self.virtual_stages} needs schedule='interleaved'")
+        if self.stack not in STACKS:
+            raise ValueError(f"stack={self.stack!r}: expected one of {sorted(STACKS)}")
+        if self.offload != "none":
+            raise ValueError(f"offload={self.offload!r}: the time model does not cover offload; use 'none'")
+
+    @property
+    def n_gpus(self) -> int:
+        return self.dp * self.tp * self.pp
+
+    def memory_config(self) -> est.MemoryConfig:
+        names = {f for f in est.MemoryConfig.__dataclass_fields__}
+        return est.MemoryConfig(**{k: v for k, v in asdict(self).items() if k in names})
+
+
+# ----------------------------------------------------------------------------------------------
+# Roofline: the ops of one layer
+
+# --8<-- [start:layer_ops]
+def layer_ops(cfg: PerfConfig) -> list[tuple[str, float, float]]:
+    """(name, FLOPs, bytes moved to and from HBM) of one layer's forward, one micro-batch, one GPU.
+
+    N = s·b tokens, h_t = h/t the local width, a_t = a/t the local heads, e bytes per element. Matmuls
+    read both operands and write the result; element-wise ops read and write their tensors once
+    (Megatron's fused scale-mask-softmax counts as one). Under sequence parallelism the replicated
+    region (LayerNorms, dropout, residual) works on N/t tokens. "fused" attention (FlashAttention)
+    never writes the s × s scores: its FLOPs stay, its bytes are q, k, v and the output.
+    """
+    s, b, h, a, t, V = cfg.seq_len, cfg.micro_batch, cfg.hidden, cfg.heads, cfg.tp, cfg.vocab
+    e = 4 if cfg.precision == "fp32" else 2
+    N, ht, at = s * b, h / t, a / t
+    rep = t if (cfg.sp and t > 1) else 1
+    drop = 1 if cfg.dropout else 0
+    ops = [("layernorm", 8 * N * h / rep, 2 * N * h * e / rep),
+           ("qkv", 2 * N * h * 3 * ht, e * (N * h + 3 * h * ht + 3 * N * ht))]
+    if cfg.attention == "fused":
+        ops.append(("attention (fused)", 4 * N * s * ht, e * 4 * N * ht))
+    else:
+        scores = at * s * N                              # a/t · s · s · b elements
+        ops += [("scores q·kᵀ", 2 * N * s * ht, e * (2 * N * ht + scores)),
+                ("softmax", 5 * scores, 2 * e * scores)]
+        if drop:
+            ops.append(("attention dropout", scores, 2 * e * scores + scores))
+        ops.append(("scores·v", 2 * N * s * ht, e * (scores + 2 * N * ht)))
+    ops += [("proj", 2 * N * ht * h, e * (N * ht + ht * h + N * h)),
+            ("dropout+residual", 3 * N * h / rep, (3 * e + drop) * N * h / rep),
+            ("layernorm", 8 * N * h / rep, 2 * N * h * e / rep),
+            ("fc1", 2 * N * h * 4 * ht, e * (N * h + 4 * h * ht + 4 * N * ht)),
+            ("gelu", 8 * N * ht * 4, 2 * e * 4 * N * ht),
+            ("fc2", 2 * N * 4 * ht * h, e * (4 * N * ht + 4 * ht * h + N * h)),
+            ("dropout+residual", 3 * N * h / rep, (3 * e + drop) * N * h / rep)]
+    return ops
+# --8<-- [end:layer_ops]
+
+
+ATTENTION_CORE = ("scores q·kᵀ", "softmax", "attention dropout", "scores·v", "attention (fused)")
+
+
+def head_ops(cfg: PerfConfig) -> list[tuple[str, float, float]]:
+    """The output layer's forward on the last stage: logits GEMM (vocabulary split over tp) and an fp32
+    cross-entropy over the local logits."""
+    N, h, Vt = cfg.seq_len * cfg.micro_batch, cfg.hidden, cfg.vocab / cfg.tp
+    e = 4 if cfg.precision == "fp32" else 2
+    return [("logits", 2 * N * h * Vt, e * (N * h + h * Vt + N * Vt)),
+            ("cross-entropy", 5 * N * Vt, (e + 4 + 4) * N * Vt)]
+
+
+def _hw(hw: Hardware | str) -> Hardware:
+    return hardware(hw) if isinstance(hw, str) else hw
+
+
+def op_time(flops: float, bytes_: float, hw: Hardware) -> float:
+    """Roofline time of one op: the slower of its compute and its memory traffic."""
+    return max(flops / (hw.peak_flops * hw.matmul_efficiency), bytes_ / (hw.hbm_bandwidth * hw.memory_efficiency))
+
+
+def roofline(cfg: PerfConfig, hw: Hardware | str) -> list[dict]:
+    """Each forward op with its arithmetic intensity (FLOP/byte) and whether it is compute- or memory-bound."""
+    hw = _hw(hw)
+    return [{"op": name, "flops": f, "bytes": by, "intensity": f / by, "bound": "compute" if f / by >= hw.ridge
+             else "memory", "seconds": op_time(f, by, hw)} for name, f, by in layer_ops(cfg) + head_ops(cfg)]
+
+
+# ----------------------------------------------------------------------------------------------
+# One micro-batch on one stage
+
+def _stage_layers(cfg: PerfConfig) -> tuple[int, int]:
+    """(blocks on the first stage, blocks on the last): the last also holds the head."""
+    if cfg.pp == 1:
+        return cfg.layers, cfg.layers
+    if cfg.pp_partition == "blocks+embedding":
+        per = math.ceil((cfg.layers + 2) / cfg.pp)
+        return min(cfg.layers, per - 1), min(cfg.layers, per - 1)
+    per = math.ceil(cfg.layers / cfg.pp)
+    return per, per
+
+
+def layer_times(cfg: PerfConfig, hw: Hardware | str) -> dict:
+    """Seconds of one layer for one micro-batch: forward, backward, recompute, TP communication."""
+    hw = _hw(hw)
+    ops = layer_ops(cfg)
+    fwd = sum(op_time(f, b, hw) for _, f, b in ops)
+    core = sum(op_time(f, b, hw) for name, f, b in ops if name in ATTENTION_CORE)
+    recompute = {"none": 0.0, "selective": core, "full": fwd}[cfg.recompute]
+    e = 4 if cfg.precision == "fp32" else 2
+    tp_link = hw.link(cfg.tp)
+    ar = collective_time("all_reduce", cfg.seq_len * cfg.micro_batch * cfg.hidden * e, cfg.tp, tp_link)
+    n_ar = 4 + (2 if cfg.recompute == "full" else 0)
+    return {"forward": fwd, "backward": 2 * fwd, "recompute": recompute, "tp_comm": n_ar * ar}
+
+
+def microbatch_time(cfg: PerfConfig, hw: Hardware | str) -> dict:
+    """Forward + backward of one micro-batch on the slowest stage, by part (seconds)."""
+    hw = _hw(hw)
+    lt = layer_times(cfg, hw)
+    first, last = _stage_layers(cfg)
+    head = sum(op_time(f, b, hw) for _, f, b in head_ops(cfg)) * 3          # forward + 2x backward
+    e = 4 if cfg.precision == "fp32" else 2
+    head_tp = collective_time("all_reduce", cfg.seq_len * cfg.micro_batch * cfg.hidden * e, cfg.tp, hw.link(cfg.tp))
+    per_layer = lt["forward"] + lt["backward"] + lt["recompute"]
+    stages = {"first": first * per_layer + (0 if cfg.pp > 1 else head),
+              "last": last * per_layer + head}
+    slow = max(stages, key=stages.get)
+    blocks = first if slow == "first" else last
+    with_head = slow == "last" or cfg.pp == 1
+    return {"forward": blocks * lt["forward"] + (head / 3 if with_head else 0),
+            "backward": blocks * lt["backward"] + (2 * head / 3 if with_head else 0),
+            "recompute": blocks * lt["recompute"],
+            "tp_comm": blocks * lt["tp_comm"] + (head_tp if with_head else 0),
+            "blocks": blocks}
+
+
+# ----------------------------------------------------------------------------------------------
+# The step
+
+def _dp_group_span(cfg: PerfConfig) -> int:
+    return cfg.tp * cfg.dp          # grid (pp, dp, tp): a dp group spans tp·dp consecutive ranks
+
+
+def _bucketed(op: str, size: float, n: int, link: Link, bucket: float) -> tuple[float, float]:
+    """(total seconds, seconds of the last bucket) for a reduction sent in buckets of `bucket` bytes."""
+    k = max(1, math.ceil(size / bucket))
+    one = collective_time(op, size / k, n, link)
+    return k * one, one
+
+
+# --8<-- [start:step_time]
+def step_time(cfg: PerfConfig, hw: Hardware | str = "a100-80gb") -> dict:
+    """Predicted seconds of one optimizer step, by part, with tokens/s, MFU and memory per GPU.
+
+    Returns a dict: ``compute`` (forward + backward + recompute over all micro-batches), ``tp_comm``,
+    ``p2p``, ``bubble``, ``stack_overhead`` (see `STACKS`), ``dp_comm`` (exposed), ``optimizer``, ``total``, and ``tokens_per_s``,
+    ``tflops_per_gpu`` (Narayanan's Eq. 3 hardware FLOPs with full recomputation, what Megatron logs),
+    ``mfu`` (model FLOPs, Korthikanti App. A), ``hfu``, ``memory`` (`estimate.memory_per_gpu`), ``fits``.
+    """
+    hw = _hw(hw)
+    hw.check()
+    cfg.check()
+    mb = microbatch_time(cfg, hw)
+    m, p, v = cfg.micro_batches, cfg.pp, cfg.virtual_stages
+    e = 4 if cfg.precision == "fp32" else 2
+    # p2p: one activation forward and one gradient backward per micro-batch and chunk boundary; with
+    # tp > 1 each tp rank sends its 1/t slice (Narayanan §4.1, scatter/gather).
+    p2p = 0.0
+    if p > 1:
+        msg = cfg.seq_len * cfg.micro_batch * cfg.hidden * e / cfg.tp
+        p2p = 2 * v * collective_time("send_recv", msg, 2, hw.link(cfg.n_gpus))
+    slot = mb["forward"] + mb["backward"] + mb["recompute"] + mb["tp_comm"] + p2p
+    bubble = (p - 1) / v * slot if p > 1 else 0.0
+    stack_overhead = (m + (p - 1) / v) * slot * (1 / STACKS[cfg.stack] - 1)
+    # data parallelism
+    n_stage = est.stage_params(cfg.memory_config())
+    grad_b = 4 if cfg.fp32_grads or cfg.precision == "fp32" else 2
+    link = hw.link(_dp_group_span(cfg))
+    last_bwd = mb["backward"] + mb["recompute"]
+    dp_comm = 0.0
+    if cfg.dp > 1:
+        if cfg.zero_stage == 3:
+            lt = layer_times(cfg, hw)
+            layer_bytes = (12 * cfg.hidden ** 2 + 7 * cfg.hidden) / cfg.tp * e
+            ag = collective_time("all_gather", layer_bytes, cfg.dp, link)
+            rs = collective_time("reduce_scatter", layer_bytes * grad_b / e, cfg.dp, link)
+            per_layer = max(0.0, ag - lt["forward"]) + max(0.0, ag + rs - lt["backward"] - lt["recompute"])
+            dp_comm = m * (mb["blocks"] * per_layer + 2 * ag + rs)        # the first gathers and last reduce wait
+        else:
+            op = "all_reduce" if cfg.zero_stage == 0 else "reduce_scatter"
+            total, last = _bucketed(op, n_stage * grad_b, cfg.dp, link, cfg.bucket_bytes)
+            dp_comm = max(last, total - last_bwd) if p == 1 else total
+            if cfg.zero_stage in (1, 2):
+                dp_comm += collective_time("all_gather", n_stage * e, cfg.dp, link)
+    # Adam: read p32, m, v, grad; write p32, m, v and the 16-bit copy; on this rank's shard
+    shard = n_stage / (cfg.dp if cfg.zero_stage >= 1 else 1)
+    optimizer = shard * (4 * 6 + grad_b + e) / (hw.hbm_bandwidth * hw.memory_efficiency)
+    compute = m * (mb["forward"] + mb["backward"] + mb["recompute"])
+    out = {"compute": compute, "forward": m * mb["forward"], "backward": m * mb["backward"],
+           "recompute": m * mb["recompute"], "tp_comm": m * mb["tp_comm"], "p2p": m * p2p,
+           "bubble": bubble, "stack_overhead": stack_overhead, "dp_comm": dp_comm, "optimizer": optimizer}
+    out["total"] = compute + out["tp_comm"] + out["p2p"] + bubble + stack_overhead + dp_comm + optimizer
+    tokens = cfg.global_batch * cfg.seq_len
+    model_flops = est.megatron_model_flops(cfg.global_batch, cfg.seq_len, cfg.layers, cfg.hidden, cfg.vocab)
+    hw_flops = {"none": model_flops, "full": est.megatron_hardware_flops(
+        cfg.global_batch, cfg.seq_len, cfg.layers, cfg.hidden, cfg.vocab),
+        "selective": 72 * cfg.global_batch * cfg.layers * cfg.seq_len * cfg.hidden ** 2 * (
+            1 + cfg.seq_len / (3 * cfg.hidden) + cfg.vocab / (12 * cfg.hidden * cfg.layers))}[cfg.recompute]
+    n = cfg.n_gpus
+    mem = est.memory_per_gpu(cfg.memory_config())
+    out.update(tokens_per_s=tokens / out["total"], micro_batches=m, n_gpus=n,
+               tflops_per_gpu=est.megatron_hardware_flops(cfg.global_batch, cfg.seq_len, cfg.layers, cfg.hidden,
+                                                          cfg.vocab) / out["total"] / n / 1e12,
+               mfu=model_flops / out["total"] / n / hw.peak_flops,
+               hfu=hw_flops / out["total"] / n / hw.peak_flops,
+               memory=mem, fits=mem["total"] <= hw.memory_bytes)
+    return out
+# --8<-- [end:step_time]
+
+
+def days_and_cost(result: dict, tokens: float, price_per_gpu_hour: float, global_batch: int, seq_len: int) -> dict:
+    """Days to train on `tokens` at the predicted step time, GPU-hours and cost (`estimate.gpu_hours`, `run_cost`)."""
+    steps = tokens / (global_batch * seq_len)
+    seconds = steps * result["total"]
+    hours = est.gpu_hours(result["n_gpus"], seconds)
+    return {"days": seconds / 86400, "gpu_hours": hours, "cost": est.run_cost(hours, price_per_gpu_hour)}
+
+
+def preset_config(name: str, **overrides) -> PerfConfig:
+    """A `PerfConfig` from an `estimate.PRESETS` shape (its layout too), global batch from its m, plus overrides."""
+    if name not in est.PRESETS:
+        raise ValueError(f"model preset {name!r}: expected one of {sorted(est.PRESETS)}")
+    base = dict(est.PRESETS[name])
+    m = base.pop("micro_batches", 1)
+    base.setdefault("global_batch", m * base.get("dp", 1) * base.get("micro_batch", 1))
+    if name == "bloom-176b":
+        base["dropout"] = False
+    if name in ("bloom-176b", "mt-nlg-530b"):
+        base["stack"] = "megatron-deepspeed"
+    base.update(overrides)
+    return PerfConfig(**base)
+
+
+def plan(*args, **kwargs) -> dict:
+    """`perf_plan.plan`: rank every layout that fits by predicted throughput (``minimega plan``)."""
+    from .perf_plan import plan as _plan
+    return _plan(*args, **kwargs)
+
+
+def calibrate(*args, **kwargs) -> dict:
+    """`perf_calibrate.calibrate`: measure this machine's rates and gloo α, β (``minimega calibrate``)."""
+    from .perf_calibrate import calibrate as _calibrate
+    return _calibrate(*args, **kwargs)
+
+
+__all__ = ["ALGORITHMS", "COLLECTIVES", "HARDWARE", "PerfConfig", "collective_time", "days_and_cost", "hardware",
+           "layer_ops", "layer_times", "microbatch_time", "op_time", "preset_config", "roofline", "step_time",
+           "replace"]

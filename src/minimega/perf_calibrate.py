@@ -1,0 +1,205 @@
+"""`calibrate()`: measure this machine as the performance model sees a GPU; `predict_minimega()`: minimega's
+own step time from those measurements; ``minimega calibrate``.
+
+What is measured (each a median of short repeats, a few seconds in all):
+    matmul_flops      one thread (and, as all_threads, every core): FLOP/s of an fp32 (N, D) → (N, 4D) linear layer,
+                      forward and backward through autograd (three matmuls), the MLP's shape
+    memory_bandwidth  bytes/s of a GeLU over (N, 4D), forward and backward through autograd (five tensor passes,
+                      fresh outputs as training allocates them): the roofline's slope for element-wise ops
+    stream_bandwidth  bytes/s of an in-place add over 16 MB: the optimizer's, which allocates nothing
+    op_overhead       seconds to dispatch one small autograd op forward and backward (PyTorch's per-op
+                      cost; on a GPU the launch queue hides it, on a CPU every op pays it)
+    collectives       for all_reduce, reduce_scatter, all_gather, all_to_all, send_recv over gloo with
+                      `world_size` ranks: time at two sizes, solved for α and β of that op's α-β formula
+                      (``perf.collective_time``), so gloo's own algorithms are folded into the fit.
+
+Then `cpu_hardware` turns the numbers into a `Hardware` (efficiencies 1: the rates are measured), and
+`predict_minimega` runs ``perf.step_time`` on minimega's model with two CPU facts added: ranks share the
+cores (w ranks on c cores each get min(1, c/w) of their compute rate), and every op pays op_overhead.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import time
+
+from . import perf
+from .perf_hardware import Hardware, Link
+
+SIZES = (4096, 1 << 22)          # bytes: latency-bound and bandwidth-bound
+OPS = ("all_reduce", "reduce_scatter", "all_gather", "all_to_all", "send_recv")
+# (α steps, β factor) of each op on n ranks, ring model (perf.collective_time)
+_COEF = {"all_reduce": lambda n: (2 * (n - 1), 2 * (n - 1) / n), "reduce_scatter": lambda n: (n - 1, (n - 1) / n),
+         "all_gather": lambda n: (n - 1, (n - 1) / n), "all_to_all": lambda n: (n - 1, (n - 1) / n),
+         "send_recv": lambda n: (1, 1.0)}
+
+
+def _median_time(fn, reps: int) -> float:
+    fn()
+    times = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return statistics.median(times)
+
+
+def measure_compute(d: int = 384, n: int = 1024, reps: int = 5) -> dict:
+    """matmul FLOP/s, memory bytes/s and per-op overhead of this process (its torch threads), each measured the
+    way a training step runs it: through autograd, forward and backward, at an MLP's shapes."""
+    import torch
+    lin = torch.nn.Linear(d, 4 * d, bias=False)
+    x = torch.randn(n, d, requires_grad=True)
+    g = torch.ones(n, 4 * d)
+    t_mm = _median_time(lambda: lin(x).backward(g), reps)                 # 3 matmuls: y, dx, dW
+    z = torch.randn(n, 4 * d, requires_grad=True)
+    t_gelu = _median_time(lambda: torch.nn.functional.gelu(z).backward(g), reps)   # read z, write y; read z, dy, write dz
+    s = torch.randn(4 << 20)                                                # 16 MB, updated in place as Adam does
+    t_stream = _median_time(lambda: s.add_(1.0), reps)
+    p = torch.randn(4, requires_grad=True)
+
+    def tiny():
+        y = p
+        for _ in range(20):
+            y = y * 1.0001
+        y.sum().backward()
+    t_op = _median_time(tiny, reps) / 21
+    return {"matmul_flops": 6 * n * d * 4 * d / t_mm, "memory_bandwidth": 5 * z.numel() * 4 / t_gelu,
+            "stream_bandwidth": 2 * s.numel() * 4 / t_stream, "op_overhead": t_op, "threads": torch.get_num_threads()}
+
+
+def _collectives_worker(sizes, reps):
+    import torch
+    import torch.distributed as dist
+    from . import comm
+    n, rank = dist.get_world_size(), dist.get_rank()
+    world = comm.Group(dist.group.WORLD, list(range(n)), "world")
+    out = {}
+    for op in OPS:
+        times = []
+        for size in sizes:
+            numel = max(n, size // 4 // n * n)
+            x, full, part = torch.ones(numel), torch.empty(numel), torch.ones(numel // n)
+            fn = {"all_reduce": lambda: comm.all_reduce(x, world),
+                  "reduce_scatter": lambda: comm.reduce_scatter(part, x, world),
+                  "all_gather": lambda: comm.all_gather(full, part, world),
+                  "all_to_all": lambda: comm.all_to_all(full, x, world),
+                  "send_recv": lambda: comm.send(x, 1, world) if rank == 0 else
+                  comm.recv(x, 0, world) if rank == 1 else None}[op]
+            comm.barrier(world)
+            times.append(_median_time(fn, reps))
+            comm.barrier(world)
+        out[op] = times
+    return out
+
+
+def _fit(op: str, n: int, sizes, times) -> tuple[float, float]:
+    """(α, β) of `op` from its times at two sizes; β from the slope, α from what is left at the small size."""
+    k_a, k_b = _COEF[op](n)
+    (s1, s2), (t1, t2) = sizes, times
+    beta = k_b * (s2 - s1) / max(t2 - t1, 1e-9)
+    alpha = max(t1 - k_b * s1 / beta, 0.0) / k_a
+    return alpha, beta
+
+
+# --8<-- [start:calibrate]
+def measure_compute_now(reps: int = 5) -> dict:
+    """`measure_compute` with one thread and with every thread, and the load average: the part of a
+    calibration that moves with the machine's load (cheap enough to repeat before every measurement)."""
+    import torch
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)                       # what each rank of a multi-rank job gets on few cores
+    try:
+        one = measure_compute(reps=reps)
+    finally:
+        torch.set_num_threads(threads)
+    return {**one, "all_threads": measure_compute(reps=reps), "load": os.getloadavg()[0]}
+
+
+def calibrate(world_size: int = 2, reps: int = 5, sizes=SIZES) -> dict:
+    """Measure this machine: compute (one process) and gloo collectives (`world_size` ranks)."""
+    from .launch import launch
+    if world_size < 2:
+        raise ValueError(f"world_size={world_size}: collectives need at least 2 ranks")
+    compute = measure_compute_now(reps)
+    raw = launch(_collectives_worker, world_size, list(sizes), reps, backend="gloo")
+    coll = {}
+    for op in OPS:
+        times = [max(r[op][i] for r in raw) for i in range(len(sizes))]   # a collective ends when its last rank does
+        alpha, beta = _fit(op, world_size, sizes[:2], times[:2])
+        coll[op] = {"alpha": alpha, "beta": beta, "times": times}
+    return {**compute, "world_size": world_size, "sizes": list(sizes), "collectives": coll, "cores": os.cpu_count()}
+# --8<-- [end:calibrate]
+
+
+def cpu_hardware(cal: dict) -> Hardware:
+    """The calibration as a `Hardware`: measured rates (efficiencies 1) and one node of many ranks."""
+    per_op = tuple((op, c["alpha"], c["beta"]) for op, c in cal["collectives"].items())
+    ar = cal["collectives"]["all_reduce"]
+    link = Link(name="gloo (measured)", bandwidth=ar["beta"], alpha=ar["alpha"], efficiency=1.0, per_op=per_op)
+    return Hardware(name="this CPU", peak_flops=cal["matmul_flops"], hbm_bandwidth=cal["memory_bandwidth"],
+                    memory_bytes=float(1 << 40), gpus_per_node=1 << 20, intra=link, inter=link,
+                    matmul_efficiency=1.0, memory_efficiency=1.0)
+
+
+def ops_per_step(cfg: perf.PerfConfig, blocks: int) -> float:
+    """Dispatched ops one rank runs per step, counted from minimega's block: 17 forward per block (two
+    LayerNorms, q/k/v split and transposes, attention, projections, GELU, residual adds), twice that backward,
+    17 again when recomputed, and Adam's ~12 per parameter tensor (10 tensors per block, foreach=False)."""
+    per_block = 17 * (3 + {"none": 0, "selective": 0.3, "full": 1}[cfg.recompute])
+    return cfg.micro_batches * blocks * per_block + 12 * 10 * blocks
+
+
+def predict_minimega(cal: dict, cfg: perf.PerfConfig) -> dict:
+    """Predicted seconds of one minimega step on this machine (`cfg`: fp32, fused attention, no dropout)."""
+    cores, w = cal["cores"] or 1, cfg.n_gpus
+    load = max(0.0, cal.get("load", 0.0))
+    if w == 1:                                     # one process, every core's thread: measured as such
+        cal, share = {**cal, **cal["all_threads"]}, 1.0
+    else:                                          # launch gives each rank cores // w threads (at least 1)
+        t = max(1, cores // w)
+        share = t * max(cores, load + 1) / max(cores, load + w * t)     # in units of one thread's rate
+    hw = cpu_hardware(cal)
+    r = perf.step_time(cfg, hw)
+    slow = 1 / share
+    blocks = -(-cfg.layers // cfg.pp)
+    overhead = ops_per_step(cfg, blocks) * cal["op_overhead"] * slow
+    optimizer = r["optimizer"] * cal["memory_bandwidth"] / cal.get("stream_bandwidth", cal["memory_bandwidth"])
+    busy = r["compute"] + r["bubble"] + optimizer
+    total = busy * slow + overhead + r["tp_comm"] + r["p2p"] + r["dp_comm"]
+    return {"total": total, "compute": busy * slow, "overhead": overhead, "comm": r["tp_comm"] + r["p2p"] + r["dp_comm"],
+            "share": share}
+
+
+# ----------------------------------------------------------------------------------------------
+# CLI: `minimega calibrate`
+
+def add_calibrate_parser(subparsers) -> argparse.ArgumentParser:
+    p = subparsers.add_parser("calibrate", help="measure this machine's matmul rate and gloo alpha/beta per collective",
+                              description="A few seconds of microbenchmarks: matmul FLOP/s, memory bandwidth, per-op "
+                                          "overhead, and alpha-beta of five gloo collectives.")
+    p.add_argument("--world-size", type=int, default=2, help="ranks for the collectives (default 2)")
+    p.add_argument("--reps", type=int, default=5, help="repeats per measurement (default 5, at most 50)")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=run_calibrate)
+    return p
+
+
+def run_calibrate(args: argparse.Namespace) -> int:
+    if not 2 <= args.world_size <= 8:
+        raise ValueError(f"--world-size {args.world_size}: use 2 to 8 local ranks")
+    if not 1 <= args.reps <= 50:
+        raise ValueError(f"--reps {args.reps}: use 1 to 50")
+    cal = calibrate(args.world_size, args.reps)
+    if args.json:
+        print(json.dumps(cal, indent=2))
+        return 0
+    print(f"matmul {cal['matmul_flops'] / 1e9:.1f} GFLOP/s ({cal['threads']} threads), memory "
+          f"{cal['memory_bandwidth'] / 1e9:.1f} GB/s, op overhead {cal['op_overhead'] * 1e6:.1f} us; "
+          f"load {cal['load']:.1f} on {cal['cores']} cores")
+    print(f"gloo, {cal['world_size']} ranks: {'op':<15} {'alpha us':>9} {'beta GB/s':>10}")
+    for op, c in cal["collectives"].items():
+        print(f"{'':<22}{op:<15} {c['alpha'] * 1e6:>9.1f} {c['beta'] / 1e9:>10.2f}")
+    return 0

@@ -1,0 +1,176 @@
+"""Hardware for the performance model (``perf.py``): one GPU type, its node, and the links between GPUs.
+
+A `Hardware` is everything `perf.step_time` needs to turn FLOPs and bytes into seconds:
+
+    peak_flops          dense 16-bit tensor-core FLOP/s (the MFU denominator)
+    hbm_bandwidth       bytes/s to device memory (the roofline's slope)
+    intra, inter        `Link`s: NVLink/NVSwitch inside a node, InfiniBand between nodes (per NIC)
+
+Spec sources (vendor datasheets; the "achievable" fractions are this model's assumptions, see below):
+    A100 SXM4 40/80 GB  NVIDIA A100 Tensor Core GPU datasheet (nvidia-a100-datasheet-us-nvidia-1758950-r4):
+                        BF16 312 TFLOP/s dense, HBM2 1,555 GB/s (40 GB), HBM2e 2,039 GB/s (80 GB),
+                        NVLink 3 600 GB/s total (300 GB/s each way)
+    H100 SXM5           NVIDIA H100 Tensor Core GPU datasheet: BF16 989 TFLOP/s dense (1,979 with sparsity),
+                        HBM3 3.35 TB/s, NVLink 4 900 GB/s total (450 GB/s each way)
+    H200 SXM            NVIDIA H200 datasheet: the H100's compute with 141 GB HBM3e at 4.8 TB/s
+    DGX A100 node       8 GPUs, 8 HDR InfiniBand NICs at 200 Gb/s (25 GB/s) each: Narayanan et al. 2021
+                        (arXiv:2104.04473) §5, the cluster behind Table 1, MT-NLG and BLOOM's Jean Zay nodes
+    DGX H100 node       8 GPUs, 8 NDR InfiniBand NICs at 400 Gb/s (50 GB/s) each
+
+Assumptions (not datasheet numbers; `minimega calibrate` measures the CPU equivalents on this machine):
+    matmul_efficiency   the fraction of peak a large 16-bit GEMM sustains in a training step. 0.75 for A100
+                        is fitted once to one measured layer, Korthikanti et al. 2022 Table 4 (22B, one layer:
+                        19.6 ms forward + backward); the published runs in tests/test_perf_published.py are
+                        then predictions, not fits. Hopper uses the same fraction.
+    memory_efficiency   the fraction of HBM bandwidth an element-wise kernel sustains: 0.8.
+    link efficiency     collectives reach 80% of a link's one-way bandwidth (bus bandwidth); α = 5 µs on
+                        NVLink, 10 µs over InfiniBand: the order of nccl-tests' small-message times.
+"""
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass, field, replace
+
+GB = 1e9
+
+
+@dataclass(frozen=True, kw_only=True)
+class Link:
+    """One tier of the interconnect, seen from one GPU: latency α and one-way bandwidth β."""
+    name: str
+    bandwidth: float
+    """Bytes/s one GPU can send one way on this tier (datasheet), before `efficiency`."""
+    alpha: float
+    """Seconds of start-up latency per message (per ring step)."""
+    efficiency: float = 0.8
+    """Share of `bandwidth` a collective reaches (its bus bandwidth over the link's)."""
+    per_op: tuple = ()
+    """Measured (op, alpha, beta) triples that replace α and β for that collective (``minimega calibrate``)."""
+
+    @property
+    def beta(self) -> float:
+        """Achieved bytes/s: what the α-β formulas divide by."""
+        return self.bandwidth * self.efficiency
+
+    def for_op(self, op: str) -> "Link":
+        """This link as `op` sees it: the measured α and β when calibrated, else the link's own."""
+        for name, alpha, beta in self.per_op:
+            if name == op:
+                return Link(name=f"{self.name} ({op})", bandwidth=beta, alpha=alpha, efficiency=1.0)
+        return self
+
+
+@dataclass(frozen=True, kw_only=True)
+class Hardware:
+    """One GPU type in one kind of node."""
+    name: str
+    peak_flops: float
+    """Dense 16-bit tensor-core FLOP/s per GPU."""
+    hbm_bandwidth: float
+    """Bytes/s between the GPU and its memory."""
+    memory_bytes: float
+    """Device memory per GPU."""
+    gpus_per_node: int = 8
+    intra: Link = field(default_factory=lambda: NVLINK3)
+    """Link inside a node (NVLink through NVSwitch)."""
+    inter: Link = field(default_factory=lambda: IB_HDR)
+    """Link between nodes, per NIC."""
+    nics_per_node: int = 8
+    matmul_efficiency: float = 0.75
+    memory_efficiency: float = 0.8
+
+    def check(self) -> None:
+        for name in ("peak_flops", "hbm_bandwidth", "memory_bytes"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name}={getattr(self, name)!r}: must be > 0")
+        for name in ("gpus_per_node", "nics_per_node"):
+            if not (isinstance(getattr(self, name), int) and getattr(self, name) >= 1):
+                raise ValueError(f"{name}={getattr(self, name)!r}: expected an integer >= 1")
+        for name in ("matmul_efficiency", "memory_efficiency"):
+            if not 0 < getattr(self, name) <= 1:
+                raise ValueError(f"{name}={getattr(self, name)!r}: must be in (0, 1]")
+        for link in (self.intra, self.inter):
+            if not (link.bandwidth > 0 and link.alpha >= 0 and 0 < link.efficiency <= 1):
+                raise ValueError(f"link {link.name}: bandwidth > 0, alpha >= 0, 0 < efficiency <= 1")
+
+    @property
+    def ridge(self) -> float:
+        """Arithmetic intensity (FLOP/byte) above which an op is compute-bound: the roofline's knee."""
+        return self.peak_flops * self.matmul_efficiency / (self.hbm_bandwidth * self.memory_efficiency)
+
+    def link(self, span: int) -> Link:
+        """The link a group of GPUs uses: NVLink when its `span` consecutive ranks fit in one node,
+        else InfiniBand, each GPU's share of the node's NICs."""
+        if span <= self.gpus_per_node:
+            return self.intra
+        share = self.nics_per_node / self.gpus_per_node
+        return replace(self.inter, bandwidth=self.inter.bandwidth * share)
+
+
+NVLINK3 = Link(name="NVLink 3 (A100)", bandwidth=300 * GB, alpha=5e-6)
+NVLINK4 = Link(name="NVLink 4 (H100/H200)", bandwidth=450 * GB, alpha=5e-6)
+IB_HDR = Link(name="InfiniBand HDR 200 Gb/s", bandwidth=25 * GB, alpha=10e-6)
+IB_NDR = Link(name="InfiniBand NDR 400 Gb/s", bandwidth=50 * GB, alpha=10e-6)
+LINKS = {"nvlink3": NVLINK3, "nvlink4": NVLINK4, "ib-hdr": IB_HDR, "ib-ndr": IB_NDR}
+
+HARDWARE = {
+    "a100-40gb": Hardware(name="A100 SXM4 40GB", peak_flops=312e12, hbm_bandwidth=1555 * GB, memory_bytes=40 * GB),
+    "a100-80gb": Hardware(name="A100 SXM4 80GB", peak_flops=312e12, hbm_bandwidth=2039 * GB, memory_bytes=80 * GB),
+    "h100": Hardware(name="H100 SXM5 80GB", peak_flops=989e12, hbm_bandwidth=3350 * GB, memory_bytes=80 * GB,
+                     intra=NVLINK4, inter=IB_NDR),
+    "h200": Hardware(name="H200 SXM 141GB", peak_flops=989e12, hbm_bandwidth=4800 * GB, memory_bytes=141 * GB,
+                     intra=NVLINK4, inter=IB_NDR),
+}
+
+
+def hardware(name: str) -> Hardware:
+    """A preset by name; the error lists them."""
+    try:
+        return HARDWARE[name]
+    except KeyError:
+        raise ValueError(f"hardware {name!r}: expected one of {sorted(HARDWARE)} or a custom form") from None
+
+
+def parse_custom(spec: str) -> Hardware:
+    """The ``--custom`` form: ``key=value`` pairs separated by commas, units in the names.
+
+    Example: ``peak_tflops=312,hbm_gbs=2039,memory_gb=80,gpus_per_node=8,nvlink_gbs=300,ib_gbs=25,nics=8``.
+    Optional: ``nvlink_alpha_us``, ``ib_alpha_us``, ``matmul_eff``, ``memory_eff``, ``link_eff``. Unknown keys
+    are refused by name.
+    """
+    keys = {"peak_tflops", "hbm_gbs", "memory_gb", "gpus_per_node", "nvlink_gbs", "ib_gbs", "nics",
+            "nvlink_alpha_us", "ib_alpha_us", "matmul_eff", "memory_eff", "link_eff"}
+    vals: dict[str, float] = {}
+    for part in filter(None, (p.strip() for p in spec.split(","))):
+        k, sep, v = part.partition("=")
+        if not sep or k not in keys:
+            raise ValueError(f"--custom: {part!r} is not key=value with a key in {sorted(keys)}")
+        try:
+            vals[k] = float(v)
+        except ValueError:
+            raise ValueError(f"--custom: {k}={v!r} is not a number") from None
+    missing = {"peak_tflops", "hbm_gbs", "memory_gb", "nvlink_gbs", "ib_gbs"} - vals.keys()
+    if missing:
+        raise ValueError(f"--custom: missing {sorted(missing)}")
+    eff = vals.get("link_eff", 0.8)
+    hw = Hardware(
+        name="custom", peak_flops=vals["peak_tflops"] * 1e12, hbm_bandwidth=vals["hbm_gbs"] * GB,
+        memory_bytes=vals["memory_gb"] * GB, gpus_per_node=int(vals.get("gpus_per_node", 8)),
+        intra=Link(name="custom intra", bandwidth=vals["nvlink_gbs"] * GB,
+                   alpha=vals.get("nvlink_alpha_us", 5) * 1e-6, efficiency=eff),
+        inter=Link(name="custom inter", bandwidth=vals["ib_gbs"] * GB,
+                   alpha=vals.get("ib_alpha_us", 10) * 1e-6, efficiency=eff),
+        nics_per_node=int(vals.get("nics", 8)), matmul_efficiency=vals.get("matmul_eff", 0.75),
+        memory_efficiency=vals.get("memory_eff", 0.8))
+    hw.check()
+    return hw
+
+
+def add_hardware_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--gpu", choices=sorted(HARDWARE), default="a100-80gb", help="hardware preset (default a100-80gb)")
+    g.add_argument("--custom", default=None, help="custom hardware: " + parse_custom.__doc__.split("\n\n")[1].strip())
+
+
+def hardware_from_args(args: argparse.Namespace) -> Hardware:
+    return parse_custom(args.custom) if args.custom else hardware(args.gpu)

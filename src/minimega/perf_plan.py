@@ -1,0 +1,214 @@
+"""`plan()`: every dp × tp × pp × ZeRO × recomputation × micro-batch × schedule layout of a model on a
+cluster, the ones that fit memory ranked by predicted throughput (``perf.step_time``); ``minimega plan``.
+
+Rules of the search (each one a constraint the stacks themselves impose):
+    tp divides the heads and stays inside a node (TP is on the critical path: NVLink only);
+    pp ≤ layers; dp = GPUs / (tp·pp) divides the global batch, and micro-batches divide the rest;
+    ZeRO-2/3 only without pp (``compose.py``: they would reduce or gather every micro-batch);
+    interleaved 1F1B with v chunks only when pp·v divides the layers and pp divides m (Megatron's rule);
+    sequence parallelism only with tp > 1. GPipe is searched only when asked for (``schedules``): it times
+    like 1F1B and holds m micro-batches instead of p, so it never beats it.
+"""
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+from dataclasses import asdict
+
+from . import estimate as est
+from .perf import STACKS, PerfConfig, days_and_cost, step_time
+from .perf_hardware import Hardware, add_hardware_args, hardware, hardware_from_args
+
+GB = 1e9
+MICRO_BATCHES = (1, 2, 4, 8, 16)
+VIRTUAL = (2, 4)
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def layouts(model: dict, n_gpus: int, global_batch: int, hw: Hardware, *, zero_stages=(0, 1, 2, 3),
+            recompute=("none", "selective", "full"), schedules=("1f1b", "interleaved"),
+            micro_batches=MICRO_BATCHES, sp=(False, True), **fixed):
+    """Yield every valid `PerfConfig` of `model` (layers, hidden, heads, vocab, seq_len) on `n_gpus`."""
+    for tp in _divisors(n_gpus):
+        if tp > hw.gpus_per_node or model["heads"] % tp:
+            continue
+        for pp in _divisors(n_gpus // tp):
+            dp = n_gpus // (tp * pp)
+            if pp > model["layers"] or global_batch % dp:
+                continue
+            for z, rc, b, s in itertools.product(zero_stages, recompute, micro_batches, sp):
+                if (z >= 2 and pp > 1) or (z > 0 and dp == 1) or (s and tp == 1) or (global_batch // dp) % b:
+                    continue
+                m = global_batch // (dp * b)
+                scheds = [("1f1b", 1)] if pp == 1 else \
+                    [(sc, v) for sc in schedules for v in ((1,) if sc != "interleaved" else VIRTUAL)
+                     if sc != "interleaved" or (model["layers"] % (pp * v) == 0 and m % pp == 0)]
+                for sched, v in scheds:
+                    if pp > 1 and sched not in schedules:
+                        continue
+                    yield PerfConfig(**model, **fixed, tp=tp, pp=pp, dp=dp, zero_stage=z, recompute=rc,
+                                     micro_batch=b, sp=s, schedule=sched, virtual_stages=v, global_batch=global_batch)
+
+
+# --8<-- [start:plan]
+def plan(model: dict, n_gpus: int, global_batch: int, hw: Hardware | str = "a100-80gb", *, top: int = 10,
+         memory_fraction: float = 0.9, tokens: float | None = None, price_per_gpu_hour: float = 0.0, **options) -> dict:
+    """Rank the layouts of `model` on `n_gpus` GPUs that fit `memory_fraction` of a GPU's memory.
+
+    Args:
+        model: layers, hidden, heads, vocab, seq_len (and optionally precision, fp32_grads, dropout,
+            attention, position_embedding, pp_partition, stack: fixed for every layout).
+        options: restrict the search, e.g. ``recompute=("full",)``, ``schedules=("1f1b",)``, ``zero_stages=(0, 1)``.
+    Returns:
+        ``{"searched", "fit", "top": [row, ...]}``; a row is the layout, its `step_time` breakdown, memory
+        per GPU and, with `tokens`, days, GPU-hours and cost.
+    """
+    hw = hardware(hw) if isinstance(hw, str) else hw
+    if not 0 < memory_fraction <= 1:
+        raise ValueError(f"memory_fraction={memory_fraction}: must be in (0, 1]")
+    if not (isinstance(n_gpus, int) and n_gpus >= 1):
+        raise ValueError(f"n_gpus={n_gpus!r}: expected an integer >= 1")
+    search = {k: options.pop(k) for k in ("zero_stages", "recompute", "schedules", "micro_batches", "sp") if k in options}
+    shape = {**model, **options}
+    searched, fits = 0, []
+    budget = hw.memory_bytes * memory_fraction
+    for cfg in layouts(shape, n_gpus, global_batch, hw, **search):
+        searched += 1
+        mem = est.memory_per_gpu(cfg.memory_config())["total"]
+        if mem > budget:
+            continue
+        fits.append((cfg, step_time(cfg, hw)))
+    fits.sort(key=lambda cr: (-cr[1]["tokens_per_s"], cr[1]["memory"]["total"]))
+    rows = []
+    for cfg, r in fits[:top]:
+        row = {"layout": layout_name(cfg), "config": asdict(cfg), **{k: v for k, v in r.items() if k != "memory"},
+               "memory_gb": r["memory"]["total"] / GB}
+        if tokens:
+            row.update(days_and_cost(r, tokens, price_per_gpu_hour, global_batch, cfg.seq_len))
+        rows.append(row)
+    return {"searched": searched, "fit": len(fits), "n_gpus": n_gpus, "hardware": hw.name, "top": rows,
+            "ranked": [layout_name(c) for c, _ in fits]}
+# --8<-- [end:plan]
+
+
+SHAPE_KEYS = ("layers", "hidden", "heads", "vocab", "seq_len", "precision", "fp32_grads", "position_embedding",
+              "pp_partition", "attention")
+
+
+def preset_shape(name: str) -> dict:
+    """The fixed part of an `estimate.PRESETS` entry (its layout left out), with the run's stack and dropout."""
+    if name not in est.PRESETS:
+        raise ValueError(f"model preset {name!r}: expected one of {sorted(est.PRESETS)}")
+    shape = {k: v for k, v in est.PRESETS[name].items() if k in SHAPE_KEYS}
+    if name == "bloom-176b":
+        shape.update(dropout=False, stack="megatron-deepspeed")
+    if name == "mt-nlg-530b":
+        shape.update(stack="megatron-deepspeed")
+    return shape
+
+
+def plan_rank(preset: str, n_gpus: int, global_batch: int, layout: str, hw: str = "a100-80gb", **options) -> int:
+    """Rank of `layout` among the fitting layouts of a preset's shape (0 if it does not fit)."""
+    return rank_of(plan(preset_shape(preset), n_gpus, global_batch, hw, top=0, **options), layout) or 0
+
+
+def layout_name(cfg: PerfConfig) -> str:
+    """dp8-tp4-pp12 z1 full b2 1f1b (+sp, +v2)."""
+    s = f"dp{cfg.dp}-tp{cfg.tp}-pp{cfg.pp} z{cfg.zero_stage} {cfg.recompute} b{cfg.micro_batch}"
+    if cfg.pp > 1:
+        s += f" {cfg.schedule}" + (f" v{cfg.virtual_stages}" if cfg.schedule == "interleaved" else "")
+    return s + (" sp" if cfg.sp else "")
+
+
+def rank_of(result: dict, name: str) -> int | None:
+    """1-based rank of a layout name in a `plan` result (None if it did not fit or was not searched)."""
+    try:
+        return result["ranked"].index(name) + 1
+    except ValueError:
+        return None
+
+
+# ----------------------------------------------------------------------------------------------
+# CLI: `minimega plan`
+
+def add_plan_parser(subparsers) -> argparse.ArgumentParser:
+    p = subparsers.add_parser("plan", help="rank parallel layouts by predicted throughput (α-β + roofline model)",
+                              description="Enumerate dp x tp x pp x ZeRO x recomputation x micro-batch x schedule, "
+                                          "drop what does not fit memory, print the fastest. Example: minimega plan "
+                                          "--model bloom-176b --nodes 48 --global-batch 2048 --recompute full")
+    g = p.add_argument_group("model")
+    g.add_argument("--model", choices=sorted(est.PRESETS), default=None, help="a preset shape")
+    for name in ("layers", "hidden", "heads", "vocab", "seq-len"):
+        g.add_argument(f"--{name}", type=int, default=None, help="overrides the preset")
+    g.add_argument("--precision", choices=est.PRECISIONS, default=None)
+    g.add_argument("--fp32-grads", action="store_true", default=None, help="grads accumulate in fp32 (4 B/param)")
+    g.add_argument("--no-dropout", action="store_true", help="the model has no dropout (BLOOM)")
+    g.add_argument("--attention", choices=est.ATTENTION, default=None)
+    c = p.add_argument_group("cluster")
+    add_hardware_args(c)
+    c.add_argument("--nodes", type=int, default=None, help="nodes (GPUs = nodes x GPUs per node)")
+    c.add_argument("--gpus", type=int, default=None, help="total GPUs (instead of --nodes)")
+    c.add_argument("--stack", choices=sorted(STACKS), default=None, help="pipeline engine (default: the preset's)")
+    r = p.add_argument_group("run")
+    r.add_argument("--global-batch", type=int, required=True, help="sequences per step")
+    r.add_argument("--tokens", type=float, default=None, help="training tokens, for days and cost")
+    r.add_argument("--price", type=float, default=2.0, help="$ per GPU-hour (default 2.0)")
+    r.add_argument("--memory-fraction", type=float, default=0.9, help="share of GPU memory a layout may use (0.9)")
+    s = p.add_argument_group("search")
+    s.add_argument("--recompute", nargs="+", choices=est.RECOMPUTE, default=None)
+    s.add_argument("--zero-stages", nargs="+", type=int, choices=est.STAGES, default=None)
+    s.add_argument("--schedules", nargs="+", choices=est.SCHEDULES, default=None)
+    s.add_argument("--no-sp", action="store_true", help="search without Megatron sequence parallelism")
+    s.add_argument("--top", type=int, default=10)
+    s.add_argument("--json", action="store_true", help="print JSON")
+    p.set_defaults(func=run_plan)
+    return p
+
+
+def _model_from_args(args) -> dict:
+    model = preset_shape(args.model) if args.model else {}
+    for k in ("layers", "hidden", "heads", "vocab", "seq_len", "precision", "fp32_grads", "attention", "stack"):
+        if getattr(args, k) is not None:
+            model[k] = getattr(args, k)
+    if args.no_dropout:
+        model["dropout"] = False
+    missing = [k for k in ("layers", "hidden", "heads", "vocab", "seq_len") if k not in model]
+    if missing:
+        raise ValueError(f"give --model or all of --layers --hidden --heads --vocab --seq-len (missing {missing})")
+    return model
+
+
+def run_plan(args: argparse.Namespace) -> int:
+    hw = hardware_from_args(args)
+    if (args.nodes is None) == (args.gpus is None):
+        raise ValueError("give exactly one of --nodes and --gpus")
+    n = args.gpus if args.gpus is not None else args.nodes * hw.gpus_per_node
+    opts = {k: tuple(getattr(args, a)) for k, a in (("recompute", "recompute"), ("zero_stages", "zero_stages"),
+                                                    ("schedules", "schedules")) if getattr(args, a)}
+    if args.no_sp:
+        opts["sp"] = (False,)
+    res = plan(_model_from_args(args), n, args.global_batch, hw, top=args.top, memory_fraction=args.memory_fraction,
+               tokens=args.tokens, price_per_gpu_hour=args.price, **opts)
+    if args.json:
+        res = {k: v for k, v in res.items() if k != "ranked"}
+        print(json.dumps(res, indent=2, default=str))
+        return 0
+    print(f"{res['hardware']} x {n}: {res['searched']} layouts searched, {res['fit']} fit "
+          f"{args.memory_fraction:.0%} of {hw.memory_bytes / GB:.0f} GB")
+    head = f"{'#':>2} {'layout':<38} {'s/step':>8} {'tok/s':>9} {'TF/s':>6} {'MFU':>5} {'GB':>5}  " \
+           f"{'compute':>7} {'tp':>6} {'p2p':>6} {'bubble':>6} {'stack':>6} {'dp':>6}"
+    if args.tokens:
+        head += f" {'days':>7} {'cost $':>11}"
+    print(head)
+    for i, r in enumerate(res["top"], 1):
+        line = (f"{i:>2} {r['layout']:<38} {r['total']:>8.2f} {r['tokens_per_s']:>9.0f} {r['tflops_per_gpu']:>6.1f} "
+                f"{r['mfu']:>5.1%} {r['memory_gb']:>5.1f}  {r['compute']:>7.2f} {r['tp_comm']:>6.2f} {r['p2p']:>6.2f} "
+                f"{r['bubble']:>6.2f} {r['stack_overhead']:>6.2f} {r['dp_comm']:>6.2f}")
+        if args.tokens:
+            line += f" {r['days']:>7.1f} {r['cost']:>11,.0f}"
+        print(line)
+    return 0

@@ -1,0 +1,144 @@
+"""minimega.perf: the α-β collectives, the roofline, the overlap rules (no process group, no torch)."""
+import math
+
+import pytest
+
+from minimega import estimate as est
+from minimega import perf
+from minimega.perf import PerfConfig
+from minimega.perf_hardware import HARDWARE, Link, parse_custom
+
+A100 = perf.hardware("a100-80gb")
+LINK = Link(name="test", bandwidth=100e9, alpha=1e-5, efficiency=1.0)
+
+
+def test_ring_collectives_are_the_estimators_ring_time():
+    for op in ("all_reduce", "reduce_scatter", "all_gather"):
+        assert perf.collective_time(op, 1e9, 8, LINK) == est.ring_time(op, 1e9, 8, 1e-5, 100e9)
+    # all-reduce = reduce-scatter + all-gather, in both terms
+    assert perf.collective_time("all_reduce", 1e9, 8, LINK) == pytest.approx(
+        perf.collective_time("reduce_scatter", 1e9, 8, LINK) + perf.collective_time("all_gather", 1e9, 8, LINK))
+
+
+def test_tree_all_reduce_wins_on_latency_and_loses_on_bandwidth():
+    n = 1024
+    small, big = 1e3, 1e10
+    assert perf.collective_time("all_reduce", small, n, LINK, "tree") < perf.collective_time("all_reduce", small, n, LINK)
+    # on few ranks the ring's 2(n-1)/n·S beats the tree's 2S
+    assert perf.collective_time("all_reduce", big, 4, LINK, "tree") > perf.collective_time("all_reduce", big, 4, LINK)
+    assert perf.collective_time("all_reduce", 0, n, LINK, "tree") == pytest.approx(2 * math.log2(n) * 1e-5)
+
+
+def test_all_to_all_and_send_recv():
+    assert perf.collective_time("all_to_all", 8e9, 8, LINK) == pytest.approx(7 * 1e-5 + 7 / 8 * 8e9 / 100e9)
+    assert perf.collective_time("send_recv", 1e9, 2, LINK) == pytest.approx(1e-5 + 1e9 / 100e9)
+    assert perf.collective_time("all_gather", 1e9, 1, LINK) == 0.0
+
+
+def test_collective_refuses_what_it_does_not_model():
+    with pytest.raises(ValueError, match="tree.*all_reduce only"):
+        perf.collective_time("reduce_scatter", 1e6, 8, LINK, "tree")
+    with pytest.raises(ValueError, match="broadcast"):
+        perf.collective_time("broadcast", 1e6, 8, LINK)
+
+
+def test_link_tier_follows_the_group_span():
+    assert A100.link(8) is A100.intra
+    ib = A100.link(16)
+    assert ib.bandwidth == 25e9 and ib.alpha == A100.inter.alpha        # one HDR NIC per GPU
+    custom = parse_custom("peak_tflops=100,hbm_gbs=1000,memory_gb=24,nvlink_gbs=50,ib_gbs=12.5,nics=2,gpus_per_node=4")
+    assert custom.link(8).bandwidth == 12.5e9 * 2 / 4
+    with pytest.raises(ValueError, match="bogus"):
+        parse_custom("peak_tflops=1,bogus=3")
+    with pytest.raises(ValueError, match="missing"):
+        parse_custom("peak_tflops=1")
+
+
+def test_hardware_presets_are_the_datasheets():
+    assert HARDWARE["a100-40gb"].peak_flops == HARDWARE["a100-80gb"].peak_flops == 312e12
+    assert HARDWARE["h100"].peak_flops == HARDWARE["h200"].peak_flops == 989e12
+    assert (HARDWARE["a100-40gb"].hbm_bandwidth, HARDWARE["a100-80gb"].hbm_bandwidth) == (1555e9, 2039e9)
+    assert (HARDWARE["h100"].hbm_bandwidth, HARDWARE["h200"].hbm_bandwidth) == (3350e9, 4800e9)
+    with pytest.raises(ValueError, match="a100-80gb"):
+        perf.hardware("v100")
+
+
+def _gpt3(**kw):
+    base = dict(layers=96, hidden=12288, heads=96, vocab=51200, seq_len=2048, micro_batch=1, tp=8, pp=8,
+                global_batch=64)
+    return PerfConfig(**{**base, **kw})
+
+
+def test_roofline_gemms_are_compute_bound_elementwise_memory_bound():
+    rows = {r["op"]: r for r in perf.roofline(_gpt3(), A100)}
+    for op in ("qkv", "fc1", "fc2", "logits"):
+        assert rows[op]["bound"] == "compute", rows[op]
+    for op in ("softmax", "gelu", "layernorm", "dropout+residual"):
+        assert rows[op]["bound"] == "memory", rows[op]
+    # matmul FLOPs of a layer: 24·s·b·h²(1 + s/(6h)) / t forward (Narayanan Eq. 3's per-layer term / 4)
+    c = _gpt3()
+    flops = sum(f for name, f, _ in perf.layer_ops(c) if name in ("qkv", "scores q·kᵀ", "scores·v", "proj", "fc1", "fc2"))
+    assert flops == pytest.approx(24 * 2048 * 12288 ** 2 * (1 + 2048 / (6 * 12288)) / 8)
+
+
+def test_full_recompute_costs_one_forward_more_8_over_6():
+    none = perf.step_time(_gpt3(), A100)
+    full = perf.step_time(_gpt3(recompute="full"), A100)
+    assert full["compute"] / none["compute"] == pytest.approx(8 / 6, rel=0.02)   # the head is not recomputed
+    sel = perf.step_time(_gpt3(recompute="selective"), A100)
+    assert none["compute"] < sel["compute"] < full["compute"]
+
+
+def test_bubble_is_p_minus_1_over_v_m_slots():
+    r = perf.step_time(_gpt3(), A100)
+    slot = (r["compute"] + r["tp_comm"] + r["p2p"]) / r["micro_batches"]
+    assert r["bubble"] / (64 * slot) == pytest.approx(est.bubble_ratio(8, 64))     # (p-1)/m
+    inter = perf.step_time(_gpt3(schedule="interleaved", virtual_stages=2), A100)
+    assert inter["bubble"] < r["bubble"] and inter["p2p"] == pytest.approx(2 * r["p2p"])
+
+
+def test_dp_reduction_overlaps_without_pp_and_waits_for_the_flush_with_pp():
+    shape = dict(layers=24, hidden=2048, heads=16, vocab=51200, seq_len=2048, micro_batch=4, global_batch=32)
+    flat = perf.step_time(PerfConfig(**shape, dp=8), A100)
+    grads = est.stage_params(PerfConfig(**shape, dp=8).memory_config()) * 2
+    k = math.ceil(grads / 25e6)
+    bucket = perf.collective_time("all_reduce", grads / k, 8, A100.intra)
+    assert flat["dp_comm"] == pytest.approx(bucket)          # all but the last bucket hide behind the backward
+    piped = perf.step_time(PerfConfig(**shape, dp=8, pp=2), A100)
+    grads2 = est.stage_params(PerfConfig(**shape, dp=8, pp=2).memory_config()) * 2
+    k2 = math.ceil(grads2 / 25e6)
+    assert piped["dp_comm"] == pytest.approx(k2 * perf.collective_time("all_reduce", grads2 / k2, 8, A100.intra))
+
+
+def test_micro_batches_are_derived_not_given():
+    assert _gpt3(dp=2, micro_batch=2, global_batch=64).micro_batches == 16
+    assert perf.replace(_gpt3(), dp=2).micro_batches == 32
+    with pytest.raises(TypeError, match="micro_batches"):
+        _gpt3(micro_batches=7)
+
+
+def test_outputs_are_consistent():
+    c = _gpt3(dp=2, global_batch=128)
+    r = perf.step_time(c, "a100-80gb")
+    parts = ("compute", "tp_comm", "p2p", "bubble", "stack_overhead", "dp_comm", "optimizer")
+    assert r["total"] == pytest.approx(sum(r[p] for p in parts))
+    assert r["tokens_per_s"] == pytest.approx(128 * 2048 / r["total"])
+    assert r["memory"] == est.memory_per_gpu(c.memory_config())
+    assert r["mfu"] == pytest.approx(est.megatron_model_flops(128, 2048, 96, 12288, 51200) / r["total"] / 128 / 312e12)
+    days = perf.days_and_cost(r, 300e9, 2.0, 128, 2048)
+    assert days["gpu_hours"] == pytest.approx(300e9 / (128 * 2048) * r["total"] * 128 / 3600)
+    assert days["cost"] == pytest.approx(2.0 * days["gpu_hours"])
+
+
+@pytest.mark.parametrize("kw, match", [
+    (dict(dp=2, global_batch=63), "multiple of dp"),
+    (dict(zero_stage=3, dp=2, global_batch=64), "ZeRO-2/3 do not compose"),
+    (dict(schedule="interleaved", virtual_stages=1), "interleaved"),
+    (dict(virtual_stages=2), "needs schedule='interleaved'"),
+    (dict(schedule="interleaved", virtual_stages=5), "multiple of pp"),
+    (dict(stack="jax"), "stack"),
+    (dict(offload="optimizer"), "offload"),
+])
+def test_bad_layouts_are_refused_by_name(kw, match):
+    with pytest.raises(ValueError, match=match):
+        perf.step_time(_gpt3(**kw), A100)

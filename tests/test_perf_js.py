@@ -1,0 +1,98 @@
+"""The step-time calculator and planner in JavaScript (course/assets/javascripts/perf.js) against minimega.perf."""
+import json
+import random
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from minimega import estimate as est
+from minimega import perf, perf_plan
+
+NODE = shutil.which("node")
+PERF_JS = Path(__file__).resolve().parents[1] / "course" / "assets" / "javascripts" / "perf.js"
+RUNNER = """
+const p = require(process.argv[1]);
+const jobs = JSON.parse(require('fs').readFileSync(0, 'utf8'));
+const out = jobs.map(j => { try {
+  if (j.kind === 'step') { const r = p.stepTime(j.cfg, j.hw); delete r.memory; return r; }
+  return p.plan(j.model, j.n, j.B, j.hw, j.opts);
+} catch (e) { return {error: e.message}; } });
+process.stdout.write(JSON.stringify(out));
+"""
+pytestmark = pytest.mark.skipif(NODE is None, reason="needs node")
+KEYS = ("compute", "forward", "backward", "recompute", "tp_comm", "p2p", "bubble", "stack_overhead", "dp_comm",
+        "optimizer", "total", "tokens_per_s", "tflops_per_gpu", "mfu", "hfu", "micro_batches", "n_gpus", "fits")
+
+
+def _run(jobs):
+    proc = subprocess.run([NODE, "-e", RUNNER, str(PERF_JS)], input=json.dumps(jobs), capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
+def _random_config(rng):
+    heads = rng.choice([4, 8, 12, 16, 32, 64, 96, 112, 128])
+    tp = rng.choice([t for t in (1, 2, 4, 8, 16) if heads % t == 0])
+    pp = rng.choice([1, 1, 2, 4, 8, 12, 35])
+    stage = rng.randrange(4) if pp == 1 else rng.randrange(2)
+    dp, b = rng.choice([1, 2, 8, 64, 384]), rng.choice([1, 2, 4])
+    m = rng.choice([1, 2, 8, 32, 128]) * (pp if rng.random() < 0.5 else 1)
+    schedule, v = "1f1b", 1
+    layers = rng.randint(1, 64) * pp
+    if pp > 1 and m % pp == 0 and rng.random() < 0.4:
+        schedule, v = "interleaved", 2
+        layers = 2 * layers
+    precision = rng.choice(est.PRECISIONS)
+    return dict(layers=layers, hidden=heads * rng.choice([64, 128]), heads=heads, vocab=rng.randint(1000, 260000),
+                seq_len=rng.choice([512, 2048, 8192]), micro_batch=b, precision=precision, zero_stage=stage, tp=tp,
+                dp=dp, pp=pp, sp=rng.random() < 0.5, recompute=rng.choice(est.RECOMPUTE), schedule=schedule,
+                virtual_stages=v, attention=rng.choice(est.ATTENTION), position_embedding=rng.random() < 0.5,
+                fp32_grads=rng.random() < 0.5 and precision != "fp32", pp_partition=rng.choice(est.PP_PARTITION),
+                global_batch=dp * b * m, dropout=rng.random() < 0.5, stack=rng.choice(sorted(perf.STACKS)),
+                bucket_bytes=rng.choice([25e6, 5e8]))
+
+
+def test_step_time_js_matches_python_on_random_configs():
+    rng = random.Random(1713)
+    cfgs = [_random_config(rng) for _ in range(240)]
+    hws = [rng.choice(sorted(perf.HARDWARE)) for _ in cfgs]
+    got = _run([{"kind": "step", "cfg": c, "hw": h} for c, h in zip(cfgs, hws)])
+    for cfg, hw, js in zip(cfgs, hws, got):
+        py = perf.step_time(perf.PerfConfig(**cfg), hw)
+        assert "error" not in js, (cfg, js)
+        for k in KEYS:
+            assert js[k] == pytest.approx(py[k], rel=1e-9, abs=1e-12), (k, cfg, hw)
+
+
+def test_step_time_js_rejects_what_python_rejects():
+    base = dict(layers=24, hidden=1024, heads=16, vocab=50000, seq_len=1024, global_batch=64, dp=2)
+    bad = [{**base, "zero_stage": 3, "pp": 2}, {**base, "global_batch": 63}, {**base, "schedule": "interleaved"},
+           {**base, "virtual_stages": 2}, {**base, "stack": "jax"}, {**base, "offload": "optimizer"}, {**base, "tp": 3}]
+    for cfg, js in zip(bad, _run([{"kind": "step", "cfg": c, "hw": "h100"} for c in bad])):
+        with pytest.raises(ValueError):
+            perf.step_time(perf.PerfConfig(**cfg), "h100")
+        assert "error" in js, cfg
+
+
+def test_planner_js_ranks_like_python():
+    rng = random.Random(7)
+    jobs = [("bloom-176b", 384, 2048, "a100-80gb", dict(recompute=("full",), schedules=("1f1b",), zero_stages=(0, 1),
+                                                         sp=(False,))),
+            ("mt-nlg-530b", 2240, 1920, "a100-80gb", {})]
+    for _ in range(4):
+        heads = rng.choice([16, 32, 64])
+        model = dict(layers=rng.choice([24, 32, 48]), hidden=heads * 128, heads=heads, vocab=50257, seq_len=2048)
+        jobs.append((model, rng.choice([16, 64, 128]), rng.choice([256, 512]), rng.choice(sorted(perf.HARDWARE)), {}))
+    shapes = [perf_plan.preset_shape(m) if isinstance(m, str) else m for m, *_ in jobs]
+    got = _run([{"kind": "plan", "model": s, "n": n, "B": B, "hw": hw, "opts": {k: list(v) for k, v in o.items()}}
+                for s, (_, n, B, hw, o) in zip(shapes, jobs)])
+    for s, (_, n, B, hw, o), js in zip(shapes, jobs, got):
+        py = perf_plan.plan(s, n, B, hw, **o)
+        assert "error" not in js, js
+        assert (js["searched"], js["fit"]) == (py["searched"], py["fit"])
+        assert js["ranked"] == py["ranked"]
+        for a, b in zip(js["top"], py["top"]):
+            assert a["total"] == pytest.approx(b["total"], rel=1e-9) and a["memory_gb"] == pytest.approx(b["memory_gb"], rel=1e-9)
