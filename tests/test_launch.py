@@ -37,8 +37,37 @@ def _die_on_rank_1(pid_dir, how):
     time.sleep(60)
 
 
-def _sleep_forever():
-    time.sleep(120)
+def _world():
+    return mm.comm.Group(dist.group.WORLD, list(range(dist.get_world_size())), "world")
+
+
+def _deadlock():
+    """Rank 0 waits in an all-reduce that rank 1, stuck elsewhere, never joins."""
+    if dist.get_rank() == 1:
+        time.sleep(120)
+    mm.comm.all_reduce(torch.ones(1), _world())
+
+
+def _stop_rank_1(pid_dir):
+    """Both ranks all-reduce in a loop; rank 1 SIGSTOPs itself after its third."""
+    Path(pid_dir, f"pid-{dist.get_rank()}").write_text(str(os.getpid()))
+    for i in range(10_000):
+        mm.comm.all_reduce(torch.ones(1), _world())
+        if dist.get_rank() == 1 and i == 2:
+            os.kill(os.getpid(), signal.SIGSTOP)
+
+
+def _mismatch():
+    t = torch.ones(4)
+    if dist.get_rank() == 0:
+        mm.comm.all_reduce(t, _world())
+    else:
+        mm.comm.broadcast(t, 1, _world())
+    mm.comm.all_reduce(t, _world())
+
+
+def _environment(names):
+    return {n: os.environ.get(n) for n in names} | {"ppid": os.getppid()}
 
 
 def test_results_in_rank_order():
@@ -86,11 +115,37 @@ def test_dead_rank_fails_fast_without_orphans(tmp_path, how, expect):
     assert all(_gone(p) for p in pids), "a rank outlived the failed job"
 
 
-def test_timeout_kills_a_deadlock():
+def test_watchdog_names_the_rank_that_never_joined():
     start = time.monotonic()
-    with pytest.raises(mm.LaunchTimeout, match=r"ran past timeout=2s; ranks \[0, 1\]"):
-        mm.launch(_sleep_forever, 2, timeout=2)
-    assert time.monotonic() - start < 20
+    with pytest.raises(mm.LaunchTimeout) as err:
+        mm.launch(_deadlock, 2, timeout=3)
+    took = time.monotonic() - start
+    assert took < 3 + 10, took
+    msg = str(err.value)
+    assert err.value.rank == 1 and msg.startswith("watchdog: rank 1 of 2 never joined"), msg
+    assert "rank 0 waited" in msg and "all_reduce#1 (group world)" in msg, msg
+
+
+def test_watchdog_names_a_stopped_rank_and_its_last_collective(tmp_path):
+    start = time.monotonic()
+    with pytest.raises(mm.LaunchTimeout) as err:
+        mm.launch(_stop_rank_1, 2, str(tmp_path), timeout=3)
+    took = time.monotonic() - start
+    assert took < 3 + 10, took
+    msg = str(err.value)
+    assert err.value.rank == 1 and msg.startswith("watchdog: rank 1 of 2 stopped responding"), msg
+    assert "process state: stopped" in msg and "all_reduce#3 (group world)" in msg, msg
+    pids = [int(p.read_text()) for p in tmp_path.glob("pid-*")]
+    assert len(pids) == 2 and all(_gone(p) for p in pids), "a stopped rank outlived the job"
+
+
+def test_watchdog_names_mismatched_collectives():
+    start = time.monotonic()
+    with pytest.raises(mm.WorkerError) as err:
+        mm.launch(_mismatch, 2, timeout=3)
+    assert time.monotonic() - start < 3 + 10
+    msg = str(err.value)
+    assert "broadcast" in msg and "all_reduce" in msg, msg
 
 
 def test_bad_input_is_refused_before_any_process_starts():

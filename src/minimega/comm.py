@@ -123,10 +123,15 @@ class CommLog:
 
 
 _ACTIVE: list[CommLog] = []
+WATCH = None
+"""In a rank that `minimega.launch` started: its `RankStatus`, told each collective entered and left, so
+the launcher's watchdog can name the last collective a stuck rank entered."""
 
 
 # --8<-- [start:record]
 def _record(op: str, group: Group, tensor: torch.Tensor, elements: int, tag: str = "") -> CommRecord | None:
+    if WATCH is not None:
+        WATCH.enter(op, group.name)
     if not _ACTIVE:
         return None
     size = elements * tensor.element_size()
@@ -151,6 +156,8 @@ class Handle:
             for work in self._works:
                 work.wait()
             self._works = []
+            if WATCH is not None:
+                WATCH.leave()
             now = time.perf_counter()
             for rec in self._records:
                 rec.end = now
@@ -163,6 +170,8 @@ class Handle:
 def _finish(work, rec, result, async_op):
     if async_op:
         return Handle([work], [rec], result)
+    if WATCH is not None:
+        WATCH.leave()
     if rec is not None:
         rec.end = time.perf_counter()
     return result
@@ -261,7 +270,11 @@ def batch_p2p(ops: list[P2P], group: Group) -> Handle:
 
 def barrier(group: Group) -> None:
     if group.size > 1:
+        if WATCH is not None:
+            WATCH.enter("barrier", group.name)
         dist.barrier(group=group.pg)
+        if WATCH is not None:
+            WATCH.leave()
 
 
 def all_gather_object(obj, group: Group) -> list:
@@ -269,5 +282,9 @@ def all_gather_object(obj, group: Group) -> list:
     if group.size == 1:
         return [obj]
     out = [None] * group.size
+    if WATCH is not None:
+        WATCH.enter("all_gather_object", group.name)
     dist.all_gather_object(out, obj, group=group.pg)
+    if WATCH is not None:
+        WATCH.leave()
     return out

@@ -11,21 +11,32 @@ Failure is the common case when learning, so the launcher is built around it:
 - a rank that dies without raising (``os._exit``, a signal, a crash in native code): the parent sees
   the exit code and reports that instead;
 - either way the surviving ranks are terminated at once, so a peer blocked in a collective never
-  keeps the caller waiting; ``timeout`` bounds everything else (a deadlock among live ranks).
+  keeps the caller waiting;
+- a rank that stops without dying (SIGSTOP, a deadlock, mismatched collectives) is caught by the
+  *watchdog*: every rank publishes a heartbeat and the last collective it entered (``all_reduce#12
+  group dp``) in a small shared-memory record; the launcher ends the job when a heartbeat is older
+  than ``timeout`` or a collective has waited longer than that, naming the rank and its collective;
+- the job dies with its launcher: each rank watches the launcher through a pipe whose write end only
+  the launcher holds, so SIGKILL of a script, the CLI or a notebook kernel ends every rank (EOF).
 
 Workers are forked from a *forkserver* that has already imported torch and minimega, so starting a
-rank costs a fork instead of a fresh 3-second ``import torch``. Under ``torchrun`` (RANK and
+rank costs a fork instead of a fresh 3-second ``import torch``. The forkserver follows its caller:
+each rank takes the caller's ``os.environ`` as it is at ``launch()``, and an edit to minimega's
+source (newer mtime) or a dead forkserver starts a fresh one. Under ``torchrun`` (RANK and
 WORLD_SIZE set in the environment) nothing is spawned: this process is one rank, it joins the group
 from the environment, runs ``fn`` and gathers every rank's result.
 """
 from __future__ import annotations
 
 import ctypes
+import mmap
 import multiprocessing as mp
 import os
 import pickle
 import signal
+import struct
 import sys
+import threading
 import tempfile
 import time
 import traceback
@@ -37,33 +48,66 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-__all__ = ["launch", "WorkerError", "LaunchTimeout", "resolve_backend", "current_world_size"]
+__all__ = ["launch", "WorkerError", "LaunchTimeout", "resolve_backend", "current_world_size", "report_step",
+           "DEFAULT_TIMEOUT"]
 
 _ENV_FLAG = "MINIMEGA_WORKER"          # set in spawned ranks, so a nested launch() is refused clearly
+DEFAULT_TIMEOUT = 300.0
+"""Seconds a collective may wait, or a rank stay silent, before the watchdog ends the job."""
+HEARTBEAT_S = 0.5                      # how often each rank's guard thread beats (and checks its launcher)
+_STARTUP_S = 60.0                      # a fresh rank imports the worker's module before its first beat
+_GRACE_S = 3.0                         # beyond the timeout: lets the backend's own timeout error arrive first
 
 
 class WorkerError(RuntimeError):
     """A rank failed. ``rank`` is the first rank that failed; ``remote_traceback`` is its traceback."""
 
-    def __init__(self, message: str, rank: int, exc_type: str = "", remote_traceback: str = ""):
+    def __init__(self, message: str, rank: int, exc_type: str = "", remote_traceback: str = "",
+                 ranks: list[dict] | None = None):
         super().__init__(message)
         self.rank, self.exc_type, self.remote_traceback = rank, exc_type, remote_traceback
+        self.ranks = ranks or []
+        """Each rank's last published status: step, last collective entered, heartbeat age (see `RankStatus`)."""
+
+    @property
+    def step(self) -> int | None:
+        """The failed rank's last reported step (`report_step`), or None if it reported none."""
+        steps = [r["step"] for r in self.ranks if r["rank"] == self.rank and r["step"] >= 0]
+        return steps[0] if steps else None
 
 
 class LaunchTimeout(WorkerError, TimeoutError):
-    """The job ran past ``timeout``; every rank was killed."""
+    """The watchdog ended the job: a rank went silent or a collective waited past ``timeout``."""
 
 
-def resolve_backend(backend: str, world_size: int) -> str:
-    """'auto' means NCCL with one GPU per rank when enough GPUs exist, else gloo on CPU."""
+def resolve_backend(backend: str, world_size: int, local_world_size: int | None = None,
+                    device_count: int | None = None) -> str:
+    """'auto' means NCCL when every rank *on this machine* has a GPU, else gloo on CPU.
+
+    ``local_world_size`` is the number of ranks sharing this machine's GPUs: all of them for a local
+    launch, ``LOCAL_WORLD_SIZE`` under torchrun across nodes (comparing the node's GPUs with the *global*
+    world size would fall back to gloo on every multi-node job).
+    """
+    local = world_size if local_world_size is None else local_world_size
+    gpus = (torch.cuda.device_count() if torch.cuda.is_available() else 0) if device_count is None else device_count
     if backend == "auto":
-        return "nccl" if torch.cuda.is_available() and torch.cuda.device_count() >= world_size else "gloo"
+        return "nccl" if gpus >= local >= 1 else "gloo"
     if backend not in ("gloo", "nccl"):
         raise ValueError(f"backend={backend!r}; choose 'auto', 'gloo' or 'nccl'")
-    if backend == "nccl" and torch.cuda.device_count() < world_size:
-        raise ValueError(f"backend='nccl' needs one GPU per rank: world_size={world_size} but "
-                         f"{torch.cuda.device_count()} CUDA device(s) are visible; use backend='gloo'")
+    if backend == "nccl" and gpus < local:
+        raise ValueError(f"backend='nccl' needs one GPU per rank: {local} rank(s) on this machine but "
+                         f"{gpus} CUDA device(s) are visible; use backend='gloo'")
     return backend
+
+
+def local_device_index(rank: int, env=None) -> int:
+    """The GPU this rank drives: ``LOCAL_RANK`` (set by torchrun and by `launch`), else the global rank.
+
+    Under torchrun across nodes rank 5 of a 2x4 job is local rank 1: ``rank % device_count()`` only
+    agrees when every node holds exactly as many ranks as GPUs, so the local rank is used, never a modulo.
+    """
+    env = os.environ if env is None else env
+    return int(env.get("LOCAL_RANK", rank))
 
 
 def current_world_size() -> int:
@@ -125,15 +169,127 @@ class _Job:
     backend: str
     workdir: str
     threads: int
-    timeout_s: float | None
+    timeout_s: float
+    env: dict
+    """The caller's os.environ at launch(): the forkserver's own, frozen at its start, is replaced by it."""
+
+
+# ------------------------------------------------------------------------------------------------
+# The watchdog's shared record: one small memory-mapped file per rank, written by the rank, read by
+# the launcher. No syscalls on the hot path: entering a collective is a struct.pack_into.
+
+# --8<-- [start:rank_status]
+_HEARTBEAT = struct.Struct("<d")                   # offset 0, written by the guard thread only
+_BODY = struct.Struct("<qqdq24s16s")               # offset 8: version, count, waiting_since, step, op, group
+_STATUS_BYTES = _HEARTBEAT.size + _BODY.size
+
+
+class RankStatus:
+    """This rank's heartbeat and last collective, in shared memory the launcher reads.
+
+    The main thread writes the body under a seqlock (``version`` odd while writing), so the launcher
+    never reads half an update; the guard thread writes only the heartbeat. Times are
+    ``time.monotonic()``, one clock for every process on the machine.
+    """
+
+    def __init__(self, path: Path):
+        self._file = open(path, "r+b")
+        self._map = mmap.mmap(self._file.fileno(), _STATUS_BYTES)
+        self.version, self.count, self.step = 0, 0, -1
+        self.waiting, self.op, self.group = 0.0, b"", b""
+
+    def beat(self) -> None:
+        _HEARTBEAT.pack_into(self._map, 0, time.monotonic())
+
+    def _publish(self) -> None:
+        self.version += 1                                   # odd: a write in progress
+        _BODY.pack_into(self._map, 8, self.version, self.count, self.waiting, self.step, self.op, self.group)
+        self.version += 1
+        struct.pack_into("<q", self._map, 8, self.version)
+
+    def enter(self, op: str, group: str) -> None:
+        """A collective starts (called by `minimega.comm`): count it, name it, start its wait clock."""
+        self.count += 1
+        self.op, self.group = op.encode()[:24], group.encode()[:16]
+        self.waiting = self.waiting or time.monotonic()
+        self._publish()
+
+    def leave(self) -> None:
+        """The collective (or the wait on an async one) returned."""
+        self.waiting = 0.0
+        self._publish()
+
+    def report_step(self, step: int) -> None:
+        self.step = step
+        self._publish()
+
+
+def read_status(path: Path) -> dict | None:
+    """The launcher's side: a consistent snapshot of one rank's record (None until the rank wrote it)."""
+    def version(raw: bytes) -> int:
+        return struct.unpack_from("<q", raw, 8)[0]
+    for _ in range(100):
+        first, second = path.read_bytes()[:_STATUS_BYTES], path.read_bytes()[:_STATUS_BYTES]
+        if version(first) % 2 == 0 and version(first) == version(second):    # no write in between
+            break
+    (heartbeat,) = _HEARTBEAT.unpack_from(second, 0)
+    written, count, waiting, step, op, group = _BODY.unpack_from(second, 8)
+    if not heartbeat:
+        return None
+    if not written:
+        step = -1
+    return {"heartbeat": heartbeat, "count": count, "waiting": waiting, "step": step,
+            "op": op.rstrip(b"\0").decode(errors="replace"), "group": group.rstrip(b"\0").decode(errors="replace")}
+# --8<-- [end:rank_status]
+
+
+def report_step(step: int) -> None:
+    """Tell the launcher which step this rank is on (shown when the job fails; used by elastic restarts).
+
+    A no-op outside a rank that `launch` started.
+    """
+    from . import comm
+    if comm.WATCH is not None:
+        comm.WATCH.report_step(step)
 
 
 def _die_with_parent() -> None:
-    """Ask Linux to SIGKILL this rank if its parent goes away, so no rank outlives the job."""
+    """Ask Linux to SIGKILL this rank if its parent (the forkserver) goes away. The launcher, which is not
+    the parent, is watched by `_guard`; this one also reaches a rank that is stopped (SIGSTOP)."""
     try:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)   # PR_SET_PDEATHSIG
     except OSError:
         pass
+
+
+def _name_process(name: str) -> None:
+    """Show ``minimega-rank3`` in ps/top (the kernel keeps 15 bytes)."""
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(15, name.encode()[:15], 0, 0, 0)   # PR_SET_NAME
+    except OSError:
+        pass
+
+
+# --8<-- [start:guard]
+def _guard(status: RankStatus) -> None:
+    """Each rank's guard thread: beat every HEARTBEAT_S, and end this rank the moment its launcher dies.
+
+    The launcher is not this process's parent (the forkserver is), so a parent-death signal cannot see
+    it. multiprocessing hands every child a *sentinel*: the read end of a pipe whose write end only the
+    launcher holds. The kernel closes it when the launcher dies, however it dies (SIGKILL included), and
+    the sentinel turns readable (EOF): nobody is left to collect this rank's result.
+    """
+    from multiprocessing.connection import wait
+    parent = mp.parent_process()
+    sentinel = parent.sentinel if parent is not None else None
+    while True:
+        status.beat()
+        if sentinel is not None:
+            if wait([sentinel], HEARTBEAT_S):
+                os.kill(os.getpid(), signal.SIGKILL)
+        else:
+            time.sleep(HEARTBEAT_S)
+# --8<-- [end:guard]
 
 
 def _write_atomic(path: Path, payload: object) -> None:
@@ -145,17 +301,28 @@ def _write_atomic(path: Path, payload: object) -> None:
 def _init_group(rank: int, world_size: int, backend: str, init_method: str, timeout_s: float | None):
     kwargs = {"timeout": timedelta(seconds=timeout_s)} if timeout_s else {}
     if backend == "nccl":
-        torch.cuda.set_device(rank % torch.cuda.device_count())
-        kwargs["device_id"] = torch.device("cuda", torch.cuda.current_device())
+        index = local_device_index(rank)
+        if index >= torch.cuda.device_count():
+            raise RuntimeError(f"rank {rank}: LOCAL_RANK={index} but only {torch.cuda.device_count()} CUDA "
+                               "device(s) are visible on this machine; start fewer ranks per node")
+        torch.cuda.set_device(index)
+        kwargs["device_id"] = torch.device("cuda", index)
     dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=world_size, **kwargs)
 
 
 def _rank_main(rank: int, job: _Job) -> None:
     _die_with_parent()
+    _name_process(f"minimega-rank{rank}" if rank < 100 else f"mm-rank{rank}")
+    os.environ.clear()                 # the caller's environment now, not the forkserver's from its start
+    os.environ.update(job.env)
     os.environ.update({_ENV_FLAG: "1", "RANK": str(rank), "WORLD_SIZE": str(job.world_size),
                        "LOCAL_RANK": str(rank), "LOCAL_WORLD_SIZE": str(job.world_size)})
     torch.set_num_threads(job.threads)
     out = Path(job.workdir)
+    from . import comm
+    comm.WATCH = status = RankStatus(out / f"status-{rank}")
+    status.beat()
+    threading.Thread(target=_guard, args=(status,), name="minimega-guard", daemon=True).start()
     try:
         _init_group(rank, job.world_size, job.backend, f"file://{out / 'rendezvous'}", job.timeout_s)
         fn = job.fn.resolve() if isinstance(job.fn, _ScriptFunction) else job.fn
@@ -178,11 +345,33 @@ def _rank_main(rank: int, job: _Job) -> None:
 # The parent: start, watch, tear down.
 
 _CONTEXT = None
+_SOURCE_STAMP: float | None = None        # minimega's source mtime when the running forkserver started
+
+
+def _source_stamp() -> float:
+    """The newest mtime among minimega's own source files: an edit makes the preloaded copy stale."""
+    root = Path(__file__).parent
+    return max((p.stat().st_mtime for p in root.rglob("*.py")), default=0.0)
+
+
+def _stop_forkserver() -> None:
+    """Stop the forkserver (alive or dead); the next start launches a fresh one."""
+    from multiprocessing import forkserver
+    server = forkserver._forkserver
+    try:
+        server._stop()
+    except (ChildProcessError, OSError):            # it had died already: forget it
+        with server._lock:
+            server._forkserver_pid = server._forkserver_alive_fd = server._forkserver_address = None
 
 
 def _context():
-    """A forkserver that has imported torch once; every later rank is a cheap fork of it."""
-    global _CONTEXT
+    """A forkserver that has imported torch once; every later rank is a cheap fork of it.
+
+    It is restarted when minimega's source changed since it started (its preloaded modules would run the
+    old code); a forkserver that died is restarted by multiprocessing itself on the next start.
+    """
+    global _CONTEXT, _SOURCE_STAMP
     if _CONTEXT is None:
         if "forkserver" in mp.get_all_start_methods():
             _CONTEXT = mp.get_context("forkserver")
@@ -191,7 +380,32 @@ def _context():
             _CONTEXT.set_forkserver_preload(["torch", "torch.distributed", "torch._dynamo", "minimega"])
         else:
             _CONTEXT = mp.get_context("spawn")
+    if _CONTEXT.get_start_method() == "forkserver":
+        stamp = _source_stamp()
+        if _SOURCE_STAMP is not None and stamp != _SOURCE_STAMP:
+            _stop_forkserver()
+        _SOURCE_STAMP = stamp
     return _CONTEXT
+
+
+def _start(procs: list) -> None:
+    """Start every rank; a forkserver that dies under us is restarted once, then reported in one line."""
+    for attempt in (0, 1):
+        try:
+            for p in procs:
+                if p.pid is None:
+                    p.start()
+            return
+        except (EOFError, ConnectionError, FileNotFoundError, OSError) as exc:
+            started = [p for p in procs if p.pid is not None]
+            _terminate(started)
+            if attempt or _CONTEXT is None or _CONTEXT.get_start_method() != "forkserver":
+                raise RuntimeError(f"launch(): could not start the ranks: the forkserver died while starting "
+                                   f"them ({type(exc).__name__}: {exc or 'connection closed'}), twice; "
+                                   "is the machine out of memory or processes?") from None
+            _stop_forkserver()
+            for i, p in enumerate(procs):           # a Process object starts once: make fresh ones
+                procs[i] = type(p)(target=p._target, args=p._args, name=p.name, daemon=True)
 
 
 @contextmanager
@@ -229,6 +443,10 @@ def _terminate(procs: list, grace: float = 2.0) -> None:
     for p in procs:
         if p.is_alive():
             p.terminate()
+            try:
+                os.kill(p.pid, signal.SIGCONT)               # a stopped rank takes SIGTERM only once resumed
+            except ProcessLookupError:
+                pass
     deadline = time.monotonic() + grace
     for p in procs:
         p.join(max(0.0, deadline - time.monotonic()))
@@ -236,6 +454,91 @@ def _terminate(procs: list, grace: float = 2.0) -> None:
         if p.is_alive():
             p.kill()
             p.join(5)
+
+
+def _process_state(pid: int | None) -> str:
+    """'stopped', 'running', ... from /proc (Linux); '' where unknown."""
+    try:
+        code = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return ""
+    return {"T": "stopped (SIGSTOP or a debugger)", "t": "stopped by a debugger", "R": "running",
+            "S": "sleeping", "D": "in uninterruptible I/O", "Z": "exited"}.get(code, code)
+
+
+def _snapshots(workdir: Path, procs: list) -> list[dict]:
+    """Every rank's record, and whether its process was alive when it was read."""
+    out = []
+    for r, p in enumerate(procs):
+        try:
+            snap = read_status(workdir / f"status-{r}")
+        except OSError:
+            snap = None
+        out.append({"rank": r, "heartbeat": 0.0, "count": 0, "waiting": 0.0, "step": -1, "op": "", "group": "",
+                    **(snap or {}), "alive": p.exitcode is None, "pid": p.pid, "exitcode": p.exitcode,
+                    "state": _process_state(p.pid) if p.exitcode is None else ""})
+    return out
+
+
+def _collective(snap: dict) -> str:
+    return f"{snap['op']}#{snap['count']} (group {snap['group']})" if snap["count"] else "no collective yet"
+
+
+# --8<-- [start:verdict]
+def _verdict(snaps: list[dict], timeout: float, start: float) -> tuple[int, str] | None:
+    """Who is stuck, and why, from every rank's record; None while all is well.
+
+    1. a rank whose heartbeat is older than ``timeout`` is frozen (stopped, or hung holding the GIL);
+    2. a rank that has waited in one collective longer than ``timeout`` is blocked by a peer: the culprit
+       is a peer that is not in a collective at all (deadlocked or busy elsewhere), else one that entered
+       a different collective (a mismatch), else the one furthest behind.
+    """
+    now = time.monotonic()
+    alive = [s for s in snaps if s["alive"]]
+    for s in alive:
+        silent = now - (s["heartbeat"] or start)
+        if silent > (timeout if s["heartbeat"] else max(timeout, _STARTUP_S)):
+            state = s["state"]
+            return s["rank"], (f"stopped responding: no heartbeat for {silent:.1f} s"
+                               + (f" (process state: {state})" if state else "")
+                               + f"; the last collective it entered: {_collective(s)}")
+    blocked = [s for s in alive if s["waiting"] and now - s["waiting"] > timeout + _GRACE_S]
+    if not blocked:
+        return None
+    waiter = max(blocked, key=lambda s: now - s["waiting"])
+    return _culprit(waiter, alive, now)
+
+
+def _culprit(waiter: dict, alive: list[dict], now: float) -> tuple[int, str]:
+    others = [s for s in alive if s is not waiter]
+    waited = (f"rank {waiter['rank']} waited {now - waiter['waiting']:.1f} s in {_collective(waiter)}"
+              if waiter["waiting"] else f"rank {waiter['rank']} timed out after {_collective(waiter)}")
+    idle = [s for s in others if not s["waiting"]]
+    if idle:
+        s = min(idle, key=lambda s: s["count"])
+        return s["rank"], (f"never joined: {waited}, while this rank is not in any collective "
+                           f"(deadlocked or busy elsewhere); the last collective it entered: {_collective(s)}")
+    odd = [s for s in others if (s["op"], s["group"]) != (waiter["op"], waiter["group"])]
+    if odd:
+        s = odd[0]
+        return s["rank"], (f"entered a different collective: {waited}, but this rank is in {_collective(s)} "
+                           "(mismatched collectives: every rank must call the same ones in the same order)")
+    s = min(alive, key=lambda s: s["count"])
+    return s["rank"], f"is furthest behind: {waited}; the last collective it entered: {_collective(s)}"
+# --8<-- [end:verdict]
+
+
+def _table(snaps: list[dict], failures: list[dict] = ()) -> str:
+    now = time.monotonic()
+    raised = {f["rank"]: f["type"] for f in failures if f["type"]}
+    rows = []
+    for s in snaps:
+        where = _collective(s) + (f", waiting {now - s['waiting']:.1f} s" if s["waiting"] else "")
+        step = f"step {s['step']}, " if s["step"] >= 0 else ""
+        life = ("running until stopped by the launcher" if s["alive"] else f"raised {raised[s['rank']]}"
+                if s["rank"] in raised else _describe_exit(s["exitcode"]).split(" (")[0])
+        rows.append(f"  rank {s['rank']}: {step}last entered {where}; {life}")
+    return "\n".join(rows)
 
 
 def _failure(rank: int, code: int, workdir: Path, seen_at: float) -> dict:
@@ -249,8 +552,23 @@ def _failure(rank: int, code: int, workdir: Path, seen_at: float) -> dict:
             "traceback": ""}
 
 
-def _raise_failure(failures: list[dict], world_size: int) -> None:
+_FROZEN_S = 5.0     # a heartbeat this old while a peer reports an error: that rank is the root cause
+
+
+def _raise_failure(failures: list[dict], world_size: int, snaps: list[dict], timeout: float, start: float) -> None:
     first = min(failures, key=lambda f: (not f["hard"], f["time"]))
+    if not first["hard"]:
+        # A peer's error is often collateral: it timed out waiting for a rank that froze or never came.
+        now = time.monotonic()
+        alive = [s for s in snaps if s["alive"]]
+        frozen = [s for s in alive if now - (s["heartbeat"] or start) > min(_FROZEN_S, timeout / 2)
+                  or s["state"].startswith("stopped")]
+        timed_out = any(w in first["message"].lower() for w in ("timed out", "timeout"))
+        if frozen or timed_out:
+            verdict = (_verdict(frozen, 0.0, start) if frozen
+                       else _culprit(snaps[first["rank"]], alive + [snaps[first["rank"]]], now))
+            _raise_watchdog(verdict, world_size, snaps, timeout, failures,
+                            f"rank {first['rank']} raised {first['type']}: {first['message'].splitlines()[0][:200]}")
     head = (f"rank {first['rank']} of {world_size} failed with {first['type']}: {first['message']}"
             if first["type"] else f"rank {first['rank']} of {world_size} {first['message']}")
     others = [f for f in failures if f is not first]
@@ -262,7 +580,16 @@ def _raise_failure(failures: list[dict], world_size: int) -> None:
         lines.append("(the other ranks were stopped)")
     if first["traceback"]:
         lines += ["", f"--- traceback from rank {first['rank']} ---", first["traceback"].rstrip()]
-    raise WorkerError("\n".join(lines), first["rank"], first["type"], first["traceback"])
+    raise WorkerError("\n".join(lines), first["rank"], first["type"], first["traceback"], snaps)
+
+
+def _raise_watchdog(verdict: tuple[int, str], world_size: int, snaps: list[dict], timeout: float,
+                    failures: list[dict] = (), also: str = "") -> None:
+    rank, why = verdict
+    lines = [f"watchdog: rank {rank} of {world_size} {why}; every rank was stopped",
+             *([f"(meanwhile {also})"] if also else []), _table(snaps, failures),
+             f"(timeout={timeout:g}s: raise it with --timeout or launch(timeout=) if a step legitimately takes longer)"]
+    raise LaunchTimeout("\n".join(lines), rank, ranks=snaps)
 
 
 def _under_torchrun() -> bool:
@@ -291,7 +618,10 @@ def launch(fn, world_size: int, *args, backend: str = "auto", timeout: float | N
         world_size: number of ranks (processes), >= 1.
         args: passed to ``fn`` on every rank; must pickle.
         backend: 'auto' (NCCL with one GPU per rank when there are enough GPUs, else gloo), 'gloo', 'nccl'.
-        timeout: seconds for the whole job (and for each collective); None waits as long as ranks live.
+        timeout: the watchdog's limit in seconds (None: DEFAULT_TIMEOUT, 300): the longest a collective may
+            wait or a rank may go without a heartbeat before the job is ended, naming the stuck rank and
+            the last collective it entered. It bounds waiting, not the job: a long run with live ranks
+            goes on.
         threads: torch intra-op threads per rank; default splits the CPU cores evenly across ranks.
 
     Returns:
@@ -299,15 +629,19 @@ def launch(fn, world_size: int, *args, backend: str = "auto", timeout: float | N
 
     Raises:
         WorkerError: a rank raised or died; the message names the rank and carries its traceback.
-        LaunchTimeout: the job ran past ``timeout``.
+        LaunchTimeout: the watchdog ended the job (a rank froze, or a collective waited past ``timeout``).
     """
     if not isinstance(world_size, int) or isinstance(world_size, bool) or world_size < 1:
         raise ValueError(f"launch(): world_size must be an integer >= 1, got {world_size!r}")
-    if timeout is not None and timeout <= 0:
-        raise ValueError(f"launch(): timeout must be positive seconds or None, got {timeout!r}")
-    backend = resolve_backend(backend, world_size)
+    if timeout is None:
+        timeout = DEFAULT_TIMEOUT
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
+        raise ValueError(f"launch(): timeout must be positive seconds (or None for {DEFAULT_TIMEOUT:g}), "
+                         f"got {timeout!r}")
     if _under_torchrun():
-        return _launch_torchrun(fn, world_size, args, backend, timeout)
+        local = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
+        return _launch_torchrun(fn, world_size, args, resolve_backend(backend, world_size, local), timeout)
+    backend = resolve_backend(backend, world_size)
     if os.environ.get(_ENV_FLAG):
         raise RuntimeError("launch() was called inside a rank that launch() started; call the worker directly "
                            "(a script that calls launch() at top level needs an `if __name__ == \"__main__\":` guard)")
@@ -316,19 +650,22 @@ def launch(fn, world_size: int, *args, backend: str = "auto", timeout: float | N
     if getattr(fn, "__module__", None) == "__main__":
         fn = _ScriptFunction(os.path.abspath(sys.modules["__main__"].__file__), fn.__qualname__)
 
+    env = dict(os.environ)
     ctx = _context()
     with tempfile.TemporaryDirectory(prefix="minimega-") as tmp:
         workdir = Path(tmp)
-        job = _Job(fn, args, world_size, backend, tmp, threads, timeout)
+        for r in range(world_size):
+            (workdir / f"status-{r}").write_bytes(bytes(_STATUS_BYTES))
+        job = _Job(fn, args, world_size, backend, tmp, threads, timeout, env)
         procs = [ctx.Process(target=_rank_main, args=(r, job), name=f"minimega-rank{r}", daemon=True)
                  for r in range(world_size)]
-        start = time.monotonic()
         try:
             with _main_module_hidden():
-                for p in procs:
-                    p.start()
+                _start(procs)
+            start = time.monotonic()                 # the forkserver is up: from here on, ranks must beat
             failures: list[dict] = []
             settle_until = None
+            next_check = start
             while True:
                 for r, p in enumerate(procs):
                     if p.exitcode not in (None, 0) and all(f["rank"] != r for f in failures):
@@ -337,16 +674,17 @@ def launch(fn, world_size: int, *args, backend: str = "auto", timeout: float | N
                     # Give peers a moment to report their own errors, so the root cause is picked by time.
                     settle_until = settle_until or time.monotonic() + 0.5
                     if time.monotonic() >= settle_until or all(p.exitcode is not None for p in procs):
+                        snaps = _snapshots(workdir, procs)
                         _terminate(procs)
-                        _raise_failure(failures, world_size)
+                        _raise_failure(failures, world_size, snaps, timeout, start)
                 elif all(p.exitcode == 0 for p in procs):
                     break
-                if timeout is not None and time.monotonic() - start > timeout:
-                    alive = [r for r, p in enumerate(procs) if p.exitcode is None]
-                    _terminate(procs)
-                    raise LaunchTimeout(f"job ran past timeout={timeout}s; ranks {alive} were still running "
-                                        "(a deadlock: mismatched collectives or a rank waiting on a peer?) "
-                                        "and were killed", alive[0] if alive else -1)
+                elif time.monotonic() >= next_check:
+                    next_check = time.monotonic() + 0.25
+                    snaps = _snapshots(workdir, procs)
+                    if verdict := _verdict(snaps, timeout, start):
+                        _terminate(procs)
+                        _raise_watchdog(verdict, world_size, snaps, timeout)
                 time.sleep(0.02)
         except BaseException:
             _terminate(procs)
