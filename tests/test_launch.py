@@ -196,3 +196,93 @@ def test_same_worker_under_torchrun(tmp_path):
                           str(script)], capture_output=True, text=True, timeout=180, env=env)
     assert out.returncode == 0, out.stderr[-2000:]
     assert '[["tr", 0, 2], ["tr", 1, 2]]' in out.stdout
+
+
+# ------------------------------------------------------------------------------------------------
+# The job dies with its launcher; the forkserver follows its caller.
+
+def _report_pid_and_work(pid_dir):
+    Path(pid_dir, f"pid-{dist.get_rank()}").write_text(str(os.getpid()))
+    while True:                              # computing and communicating, as a training job does
+        mm.comm.all_reduce(torch.randn(1000), _world())
+        time.sleep(0.01)
+
+
+def test_killing_the_launcher_ends_every_rank(tmp_path):
+    """SIGKILL or SIGTERM of the launching script: no rank is alive 5 s later (Ctrl-C: KeyboardInterrupt
+    unwinds through launch(), which stops the ranks)."""
+    script = tmp_path / "job.py"
+    script.write_text("import sys, minimega as mm\nfrom test_launch import _report_pid_and_work\n"
+                      "if __name__ == '__main__':\n    mm.launch(_report_pid_and_work, 2, sys.argv[1], timeout=60)\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), *sys.path])}
+    jobs = {}
+    for sig in (signal.SIGKILL, signal.SIGTERM):
+        pid_dir = tmp_path / sig.name
+        pid_dir.mkdir()
+        jobs[sig] = (pid_dir, subprocess.Popen([sys.executable, str(script), str(pid_dir)], env=env,
+                                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE))
+    deadline = time.monotonic() + 120
+    while not all(len(list(d.glob("pid-*"))) == 2 for d, _ in jobs.values()) and time.monotonic() < deadline:
+        assert all(p.poll() is None for _, p in jobs.values()), [p.stderr.read() for _, p in jobs.values()]
+        time.sleep(0.1)
+    ranks = {sig: [int(f.read_text()) for f in d.glob("pid-*")] for sig, (d, _) in jobs.items()}
+    assert all(len(r) == 2 for r in ranks.values()), "the ranks never started"
+    for sig, (_, launcher) in jobs.items():
+        launcher.send_signal(sig)
+    time.sleep(5)
+    alive = {sig.name: [p for p in pids if not _gone(p)] for sig, pids in ranks.items()}
+    for _, launcher in jobs.values():
+        launcher.wait(30)
+        launcher.stderr.close()
+    for pids in alive.values():                  # clean up before asserting
+        for p in pids:
+            os.kill(p, signal.SIGKILL)
+    assert not any(alive.values()), f"ranks alive 5 s after their launcher got the signal: {alive}"
+
+
+def _forkserver_pid():
+    from multiprocessing import forkserver
+    return forkserver._forkserver._forkserver_pid
+
+
+def test_environment_set_after_the_first_launch_reaches_the_ranks(monkeypatch):
+    sys.modules["minimega.launch"]._stop_forkserver()                          # a forkserver started with OLD set ...
+    monkeypatch.setenv("MINIMEGA_TEST_OLD", "1")
+    names = ["MINIMEGA_TEST_OLD", "MINIMEGA_TEST_NEW"]
+    assert mm.launch(_environment, 1, names, timeout=60)[0]["MINIMEGA_TEST_OLD"] == "1"
+    monkeypatch.delenv("MINIMEGA_TEST_OLD")                   # ... then the caller's environment changes
+    monkeypatch.setenv("MINIMEGA_TEST_NEW", "after the first launch")
+    out = mm.launch(_environment, 2, names, timeout=60)
+    assert [{n: o[n] for n in names} for o in out] == [{"MINIMEGA_TEST_OLD": None,
+                                                       "MINIMEGA_TEST_NEW": "after the first launch"}] * 2
+
+
+def test_an_edited_source_or_a_dead_forkserver_starts_a_fresh_one(monkeypatch):
+    first = mm.launch(_environment, 1, [], timeout=60)[0]["ppid"]
+    assert first == _forkserver_pid()
+    source = Path(mm.__file__)                                # an edit to minimega: a newer mtime
+    stat = source.stat()
+    try:
+        newest = sys.modules["minimega.launch"]._source_stamp()
+        os.utime(source, (stat.st_atime, newest + 10))
+        second = mm.launch(_environment, 1, [], timeout=60)[0]["ppid"]
+    finally:
+        os.utime(source, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    assert second != first and second == _forkserver_pid()
+    os.kill(second, signal.SIGKILL)                           # a forkserver killed between two jobs
+    time.sleep(0.2)
+    third = mm.launch(_environment, 1, [], timeout=60)[0]["ppid"]
+    assert third not in (first, second)
+    from multiprocessing import forkserver                    # one dying while ranks start: retried once
+    real, calls = forkserver.read_signed, []
+
+    def dies_once(fd):
+        calls.append(fd)
+        if len(calls) == 1:
+            raise EOFError
+        return real(fd)
+    monkeypatch.setattr(forkserver, "read_signed", dies_once)
+    assert len(mm.launch(_environment, 2, [], timeout=60)) == 2 and len(calls) > 1
+    monkeypatch.setattr(forkserver, "read_signed", lambda fd: (_ for _ in ()).throw(EOFError()))
+    with pytest.raises(RuntimeError, match="the forkserver died while starting them"):
+        mm.launch(_environment, 2, [], timeout=60)

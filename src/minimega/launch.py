@@ -325,6 +325,10 @@ def _rank_main(rank: int, job: _Job) -> None:
     threading.Thread(target=_guard, args=(status,), name="minimega-guard", daemon=True).start()
     try:
         _init_group(rank, job.world_size, job.backend, f"file://{out / 'rendezvous'}", job.timeout_s)
+        if job.world_size > 1:
+            # gloo's connect can finish on one side first: a rank whose fn returns at once would close its
+            # sockets while a peer is still connecting ("Connection closed by peer"). Meet once first.
+            dist.barrier()
         fn = job.fn.resolve() if isinstance(job.fn, _ScriptFunction) else job.fn
         result = fn(*job.args)
         _write_atomic(out / f"result-{rank}.pkl", result)
@@ -388,24 +392,18 @@ def _context():
     return _CONTEXT
 
 
+class _ForkserverDied(RuntimeError):
+    """The forkserver went away while ranks were being started."""
+
+
 def _start(procs: list) -> None:
-    """Start every rank; a forkserver that dies under us is restarted once, then reported in one line."""
-    for attempt in (0, 1):
-        try:
-            for p in procs:
-                if p.pid is None:
-                    p.start()
-            return
-        except (EOFError, ConnectionError, FileNotFoundError, OSError) as exc:
-            started = [p for p in procs if p.pid is not None]
-            _terminate(started)
-            if attempt or _CONTEXT is None or _CONTEXT.get_start_method() != "forkserver":
-                raise RuntimeError(f"launch(): could not start the ranks: the forkserver died while starting "
-                                   f"them ({type(exc).__name__}: {exc or 'connection closed'}), twice; "
-                                   "is the machine out of memory or processes?") from None
-            _stop_forkserver()
-            for i, p in enumerate(procs):           # a Process object starts once: make fresh ones
-                procs[i] = type(p)(target=p._target, args=p._args, name=p.name, daemon=True)
+    """Start every rank; if the forkserver dies under us, stop those started and say so."""
+    try:
+        for p in procs:
+            p.start()
+    except (EOFError, ConnectionError, FileNotFoundError, OSError) as exc:
+        _terminate(procs)
+        raise _ForkserverDied(f"{type(exc).__name__}: {exc or 'connection closed'}") from None
 
 
 @contextmanager
@@ -651,6 +649,21 @@ def launch(fn, world_size: int, *args, backend: str = "auto", timeout: float | N
         fn = _ScriptFunction(os.path.abspath(sys.modules["__main__"].__file__), fn.__qualname__)
 
     env = dict(os.environ)
+    try:
+        return _run(fn, args, world_size, backend, timeout, threads, env)
+    except _ForkserverDied:
+        # A fresh forkserver, a fresh work directory: a half-started rank of the first try, whose
+        # launcher-side handle is gone, sees its sentinel close and ends itself without touching this one.
+        _stop_forkserver()
+    try:
+        return _run(fn, args, world_size, backend, timeout, threads, env)
+    except _ForkserverDied as exc:
+        raise RuntimeError(f"launch(): could not start the ranks: the forkserver died while starting them, "
+                           f"twice ({exc}); is the machine out of memory or processes?") from None
+
+
+def _run(fn, args: tuple, world_size: int, backend: str, timeout: float, threads: int, env: dict) -> list:
+    """One job: start the ranks, watch them, tear down, collect the results."""
     ctx = _context()
     with tempfile.TemporaryDirectory(prefix="minimega-") as tmp:
         workdir = Path(tmp)
