@@ -342,7 +342,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.func(args)
     except WorkerError as exc:       # a rank failed: its message already names it and carries its traceback
-        print(f"minimega {args.command}: {exc}", file=sys.stderr)
+        print(f"\nminimega {args.command}: {exc}", file=sys.stderr)      # below any progress bar
         return 1
     except (ValueError, CheckpointError) as exc:   # configuration mistakes, unusable checkpoints: one line
         print(f"minimega {args.command}: error: {exc}", file=sys.stderr)
