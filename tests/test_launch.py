@@ -184,20 +184,6 @@ def test_worker_in_a_guarded_script(tmp_path):
     assert out.returncode == 0 and "[40, 41]" in out.stdout, out.stderr[-2000:]
 
 
-def test_same_worker_under_torchrun(tmp_path):
-    script = tmp_path / "job.py"
-    script.write_text(
-        "import torch.distributed as dist, minimega as mm, json\n"
-        "from test_launch import _rank_info\n"
-        "out = mm.launch(_rank_info, 2, 'tr')\n"
-        "if dist.get_rank() == 0: print(json.dumps([o[:3] for o in out]))\n")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), *sys.path])}
-    out = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-                          str(script)], capture_output=True, text=True, timeout=180, env=env)
-    assert out.returncode == 0, out.stderr[-2000:]
-    assert '[["tr", 0, 2], ["tr", 1, 2]]' in out.stdout
-
-
 # ------------------------------------------------------------------------------------------------
 # The job dies with its launcher; the forkserver follows its caller.
 
