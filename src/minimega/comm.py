@@ -76,9 +76,15 @@ class CommRecord:
     start: float
     end: float | None = None
     tag: str = ""
+    cuda_events: tuple | None = None
+    """On CUDA: (start, end) `torch.cuda.Event`s recorded on the current stream; they time the GPU's work,
+    where the host clocks above only time the enqueue of an asynchronous kernel."""
 
     @property
     def seconds(self) -> float:
+        if self.cuda_events is not None and self.cuda_events[1] is not None:
+            self.cuda_events[1].synchronize()
+            return self.cuda_events[0].elapsed_time(self.cuda_events[1]) / 1e3      # ms -> s
         return (self.end or self.start) - self.start
 
 
@@ -137,6 +143,9 @@ def _record(op: str, group: Group, tensor: torch.Tensor, elements: int, tag: str
     size = elements * tensor.element_size()
     rec = CommRecord(op, group.name, group.size, str(tensor.dtype).removeprefix("torch."), elements, size,
                      _RING_FACTOR[op](group.size) * size, time.perf_counter(), tag=tag)
+    if _on_gpu(tensor):
+        rec.cuda_events = (_cuda_event(), None)
+        rec.cuda_events[0].record()
     for log in _ACTIVE:
         log.records.append(rec)
     return rec
@@ -160,7 +169,7 @@ class Handle:
                 WATCH.leave()
             now = time.perf_counter()
             for rec in self._records:
-                rec.end = now
+                _stamp_end(rec, now)
         return self.result
 
     def is_completed(self) -> bool:
@@ -173,8 +182,25 @@ def _finish(work, rec, result, async_op):
     if WATCH is not None:
         WATCH.leave()
     if rec is not None:
-        rec.end = time.perf_counter()
+        _stamp_end(rec, time.perf_counter())
     return result
+
+
+def _on_gpu(tensor: torch.Tensor) -> bool:
+    return tensor.is_cuda
+
+
+def _cuda_event():
+    return torch.cuda.Event(enable_timing=True)
+
+
+def _stamp_end(rec: CommRecord, now: float) -> None:
+    """The host time, and on CUDA an end event in stream order (after ``wait()``, the current stream has
+    been made to wait for the collective, so the event completes when the collective does)."""
+    rec.end = now
+    if rec.cuda_events is not None:
+        rec.cuda_events = (rec.cuda_events[0], _cuda_event())
+        rec.cuda_events[1].record()
 
 
 # ------------------------------------------------------------------------------------------------
