@@ -269,6 +269,11 @@ def test_an_edited_source_or_a_dead_forkserver_starts_a_fresh_one(monkeypatch):
         return real(fd)
     monkeypatch.setattr(forkserver, "read_signed", dies_once)
     assert len(mm.launch(_environment, 2, [], timeout=60)) == 2 and len(calls) > 1
+    launch_module = sys.modules["minimega.launch"]              # dying every time: one line, no EOFError
+    restarts = []
+    monkeypatch.setattr(launch_module, "_stop_forkserver", lambda: restarts.append(1))   # (spare the restarts)
     monkeypatch.setattr(forkserver, "read_signed", lambda fd: (_ for _ in ()).throw(EOFError()))
-    with pytest.raises(RuntimeError, match="the forkserver died while starting them"):
+    with pytest.raises(RuntimeError, match=r"^launch\(\): could not start the ranks: the forkserver died while "
+                                           r"starting them, twice \(EOFError"):
         mm.launch(_environment, 2, [], timeout=60)
+    assert restarts == [1]
