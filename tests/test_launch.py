@@ -102,6 +102,7 @@ def _gone(pid: int) -> bool:
 
 @pytest.mark.parametrize("how, expect", [("exit", "exited with code 3"), ("signal", "killed by signal SIGKILL")])
 def test_dead_rank_fails_fast_without_orphans(tmp_path, how, expect):
+    _warm()
     start = time.monotonic()
     with pytest.raises(mm.WorkerError) as err:
         mm.launch(_die_on_rank_1, 2, str(tmp_path), how, timeout=60)
@@ -115,7 +116,13 @@ def test_dead_rank_fails_fast_without_orphans(tmp_path, how, expect):
     assert all(_gone(p) for p in pids), "a rank outlived the failed job"
 
 
+def _warm():
+    """Start the forkserver before a test times a job (its first start imports torch: seconds)."""
+    mm.launch(_rank_info, 1, "warm", timeout=60)
+
+
 def test_watchdog_names_the_rank_that_never_joined():
+    _warm()
     start = time.monotonic()
     with pytest.raises(mm.LaunchTimeout) as err:
         mm.launch(_deadlock, 2, timeout=3)
@@ -127,6 +134,7 @@ def test_watchdog_names_the_rank_that_never_joined():
 
 
 def test_watchdog_names_a_stopped_rank_and_its_last_collective(tmp_path):
+    _warm()
     start = time.monotonic()
     with pytest.raises(mm.LaunchTimeout) as err:
         mm.launch(_stop_rank_1, 2, str(tmp_path), timeout=3)
@@ -140,6 +148,7 @@ def test_watchdog_names_a_stopped_rank_and_its_last_collective(tmp_path):
 
 
 def test_watchdog_names_mismatched_collectives():
+    _warm()
     start = time.monotonic()
     with pytest.raises(mm.WorkerError) as err:
         mm.launch(_mismatch, 2, timeout=3)

@@ -15,7 +15,8 @@ Failure is the common case when learning, so the launcher is built around it:
 - a rank that stops without dying (SIGSTOP, a deadlock, mismatched collectives) is caught by the
   *watchdog*: every rank publishes a heartbeat and the last collective it entered (``all_reduce#12
   group dp``) in a small shared-memory record; the launcher ends the job when a heartbeat is older
-  than ``timeout`` or a collective has waited longer than that, naming the rank and its collective;
+  than ``timeout`` or a collective has waited longer than that, naming the rank and its collective
+  (`minimega.watchdog`);
 - the job dies with its launcher: each rank watches the launcher through a pipe whose write end only
   the launcher holds, so SIGKILL of a script, the CLI or a notebook kernel ends every rank (EOF).
 
@@ -29,12 +30,10 @@ from the environment, runs ``fn`` and gathers every rank's result.
 from __future__ import annotations
 
 import ctypes
-import mmap
 import multiprocessing as mp
 import os
 import pickle
 import signal
-import struct
 import sys
 import threading
 import tempfile
@@ -48,15 +47,15 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from .watchdog import (_FROZEN_S, _STATUS_BYTES, RankStatus, culprit, describe_exit, guard,
+                       report_step, snapshots, table, verdict)
+
 __all__ = ["launch", "WorkerError", "LaunchTimeout", "resolve_backend", "current_world_size", "report_step",
            "DEFAULT_TIMEOUT"]
 
 _ENV_FLAG = "MINIMEGA_WORKER"          # set in spawned ranks, so a nested launch() is refused clearly
 DEFAULT_TIMEOUT = 300.0
 """Seconds a collective may wait, or a rank stay silent, before the watchdog ends the job."""
-HEARTBEAT_S = 0.5                      # how often each rank's guard thread beats (and checks its launcher)
-_STARTUP_S = 60.0                      # a fresh rank imports the worker's module before its first beat
-_GRACE_S = 3.0                         # beyond the timeout: lets the backend's own timeout error arrive first
 
 
 class WorkerError(RuntimeError):
@@ -174,85 +173,6 @@ class _Job:
     """The caller's os.environ at launch(): the forkserver's own, frozen at its start, is replaced by it."""
 
 
-# ------------------------------------------------------------------------------------------------
-# The watchdog's shared record: one small memory-mapped file per rank, written by the rank, read by
-# the launcher. No syscalls on the hot path: entering a collective is a struct.pack_into.
-
-# --8<-- [start:rank_status]
-_HEARTBEAT = struct.Struct("<d")                   # offset 0, written by the guard thread only
-_BODY = struct.Struct("<qqdq24s16s")               # offset 8: version, count, waiting_since, step, op, group
-_STATUS_BYTES = _HEARTBEAT.size + _BODY.size
-
-
-class RankStatus:
-    """This rank's heartbeat and last collective, in shared memory the launcher reads.
-
-    The main thread writes the body under a seqlock (``version`` odd while writing), so the launcher
-    never reads half an update; the guard thread writes only the heartbeat. Times are
-    ``time.monotonic()``, one clock for every process on the machine.
-    """
-
-    def __init__(self, path: Path):
-        self._file = open(path, "r+b")
-        self._map = mmap.mmap(self._file.fileno(), _STATUS_BYTES)
-        self.version, self.count, self.step = 0, 0, -1
-        self.waiting, self.op, self.group = 0.0, b"", b""
-
-    def beat(self) -> None:
-        _HEARTBEAT.pack_into(self._map, 0, time.monotonic())
-
-    def _publish(self) -> None:
-        self.version += 1                                   # odd: a write in progress
-        _BODY.pack_into(self._map, 8, self.version, self.count, self.waiting, self.step, self.op, self.group)
-        self.version += 1
-        struct.pack_into("<q", self._map, 8, self.version)
-
-    def enter(self, op: str, group: str) -> None:
-        """A collective starts (called by `minimega.comm`): count it, name it, start its wait clock."""
-        self.count += 1
-        self.op, self.group = op.encode()[:24], group.encode()[:16]
-        self.waiting = self.waiting or time.monotonic()
-        self._publish()
-
-    def leave(self) -> None:
-        """The collective (or the wait on an async one) returned."""
-        self.waiting = 0.0
-        self._publish()
-
-    def report_step(self, step: int) -> None:
-        self.step = step
-        self._publish()
-
-
-def read_status(path: Path) -> dict | None:
-    """The launcher's side: a consistent snapshot of one rank's record (None until the rank wrote it)."""
-    def version(raw: bytes) -> int:
-        return struct.unpack_from("<q", raw, 8)[0]
-    for _ in range(100):
-        first, second = path.read_bytes()[:_STATUS_BYTES], path.read_bytes()[:_STATUS_BYTES]
-        if version(first) % 2 == 0 and version(first) == version(second):    # no write in between
-            break
-    (heartbeat,) = _HEARTBEAT.unpack_from(second, 0)
-    written, count, waiting, step, op, group = _BODY.unpack_from(second, 8)
-    if not heartbeat:
-        return None
-    if not written:
-        step = -1
-    return {"heartbeat": heartbeat, "count": count, "waiting": waiting, "step": step,
-            "op": op.rstrip(b"\0").decode(errors="replace"), "group": group.rstrip(b"\0").decode(errors="replace")}
-# --8<-- [end:rank_status]
-
-
-def report_step(step: int) -> None:
-    """Tell the launcher which step this rank is on (shown when the job fails; used by elastic restarts).
-
-    A no-op outside a rank that `launch` started.
-    """
-    from . import comm
-    if comm.WATCH is not None:
-        comm.WATCH.report_step(step)
-
-
 def _die_with_parent() -> None:
     """Ask Linux to SIGKILL this rank if its parent (the forkserver) goes away. The launcher, which is not
     the parent, is watched by `_guard`; this one also reaches a rank that is stopped (SIGSTOP)."""
@@ -268,28 +188,6 @@ def _name_process(name: str) -> None:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(15, name.encode()[:15], 0, 0, 0)   # PR_SET_NAME
     except OSError:
         pass
-
-
-# --8<-- [start:guard]
-def _guard(status: RankStatus) -> None:
-    """Each rank's guard thread: beat every HEARTBEAT_S, and end this rank the moment its launcher dies.
-
-    The launcher is not this process's parent (the forkserver is), so a parent-death signal cannot see
-    it. multiprocessing hands every child a *sentinel*: the read end of a pipe whose write end only the
-    launcher holds. The kernel closes it when the launcher dies, however it dies (SIGKILL included), and
-    the sentinel turns readable (EOF): nobody is left to collect this rank's result.
-    """
-    from multiprocessing.connection import wait
-    parent = mp.parent_process()
-    sentinel = parent.sentinel if parent is not None else None
-    while True:
-        status.beat()
-        if sentinel is not None:
-            if wait([sentinel], HEARTBEAT_S):
-                os.kill(os.getpid(), signal.SIGKILL)
-        else:
-            time.sleep(HEARTBEAT_S)
-# --8<-- [end:guard]
 
 
 def _write_atomic(path: Path, payload: object) -> None:
@@ -322,7 +220,7 @@ def _rank_main(rank: int, job: _Job) -> None:
     from . import comm
     comm.WATCH = status = RankStatus(out / f"status-{rank}")
     status.beat()
-    threading.Thread(target=_guard, args=(status,), name="minimega-guard", daemon=True).start()
+    threading.Thread(target=guard, args=(status,), name="minimega-guard", daemon=True).start()
     try:
         _init_group(rank, job.world_size, job.backend, f"file://{out / 'rendezvous'}", job.timeout_s)
         if job.world_size > 1:
@@ -427,15 +325,6 @@ def _main_module_hidden():
                 del main.__spec__
 
 
-def _describe_exit(code: int) -> str:
-    if code < 0:
-        try:
-            return f"was killed by signal {signal.Signals(-code).name}"
-        except ValueError:
-            return f"was killed by signal {-code}"
-    return f"exited with code {code} without raising (os._exit, sys.exit or a crash in native code)"
-
-
 def _terminate(procs: list, grace: float = 2.0) -> None:
     procs = [p for p in procs if p.pid is not None]          # only those that started
     for p in procs:
@@ -454,91 +343,6 @@ def _terminate(procs: list, grace: float = 2.0) -> None:
             p.join(5)
 
 
-def _process_state(pid: int | None) -> str:
-    """'stopped', 'running', ... from /proc (Linux); '' where unknown."""
-    try:
-        code = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return ""
-    return {"T": "stopped (SIGSTOP or a debugger)", "t": "stopped by a debugger", "R": "running",
-            "S": "sleeping", "D": "in uninterruptible I/O", "Z": "exited"}.get(code, code)
-
-
-def _snapshots(workdir: Path, procs: list) -> list[dict]:
-    """Every rank's record, and whether its process was alive when it was read."""
-    out = []
-    for r, p in enumerate(procs):
-        try:
-            snap = read_status(workdir / f"status-{r}")
-        except OSError:
-            snap = None
-        out.append({"rank": r, "heartbeat": 0.0, "count": 0, "waiting": 0.0, "step": -1, "op": "", "group": "",
-                    **(snap or {}), "alive": p.exitcode is None, "pid": p.pid, "exitcode": p.exitcode,
-                    "state": _process_state(p.pid) if p.exitcode is None else ""})
-    return out
-
-
-def _collective(snap: dict) -> str:
-    return f"{snap['op']}#{snap['count']} (group {snap['group']})" if snap["count"] else "no collective yet"
-
-
-# --8<-- [start:verdict]
-def _verdict(snaps: list[dict], timeout: float, start: float) -> tuple[int, str] | None:
-    """Who is stuck, and why, from every rank's record; None while all is well.
-
-    1. a rank whose heartbeat is older than ``timeout`` is frozen (stopped, or hung holding the GIL);
-    2. a rank that has waited in one collective longer than ``timeout`` is blocked by a peer: the culprit
-       is a peer that is not in a collective at all (deadlocked or busy elsewhere), else one that entered
-       a different collective (a mismatch), else the one furthest behind.
-    """
-    now = time.monotonic()
-    alive = [s for s in snaps if s["alive"]]
-    for s in alive:
-        silent = now - (s["heartbeat"] or start)
-        if silent > (timeout if s["heartbeat"] else max(timeout, _STARTUP_S)):
-            state = s["state"]
-            return s["rank"], (f"stopped responding: no heartbeat for {silent:.1f} s"
-                               + (f" (process state: {state})" if state else "")
-                               + f"; the last collective it entered: {_collective(s)}")
-    blocked = [s for s in alive if s["waiting"] and now - s["waiting"] > timeout + _GRACE_S]
-    if not blocked:
-        return None
-    waiter = max(blocked, key=lambda s: now - s["waiting"])
-    return _culprit(waiter, alive, now)
-
-
-def _culprit(waiter: dict, alive: list[dict], now: float) -> tuple[int, str]:
-    others = [s for s in alive if s is not waiter]
-    waited = (f"rank {waiter['rank']} waited {now - waiter['waiting']:.1f} s in {_collective(waiter)}"
-              if waiter["waiting"] else f"rank {waiter['rank']} timed out after {_collective(waiter)}")
-    idle = [s for s in others if not s["waiting"]]
-    if idle:
-        s = min(idle, key=lambda s: s["count"])
-        return s["rank"], (f"never joined: {waited}, while this rank is not in any collective "
-                           f"(deadlocked or busy elsewhere); the last collective it entered: {_collective(s)}")
-    odd = [s for s in others if (s["op"], s["group"]) != (waiter["op"], waiter["group"])]
-    if odd:
-        s = odd[0]
-        return s["rank"], (f"entered a different collective: {waited}, but this rank is in {_collective(s)} "
-                           "(mismatched collectives: every rank must call the same ones in the same order)")
-    s = min(alive, key=lambda s: s["count"])
-    return s["rank"], f"is furthest behind: {waited}; the last collective it entered: {_collective(s)}"
-# --8<-- [end:verdict]
-
-
-def _table(snaps: list[dict], failures: list[dict] = ()) -> str:
-    now = time.monotonic()
-    raised = {f["rank"]: f["type"] for f in failures if f["type"]}
-    rows = []
-    for s in snaps:
-        where = _collective(s) + (f", waiting {now - s['waiting']:.1f} s" if s["waiting"] else "")
-        step = f"step {s['step']}, " if s["step"] >= 0 else ""
-        life = ("running until stopped by the launcher" if s["alive"] else f"raised {raised[s['rank']]}"
-                if s["rank"] in raised else _describe_exit(s["exitcode"]).split(" (")[0])
-        rows.append(f"  rank {s['rank']}: {step}last entered {where}; {life}")
-    return "\n".join(rows)
-
-
 def _failure(rank: int, code: int, workdir: Path, seen_at: float) -> dict:
     path = workdir / f"error-{rank}.pkl"
     if path.exists():
@@ -546,11 +350,8 @@ def _failure(rank: int, code: int, workdir: Path, seen_at: float) -> dict:
         return {"rank": rank, "hard": False, "time": info["time"], "type": info["type"],
                 "message": info["message"], "traceback": info["traceback"]}
     # A rank that died without raising is the likeliest root cause: its peers' errors are collateral.
-    return {"rank": rank, "hard": True, "time": seen_at, "type": "", "message": _describe_exit(code),
+    return {"rank": rank, "hard": True, "time": seen_at, "type": "", "message": describe_exit(code),
             "traceback": ""}
-
-
-_FROZEN_S = 5.0     # a heartbeat this old while a peer reports an error: that rank is the root cause
 
 
 def _raise_failure(failures: list[dict], world_size: int, snaps: list[dict], timeout: float, start: float) -> None:
@@ -563,9 +364,9 @@ def _raise_failure(failures: list[dict], world_size: int, snaps: list[dict], tim
                   or s["state"].startswith("stopped")]
         timed_out = any(w in first["message"].lower() for w in ("timed out", "timeout"))
         if frozen or timed_out:
-            verdict = (_verdict(frozen, 0.0, start) if frozen
-                       else _culprit(snaps[first["rank"]], alive + [snaps[first["rank"]]], now))
-            _raise_watchdog(verdict, world_size, snaps, timeout, failures,
+            stuck = (verdict(frozen, 0.0, start) if frozen
+                       else culprit(snaps[first["rank"]], alive + [snaps[first["rank"]]], now))
+            _raise_watchdog(stuck, world_size, snaps, timeout, failures,
                             f"rank {first['rank']} raised {first['type']}: {first['message'].splitlines()[0][:200]}")
     head = (f"rank {first['rank']} of {world_size} failed with {first['type']}: {first['message']}"
             if first["type"] else f"rank {first['rank']} of {world_size} {first['message']}")
@@ -581,11 +382,11 @@ def _raise_failure(failures: list[dict], world_size: int, snaps: list[dict], tim
     raise WorkerError("\n".join(lines), first["rank"], first["type"], first["traceback"], snaps)
 
 
-def _raise_watchdog(verdict: tuple[int, str], world_size: int, snaps: list[dict], timeout: float,
+def _raise_watchdog(stuck: tuple[int, str], world_size: int, snaps: list[dict], timeout: float,
                     failures: list[dict] = (), also: str = "") -> None:
-    rank, why = verdict
+    rank, why = stuck
     lines = [f"watchdog: rank {rank} of {world_size} {why}; every rank was stopped",
-             *([f"(meanwhile {also})"] if also else []), _table(snaps, failures),
+             *([f"(meanwhile {also})"] if also else []), table(snaps, failures),
              f"(timeout={timeout:g}s: raise it with --timeout or launch(timeout=) if a step legitimately takes longer)"]
     raise LaunchTimeout("\n".join(lines), rank, ranks=snaps)
 
@@ -687,17 +488,17 @@ def _run(fn, args: tuple, world_size: int, backend: str, timeout: float, threads
                     # Give peers a moment to report their own errors, so the root cause is picked by time.
                     settle_until = settle_until or time.monotonic() + 0.5
                     if time.monotonic() >= settle_until or all(p.exitcode is not None for p in procs):
-                        snaps = _snapshots(workdir, procs)
+                        snaps = snapshots(workdir, procs)
                         _terminate(procs)
                         _raise_failure(failures, world_size, snaps, timeout, start)
                 elif all(p.exitcode == 0 for p in procs):
                     break
                 elif time.monotonic() >= next_check:
                     next_check = time.monotonic() + 0.25
-                    snaps = _snapshots(workdir, procs)
-                    if verdict := _verdict(snaps, timeout, start):
+                    snaps = snapshots(workdir, procs)
+                    if stuck := verdict(snaps, timeout, start):
                         _terminate(procs)
-                        _raise_watchdog(verdict, world_size, snaps, timeout)
+                        _raise_watchdog(stuck, world_size, snaps, timeout)
                 time.sleep(0.02)
         except BaseException:
             _terminate(procs)
