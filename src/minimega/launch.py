@@ -354,6 +354,10 @@ def _failure(rank: int, code: int, workdir: Path, seen_at: float) -> dict:
             "traceback": ""}
 
 
+_BACKEND_ERRORS = ("RuntimeError", "DistError", "DistBackendError", "DistNetworkError", "DistStoreError")
+"""What a collective that gave up waiting raises (gloo: RuntimeError "Timed out waiting ...ms")."""
+
+
 def _raise_failure(failures: list[dict], world_size: int, snaps: list[dict], timeout: float, start: float) -> None:
     first = min(failures, key=lambda f: (not f["hard"], f["time"]))
     if not first["hard"]:
@@ -362,7 +366,8 @@ def _raise_failure(failures: list[dict], world_size: int, snaps: list[dict], tim
         alive = [s for s in snaps if s["alive"]]
         frozen = [s for s in alive if now - (s["heartbeat"] or start) > min(_FROZEN_S, timeout / 2)
                   or s["state"].startswith("stopped")]
-        timed_out = any(w in first["message"].lower() for w in ("timed out", "timeout"))
+        timed_out = first["type"] in _BACKEND_ERRORS and any(w in first["message"].lower()
+                                                              for w in ("timed out", "timeout"))
         if frozen or timed_out:
             stuck = (verdict(frozen, 0.0, start) if frozen
                        else culprit(snaps[first["rank"]], alive + [snaps[first["rank"]]], now))
