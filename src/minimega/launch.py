@@ -370,7 +370,7 @@ def _raise_failure(failures: list[dict], world_size: int, snaps: list[dict], tim
                                                               for w in ("timed out", "timeout"))
         if frozen or timed_out:
             stuck = (verdict(frozen, 0.0, start) if frozen
-                       else culprit(snaps[first["rank"]], alive + [snaps[first["rank"]]], now))
+                       else culprit(snaps[first["rank"]], snaps, now))
             _raise_watchdog(stuck, world_size, snaps, timeout, failures,
                             f"rank {first['rank']} raised {first['type']}: {first['message'].splitlines()[0][:200]}")
     head = (f"rank {first['rank']} of {world_size} failed with {first['type']}: {first['message']}"
