@@ -675,7 +675,7 @@ def _damage(step_dir, how: str) -> list[str]:
     from pathlib import Path
 
     step_dir = Path(step_dir)
-    shard, rng = step_dir / "shard-00001.safetensors", step_dir / "rng-00000.pt"
+    shard, other = step_dir / "shard-00001.safetensors", step_dir / "shard-00000.safetensors"
     if how == "intact":
         return []
     if how == "one byte flipped in a shard":
@@ -686,17 +686,17 @@ def _damage(step_dir, how: str) -> list[str]:
     if how == "a shard truncated":
         shard.write_bytes(shard.read_bytes()[:100])
         return [shard.name]
-    if how == "an RNG file deleted":
-        rng.unlink()
-        return [rng.name]
+    if how == "a shard deleted":
+        other.unlink()
+        return [other.name]
     if how == "two files overwritten":
-        (step_dir / "shard-00000.safetensors").write_bytes(b"not a tensor file")
-        rng.write_bytes(b"")
-        return sorted(["shard-00000.safetensors", rng.name])
+        other.write_bytes(b"not a tensor file")
+        shard.write_bytes(b"")
+        return sorted([other.name, shard.name])
     raise ValueError(how)
 
 
-CHECKPOINT_DAMAGES = ["intact", "one byte flipped in a shard", "a shard truncated", "an RNG file deleted",
+CHECKPOINT_DAMAGES = ["intact", "one byte flipped in a shard", "a shard truncated", "a shard deleted",
                       "two files overwritten"]
 
 
@@ -758,7 +758,7 @@ def check_verify_checkpoint(fn) -> None:
                 elif how == "one byte flipped in a shard":
                     problems.append(f"{how}: returned {got}, expected {want}: the file has its original size and "
                                     "exists; only its sha256 shows the flipped byte")
-                elif set(want) - set(got) and how == "an RNG file deleted":
+                elif set(want) - set(got) and how == "a shard deleted":
                     problems.append(f"{how}: returned {got}, expected {want}: a file the manifest lists but the "
                                     "directory lacks is damaged too")
                 else:

@@ -357,27 +357,27 @@ def verify_md5(directory):
     path = _step_dir(directory)
     files = json.loads((path / "manifest.json").read_text())["files"]
     return sorted(n for n, d in files.items()
-                  if not (path / n).exists() or hashlib.md5((path / n).read_bytes()).hexdigest() != d)
+                  if not (path / n).exists() or hashlib.md5((path / n).read_bytes()).hexdigest() != d["sha256"])
 
 
 def verify_ignores_latest(directory):
     path = Path(directory)
     files = json.loads((path / "manifest.json").read_text())["files"]
     return sorted(n for n, d in files.items()
-                  if not (path / n).exists() or hashlib.sha256((path / n).read_bytes()).hexdigest() != d)
+                  if not (path / n).exists() or hashlib.sha256((path / n).read_bytes()).hexdigest() != d["sha256"])
 
 
 def verify_crashes_on_missing(directory):
     path = _step_dir(directory)
     files = json.loads((path / "manifest.json").read_text())["files"]
-    return sorted(n for n, d in files.items() if hashlib.sha256((path / n).read_bytes()).hexdigest() != d)
+    return sorted(n for n, d in files.items() if hashlib.sha256((path / n).read_bytes()).hexdigest() != d["sha256"])
 
 
 def verify_returns_paths(directory):
     path = _step_dir(directory)
     files = json.loads((path / "manifest.json").read_text())["files"]
     return sorted(str(path / n) for n, d in files.items()
-                  if not (path / n).exists() or hashlib.sha256((path / n).read_bytes()).hexdigest() != d)
+                  if not (path / n).exists() or hashlib.sha256((path / n).read_bytes()).hexdigest() != d["sha256"])
 
 
 # ------------------------------------------------------------------------------------------------

@@ -37,12 +37,22 @@ def reference_run(model_config: mm.GPTConfig, config: mm.TrainConfig, steps: int
                   seq_len: int | None = None, norms: list | None = None) -> tuple[dict, list[float]]:
     """The single-process run every layout must reproduce: same seed, same global batches, torch's optimizer.
 
-    Returns the final fp32 state dict and the per-step losses; with clipping, appends each step's
-    gradient norm (before clipping) to ``norms`` when given.
+    ``config.precision="bf16"`` runs the bf16 policy on one process: the model (weights, activations,
+    gradients) in bf16, fp32 master weights stepped by the optimizer and copied back into the model.
+
+    Returns the final fp32 state dict (the masters under bf16) and the per-step losses; with clipping,
+    appends each step's gradient norm (before clipping) to ``norms`` when given.
     """
+    if config.precision not in ("fp32", "bf16"):
+        raise ValueError(f"reference_run: precision={config.precision!r} has no single-process reference here")
     torch.manual_seed(config.seed)
     model = mm.GPT(model_config)
-    opt = make_optimizer(model.parameters(), config)
+    low = config.precision == "bf16"
+    masters = [torch.nn.Parameter(p.detach().clone()) for p in model.parameters()] if low else None
+    if low:
+        model.to(torch.bfloat16)
+    opt = make_optimizer(masters if low else model.parameters(), config)
+    stepped = masters if low else list(model.parameters())
     seq = seq_len or config.seq_len or model_config.block_size
     ga = config.gradient_accumulation_steps
     losses = []
@@ -54,12 +64,21 @@ def reference_run(model_config: mm.GPTConfig, config: mm.TrainConfig, steps: int
             _, loss = model(xm, ym)
             (loss / ga).backward()
             total += loss.item()
+        if low:
+            for m, p in zip(masters, model.parameters()):
+                m.grad = p.grad.float()
         if config.gradient_clipping:
-            norm = torch.nn.utils.clip_grad_norm_(model.parameters(), config.gradient_clipping)
+            norm = torch.nn.utils.clip_grad_norm_(stepped, config.gradient_clipping)
             if norms is not None:
                 norms.append(float(norm))
         opt.step()
         opt.zero_grad(set_to_none=True)
+        if low:
+            model.zero_grad(set_to_none=True)
+            with torch.no_grad():
+                for m, p in zip(masters, model.parameters()):
+                    p.copy_(m)
         losses.append(total / ga)
+    if low:
+        return {n: m.detach().clone() for (n, _), m in zip(model.named_parameters(), masters)}, losses
     return {k: v.detach().clone() for k, v in model.state_dict().items()}, losses
-

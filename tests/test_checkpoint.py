@@ -48,8 +48,7 @@ def test_resume_is_bit_identical_dp2(tmp_path):
     step_dir = tmp_path / "step-00000010"
     manifest = json.loads((step_dir / "manifest.json").read_text())
     assert manifest["layout"] == {"world": 2, "dp": 2, "tp": 1, "pp": 1, "zero_stage": 0}
-    assert sorted(manifest["files"]) == ["rng-00000.pt", "rng-00001.pt", "shard-00000.safetensors",
-                                         "shard-00001.safetensors"]
+    assert sorted(manifest["files"]) == ["shard-00000.safetensors", "shard-00001.safetensors"]
     assert (tmp_path / "latest").read_text() == "step-00000010"
 
 
@@ -176,3 +175,96 @@ def test_crash_then_resume_continues_from_the_last_complete_checkpoint(tmp_path)
     assert (tmp_path / "run" / "latest").read_text() == "step-00000004"
     resumed = mm.launch(_train_with_saves, 2, config, str(tmp_path / "run"), 8, None, timeout=240)[0]
     assert all(torch.equal(straight[k], resumed[k]) for k in straight)
+
+
+def _straight_and_resumed_with_scaler(config, directory):
+    """Like `_straight_and_resumed`, plus both runs' final loss-scaler states and the one saved at step 10."""
+    mesh, straight = _engine(config)
+    _train(straight, mesh, config, 20)
+    mesh, first = _engine(config)
+    _train(first, mesh, config, 10)
+    saved = first.scaler_state()
+    first.save(directory)
+    mesh, second = _engine(config)
+    second.load(directory)
+    _train(second, mesh, config, 10)
+    return (straight.full_state_dict(), second.full_state_dict(), straight.losses[10:], second.losses,
+            saved, straight.scaler_state(), second.scaler_state())
+
+
+@pytest.mark.parametrize("precision", ["fp16", "bf16"])
+def test_resume_is_bit_identical_in_low_precision(tmp_path, precision):
+    # window 4: the fp16 scale doubles 4 clean steps after the last overflow; a resumed run that restarted
+    # the scaler (scale 2**16, no overflow seen) would double it at other steps, round and skip differently.
+    config = parity_config(zero_stage=2, precision=precision, loss_scale_window=4)
+    straight, resumed, l1, l2, saved, end1, end2 = mm.launch(_straight_and_resumed_with_scaler, 2, config,
+                                                             str(tmp_path), timeout=240)[0]
+    assert all(torch.equal(straight[k], resumed[k]) for k in straight) and l1 == l2
+    assert end1 == end2
+    manifest = json.loads((tmp_path / "step-00000010" / "manifest.json").read_text())
+    assert manifest["scaler"] == saved
+    if precision == "fp16":
+        assert set(saved) == {"kind", "scale", "cur_hysteresis", "iteration", "last_overflow", "skipped"}
+        assert saved["iteration"] == 10 and end1["iteration"] == 20
+    else:
+        assert saved is None and end1 is None
+
+
+LOW = {"dp2-zero3-bf16": (2, {"zero_stage": 3, "precision": "bf16"}),
+       "tp2-zero1-fp16": (2, {"tp": 2, "zero_stage": 1, "precision": "fp16"}),
+       "dp2-tp2-zero3-fp16": (4, {"tp": 2, "zero_stage": 3, "precision": "fp16"}),
+       "dp4-zero2-bf16": (4, {"zero_stage": 2, "precision": "bf16"}),
+       "tp2-pp2-bf16": (4, {"tp": 2, "pp": 2, "zero_stage": 1, "precision": "bf16", "micro_batches": 4}),
+       "dp2-tp2-zero3": (4, {"tp": 2, "zero_stage": 3}), "dp4": (4, {}),
+       "dp2-pp2-zero1-bf16": (4, {"pp": 2, "zero_stage": 1, "precision": "bf16", "micro_batches": 4})}
+
+
+def _load_and_resave(config, directory, out):
+    _, engine = _engine(config)
+    stats = {}
+    checkpoint.load(engine, directory, stats=stats)
+    engine.save(out)
+    return stats
+
+
+@pytest.mark.parametrize("src, dst", [("dp2-zero3-bf16", "tp2-zero1-fp16"), ("dp2-tp2-zero3-fp16", "dp4-zero2-bf16"),
+                                      ("tp2-pp2-bf16", "dp2-tp2-zero3"), ("dp4", "dp2-pp2-zero1-bf16")], ids=lambda v: v)
+def test_every_tensor_survives_a_trip_through_another_layout(tmp_path, src, dst):
+    """Load under another layout and precision, save again: every weight and optimizer state bit for bit."""
+    (w_src, kw_src), (w_dst, kw_dst) = LOW[src], LOW[dst]
+    mm.launch(_save_after, w_src, parity_config(**kw_src), str(tmp_path / "a"), 2, timeout=240)
+    stats = mm.launch(_load_and_resave, w_dst, parity_config(**kw_dst), str(tmp_path / "a"), str(tmp_path / "b"),
+                      timeout=240)
+    for s in stats:       # each rank read exactly the bytes of the boxes it holds, whatever wrote them
+        assert s["bytes_read"] == s["bytes_needed"] > 0, s
+    (ma, a), (mb, b) = checkpoint.read(tmp_path / "a"), checkpoint.read(tmp_path / "b")
+    assert ma["layout"] != mb["layout"] and ma["step"] == mb["step"] == 2
+    assert a["model"].keys() == b["model"].keys() and a["optimizer"].keys() == b["optimizer"].keys()
+    assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
+    assert all(torch.equal(a["optimizer"][k][s], b["optimizer"][k][s]) for k in a["optimizer"] for s in a["optimizer"][k])
+
+
+def _dropout_straight_and_resumed(config, directory):
+    model = mm.GPTConfig.tiny(block_size=32, dropout=0.1)
+
+    def engine():
+        mesh = mm.init_mesh(mm.ParallelDims.infer(dist.get_world_size(), tp=config.tp))
+        torch.manual_seed(config.seed)
+        return mesh, mm.initialize(mm.GPT(model), config, mesh)
+    mesh, straight = engine()
+    _train(straight, mesh, config, 8)
+    mesh, first = engine()
+    _train(first, mesh, config, 4)
+    first.save(directory)
+    torch.manual_seed(999)                                    # the load must restore every stream itself
+    mesh, second = engine()
+    second.load(directory)
+    _train(second, mesh, config, 4)
+    return straight.full_state_dict(), second.full_state_dict(), straight.losses[4:], second.losses
+
+
+def test_resume_with_dropout_under_tp_restores_every_random_stream(tmp_path):
+    """tp 2, dropout 0.1: the default generator and each rank's tp stream (seed + 2718 + tp_rank) come back."""
+    straight, resumed, l1, l2 = mm.launch(_dropout_straight_and_resumed, 2, parity_config(tp=2), str(tmp_path),
+                                          timeout=240)[0]
+    assert all(torch.equal(straight[k], resumed[k]) for k in straight) and l1 == l2

@@ -103,17 +103,21 @@ def test_cli_round_trip_revoke_and_rotate(server, tmp_path, capsys):
     path = tmp_path / "cert.json"
     path.write_text(json.dumps(cred))
 
-    offline = cli("cert", "verify", path, "--offline")
+    untrusted = cli("cert", "verify", path, "--offline")        # nothing says this issuer is the course
+    assert untrusted.returncode == 3, untrusted.stderr
+    assert untrusted.stdout.startswith("NOT TRUSTED (signature valid, issuer not trusted)")
+    offline = cli("cert", "verify", path, "--offline", "--trust", cred["issuer"]["id"])
     assert offline.returncode == 0, offline.stderr
     assert "VALID" in offline.stdout and "Katherine Johnson" in offline.stdout and "not checked (offline)" in offline.stdout
-    online = cli_fast(capsys, "cert", "verify", code, "--issuer-url", base, "--json")
+    online = cli_fast(capsys, "cert", "verify", code, "--issuer-url", base, "--json")   # trusts what BASE publishes
     result = json.loads(online.stdout)
     assert online.returncode == 0 and result["valid"] and result["revocation"].startswith("not revoked")
-    assert {c["check"] for c in result["checks"] if c["ok"]} >= {"credential issuer key", "revocation"}
+    assert {c["check"] for c in result["checks"] if c["status"] == "pass"} >= {"issuer trusted", "revocation"}
+    assert result["trusted_issuers"][cred["issuer"]["id"]] == f"published by {base}"
 
     cred["credentialSubject"]["identifier"][0]["identityHash"] = "Someone Else"
     path.write_text(json.dumps(cred))
-    tampered = cli_fast(capsys, "cert", "verify", path, "--offline")
+    tampered = cli_fast(capsys, "cert", "verify", path, "--offline", "--trust", cred["issuer"]["id"])
     assert tampered.returncode == 1 and "signature does not match" in tampered.stderr
 
     revoke = cli_fast(capsys, "cert", "revoke", code.lower(), "--reason", "test", "--var-dir", var)

@@ -15,7 +15,7 @@ def test_train_two_ranks_loss_falls(capsys):
     out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert out["final_loss"] < out["first_loss"] - 1.0
     psi = out["params"]
-    assert out["bytes_sent_all_ranks"] == 2 * 30 * (2 * 1 / 2 * 4 * psi)     # 2 ranks, 30 DDP steps, ring model
+    assert out["algorithmic_bytes_sent_all_ranks"] == 2 * 30 * (2 * 1 / 2 * 4 * psi)     # 2 ranks, 30 DDP steps, ring model
 
 
 def test_bad_layout_is_one_clear_line(capsys):

@@ -171,7 +171,9 @@ def test_memory_per_gpu_composes_the_parts():
     assert n == est.gpt_params(36, 4096, 51200, 2048)       # pp = tp = 1: the whole model
     assert out["params"] + out["grads"] + out["optimizer"] == est.model_state_bytes(n, 64, cfg.zero_stage)
     assert out["activations"] == 36 * est.activation_bytes_per_layer(2048, 1, 4096, 32)
-    assert out["total"] == pytest.approx(sum(out[k] for k in ("params", "grads", "optimizer", "gathered", "activations")))
+    assert out["recompute"] == 0
+    assert out["total"] == pytest.approx(sum(out[k] for k in ("params", "grads", "optimizer", "gathered", "activations",
+                                                              "recompute")))
     # offload moves optimizer states and gradients to CPU; total on the GPU falls by exactly that
     off = est.memory_per_gpu(est.MemoryConfig(**{**est.PRESETS["zero-7.5b"], "offload": "optimizer"}))
     assert off["cpu"] == out["grads"] + out["optimizer"] and off["total"] == out["total"] - off["cpu"]
@@ -179,9 +181,9 @@ def test_memory_per_gpu_composes_the_parts():
     bloom = est.MemoryConfig(**est.PRESETS["bloom-176b"])
     b = est.memory_per_gpu(bloom)
     per = est.activation_bytes_per_layer(2048, 2, 14336, 112, tp=4, recompute="full")
-    assert b["activations"] == pytest.approx(per * 6 * 12)
+    assert b["activations"] == pytest.approx(per * 5 * 12)          # embedding + 5 blocks on stage 0
     gp = est.memory_per_gpu(est.MemoryConfig(**{**est.PRESETS["bloom-176b"], "schedule": "gpipe"}))
-    assert gp["activations"] == pytest.approx(per * 6 * 128)
+    assert gp["activations"] == pytest.approx(per * 5 * 128)
     with pytest.raises(ValueError, match="tp must divide heads"):
         est.memory_per_gpu(est.MemoryConfig(layers=2, hidden=64, heads=4, vocab=10, seq_len=8, tp=3))
     with pytest.raises(ValueError, match="zero_stage=3"):
@@ -230,3 +232,148 @@ def test_gpt_params_counts_minimega_gpt():
         n = sum(p.numel() for p in GPT(cfg).parameters())
         assert n == est.gpt_params(cfg.n_layer, cfg.n_embd, cfg.vocab_size, cfg.block_size, tied=False,
                                    bias=cfg.bias), cfg
+
+
+# ---------------------------------------------------------------------------------------------
+# Published layouts as the sources describe them, and the terms the presets rely on
+
+def test_recompute_working_set_is_one_layer_of_full_activations():
+    # 36 layers, h = 4096, a = 32 (the 7.5B shape), s = 8192, b = 1, one GPU, unfused attention:
+    # the backward reruns one layer and holds sbh(34 + 5as/h) = 11.9 GB again
+    s, b, h, a = 8192, 1, 4096, 32
+    ws = est.recompute_working_bytes(s, b, h, a, recompute="full")
+    assert ws == s * b * h * (34 + 5 * a * s / h)
+    assert round(ws / est.GB, 1) == 11.9
+    assert est.recompute_working_bytes(s, b, h, a, recompute="none") == 0
+    # selective: one layer's attention core, 5as²b bytes
+    assert est.recompute_working_bytes(s, b, h, a, recompute="selective") == 5 * a * s * s * b
+    # fused attention: the working set has no s² term either
+    assert est.recompute_working_bytes(s, b, h, a, recompute="full", attention="fused") == pytest.approx(
+        s * b * h * 34 + 4 * a * s * b)
+    # it is counted once per GPU, not per layer or per micro-batch in flight
+    cfg = dict(layers=36, hidden=h, heads=a, vocab=51200, seq_len=s, recompute="full")
+    one = est.memory_per_gpu(est.MemoryConfig(**cfg))
+    assert one["recompute"] == ws
+    assert one["total"] == pytest.approx(one["params"] + one["grads"] + one["optimizer"]
+                                         + 36 * 2 * s * b * h + ws)
+    piped = est.memory_per_gpu(est.MemoryConfig(**cfg, pp=4, micro_batches=8))
+    assert piped["recompute"] == ws
+
+
+def test_fused_attention_drops_the_quadratic_term():
+    s, b, h, a, t = 8192, 1, 4096, 32, 4
+    sbh = s * b * h
+    for kw in (dict(), dict(tp=t), dict(tp=t, sp=True)):
+        unfused = est.activation_bytes_per_layer(s, b, h, a, **kw)
+        fused = est.activation_bytes_per_layer(s, b, h, a, attention="fused", **kw)
+        sel = est.activation_bytes_per_layer(s, b, h, a, recompute="selective", **kw)
+        tt = kw.get("tp", 1)
+        assert unfused - sel == pytest.approx(5 * a * s * s * b / tt)      # the as²b terms of Table 2
+        assert fused - sel == pytest.approx(4 * a * s * b / tt)           # only the fp32 log-sum-exp
+    # what selective recomputation still saves on top of a fused kernel: < 0.1% of the layer here
+    fused = est.activation_bytes_per_layer(s, b, h, a, attention="fused")
+    assert fused == pytest.approx(sbh * 34 + 4 * a * s * b)
+    assert (fused - est.activation_bytes_per_layer(s, b, h, a, recompute="selective")) / fused < 1e-3
+    # selective and full are the same whatever the kernel
+    for rec in ("selective", "full"):
+        assert est.activation_bytes_per_layer(s, b, h, a, recompute=rec, attention="fused") == \
+            est.activation_bytes_per_layer(s, b, h, a, recompute=rec)
+    with pytest.raises(ValueError, match="attention"):
+        est.activation_bytes_per_layer(s, b, h, a, attention="flash")
+
+
+def test_mt_nlg_preset_is_the_published_layout():
+    cfg = est.MemoryConfig(**est.PRESETS["mt-nlg-530b"])
+    assert (cfg.tp, cfg.pp, cfg.dp, cfg.zero_stage, cfg.recompute) == (8, 35, 8, 1, "full")
+    assert cfg.tp * cfg.pp * cfg.dp == 2240 and 1920 // (cfg.dp * cfg.micro_batch) == cfg.micro_batches
+    out = est.memory_per_gpu(cfg)
+    # with ZeRO-1 data parallelism and full recomputation: about 20 GB of an 80 GB A100
+    assert round(out["total"] / est.GB) == 21
+    assert out["total"] < 80 * est.GB
+    # the same layout without them needs more than an 80 GB GPU holds
+    bare = est.memory_per_gpu(est.MemoryConfig(**{**est.PRESETS["mt-nlg-530b"], "zero_stage": 0, "recompute": "none"}))
+    assert round(bare["total"] / est.GB) == 125
+
+
+def test_bloom_preset_matches_the_tr11_notes():
+    cfg = est.MemoryConfig(**est.PRESETS["bloom-176b"])
+    h = 14336
+    assert est.stage_blocks(cfg) == 5                               # "pp rank 0: [embed | 5 transformer blocks]"
+    mid = est.MemoryConfig(**{**est.PRESETS["bloom-176b"], "pp_partition": "blocks"})
+    assert est.stage_blocks(mid) == 6                               # ceil(70 / 12) without the rebalancing
+    n = est.stage_params(cfg)
+    assert n == 5 * ((12 * h * h + 7 * h) / 4 + 6 * h) + 250880 * h / 4   # no position table (ALiBi)
+    assert round(n / 1e9, 2) == 3.98
+    out = est.memory_per_gpu(cfg)
+    assert out["params"] == 2 * n and out["grads"] == 4 * n          # bf16 weights, fp32 gradient buffer
+    assert out["optimizer"] == 12 * n / 8                           # master + Adam sharded over DP 8
+    # BF16_Optimizer is Megatron's bf16 / fp32-main-grads row: 6 + 12/d bytes per parameter
+    assert (out["params"] + out["grads"] + out["optimizer"]) / n == 6 + 12 / 8
+    assert out["total"] < 80 * est.GB
+    with pytest.raises(ValueError, match="fp32_grads"):
+        est.memory_per_gpu(est.MemoryConfig(**{**est.PRESETS["bloom-176b"], "precision": "fp32"}))
+    with pytest.raises(ValueError, match="position_embedding"):
+        est.memory_per_gpu(est.MemoryConfig(**{**est.PRESETS["bloom-176b"], "position_embedding": 0}))
+    # a learned table and 16-bit gradients change exactly their own terms
+    learned = est.memory_per_gpu(est.MemoryConfig(**{**est.PRESETS["bloom-176b"], "position_embedding": True}))
+    assert learned["stage_params"] - n == 2048 * h
+    g16 = est.memory_per_gpu(est.MemoryConfig(**{**est.PRESETS["bloom-176b"], "fp32_grads": False}))
+    assert g16["grads"] == 2 * n
+
+
+def test_bloom_cost_from_its_log_and_paper():
+    # tr11 README log line at the end of epoch one: GBS 2048, 104.70 s/iteration, "TFLOPs: 149.77"
+    f = est.megatron_hardware_flops(2048, 2048, 70, 14336, 250880)
+    assert est.achieved_flops_per_gpu(f, 104.70, 384) / 1e12 == pytest.approx(149.77, abs=0.02)
+    # MT-NLG (Smith et al. 2022 §2.4): GBS 1920, 60.1 / 50.2 / 44.4 s on 2240 / 2800 / 3360 GPUs = 126 / 121 / 113
+    mt = est.megatron_hardware_flops(1920, 2048, 105, 20480, 51200)
+    for gpus, secs, paper in ((2240, 60.1, 126), (2800, 50.2, 121), (3360, 44.4, 113)):
+        assert est.achieved_flops_per_gpu(mt, secs, gpus) / 1e12 == pytest.approx(paper, abs=1.0), gpus
+    # Eq. 4 for the 325.0B tokens of epoch one at that rate: 92 days on 384 GPUs
+    secs = est.training_seconds(325_001_773_056, 176.247e9, 384, 149.77e12)
+    assert round(secs / 86400) == 92
+    assert round(est.gpu_hours(384, secs), -3) == 850_000
+    # the BLOOM paper reports 1,082,990 GPU-hours, about 3.5 months: 117.5 days of 384 GPUs
+    assert est.gpu_hours(384, 117.5 * 86400) == pytest.approx(1_082_990, rel=1e-3)
+    assert est.training_seconds(1, 1, 1, 1, recompute=False) == 6
+    assert est.run_cost(1000, 2.0, overhead=0.25) == 2500
+    with pytest.raises(ValueError):
+        est.run_cost(1000, -1)
+
+
+def test_ring_time_alpha_beta():
+    # 2(n-1) latencies + 2(n-1)/n S / beta for an all-reduce; (n-1) each for reduce-scatter, all-gather
+    assert est.ring_time("all_reduce", 25e6, 64, 10e-6, 25e9) == pytest.approx(126 * 10e-6 + 2 * 63 / 64 * 25e6 / 25e9)
+    assert est.ring_time("all_gather", 100, 4, 1.0, 1.0) == 3 + 75
+    assert est.ring_time("all_reduce", 1e9, 1, 1.0, 1.0) == 0
+    # small messages are latency-bound, large ones bandwidth-bound
+    small = est.ring_time("all_reduce", 1e5, 64, 10e-6, 25e9)
+    assert 126 * 10e-6 / small > 0.9
+    assert est.ring_time("all_reduce", 1e10, 64, 10e-6, 25e9) == pytest.approx(2 * 63 / 64 * 1e10 / 25e9, rel=2e-3)
+
+
+# ------------------------------------------------------------------------------------------------
+# Peak memory by category (the multi-rank measurement is in test_measure.py)
+
+def test_peak_memory_formulas_against_the_at_rest_accounting():
+    units = [[1000, 24], [5000, 7], [5000, 7], [3000]]          # embed, two blocks, head (odd sizes: padding)
+    psi = sum(map(sum, units))
+    for dp in (2, 4):
+        for stage in range(4):
+            peak = est.peak_memory_bytes(units, dp, stage)
+            at_rest = est.model_state_bytes_padded([sum(u) for u in units], dp, stage, "fp32")
+            # params + grads + Adam at rest is the ZeRO table; the peak adds what is transient
+            rest = peak["params"] + peak["optimizer_states"] + (peak["grads"] if stage < 2 else 0)
+            if stage >= 2:
+                rest += sum(est.padded_numel(sum(u), dp) for u in units) // dp * 4     # the gradient shards
+            assert rest == at_rest, (dp, stage)
+    z3 = est.peak_memory_bytes(units, 4, 3)
+    assert z3["gathered"] == 4 * (est.padded_numel(5007, 4) * 2)          # the two blocks, neighbours
+    assert est.peak_memory_bytes(units, 4, 3, prefetch=False)["gathered"] == 4 * est.padded_numel(5007, 4)
+    shards = sum(est.padded_numel(sum(u), 2) for u in units) // 2
+    assert shards * 2 > psi                                              # padding counted per unit
+    assert est.peak_memory_bytes(units, 2, 2)["grads"] == 4 * (shards + 5007)   # shards + the largest unit
+    bf16 = est.peak_memory_bytes(units, 2, 3, precision="bf16")
+    assert bf16["master"] == 2 * bf16["params"]                        # fp32 masters of bf16 shards
+    with pytest.raises(ValueError, match="precision='bf16' at stage 0"):
+        est.peak_memory_bytes(units, 2, 0, precision="bf16")

@@ -30,14 +30,14 @@ def test_comm_log_times_gpu_collectives_with_events_not_host_clocks(monkeypatch)
     monkeypatch.setattr(comm, "_cuda_event", _FakeEvent)
     group = comm.Group(None, [0, 1], "dp")
     t = torch.ones(4)
+    work = type("Work", (), {"wait": lambda self: None, "is_completed": lambda self: True})
     with comm.CommLog() as log:
         sync = comm._record("all_reduce", group, t, 4)
-        comm._finish(None, sync, t, False)                 # a blocking call: the end event right away
+        comm._finish(work(), sync, t, False)               # a blocking call: the end event right away
         rec = comm._record("reduce_scatter", group, t, 4)
-        handle = comm._finish(None, rec, t, True)          # async: no end until wait()
+        handle = comm._finish(work(), rec, t, True)        # async: no end until wait()
         assert rec.cuda_events[1] is None
         _FakeEvent.clock += 5                               # 5 ms of GPU work overlap the collective
-        handle._works = [type("Work", (), {"wait": lambda self: None})()]
         handle.wait()
     assert sync.seconds == pytest.approx(1e-3)              # from the events, not perf_counter
     assert rec.seconds == pytest.approx(6e-3)
@@ -45,7 +45,7 @@ def test_comm_log_times_gpu_collectives_with_events_not_host_clocks(monkeypatch)
     monkeypatch.setattr(comm, "_on_gpu", lambda tensor: False)
     with comm.CommLog():
         host = comm._record("all_reduce", group, t, 4)
-        comm._finish(None, host, t, False)
+        comm._finish(work(), host, t, False)
     assert host.cuda_events is None and 0 <= host.seconds < 1
 
 

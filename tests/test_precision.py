@@ -78,14 +78,17 @@ def test_fp16_overflow_skips_the_step_and_leaves_weights_alone():
     before = {k: v.clone() for k, v in stage.full_state_dict().items()}
     stage.scaler.scale = 1e30                    # loss * scale overflows fp16
     stage.scale_loss(stage(x, y)[1]).backward()
+    stage.finish_grad_sync()
     assert stage.step() is False and stage.scaler.scale == 1e30 and stage.scaler.skipped == 1
     stage.zero_grad()
     assert all(torch.equal(v, before[k]) for k, v in stage.full_state_dict().items())
     stage.scale_loss(stage(x, y)[1]).backward()
+    stage.finish_grad_sync()
     assert stage.step() is False and stage.scaler.scale == 5e29      # hysteresis spent: halved
     stage.zero_grad()
     stage.scaler.scale = 2.0 ** 8
     stage.scale_loss(stage(x, y)[1]).backward()
+    stage.finish_grad_sync()
     assert stage.step() is True
     assert any(not torch.equal(v, before[k]) for k, v in stage.full_state_dict().items())
 

@@ -25,7 +25,7 @@ QUIZZES = ROOT / "quizzes"
 COURSE = ROOT / "course"
 CHAPTERS = ["01-memory", "02-data-parallel", "03-zero", "04-mixed-precision", "05-offload",
             "06-activation-checkpointing", "07-tensor-parallel", "08-pipeline-parallel", "09-3d-parallel",
-            "10-checkpoints", "11-fsdp"]
+            "10-checkpoints", "11-fsdp", "12-stack-and-cost"]
 SKELETON = ["why", "notation", "code", "takeaway", "worked-problems", "quiz", "lab"]
 # The seed guide's six questions, each a practice item somewhere in the banks.
 FAQ = {"faq-deepspeed-megatron": 1, "faq-zero-purpose": 3, "faq-zero-stage-saves-most": 3,
@@ -43,7 +43,7 @@ def banks():
 
 
 def test_one_bank_per_chapter_with_enough_items(banks):
-    assert [b.chapter for b in banks] == list(range(1, 12))
+    assert [b.chapter for b in banks] == list(range(1, 13))
     assert [b.path.stem for b in banks] == CHAPTERS
     for b in banks:
         assert len(b.items) >= 8, f"{b.path.name}: {len(b.items)} items"
@@ -240,6 +240,36 @@ def test_numbers_on_pages_come_from_estimate(built):
         assert mb in acts
 
 
+def _text(out, slug):
+    return re.sub(r"\s+", " ", re.sub(r"<[^>]+>", "", html.unescape((out / slug / "index.html").read_text())))
+
+
+def test_corrected_numbers_are_on_their_pages(built):
+    """Each number a reviewer corrected, as the page prints it (computed by minimega.estimate)."""
+    out, _, _ = built
+    acts = _text(out, "06-activation-checkpointing")
+    # one layer's full activations, rebuilt by full recomputation's backward (7.5B shape, s = 8192, b = 1)
+    assert "model at \\(s = 8192\\) one layer keeps 11.9 GB unfused, 1.142 GB fused" in acts
+    assert "that is 11.9 GB, more than the 2.4 GB of stored layer inputs" in acts
+    assert "= 141 PFLOP; over" in acts and "0.1 EFLOP" not in acts
+    three_d = _text(out, "09-3d-parallel")
+    assert "One GPU of stage 0 then holds 3.98B parameters" in three_d
+    assert "That puts 21 GB on a GPU of the first stage" in three_d and "would need 125 GB" in three_d
+    assert "Megatron-DeepSpeed" in three_d and "1.46 blocks" in three_d
+    offload = _text(out, "05-offload")
+    assert "over 13 billion parameters train on a single GPU, 10×" in offload
+    assert "2_grads_16bit + 4_grads_32bit + 4_params_32bit + 8_optimizer_states" in offload
+    assert "18 bytes per parameter, sharded" in offload
+    mixed = _text(out, "04-mixed-precision")
+    assert "an fp32 copy of the gradients, 4 bytes the ZeRO paper's accounting leaves out" in mixed
+    dp = _text(out, "02-data-parallel")
+    assert "a 25 MB bucket costs 3.23 ms, of which latency is 39%" in dp
+    tp = _text(out, "07-tensor-parallel")
+    assert "critical path" in tp and "from \\(m = 3\\) on, TP moves more" in tp
+    pp = _text(out, "08-pipeline-parallel")
+    assert "interleaved_schedule_memory_penalty" in pp
+
+
 # ---------------------------------------------------------------------------------------------
 # The calculator's JavaScript against the Python estimator
 
@@ -257,13 +287,16 @@ def _random_config(rng: random.Random) -> dict:
     heads = rng.choice([1, 2, 4, 8, 12, 16, 32, 64, 96, 112, 128])
     tp = rng.choice([t for t in (1, 2, 4, 8, 16) if heads % t == 0])
     stage = rng.randrange(4)
+    precision = rng.choice(est.PRECISIONS)
     return dict(layers=rng.randint(1, 128), hidden=heads * rng.choice([16, 64, 128, 160]), heads=heads,
                 vocab=rng.randint(100, 260000), seq_len=rng.choice([128, 512, 1024, 2048, 4096, 8192, 32768]),
-                micro_batch=rng.randint(1, 16), precision=rng.choice(est.PRECISIONS), zero_stage=stage, tp=tp,
+                micro_batch=rng.randint(1, 16), precision=precision, zero_stage=stage, tp=tp,
                 dp=rng.choice([1, 2, 3, 8, 64, 1000]), pp=rng.choice([1, 2, 3, 4, 12, 35]),
                 sp=rng.random() < 0.5, recompute=rng.choice(est.RECOMPUTE), schedule=rng.choice(est.SCHEDULES),
                 micro_batches=rng.randint(1, 300), virtual_stages=rng.randint(1, 4),
-                offload=rng.choice(est.OFFLOAD if stage == 3 else est.OFFLOAD[:2]))
+                offload=rng.choice(est.OFFLOAD if stage == 3 else est.OFFLOAD[:2]),
+                attention=rng.choice(est.ATTENTION), position_embedding=rng.random() < 0.5,
+                fp32_grads=rng.random() < 0.5 and precision != "fp32", pp_partition=rng.choice(est.PP_PARTITION))
 
 
 def _run_js(cfgs):
@@ -278,7 +311,7 @@ def test_calculator_js_matches_python_on_random_configs():
     rng = random.Random(20240607)
     cfgs = [_random_config(rng) for _ in range(240)] + [dict(est.PRESETS[k]) for k in est.PRESETS]
     got = _run_js(cfgs)
-    keys = ("params", "grads", "optimizer", "gathered", "activations", "total", "cpu", "stage_params")
+    keys = ("params", "grads", "optimizer", "gathered", "activations", "recompute", "total", "cpu", "stage_params")
     for cfg, js in zip(cfgs, got):
         py = est.memory_per_gpu(est.MemoryConfig(**cfg))
         assert "error" not in js, (cfg, js)
@@ -290,7 +323,9 @@ def test_calculator_js_matches_python_on_random_configs():
 def test_calculator_js_rejects_what_python_rejects():
     base = dict(est.PRESETS["gpt2-124m"])
     bad = [{**base, "tp": 5}, {**base, "offload": "optimizer+params", "zero_stage": 2}, {**base, "dp": 0},
-           {**base, "recompute": "half"}, {**base, "layers": 2.5}]
+           {**base, "recompute": "half"}, {**base, "layers": 2.5}, {**base, "attention": "flash"},
+           {**base, "pp_partition": "uniform"}, {**base, "fp32_grads": True, "precision": "fp32"},
+           {**base, "position_embedding": 1}]
     for cfg, js in zip(bad, _run_js(bad)):
         with pytest.raises(ValueError):
             est.memory_per_gpu(est.MemoryConfig(**cfg))
@@ -304,3 +339,13 @@ def test_calculator_page_carries_the_python_presets(built):
     assert json.loads(blob) == json.loads(json.dumps(est.PRESETS))
     for name in est.PRESETS:
         assert f'<option value="{name}"' in page
+
+
+def test_chapter12_cost_numbers_on_the_page(built):
+    out, _, _ = built
+    page = _text(out, "12-stack-and-cost")
+    assert "Eq. 3 gives 149.76 TFLOP/s per GPU" in page                 # BLOOM's log prints 149.77
+    assert "into 126, 120 and 113 TFLOP/s per GPU" in page               # MT-NLG reports 126, 121, 113
+    assert "92 days, 849 904 GPU-hours" in page and "117.5 days of 384 GPUs" in page
+    assert "78% of what the run consumed" in page and "964B tokens" in page
+    assert "each iteration costs 11% more GPU-hours" in page

@@ -244,3 +244,51 @@ def test_dropout_streams_differ_across_tp_ranks_and_replay_under_checkpointing(s
             assert max(((grads[mode][k] - grads["none"][k]).norm() / grads["none"][k].norm().clamp_min(1e-12)).item()
                        for k in grads["none"]) <= 1e-6, mode
     assert not torch.equal(c0, c1)          # Megatron's per-tp-rank seed: masks are not copies of each other
+
+
+# ---- the caller's model is not touched ------------------------------------------------------------------
+
+def _fingerprint(model) -> dict:
+    """Everything `initialize` could change in a model: weights, dtypes, storages, hooks, modules, modes."""
+    # A storage ZeRO-3 freed has 0 bytes: recorded as such, never read.
+    return {"state": {k: v.detach().clone() if v.untyped_storage().nbytes() else None
+                      for k, v in model.state_dict().items()},
+            "params": [(n, p.dtype, p.device, p.data_ptr(), p.untyped_storage().nbytes(), p.requires_grad, p.grad is None,
+                        len(p._post_accumulate_grad_hooks or {}), len(p._backward_hooks or {}))
+                       for n, p in model.named_parameters()],
+            "modules": [(n, type(m).__name__, m.training, "forward" in vars(m), id(m))
+                        for n, m in model.named_modules()]}
+
+
+def _differences(before: dict, after: dict) -> list[str]:
+    out = [f"state[{k}]" for k, v in before["state"].items()
+           if after["state"][k] is None or not torch.equal(v, after["state"][k])]
+    out += [f"param {a[0]}" for a, b in zip(before["params"], after["params"]) if a != b]
+    out += [f"module {a[0]!r}" for a, b in zip(before["modules"], after["modules"]) if a != b]
+    return out + (["module list"] if len(before["modules"]) != len(after["modules"]) else [])
+
+
+def _train_from_a_model_of_ours(configs):
+    """Initialize from a model this rank keeps, train 2 steps, and say what changed in that model."""
+    out = []
+    for config in configs:
+        mesh = mm.init_mesh(mm.ParallelDims.infer(dist.get_world_size(), tp=config.tp, pp=config.pp))
+        torch.manual_seed(config.seed)
+        model = mm.GPT(mm.GPTConfig.tiny(block_size=SEQ, dropout=0.1))
+        before = _fingerprint(model)
+        engine = mm.initialize(model, config, mesh)
+        for batch in data.batches(mesh, 2, config.batch_size, SEQ, seed=config.seed):
+            engine.train_step(batch)
+        engine.model.eval()
+        out.append(_differences(before, _fingerprint(model)))
+    return out
+
+
+def test_initialize_leaves_the_callers_model_untouched():
+    configs = [parity_config(tp=2, pp=2, zero_stage=1, precision="bf16", sequence_parallel=True, micro_batches=2,
+                             activation_checkpointing="full"),
+               parity_config(tp=2, zero_stage=3, activation_checkpointing="selective", gradient_clipping=0.5),
+               parity_config(zero_stage=0, activation_checkpointing="full", gradient_clipping=0.5),
+               parity_config(pp=2, zero_stage=2, micro_batches=2)]
+    results = mm.launch(_train_from_a_model_of_ours, 4, configs, timeout=300)
+    assert results == [[[]] * len(configs)] * 4

@@ -14,7 +14,7 @@ def test_cli_trains_with_zero_stage_3(capsys):
     assert out["final_loss"] < out["first_loss"] - 0.5
     psi = out["params"]             # the tiny preset's units divide by 2: no padding
     # Stage 3: all-gather (forward) + all-gather (backward) + reduce-scatter, each (n-1)/n · 4Ψ, on 2 ranks.
-    assert out["bytes_sent_all_ranks"] == 2 * steps * 3 * (1 / 2) * 4 * psi
+    assert out["algorithmic_bytes_sent_all_ranks"] == 2 * steps * 3 * (1 / 2) * 4 * psi
 
 
 @pytest.mark.parametrize("argv, message", [

@@ -178,3 +178,24 @@ def test_memory_closed_form_on_one_rank():
     for stage, got in memory.items():
         want = expected_bytes(ODD, 1, stage)
         assert {k: got[k] for k in want} == want, f"stage {stage}"
+
+
+def test_zero3_unit_states_at_rest_in_forward_and_after_backward():
+    """Explicit per-unit state: SHARDED at rest, UNSHARDED while the unit computes, SHARDED again after its backward."""
+    from minimega import comm, zero
+    from minimega.zero.stages import UnitState
+    group = comm.Group(None, [0], "dp")           # one rank: collectives return at once, no process group
+    config = mm.TrainConfig(zero_stage=3, param_persistence_threshold=100)   # LayerNorm weights (64) stay whole
+    torch.manual_seed(0)
+    stage = zero.wrap(mm.GPT(MODEL), config, group, 0, lambda p: make_optimizer(p, config))
+    persistent = {u.name for u in stage.units if u.name in stage.persistent}
+    assert persistent and all(stage.state[n] is UnitState.UNSHARDED for n in persistent)
+    assert all(s is UnitState.SHARDED for n, s in stage.state.items() if n not in persistent)
+    seen = {}
+    stage.module.blocks[1].register_forward_pre_hook(lambda m, a: seen.update(dict(stage.state)))
+    x, y = data.global_batch(0, 2, 32)
+    stage(x, y)[1].backward()
+    stage.finish_grad_sync()
+    assert seen["blocks.1"] is UnitState.UNSHARDED and seen["blocks.3"] is not UnitState.UNSHARDED
+    assert all(s is UnitState.SHARDED for n, s in stage.state.items() if n not in persistent)
+    assert all(u.is_allocated() == (u.name in persistent) for u in stage.units)

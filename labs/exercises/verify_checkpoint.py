@@ -1,8 +1,8 @@
 """Exercise (lab 10-checkpoints): find the files of a checkpoint that cannot be trusted.
 
-A minimega checkpoint directory holds ``manifest.json`` and one file per rank (``shard-0000r.safetensors``,
-``rng-0000r.pt``). The manifest's ``"files"`` maps every file name to the sha256 hex digest of its bytes,
-computed when it was written. The top directory holds several steps and a ``latest`` file naming the newest
+A minimega checkpoint directory holds ``manifest.json`` and one file per rank (``shard-0000r.safetensors``: the
+boxes of the training state that rank owns, and its RNG states). The manifest's ``"files"`` maps every file name
+to ``{"bytes": its size, "sha256": the hex digest of its bytes}``, computed when it was written. The top directory holds several steps and a ``latest`` file naming the newest
 one (``step-00000002``). Before loading anything, the loader recomputes every digest.
 
 Use `hashlib.sha256` (read the file in binary) and `json`; then run the lab's check cell: it damages copies of

@@ -96,7 +96,8 @@ print(f"fp16 with the loss scaled by 2^16: {[f'{v / 2**16:.2e}' for v in (g * 2*
 # %%
 # NBVAL_IGNORE_OUTPUT
 def show_run(precision, loss_scale, lr):
-    cfg = mm.TrainConfig(zero_stage=1, precision=precision, batch_size=8, lr=lr, loss_scale=loss_scale)
+    scale = loss_scale if precision == "fp16" else 0.0      # bf16 needs no scale (TrainConfig refuses one)
+    cfg = mm.TrainConfig(zero_stage=1, precision=precision, batch_size=8, lr=lr, loss_scale=scale)
     r = mm.launch(workers.train, 2, model, cfg, 20, 16, timeout=300)[0]
     ref = mm.launch(workers.train, 2, model, mm.TrainConfig(zero_stage=1, batch_size=8, lr=lr), 20, 16, timeout=300)[0]
     skipped = sum(e["event"] == "step_skipped" for e in r["timeline"])

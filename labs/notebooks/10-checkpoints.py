@@ -45,9 +45,9 @@ step_dir = checkpoint.resolve(ckpt)
 manifest = json.loads((step_dir / "manifest.json").read_text())
 print("latest ->", (ckpt / "latest").read_text(), "| layout", manifest["layout"], "| step", manifest["step"])
 print("files:", sorted(p.name for p in step_dir.iterdir()))
-for shard in sorted({t["shard"] for t in manifest["tensors"].values()}):
-    names = [n for n, t in manifest["tensors"].items() if t["shard"] == shard]
-    print(f"{shard}: {len(names)} tensors, e.g. {sorted(names)[:2]}")
+for file in sorted(manifest["files"]):       # each rank's file holds boxes of the global tensors it owned
+    names = sorted(n for n, t in manifest["tensors"].items() if any(c["file"] == file for c in t["chunks"]))
+    print(f"{file}: boxes of {len(names)} tensors, e.g. {names[:2]}")
 print("reference losses:", [round(x, 4) for x in reference["losses"]])
 
 # %% [markdown]

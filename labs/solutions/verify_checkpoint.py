@@ -13,8 +13,8 @@ def verify_checkpoint(directory: str | Path) -> list[str]:
         path = path / (path / "latest").read_text().strip()
     manifest = json.loads((path / "manifest.json").read_text())
     bad = []
-    for name, digest in manifest["files"].items():
+    for name, info in manifest["files"].items():
         f = path / name
-        if not f.exists() or hashlib.sha256(f.read_bytes()).hexdigest() != digest:
+        if not f.exists() or hashlib.sha256(f.read_bytes()).hexdigest() != info["sha256"]:
             bad.append(name)
     return sorted(bad)

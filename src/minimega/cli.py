@@ -30,13 +30,24 @@ def _add_config_flags(parser: argparse.ArgumentParser) -> None:
         doc = _field_doc(f.name)
         hint = hints[f.name]
         if hint is bool:
-            parser.add_argument(*flags, dest=f.name, action="store_true", default=None, help=doc)
+            parser.add_argument(*flags, dest=f.name, action=argparse.BooleanOptionalAction, default=None, help=doc)
         elif f.name == "betas":
             parser.add_argument(*flags, dest=f.name, type=float, nargs=2, default=None, help=doc)
         else:
             base = typing.get_args(hint)[0] if typing.get_origin(hint) in (typing.Union, getattr(__import__("types"), "UnionType", None)) else hint
             parser.add_argument(*flags, dest=f.name, type=base, default=None,
                                 help=f"{doc} (default: {f.default})")
+
+
+def _positive_int(text: str) -> int:
+    """argparse type: an integer >= 1 (``--steps 0`` would train nothing and report nothing)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} must be >= 1")
+    return value
 
 
 def _field_doc(name: str) -> str:
@@ -54,7 +65,7 @@ def _train_parser(sub) -> None:
                        description="Train on N local ranks (gloo on CPU, NCCL with one GPU per rank).")
     p.add_argument("--nproc", type=int, default=1, help="number of ranks (processes) (default: 1)")
     p.add_argument("--dp", type=int, default=None, help="data-parallel degree (default: nproc / (tp*pp))")
-    p.add_argument("--steps", type=int, default=20, help="optimizer steps (default: 20)")
+    p.add_argument("--steps", type=_positive_int, default=20, help="optimizer steps (default: 20)")
     p.add_argument("--preset", default="tiny", choices=["tiny", "small", "gpt2"], help="model size (default: tiny)")
     p.add_argument("--config", default=None, help="a DeepSpeed-style JSON config; flags override it")
     p.add_argument("--backend", default="auto", choices=["auto", "gloo", "nccl"])
@@ -239,11 +250,8 @@ def _cmd_train(args: argparse.Namespace) -> int:
     if args.dp is not None:
         ParallelDims(dp=args.dp, tp=tp, pp=pp).check(args.nproc)
     config = build_train_config(args, dims.dp)
-    from .tensor_parallel import check_divisible
-    check_divisible(GPTConfig.preset(args.preset), tp)        # before any rank starts
-    if config.pp > 1:
-        from .pipeline import check
-        check(config.schedule, config.pp, config.micro_batches, config.virtual_stages, GPTConfig.preset(args.preset).n_layer)
+    from .engine import validate
+    validate(GPTConfig.preset(args.preset), config, dims)     # before any rank starts
     print(f"minimega train: {args.nproc} rank(s), dp={dims.dp} tp={dims.tp} pp={dims.pp}, zero_stage="
           f"{config.zero_stage}, preset {args.preset}, {args.steps} steps", file=sys.stderr)
     if args.resume:
@@ -278,14 +286,15 @@ def _cmd_train(args: argparse.Namespace) -> int:
     summary = {"first_loss": losses[0], "final_loss": losses[-1], "steps": args.steps,
                "nproc": len(results), "first_step": r0["first_step"], "restarts": ckpt.get("restarts", []),
                "wall_s": round(r0["wall_s"], 3), "tokens_per_s": round(r0["tokens_per_s"], 1),
-               "params": r0["params"], "bytes_sent_all_ranks": r0["sent_bytes_all_ranks"],
+               "params": r0["params"], "algorithmic_bytes_sent_all_ranks": r0["sent_bytes_all_ranks"],
                "losses": r0["losses"]}
     if args.json:
         print(json.dumps(summary))
     else:
         print(f"loss {summary['first_loss']:.4f} -> {summary['final_loss']:.4f} in {summary['wall_s']:.1f} s "
               f"({summary['tokens_per_s']:.0f} tok/s); {summary['params']:,} parameters; "
-              f"{summary['bytes_sent_all_ranks'] / 2**20:.2f} MiB sent by all ranks")
+              f"{summary['algorithmic_bytes_sent_all_ranks'] / 2**20:.2f} MiB sent by all ranks "
+              f"(algorithmic: the ring model over tensor sizes)")
     return 0
 
 
@@ -302,6 +311,21 @@ def _checkpoint_parser(sub) -> None:
     i = csub.add_parser("info", help="print a checkpoint's manifest summary after verifying checksums")
     i.add_argument("dir")
     i.set_defaults(func=_cmd_info)
+    e = csub.add_parser("export", help="write a checkpoint for other tools: torch DCP, or one safetensors file")
+    e.add_argument("dir", help="checkpoint directory (a step-… folder, or its parent with 'latest')")
+    e.add_argument("out", help="output: a directory (dcp) or a .safetensors file")
+    e.add_argument("--format", required=True, choices=["dcp", "safetensors"],
+                   help="dcp: torch.distributed.checkpoint (dcp.load reads it into model.py's or FSDP2's state "
+                        "dict); safetensors: consolidated fp32 weights")
+    e.set_defaults(func=_cmd_export)
+    m = csub.add_parser("import", help="a minimega checkpoint (weights) from a torch DCP directory of model.py's "
+                                       "state dict (e.g. saved under FSDP2)")
+    m.add_argument("source", help="the DCP directory")
+    m.add_argument("dir", help="the minimega checkpoint directory to create (its step-… and 'latest')")
+    m.add_argument("--preset", default="tiny", choices=["tiny", "small", "gpt2"], help="model size (default: tiny)")
+    m.add_argument("--model-config", default="{}", help="GPTConfig overrides as JSON, e.g. '{\"block_size\": 32}'")
+    m.add_argument("--step", type=int, default=0, help="the step to record (default: 0)")
+    m.set_defaults(func=_cmd_import)
 
 
 def _cmd_consolidate(args) -> int:
@@ -311,11 +335,37 @@ def _cmd_consolidate(args) -> int:
     return 0
 
 
+def _cmd_export(args) -> int:
+    from . import checkpoint
+    out = checkpoint.export_dcp(args.dir, args.out) if args.format == "dcp" else \
+        checkpoint.export_safetensors(args.dir, args.out)
+    print(f"wrote {out} ({args.format})")
+    return 0
+
+
+def _cmd_import(args) -> int:
+    from . import checkpoint
+    try:
+        overrides = json.loads(args.model_config)
+    except ValueError as exc:
+        raise ValueError(f"--model-config is not JSON ({exc})") from None
+    if not isinstance(overrides, dict):
+        raise ValueError("--model-config must be a JSON object of GPTConfig fields")
+    try:
+        config = GPTConfig.preset(args.preset, **overrides)
+    except TypeError as exc:
+        raise ValueError(f"--model-config: {exc}") from None
+    out = checkpoint.import_dcp(args.source, args.dir, config, step=args.step)
+    print(f"wrote {out}")
+    return 0
+
+
 def _cmd_info(args) -> int:
     from . import checkpoint
-    manifest, state = checkpoint.read(args.dir)
-    print(json.dumps({"step": manifest["step"], "layout": manifest["layout"], "files": len(manifest["files"]),
-                      "tensors": len(manifest["tensors"]), "checksums": "ok"}, indent=1))
+    path, manifest = checkpoint.open_checked(args.dir, None)
+    print(json.dumps({"path": str(path), "step": manifest["step"], "layout": manifest["layout"],
+                      "files": len(manifest["files"]), "bytes": sum(f["bytes"] for f in manifest["files"].values()),
+                      "tensors": len(manifest["tensors"]), "checks": "ok"}, indent=1))
     return 0
 
 

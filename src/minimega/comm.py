@@ -14,11 +14,21 @@ single-process reference and a 4-rank job run the same code.
 
 Only SUM is used on the wire (`ReduceOp.AVG` is not portable across backends): averaging is a
 divide afterwards. Async calls return a `Handle` whose ``wait()`` also records completion time.
+
+The byte counts are *algorithmic*: the ring model applied to tensor sizes, the yardstick the papers use.
+What gloo really puts on the wire (its own algorithms, headers) is measured by `minimega.measure.wire_bytes`.
+
+Two switches exist so that tests can see overlap rather than assume it (see [Note: a wire you can slow down]):
+``overlap(False)`` makes every async call complete before it returns (DeepSpeed's ``overlap_comm=false``;
+`TrainConfig.overlap_comm`), and ``delay(seconds)`` (or ``MINIMEGA_COMM_DELAY_MS``) makes each collective
+occupy a simulated wire for that long.
 """
 from __future__ import annotations
 
+import os
 import time
 from collections import defaultdict
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import torch
@@ -72,7 +82,8 @@ class CommRecord:
     bytes: int
     """Payload S: the full buffer for collectives, the message for p2p."""
     sent_bytes: float
-    """Bytes this rank sends under the ring model."""
+    """Algorithmic bytes this rank sends: the ring model applied to the payload (gloo's real bytes differ:
+    `measure.wire_bytes`)."""
     start: float
     end: float | None = None
     tag: str = ""
@@ -109,7 +120,9 @@ class CommLog:
                    if (op is None or r.op == op) and (group is None or r.group == group))
 
     def summary(self) -> dict:
-        """{'by_op': {op: {calls, bytes, sent_bytes, seconds}}, 'by_group': {...}, 'sent_bytes': total}."""
+        """{'by_op': {op: {calls, bytes, sent_bytes, seconds}}, 'by_group': {...}, 'sent_bytes': total}.
+
+        ``sent_bytes`` are algorithmic (ring model over payload sizes), not bytes measured on the wire."""
         def table(key):
             out = defaultdict(lambda: {"calls": 0, "bytes": 0, "sent_bytes": 0.0, "seconds": 0.0})
             for r in self.records:
@@ -152,38 +165,149 @@ def _record(op: str, group: Group, tensor: torch.Tensor, elements: int, tag: str
 # --8<-- [end:record]
 
 
+# ------------------------------------------------------------------------------------------------
+# Overlap switches.
+
+# [Note: a wire you can slow down]
+# On two CPU cores a collective of a tiny model takes microseconds, so "the all-reduce overlapped with
+# backward" cannot be told apart from "it ran synchronously" by timing. With a delay D, each collective
+# occupies one simulated wire per process for D seconds, one after another as on a real link:
+#
+#     ready_at = max(now, wire_free_at) + D;   wire_free_at = ready_at
+#
+# and its handle's wait() returns no earlier than ready_at. Compute done between issue and wait hides
+# the delay; a synchronous call (or any call under ``overlap(False)``) pays all of it at once. A step of
+# k collectives therefore costs about k·D more when nothing overlaps and much less when they are hidden.
+#
+# ``blocked_seconds()`` sums the time this process spent waiting for communication (inside ``wait()`` or a
+# synchronous call): the exposed part of communication, which load on the machine does not inflate
+# (slower compute only hides more), so tests compare it rather than noisy step times.
+def _env_delay() -> float:
+    text = os.environ.get("MINIMEGA_COMM_DELAY_MS", "0")
+    try:
+        ms = float(text)
+    except ValueError:
+        ms = float("nan")
+    if not ms >= 0 or ms == float("inf"):
+        raise ValueError(f"MINIMEGA_COMM_DELAY_MS={text!r}: set a number of milliseconds >= 0, or unset it")
+    return ms / 1e3
+
+
+_STATE = {"delay": _env_delay(), "overlap": True, "wire_free_at": 0.0, "blocked": 0.0}
+
+
+def blocked_seconds() -> float:
+    """Total seconds this process has spent blocked on collectives (waits and synchronous calls)."""
+    return _STATE["blocked"]
+
+
+@contextmanager
+def delay(seconds: float):
+    """Within the block, every collective over more than one rank takes at least ``seconds`` on the wire."""
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not 0 <= seconds < float("inf"):
+        raise ValueError(f"comm.delay: seconds must be a finite number >= 0, got {seconds!r}")
+    old, _STATE["delay"] = _STATE["delay"], float(seconds)
+    try:
+        yield
+    finally:
+        _STATE["delay"] = old
+
+
+@contextmanager
+def overlap(enabled: bool = True):
+    """``overlap(False)``: every ``async_op=True`` call completes before it returns (nothing overlaps)."""
+    old, _STATE["overlap"] = _STATE["overlap"], bool(enabled)
+    try:
+        yield
+    finally:
+        _STATE["overlap"] = old
+
+
+def _ready_at() -> float:
+    """When a collective issued now is done on the simulated wire (now, without a delay)."""
+    now = time.perf_counter()
+    if _STATE["delay"] <= 0:
+        return now
+    _STATE["wire_free_at"] = max(now, _STATE["wire_free_at"]) + _STATE["delay"]
+    return _STATE["wire_free_at"]
+
+
+def _sleep_until(t: float) -> None:
+    remaining = t - time.perf_counter()
+    if remaining > 0:
+        time.sleep(remaining)
+
+
 class Handle:
     """In-flight communication; ``wait()`` blocks until it is done (and stamps the records' end time)."""
 
-    def __init__(self, works=(), records=(), result=None):
+    def __init__(self, works=(), records=(), result=None, ready_at: float = 0.0, buffers=()):
         self._works = [w for w in works if w is not None]
         self._records = [r for r in records if r is not None]
+        self._pending = bool(self._works)
+        self._ready_at = ready_at
         self.result = result
+        if self._pending and buffers:
+            _in_flight(id(self), buffers)
 
     def wait(self):
-        if self._works:
+        if self._pending:
+            t = time.perf_counter()
             for work in self._works:
                 work.wait()
-            self._works = []
+            _sleep_until(self._ready_at)
+            _STATE["blocked"] += time.perf_counter() - t
+            self._works, self._pending = [], False
             if WATCH is not None:
                 WATCH.leave()
             now = time.perf_counter()
             for rec in self._records:
                 _stamp_end(rec, now)
+            _in_flight(id(self), ())
         return self.result
 
-    def is_completed(self) -> bool:
-        return all(w.is_completed() for w in self._works)
+
+# The buffers of collectives issued and not yet waited for, and callbacks run whenever that set changes
+# (`measure.PeakTracker` samples memory there).
+_IN_FLIGHT: dict = {"buffers": {}, "watchers": []}
 
 
-def _finish(work, rec, result, async_op):
-    if async_op:
-        return Handle([work], [rec], result)
-    if WATCH is not None:
-        WATCH.leave()
-    if rec is not None:
-        _stamp_end(rec, time.perf_counter())
-    return result
+def _in_flight(key, buffers) -> None:
+    if buffers:
+        _IN_FLIGHT["buffers"][key] = list(buffers)
+    else:
+        _IN_FLIGHT["buffers"].pop(key, None)
+    for watch in _IN_FLIGHT["watchers"]:
+        watch()
+
+
+def in_flight_tensors() -> list[torch.Tensor]:
+    """The input and output tensors of every collective issued and not yet complete."""
+    return [t for ts in _IN_FLIGHT["buffers"].values() for t in ts]
+
+
+@contextmanager
+def watch_in_flight(callback):
+    """Call ``callback()`` each time a collective is issued or completes (for memory sampling)."""
+    _IN_FLIGHT["watchers"].append(callback)
+    try:
+        yield
+    finally:
+        _IN_FLIGHT["watchers"].remove(callback)
+
+
+def _finish(work, rec, result, async_op, ready_at: float = 0.0, buffers=()):
+    if async_op and _STATE["overlap"]:
+        return Handle([work], [rec], result, ready_at, buffers)
+    if work is not None:
+        Handle([work], [rec], result, ready_at, buffers).wait()
+    else:
+        _sleep_until(ready_at)
+        if WATCH is not None:
+            WATCH.leave()
+        if rec is not None:
+            _stamp_end(rec, time.perf_counter())
+    return Handle(result=result) if async_op else result
 
 
 def _on_gpu(tensor: torch.Tensor) -> bool:
@@ -212,8 +336,8 @@ def all_reduce(tensor: torch.Tensor, group: Group, *, async_op: bool = False, ta
     if group.size == 1:
         return Handle(result=tensor) if async_op else tensor
     rec = _record("all_reduce", group, tensor, tensor.numel(), tag)
-    work = dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=group.pg, async_op=async_op)
-    return _finish(work, rec, tensor, async_op)
+    work = dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=group.pg, async_op=True)
+    return _finish(work, rec, tensor, async_op, _ready_at(), (tensor,))
 
 
 def all_reduce_mean(tensor: torch.Tensor, group: Group, *, tag: str = "") -> torch.Tensor:
@@ -234,8 +358,8 @@ def reduce_scatter(output: torch.Tensor, input: torch.Tensor, group: Group, *, a
         output.copy_(input.view_as(output))
         return Handle(result=output) if async_op else output
     rec = _record("reduce_scatter", group, input, input.numel(), tag)
-    work = _reduce_scatter(output, input, op=dist.ReduceOp.SUM, group=group.pg, async_op=async_op)
-    return _finish(work, rec, output, async_op)
+    work = _reduce_scatter(output, input, op=dist.ReduceOp.SUM, group=group.pg, async_op=True)
+    return _finish(work, rec, output, async_op, _ready_at(), (input, output))
 
 
 def all_gather(output: torch.Tensor, input: torch.Tensor, group: Group, *, async_op: bool = False,
@@ -248,8 +372,8 @@ def all_gather(output: torch.Tensor, input: torch.Tensor, group: Group, *, async
         output.copy_(input.view_as(output))
         return Handle(result=output) if async_op else output
     rec = _record("all_gather", group, output, output.numel(), tag)
-    work = _all_gather(output, input, group=group.pg, async_op=async_op)
-    return _finish(work, rec, output, async_op)
+    work = _all_gather(output, input, group=group.pg, async_op=True)
+    return _finish(work, rec, output, async_op, _ready_at(), (input, output))
 # --8<-- [end:collectives]
 
 
@@ -258,20 +382,8 @@ def broadcast(tensor: torch.Tensor, src: int, group: Group, *, async_op: bool = 
     if group.size == 1:
         return Handle(result=tensor) if async_op else tensor
     rec = _record("broadcast", group, tensor, tensor.numel(), tag)
-    work = dist.broadcast(tensor, src=src, group=group.pg, async_op=async_op)
-    return _finish(work, rec, tensor, async_op)
-
-
-def send(tensor: torch.Tensor, dst: int, group: Group, *, tag: str = "") -> None:
-    rec = _record("send", group, tensor, tensor.numel(), tag)
-    dist.send(tensor, dst=dst, group=group.pg)
-    _finish(None, rec, None, False)
-
-
-def recv(tensor: torch.Tensor, src: int, group: Group, *, tag: str = "") -> torch.Tensor:
-    rec = _record("recv", group, tensor, tensor.numel(), tag)
-    dist.recv(tensor, src=src, group=group.pg)
-    return _finish(None, rec, tensor, False)
+    work = dist.broadcast(tensor, src=src, group=group.pg, async_op=True)
+    return _finish(work, rec, tensor, async_op, _ready_at(), (tensor,))
 
 
 @dataclass

@@ -2,13 +2,22 @@
 
 Both are frozen dataclasses with a docstring under every field; `minimega train` maps its flags
 one-to-one onto `TrainConfig`'s fields, and `TrainConfig.from_deepspeed` reads the DeepSpeed JSON keys
-a learner will meet again, rejecting every other key by name.
+a learner will meet again: each key it accepts changes the run, every other key is refused by name.
 """
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_real(v) -> bool:
+    return (isinstance(v, (int, float)) and not isinstance(v, bool)) and math.isfinite(v)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -34,12 +43,14 @@ class GPTConfig:
     def __post_init__(self):
         for name in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd", "mlp_ratio"):
             value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
+            if not _is_int(value) or value < 1:
                 raise ValueError(f"GPTConfig.{name} must be a positive integer, got {value!r}")
         if self.n_embd % self.n_head:
             raise ValueError(f"GPTConfig: n_head={self.n_head} does not divide n_embd={self.n_embd}")
-        if not 0.0 <= self.dropout < 1.0:
-            raise ValueError(f"GPTConfig.dropout must lie in [0, 1), got {self.dropout}")
+        if not _is_real(self.dropout) or not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"GPTConfig.dropout must be a number in [0, 1), got {self.dropout!r}")
+        if not isinstance(self.bias, bool):
+            raise ValueError(f"GPTConfig.bias must be True or False, got {self.bias!r}")
 
     @property
     def head_size(self) -> int:
@@ -81,6 +92,80 @@ OPTIMIZERS = ("adamw", "adam", "sgd")
 def _flag(*names: str, **extra) -> dict:
     """Field metadata: extra command-line spellings for `minimega train` (besides --field-name)."""
     return {"flags": names, **extra}
+
+
+# [Note: one rule per field]
+# Each TrainConfig field is checked for its type and range before anything else, so that a typo in a
+# JSON file or a notebook cell fails here, naming the field and what to write instead, rather than
+# ten frames deep in torch or, worse, silently: ``True`` is an int in Python and ``"false"`` is truthy.
+# Integers must be ints (not bools, not floats), flags must be bools (not 0/1), reals must be finite
+# numbers (ints welcome), and each range is the one the code that reads the field needs.
+_INT_MIN = {"tp": 1, "pp": 1, "micro_batches": 1, "virtual_stages": 1, "batch_size": 1,
+            "gradient_accumulation_steps": 1, "checkpoint_every": 1, "seed": 0, "param_persistence_threshold": 0,
+            "loss_scale_window": 1, "hysteresis": 1}
+_REAL = {  # name: (lower bound, lower bound allowed?)
+    "lr": (0.0, False), "eps": (0.0, False), "weight_decay": (0.0, True), "gradient_clipping": (0.0, True),
+    "bucket_mb": (0.0, False), "loss_scale": (0.0, True), "min_loss_scale": (0.0, False)}
+_BOOL = ("sequence_parallel", "offload_optimizer", "prefetch", "overlap_comm")
+_CHOICES = {"precision": PRECISIONS, "activation_checkpointing": CHECKPOINTING, "schedule": SCHEDULES,
+            "optimizer": OPTIMIZERS}
+
+
+def _check_fields(cfg) -> None:
+    """Type and range of every TrainConfig field; raises ValueError naming the field and the fix."""
+    for name, low in _INT_MIN.items():
+        value = getattr(cfg, name)
+        if not _is_int(value) or value < low:
+            kind = "a positive integer" if low == 1 else "an integer >= 0"
+            raise ValueError(f"TrainConfig.{name} must be {kind}, got {value!r}")
+    if not _is_int(cfg.zero_stage) or cfg.zero_stage not in (0, 1, 2, 3):
+        raise ValueError(f"TrainConfig.zero_stage must be 0, 1, 2 or 3 (an int), got {cfg.zero_stage!r}")
+    if cfg.seq_len is not None and (not _is_int(cfg.seq_len) or cfg.seq_len < 1):
+        raise ValueError(f"TrainConfig.seq_len must be a positive integer or None, got {cfg.seq_len!r}")
+    if not _is_int(cfg.initial_scale_power) or not 0 <= cfg.initial_scale_power <= 63:
+        raise ValueError(f"TrainConfig.initial_scale_power must be an integer in [0, 63], got {cfg.initial_scale_power!r}")
+    for name, (low, inclusive) in _REAL.items():
+        value = getattr(cfg, name)
+        if not _is_real(value) or value < low or (value == low and not inclusive):
+            bound = ">= 0" if inclusive else "> 0"
+            raise ValueError(f"TrainConfig.{name} must be a finite number {bound}, got {value!r}")
+    for name in _BOOL:
+        value = getattr(cfg, name)
+        if not isinstance(value, bool):
+            raise ValueError(f"TrainConfig.{name} must be True or False, got {value!r}")
+    for name, allowed in _CHOICES.items():
+        value = getattr(cfg, name)
+        if not isinstance(value, str) or value not in allowed:
+            raise ValueError(f"TrainConfig.{name}={value!r}; choose one of {allowed}")
+    betas = cfg.betas
+    if (not isinstance(betas, tuple) or len(betas) != 2
+            or not all(_is_real(b) and 0.0 <= b < 1.0 for b in betas)):
+        raise ValueError(f"TrainConfig.betas must be a tuple of two numbers in [0, 1), got {betas!r}")
+
+
+# Fields that only some layouts read: a value other than the default elsewhere would be accepted and do
+# nothing, so it is refused. (name, default, the condition under which the field is read, what it needs)
+_ONLY_WHEN = (
+    ("loss_scale", 0.0, lambda c: c.precision == "fp16", "precision='fp16'"),
+    ("initial_scale_power", 16, lambda c: c.precision == "fp16", "precision='fp16'"),
+    ("loss_scale_window", 1000, lambda c: c.precision == "fp16", "precision='fp16'"),
+    ("hysteresis", 2, lambda c: c.precision == "fp16", "precision='fp16'"),
+    ("min_loss_scale", 1.0, lambda c: c.precision == "fp16", "precision='fp16'"),
+    ("prefetch", True, lambda c: c.zero_stage == 3, "zero_stage=3"),
+    ("param_persistence_threshold", 0, lambda c: c.zero_stage == 3, "zero_stage=3"),
+    ("checkpoint_every", 1, lambda c: c.activation_checkpointing == "full", "activation_checkpointing='full'"),
+    ("micro_batches", 1, lambda c: c.pp > 1, "pp > 1 (without a pipeline use gradient_accumulation_steps)"),
+    ("betas", (0.9, 0.95), lambda c: c.optimizer != "sgd", "optimizer='adamw' or 'adam'"),
+    ("eps", 1e-8, lambda c: c.optimizer != "sgd", "optimizer='adamw' or 'adam'"),
+)
+
+
+def _check_used(cfg) -> None:
+    for name, default, used, needs in _ONLY_WHEN:
+        value = getattr(cfg, name)
+        if value != default and not used(cfg):
+            raise ValueError(f"TrainConfig.{name}={value!r} has an effect only with {needs}; "
+                             f"remove it or set it back to {default!r}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -135,6 +220,9 @@ class TrainConfig:
     """ZeRO-3: parameters with at most this many elements stay whole on every rank."""
     prefetch: bool = True
     """ZeRO-3: all-gather the next block's parameters while the current one computes."""
+    overlap_comm: bool = True
+    """Run asynchronous collectives in the background (False: each one completes before the call returns,
+    so nothing overlaps with compute; DeepSpeed's ``overlap_comm``)."""
     loss_scale: float = 0.0
     """fp16 only: 0 = dynamic loss scaling, > 0 = a fixed scale."""
     initial_scale_power: int = 16
@@ -147,17 +235,7 @@ class TrainConfig:
     """fp16 dynamic scaling: the scale never drops below this."""
 
     def __post_init__(self):
-        for name in ("tp", "pp", "micro_batches", "virtual_stages", "batch_size",
-                     "gradient_accumulation_steps", "checkpoint_every"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"TrainConfig.{name} must be a positive integer, got {value!r}")
-        if self.zero_stage not in (0, 1, 2, 3):
-            raise ValueError(f"TrainConfig.zero_stage must be 0, 1, 2 or 3, got {self.zero_stage!r}")
-        for name, allowed in (("precision", PRECISIONS), ("activation_checkpointing", CHECKPOINTING),
-                              ("schedule", SCHEDULES), ("optimizer", OPTIMIZERS)):
-            if getattr(self, name) not in allowed:
-                raise ValueError(f"TrainConfig.{name}={getattr(self, name)!r}; choose one of {allowed}")
+        _check_fields(self)
         if self.offload_optimizer and self.zero_stage == 0:
             raise ValueError("TrainConfig: offload_optimizer needs zero_stage >= 1 "
                              "(ZeRO-Offload moves the sharded optimizer states to the CPU)")
@@ -166,23 +244,12 @@ class TrainConfig:
                              f"(the fp32 master weights live in the ZeRO optimizer's shards)")
         if self.sequence_parallel and self.tp == 1:
             raise ValueError("TrainConfig: sequence_parallel needs tp > 1")
-        if self.pp > 1 and self.zero_stage > 1:
-            raise ValueError(f"TrainConfig: zero_stage={self.zero_stage} with pp={self.pp}: under a pipeline ZeRO-2 "
-                             f"would reduce-scatter gradients (and ZeRO-3 gather weights) on each of the "
-                             f"micro_batches={self.micro_batches}; use zero_stage=1 (sharded optimizer states, "
-                             "one reduce-scatter per step) or 0")
         if self.pp > 1 and self.precision == "fp16":
             raise ValueError(f"TrainConfig: precision='fp16' with pp={self.pp}: the pipeline does not scale its "
                              "losses for fp16; use precision='bf16' (no loss scaling needed) or 'fp32'")
         if self.schedule != "interleaved_1f1b" and self.virtual_stages != 1:
             raise ValueError(f"TrainConfig: virtual_stages={self.virtual_stages} needs schedule='interleaved_1f1b'")
-        if self.loss_scale_window < 1 or self.hysteresis < 1 or self.min_loss_scale <= 0 or self.loss_scale < 0:
-            raise ValueError("TrainConfig: loss_scale_window and hysteresis must be >= 1, min_loss_scale > 0, "
-                             "loss_scale >= 0")
-        if self.gradient_clipping < 0 or self.lr <= 0 or self.bucket_mb <= 0:
-            raise ValueError("TrainConfig: gradient_clipping must be >= 0, lr and bucket_mb > 0")
-        if self.seq_len is not None and self.seq_len < 1:
-            raise ValueError(f"TrainConfig.seq_len must be positive, got {self.seq_len}")
+        _check_used(self)
 
     def replace(self, **changes) -> "TrainConfig":
         return replace(self, **changes)
@@ -197,94 +264,163 @@ class TrainConfig:
 
     @classmethod
     def from_deepspeed(cls, config: dict | str | Path, *, dp: int | None = None, **overrides) -> "TrainConfig":
-        """Build a config from a DeepSpeed JSON dict or file; unknown keys are rejected by name.
+        """Build a config from a DeepSpeed JSON dict or file. Every key it accepts changes the run;
+        every other key is refused by name (with the reason, where DeepSpeed has it and minimega does not).
 
-        Supported keys: train_batch_size, train_micro_batch_size_per_gpu, gradient_accumulation_steps,
-        gradient_clipping, steps_per_print, wall_clock_breakdown, optimizer {type, params{lr, betas, eps,
-        weight_decay}}, zero_optimization {stage, reduce_bucket_size, allgather_bucket_size, overlap_comm,
-        contiguous_gradients, stage3_param_persistence_threshold, stage3_prefetch_bucket_size,
-        offload_optimizer {device, pin_memory}}, bf16 {enabled}, fp16 {enabled, loss_scale,
-        initial_scale_power, loss_scale_window, hysteresis, min_loss_scale}.
+        Read: train_batch_size, train_micro_batch_size_per_gpu (needs ``dp``), gradient_accumulation_steps,
+        gradient_clipping, optimizer {type, params{lr, betas, eps, weight_decay}}, zero_optimization {stage,
+        reduce_bucket_size (stage 0: DDP's buckets), overlap_comm, stage3_param_persistence_threshold,
+        stage3_prefetch_bucket_size (0 only: prefetch off), offload_optimizer {device}}, bf16 {enabled},
+        fp16 {enabled, loss_scale, initial_scale_power, loss_scale_window, hysteresis, min_loss_scale}.
+        Values are taken as JSON types: ``"false"`` is not a bool and ``"16"`` is not an int.
 
         Args:
-            config: the dict, or a path to a JSON file.
+            config: the dict, or a path to a JSON file (at most 1 MiB).
             dp: data-parallel degree, needed to check train_batch_size = micro * accumulation * dp.
             overrides: TrainConfig fields that win over the file (e.g. ``tp=2``).
         """
         if not isinstance(config, dict):
-            config = json.loads(Path(config).read_text())
-        out: dict = {}
-
-        def check(section: dict, allowed: set[str], where: str):
-            if not isinstance(section, dict):
-                raise ValueError(f"DeepSpeed config: '{where}' must be an object")
-            if unknown := sorted(set(section) - allowed):
-                raise ValueError(f"DeepSpeed config: unsupported key(s) {', '.join(where + '.' + k if where else k for k in unknown)}; "
-                                 f"supported here: {', '.join(sorted(allowed))}")
-
-        check(config, {"train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps",
-                       "gradient_clipping", "optimizer", "zero_optimization", "bf16", "fp16",
-                       "steps_per_print", "wall_clock_breakdown"}, "")
-        ga = int(config.get("gradient_accumulation_steps", 1))
-        out["gradient_accumulation_steps"] = ga
-        tb, mb = config.get("train_batch_size"), config.get("train_micro_batch_size_per_gpu")
-        if tb is not None:
-            out["batch_size"] = int(tb)
-        if mb is not None and dp is not None:
-            if tb is not None and int(tb) != int(mb) * ga * dp:
-                raise ValueError(f"DeepSpeed config: train_batch_size={tb} != train_micro_batch_size_per_gpu * "
-                                 f"gradient_accumulation_steps * dp = {mb} * {ga} * {dp} = {int(mb) * ga * dp}")
-            out["batch_size"] = int(mb) * ga * dp
-        if "gradient_clipping" in config:
-            out["gradient_clipping"] = float(config["gradient_clipping"])
-        if "optimizer" in config:
-            opt = config["optimizer"]
-            check(opt, {"type", "params"}, "optimizer")
-            kind = str(opt.get("type", "AdamW")).lower()
-            if kind not in OPTIMIZERS:
-                raise ValueError(f"DeepSpeed config: optimizer.type={opt.get('type')!r}; supported: AdamW, Adam, SGD")
-            out["optimizer"] = kind
-            params = opt.get("params", {})
-            check(params, {"lr", "betas", "eps", "weight_decay"}, "optimizer.params")
-            for k in ("lr", "eps", "weight_decay"):
-                if k in params:
-                    out[k] = float(params[k])
-            if "betas" in params:
-                out["betas"] = tuple(float(b) for b in params["betas"])
-        if "zero_optimization" in config:
-            z = config["zero_optimization"]
-            check(z, {"stage", "reduce_bucket_size", "allgather_bucket_size", "overlap_comm", "contiguous_gradients",
-                      "stage3_param_persistence_threshold", "stage3_prefetch_bucket_size", "offload_optimizer"},
-                  "zero_optimization")
-            out["zero_stage"] = z.get("stage", 0)
-            if "reduce_bucket_size" in z:
-                out["bucket_mb"] = float(z["reduce_bucket_size"]) * 4 / 2**20   # elements -> MiB of fp32
-            if "stage3_param_persistence_threshold" in z:
-                out["param_persistence_threshold"] = int(z["stage3_param_persistence_threshold"])
-            if "offload_optimizer" in z:
-                off = z["offload_optimizer"]
-                check(off, {"device", "pin_memory"}, "zero_optimization.offload_optimizer")
-                if off.get("device", "none") not in ("cpu", "none"):
-                    raise ValueError(f"DeepSpeed config: offload_optimizer.device={off['device']!r}; supported: cpu, none")
-                out["offload_optimizer"] = off.get("device", "none") == "cpu"
-        bf16 = config.get("bf16", {}).get("enabled", False) if "bf16" in config else False
-        fp16 = config.get("fp16", {}).get("enabled", False) if "fp16" in config else False
-        if "bf16" in config:
-            check(config["bf16"], {"enabled"}, "bf16")
-        if "fp16" in config:
-            check(config["fp16"], {"enabled", "loss_scale", "initial_scale_power", "loss_scale_window",
-                                   "hysteresis", "min_loss_scale"}, "fp16")
-            fp16_cfg = config["fp16"]
-            if float(fp16_cfg.get("loss_scale", 0)) > 0:
-                out["loss_scale"] = float(fp16_cfg["loss_scale"])
-            for key, cast in (("initial_scale_power", int), ("loss_scale_window", int), ("hysteresis", int),
-                              ("min_loss_scale", float)):
-                if key in fp16_cfg:
-                    out[key] = cast(fp16_cfg[key])
-        if bf16 and fp16:
-            raise ValueError("DeepSpeed config: fp16 and bf16 are both enabled; enable at most one")
-        out["precision"] = "bf16" if bf16 else "fp16" if fp16 else "fp32"
+            path = Path(config)
+            if path.stat().st_size > _DS_MAX_BYTES:
+                raise ValueError(f"DeepSpeed config {path}: {path.stat().st_size} bytes; a config is at most "
+                                 f"{_DS_MAX_BYTES} bytes")
+            config = json.loads(path.read_text())
         names = {f.name for f in fields(cls)}
         if unknown := sorted(set(overrides) - names):
             raise ValueError(f"TrainConfig has no field(s) {unknown}")
-        return cls(**{**out, **overrides})
+        return cls(**{**_read_deepspeed(config, dp), **overrides})
+
+
+_DS_MAX_BYTES = 2**20
+
+# DeepSpeed keys minimega knows and refuses, with the reason (anything else unknown is refused too).
+_DS_REFUSED = {
+    "steps_per_print": "minimega prints every step (and `minimega train --json` the summary); there is no interval",
+    "wall_clock_breakdown": "step timings are always recorded: Engine.report()['timeline']",
+    "zero_optimization.allgather_bucket_size": "minimega's ZeRO all-gathers one unit (embeddings, a block, the "
+                                               "head) per call, so there is no bucket to size",
+    "zero_optimization.contiguous_gradients": "minimega's ZeRO always keeps gradients in flat contiguous buffers; "
+                                              "there is nothing to switch",
+    "zero_optimization.offload_optimizer.pin_memory": "the CPU store pins its buffers itself when CUDA is present",
+}
+_DS_KINDS = {"int": (_is_int, "an integer"), "bool": (lambda v: isinstance(v, bool), "true or false"),
+             "number": (_is_real, "a finite number"), "str": (lambda v: isinstance(v, str), "a string")}
+
+
+def _ds_section(config: dict, key: str, allowed: set[str], path: str | None = None) -> dict:
+    """``config[key]`` (``config`` itself for key ''), checked to be an object with only ``allowed`` keys;
+    ``path``: its dotted name in the file when it is nested deeper than the top level."""
+    section = config if not key else config[key]
+    key = path or key
+    where = f"{key}." if key else ""
+    if not isinstance(section, dict):
+        raise ValueError(f"DeepSpeed config: '{key or 'the top level'}' must be a JSON object, got {section!r}")
+    for k in section:
+        if f"{where}{k}" in _DS_REFUSED:
+            raise ValueError(f"DeepSpeed config: {where}{k} is not supported: {_DS_REFUSED[where + k]}; remove it")
+    if unknown := sorted(set(section) - allowed):
+        raise ValueError(f"DeepSpeed config: unsupported key(s) {', '.join(where + k for k in unknown)}; "
+                         f"supported here: {', '.join(sorted(allowed))}")
+    return section
+
+
+def _ds_get(section: dict, key: str, kind: str, where: str = ""):
+    """``section[key]`` if it has the JSON type ``kind`` (no coercion), else a ValueError naming the key."""
+    value = section[key]
+    ok, what = _DS_KINDS[kind]
+    if not ok(value):
+        raise ValueError(f"DeepSpeed config: {where}{key}={value!r} must be {what} (a JSON "
+                         f"{'boolean' if kind == 'bool' else kind}, not {type(value).__name__})")
+    return value
+
+
+def _read_deepspeed(config: dict, dp: int | None) -> dict:
+    """TrainConfig fields from a DeepSpeed config dict (see `TrainConfig.from_deepspeed`)."""
+    out: dict = {}
+    top = _ds_section(config, "", {"train_batch_size", "train_micro_batch_size_per_gpu",
+                                   "gradient_accumulation_steps", "gradient_clipping", "optimizer",
+                                   "zero_optimization", "bf16", "fp16"})
+    ga = _ds_get(top, "gradient_accumulation_steps", "int") if "gradient_accumulation_steps" in top else 1
+    out["gradient_accumulation_steps"] = ga
+    tb = _ds_get(top, "train_batch_size", "int") if "train_batch_size" in top else None
+    mb = _ds_get(top, "train_micro_batch_size_per_gpu", "int") if "train_micro_batch_size_per_gpu" in top else None
+    if tb is not None:
+        out["batch_size"] = tb
+    if mb is not None:
+        if dp is None:
+            raise ValueError("DeepSpeed config: train_micro_batch_size_per_gpu needs the data-parallel degree: "
+                             "pass dp= (the global batch is micro * gradient_accumulation_steps * dp)")
+        if tb is not None and tb != mb * ga * dp:
+            raise ValueError(f"DeepSpeed config: train_batch_size={tb} != train_micro_batch_size_per_gpu * "
+                             f"gradient_accumulation_steps * dp = {mb} * {ga} * {dp} = {mb * ga * dp}")
+        out["batch_size"] = mb * ga * dp
+    if "gradient_clipping" in top:
+        out["gradient_clipping"] = _ds_get(top, "gradient_clipping", "number")
+    if "optimizer" in top:
+        opt = _ds_section(top, "optimizer", {"type", "params"})
+        kind = _ds_get(opt, "type", "str", "optimizer.").lower() if "type" in opt else "adamw"
+        if kind not in OPTIMIZERS:
+            raise ValueError(f"DeepSpeed config: optimizer.type={opt.get('type')!r}; supported: AdamW, Adam, SGD")
+        out["optimizer"] = kind
+        if "params" in opt:
+            params = _ds_section(opt, "params", {"lr", "betas", "eps", "weight_decay"}, "optimizer.params")
+            for k in ("lr", "eps", "weight_decay"):
+                if k in params:
+                    out[k] = _ds_get(params, k, "number", "optimizer.params.")
+            if "betas" in params:
+                betas = params["betas"]
+                if not isinstance(betas, list) or len(betas) != 2 or not all(_is_real(b) for b in betas):
+                    raise ValueError(f"DeepSpeed config: optimizer.params.betas={betas!r} must be a list of two numbers")
+                out["betas"] = tuple(betas)
+    if "zero_optimization" in top:
+        z = _ds_section(top, "zero_optimization", {
+            "stage", "reduce_bucket_size", "overlap_comm", "stage3_param_persistence_threshold",
+            "stage3_prefetch_bucket_size", "offload_optimizer"})
+        w = "zero_optimization."
+        stage = _ds_get(z, "stage", "int", w) if "stage" in z else 0
+        out["zero_stage"] = stage
+        if "reduce_bucket_size" in z:
+            size = _ds_get(z, "reduce_bucket_size", "number", w)
+            if stage != 0:
+                raise ValueError(f"DeepSpeed config: zero_optimization.reduce_bucket_size with stage={stage} is not "
+                                 "supported: minimega's ZeRO reduce-scatters one unit (embeddings, a block, the head) "
+                                 "per call; the bucket size applies to DDP (stage 0) only; remove it")
+            if size <= 0:
+                raise ValueError(f"DeepSpeed config: zero_optimization.reduce_bucket_size={size} must be > 0")
+            out["bucket_mb"] = size * 4 / 2**20                        # fp32 elements -> MiB
+        if "overlap_comm" in z:
+            out["overlap_comm"] = _ds_get(z, "overlap_comm", "bool", w)
+        if "stage3_param_persistence_threshold" in z:
+            out["param_persistence_threshold"] = _ds_get(z, "stage3_param_persistence_threshold", "int", w)
+        if "stage3_prefetch_bucket_size" in z:
+            if _ds_get(z, "stage3_prefetch_bucket_size", "number", w) != 0:
+                raise ValueError("DeepSpeed config: zero_optimization.stage3_prefetch_bucket_size > 0 is not "
+                                 "supported: minimega prefetches exactly the next unit; use 0 (no prefetch) or "
+                                 "remove the key (prefetch on)")
+            out["prefetch"] = False
+        if "offload_optimizer" in z:
+            off = _ds_section(z, "offload_optimizer", {"device"}, w + "offload_optimizer")
+            device = _ds_get(off, "device", "str", w + "offload_optimizer.") if "device" in off else "none"
+            if device not in ("cpu", "none"):
+                raise ValueError(f"DeepSpeed config: offload_optimizer.device={device!r}; supported: cpu, none")
+            out["offload_optimizer"] = device == "cpu"
+    enabled = {}
+    for name, keys in (("bf16", {"enabled"}), ("fp16", {"enabled", "loss_scale", "initial_scale_power",
+                                                        "loss_scale_window", "hysteresis", "min_loss_scale"})):
+        if name in top:
+            section = _ds_section(top, name, keys)
+            enabled[name] = _ds_get(section, "enabled", "bool", f"{name}.") if "enabled" in section else False
+    if "fp16" in top:
+        fp16 = top["fp16"]
+        extra = sorted(set(fp16) - {"enabled"})
+        if extra and not enabled["fp16"]:
+            raise ValueError(f"DeepSpeed config: fp16.{extra[0]} has an effect only with fp16.enabled=true; "
+                             "remove it or enable fp16")
+        for key, kind in (("loss_scale", "number"), ("initial_scale_power", "int"), ("loss_scale_window", "int"),
+                          ("hysteresis", "int"), ("min_loss_scale", "number")):
+            if key in fp16:
+                out[key] = _ds_get(fp16, key, kind, "fp16.")
+    if enabled.get("bf16") and enabled.get("fp16"):
+        raise ValueError("DeepSpeed config: fp16 and bf16 are both enabled; enable at most one")
+    out["precision"] = "bf16" if enabled.get("bf16") else "fp16" if enabled.get("fp16") else "fp32"
+    return out

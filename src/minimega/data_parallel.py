@@ -1,26 +1,27 @@
 """Data parallelism (DDP, ZeRO stage 0): every rank holds the whole model and averages gradients.
 
-How it overlaps communication with the backward pass:
+How it overlaps communication with the backward pass (the protocol of `minimega.grad_sync`):
 
     Phase 1 (construction): parameters are grouped into buckets of about ``bucket_mb`` MiB, in
         *reverse* registration order, because backward produces the last layers' gradients first.
     Phase 2 (backward): a hook fires as each parameter's gradient is accumulated; when the last
         gradient of a bucket arrives, the bucket is flattened and its all-reduce is launched
         asynchronously, while autograd keeps computing earlier layers' gradients.
-    Phase 3 (end of backward): wait for every bucket, divide by dp, copy the averages back into ``.grad``.
+    Phase 3 (``finish_grad_sync()``, called after backward): wait for every bucket, divide by dp, copy
+        the averages back into ``.grad``.
 
-Inside ``no_sync()`` (gradient accumulation) the hooks do nothing: gradients just accumulate locally
+Inside ``no_sync()`` (gradient accumulation) the hooks start nothing: gradients just accumulate locally
 and the next synchronised backward reduces the sum.
 """
 from __future__ import annotations
 
 import time
-from contextlib import contextmanager
 
 import torch
 import torch.nn as nn
 
 from . import comm
+from .grad_sync import GradSync
 
 
 class _Bucket:
@@ -29,11 +30,10 @@ class _Bucket:
         self.numel = sum(p.numel() for p in params)
         self.buffer: torch.Tensor | None = None
         self.handle: comm.Handle | None = None
-        self.ready = 0
 
 
-class DataParallel(nn.Module):
-    """Wrap ``module`` so gradients are averaged over ``group`` during backward.
+class DataParallel(GradSync, nn.Module):
+    """Wrap ``module`` so gradients are averaged over ``group``: started in backward, finished by ``finish_grad_sync()``.
 
     Args:
         module: the full model, identical on every rank (same seed).
@@ -45,7 +45,6 @@ class DataParallel(nn.Module):
     def __init__(self, module: nn.Module, group: comm.Group, bucket_mb: float = 25.0, broadcast_init: bool = True):
         super().__init__()
         self.module, self.group = module, group
-        self._sync = True
         self.timeline: list[dict] = []
         params = [p for p in module.parameters() if p.requires_grad]
         if broadcast_init:
@@ -62,48 +61,24 @@ class DataParallel(nn.Module):
                 current = []
         if current:
             self.buckets.append(_Bucket(current, len(self.buckets)))
-        self._bucket_of = {p: b for b in self.buckets for p in b.params}
-        self._callback_queued = False
-        if group.size > 1:
-            for p in params:
-                p.register_post_accumulate_grad_hook(self._on_grad_ready)
+        self._watch([b.params for b in self.buckets], hooks=group.size > 1)   # one rank: nothing to average
 
     def forward(self, *args, **kwargs):
         return self.module(*args, **kwargs)
 
-    @contextmanager
-    def no_sync(self):
-        """Accumulate gradients locally; the first backward after the block reduces the sum."""
-        old, self._sync = self._sync, False
-        try:
-            yield
-        finally:
-            self._sync = old
-
     # --8<-- [start:ddp_hook]
-    def _on_grad_ready(self, p: nn.Parameter) -> None:
-        if not self._sync:
-            return
-        if not self._callback_queued:    # run _finish once autograd has finished this backward
-            torch.autograd.Variable._execution_engine.queue_callback(self._finish)
-            self._callback_queued = True
-        bucket = self._bucket_of[p]
-        bucket.ready += 1
-        if bucket.ready == len(bucket.params):
-            self._launch(bucket)
-
-    def _launch(self, bucket: _Bucket) -> None:
+    def _start(self, i: int) -> None:
+        """Phase 2: bucket i's last gradient is in; flatten the bucket and launch its all-reduce."""
+        bucket = self.buckets[i]
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in bucket.params]
         bucket.buffer = torch.cat([g.reshape(-1) for g in grads])              # (numel,) flat
         self.timeline.append({"event": "all_reduce_issued", "bucket": bucket.index, "time": time.perf_counter()})
         bucket.handle = comm.all_reduce(bucket.buffer, self.group, async_op=True, tag=f"bucket{bucket.index}")
     # --8<-- [end:ddp_hook]
 
-    def _finish(self) -> None:
-        self._callback_queued = False
-        for bucket in self.buckets:
-            if bucket.handle is None:        # a parameter that got no gradient: reduce zeros for it
-                self._launch(bucket)
+    # --8<-- [start:ddp_finish]
+    def _complete(self) -> None:
+        """Phase 3 (from ``finish_grad_sync()``): wait for each bucket, average, write back into ``.grad``."""
         for bucket in self.buckets:
             bucket.handle.wait()
             bucket.buffer.div_(self.group.size)
@@ -115,5 +90,21 @@ class DataParallel(nn.Module):
                 else:
                     p.grad.copy_(bucket.buffer[offset:offset + n].view_as(p))
                 offset += n
-            bucket.buffer, bucket.handle, bucket.ready = None, None, 0
+            bucket.buffer, bucket.handle = None, None
         self.timeline.append({"event": "grads_synced", "time": time.perf_counter()})
+    # --8<-- [end:ddp_finish]
+
+    # -- clipping (see grad_sync.clip_grad_norm_) --------------------------------------------------
+    def grad_sq_norm(self, weight=None) -> torch.Tensor:
+        """Σ weight(name)·‖g‖² over the module's gradients (float64, not reduced over any group)."""
+        device = next(self.module.parameters()).device
+        sq = torch.zeros((), dtype=torch.float64, device=device)
+        for name, p in self.module.named_parameters():
+            if p.grad is not None:
+                sq += (weight(name) if weight else 1.0) * p.grad.detach().double().pow(2).sum()
+        return sq
+
+    def scale_grads_(self, coef: float) -> None:
+        for p in self.module.parameters():
+            if p.grad is not None:
+                p.grad.mul_(coef)

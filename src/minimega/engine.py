@@ -12,13 +12,16 @@ seed) and wraps it, in this order:
 Any (dp, tp, pp) composes. In code, steps 1 and 2 run in the other order with the same result: the TP
 layers are built on the whole model and the split keeps this stage's blocks (TP never crosses a block),
 so a chunk of a `ParallelGPT` runs its vocab-parallel ends. Each chunk then gets its own dp wrapper:
-DDP, or ZeRO-1 (the BLOOM-176B recipe). ZeRO-2/3 combine with tp but not with pp (see `compose`).
+DDP or ZeRO 1-3 (ZeRO-1 is the BLOOM-176B recipe; see `compose`), all on the gradient-sync protocol of
+`grad_sync`. The caller's model is never modified: the engine works on new layers or a copy.
 
 ``Engine.train_step((x, y))`` takes this dp rank's rows of the global batch (see `minimega.data`),
-runs the gradient-accumulation micro-steps, clips, steps the optimizer and returns the global mean loss.
+runs the gradient-accumulation micro-steps (each backward followed by ``finish_grad_sync()``), clips,
+steps the optimizer and returns the global mean loss.
 """
 from __future__ import annotations
 
+import copy
 import time
 from contextlib import nullcontext
 
@@ -26,42 +29,55 @@ import torch
 
 from . import comm, measure, zero
 from .activation_checkpoint import apply_activation_checkpointing
-from .compose import ChunkOptimizers, clip_zero_
-from .config import TrainConfig
+from .compose import ChunkOptimizers
+from .config import GPTConfig, TrainConfig
 from .data_parallel import DataParallel
-from .mesh import Mesh
+from .grad_sync import clip_grad_norm_
+from .mesh import Mesh, ParallelDims
 from .model import GPT
 from .pipeline import Pipeline, check as check_pipeline
-from .tensor_parallel import full_like_param, local_like_param, ParallelGPT, apply_tensor_parallel, check_divisible
+from .rng import RNGStream
+from .tensor_parallel import full_like_param, apply_tensor_parallel, check_divisible
 
 # What this build of the engine can combine; anything else is refused before training starts.
 _SUPPORTED = {"zero_stage": {0, 1, 2, 3}, "precision": {"fp32", "bf16", "fp16"},
               "activation_checkpointing": {"none", "full", "selective"}}
+# Pipeline settings that mean nothing without a pipeline: refused at pp = 1 unless left at their defaults.
+_PIPELINE_ONLY = {"schedule": "1f1b", "micro_batches": 1, "virtual_stages": 1}
 
 
-def validate(model: GPT, config: TrainConfig, mesh: Mesh) -> None:
-    """Every check that can fail, made before the first step, with the fix in the message."""
+def validate(model_config: GPTConfig, config: TrainConfig, dims: ParallelDims) -> None:
+    """Every check that can fail, made before any rank starts (no process group needed), with the fix in the message.
+
+    Together with `TrainConfig`'s own checks this decides, for any layout, whether the engine trains it;
+    `tests/test_composition.py` enumerates the whole space through it.
+    """
     for name, allowed in _SUPPORTED.items():
         if getattr(config, name) not in allowed:
             raise ValueError(f"TrainConfig.{name}={getattr(config, name)!r} is not supported by this engine "
                              f"(supported: {sorted(allowed)})")
-    if config.tp != mesh.tp_size or config.pp != mesh.pp_size:
+    if config.tp != dims.tp or config.pp != dims.pp:
         raise ValueError(f"TrainConfig(tp={config.tp}, pp={config.pp}) does not match the mesh "
-                         f"(tp={mesh.tp_size}, pp={mesh.pp_size}); build the mesh from the same numbers")
-    config.rows_per_micro_step(mesh.dp_size)
+                         f"(tp={dims.tp}, pp={dims.pp}); build the mesh from the same numbers")
+    config.rows_per_micro_step(dims.dp)
     if config.pp > 1:
-        check_pipeline(config.schedule, config.pp, config.micro_batches, config.virtual_stages, model.config.n_layer)
+        check_pipeline(config.schedule, config.pp, config.micro_batches, config.virtual_stages, model_config.n_layer)
         if config.gradient_accumulation_steps != 1:
             raise ValueError(f"pp={config.pp}: set micro_batches (the pipeline accumulates over them), not "
                              f"gradient_accumulation_steps={config.gradient_accumulation_steps}")
-        if (config.batch_size // mesh.dp_size) % config.micro_batches:
-            raise ValueError(f"batch_size / dp = {config.batch_size} / {mesh.dp_size} = "
-                             f"{config.batch_size // mesh.dp_size} rows per dp rank do not split into "
+        if (config.batch_size // dims.dp) % config.micro_batches:
+            raise ValueError(f"batch_size / dp = {config.batch_size} / {dims.dp} = "
+                             f"{config.batch_size // dims.dp} rows per dp rank do not split into "
                              f"micro_batches={config.micro_batches}")
-    seq = config.seq_len or model.config.block_size
-    if seq > model.config.block_size:
-        raise ValueError(f"seq_len={seq} exceeds the model's block_size={model.config.block_size}")
-    check_divisible(model.config, config.tp)
+    else:
+        for name, default in _PIPELINE_ONLY.items():
+            if getattr(config, name) != default:
+                raise ValueError(f"TrainConfig.{name}={getattr(config, name)!r} needs pp > 1 (there is no pipeline "
+                                 f"to schedule); leave it at {default!r} or set pp")
+    seq = config.seq_len or model_config.block_size
+    if seq > model_config.block_size:
+        raise ValueError(f"seq_len={seq} exceeds the model's block_size={model_config.block_size}")
+    check_divisible(model_config, config.tp)
     if config.sequence_parallel and seq % config.tp:
         raise ValueError(f"sequence_parallel: seq_len={seq} is not divisible by tp={config.tp}")
 
@@ -79,12 +95,14 @@ class Engine:
     """Trains one rank's part of the model; see the module docstring for the order of wrapping."""
 
     def __init__(self, model: GPT, config: TrainConfig, mesh: Mesh):
-        validate(model, config, mesh)
+        validate(model.config, config, mesh.dims)
         self.model_config = model.config
         self._keys = list(model.state_dict())
         self.pipeline: Pipeline | None = None
         # --8<-- [start:compose_order]
-        model = apply_tensor_parallel(model.to(mesh.device), mesh, config.sequence_parallel)
+        # The caller's model is never modified: TP builds new layers from it, otherwise the engine takes a copy.
+        model = (apply_tensor_parallel(model, mesh, config.sequence_parallel) if config.tp > 1
+                 else copy.deepcopy(model)).to(mesh.device)
         apply_activation_checkpointing(model, config.activation_checkpointing, config.checkpoint_every)
         self.config, self.mesh, self.module = config, mesh, model
 
@@ -102,13 +120,16 @@ class Engine:
             self.model = data_parallel(model)
             self.parts, wrappers = [model], [self.model]
         # --8<-- [end:compose_order]
-        # `parts`: the modules holding this rank's parameters under model.py's names; `zero_stages`: their ZeRO wrappers.
+        # `parts`: the modules holding this rank's parameters under model.py's names; `sync_parts`: their dp
+        # wrappers (DDP or ZeRO: see grad_sync), `zero_stages` the same when they are ZeRO's.
+        self.sync_parts = wrappers
         self.zero_stages = wrappers if config.zero_stage else []
         if not config.zero_stage:
             self.optimizer = make_optimizer(self.module.parameters(), config)
         else:
             self.optimizer = ChunkOptimizers(wrappers) if config.pp > 1 else self.model
         self.memory_at_step: dict = {}
+        self._peak = measure.PeakTracker(lambda: measure.state_tensors(wrappers, None if config.zero_stage else self.optimizer))
         self.comm_log = comm.CommLog()
         self.losses: list[float] = []
         self.grad_norms: list[float] = []
@@ -128,12 +149,14 @@ class Engine:
         sent_before = self.comm_log.total_sent()
         total = torch.zeros((), device=self.mesh.device)
         self.model.train()
-        with self.comm_log:
+        peak = self._peak.track() if self.step < 2 else nullcontext()     # steady from step 2 on (see memory_at_step)
+        with self.comm_log, comm.overlap(self.config.overlap_comm), peak:
             if self.pipeline is not None:
                 total = self.pipeline.forward_backward(x, y, self.step)    # sum_i loss_i / m, last stage only
             micro_steps = () if self.pipeline is not None else zip(x.chunk(ga), y.chunk(ga))
             for i, (xm, ym) in enumerate(micro_steps):
-                sync = i == ga - 1
+                # DDP and ZeRO-1 accumulate locally and reduce the sum once; ZeRO-2/3 reduce every micro-step.
+                sync = i == ga - 1 or self.model.reduce_every_micro_step
                 with (nullcontext() if sync else self.model.no_sync()):
                     self._event("forward_start", micro=i)
                     _, loss = self.model(xm, ym)
@@ -141,6 +164,7 @@ class Engine:
                     scaled = self.model.scale_loss(loss / ga) if self.config.zero_stage else loss / ga
                     scaled.backward()
                     self._event("backward_end", micro=i)
+                    self.model.finish_grad_sync()         # the end of this backward (see grad_sync)
                 total += loss.detach()
             norm = self._clip()
             self.optimizer.step()
@@ -159,21 +183,10 @@ class Engine:
         return loss
 
     def _clip(self) -> float | None:
-        """Clip by the global gradient norm (grads are replicated after the DDP all-reduce)."""
+        """Clip by the global gradient norm, whatever the layout (see `grad_sync.clip_grad_norm_`)."""
         if not self.config.gradient_clipping:
             return None
-        if self.config.zero_stage:          # shards over dp, slices over tp, chunks over pp: see compose
-            return clip_zero_(self.zero_stages, self.mesh, self.config.gradient_clipping)
-        if self.pipeline is not None:
-            return self.pipeline.clip_grad_norm_(self.config.gradient_clipping)
-        if isinstance(self.module, ParallelGPT):     # shards: the norm needs every tp rank's share
-            norm = self.module.grad_norm()
-            coef = (self.config.gradient_clipping / (norm + 1e-6)).clamp(max=1.0)
-            for p in self.module.parameters():
-                if p.grad is not None:
-                    p.grad.mul_(coef)
-            return float(norm)
-        return float(torch.nn.utils.clip_grad_norm_(self.module.parameters(), self.config.gradient_clipping))
+        return clip_grad_norm_(self.sync_parts, self.mesh, self.config.gradient_clipping)
 
     @torch.no_grad()
     def eval_step(self, batch: tuple[torch.Tensor, torch.Tensor]) -> float:
@@ -228,6 +241,7 @@ class Engine:
             "grad_norms": list(self.grad_norms),
             "memory": self.memory(),
             "memory_at_step": dict(self.memory_at_step),
+            "memory_peak": self._peak.report(),
             "comm": self.comm_log.summary(),
             "comm_per_step": list(self.comm_per_step),
             "comm_events": self.comm_log.events(),
@@ -236,62 +250,51 @@ class Engine:
         }
 
 
-    # ---- checkpoints (see checkpoint.py): the layout-free training state and this rank's RNG --------
+    # ---- checkpoints (see minimega.checkpoint): what the layout-free state needs from the engine ------
 
     def layout(self) -> dict:
         return {"world": self.mesh.world_size, "dp": self.mesh.dp_size, "tp": self.mesh.tp_size,
                 "pp": self.mesh.pp_size, "zero_stage": self.config.zero_stage}
 
-    def training_state(self) -> dict:
-        """{'model': full fp32 weights, 'optimizer': {key: {state: full tensor}}} by `model.py` keys, on every rank."""
-        model, optimizer = {}, {}
-        for part, wrapper in self._holders():
-            if wrapper is not None:
-                local = zero.training_state(wrapper)
-            else:
-                local = {"model": dict(part.named_parameters()),
-                         "optimizer": {n: self.optimizer.state.get(p, {}) for n, p in part.named_parameters()}}
-            model.update({n: self._full(part, n, w).float() for n, w in local["model"].items()})
-            for name, st in local["optimizer"].items():
-                if st:                 # a parameter the optimizer has not stepped has no state
-                    optimizer[name] = {k: self._full(part, name, v) if v.dim() else v.detach().cpu().clone()
-                                       for k, v in st.items()}
-        return {"model": self._merge_stages(model), "optimizer": self._merge_stages(optimizer)}
+    def rng_state(self) -> dict[str, torch.Tensor]:
+        """This rank's random states as uint8 tensors: the default CPU generator, the tp dropout stream
+        (`rng.RNGStream`, under tp), each CUDA device's generator."""
+        out = {"torch": torch.get_rng_state()}
+        if (stream := self._tp_stream()) is not None:
+            out["tp_stream"] = stream.state[0]
+            if stream.state[1] is not None:
+                out["tp_stream_cuda"] = stream.state[1]
+        if torch.cuda.is_available():
+            out.update({f"cuda{i}": s for i, s in enumerate(torch.cuda.get_rng_state_all())})
+        return out
 
-    @torch.no_grad()
-    def load_training_state(self, state: dict, step: int) -> None:
-        """Take a full-shaped training state (any saved layout) into this rank's layout."""
-        self.step = step
-        names = [n for part in self.parts for n, _ in part.named_parameters()]
-        if missing := [n for n in names if n not in state["model"]]:
-            raise ValueError(f"checkpoint lacks parameters {missing[:5]}")
-        if not self.config.zero_stage:
-            self.optimizer.state.clear()
-        for part, wrapper in self._holders():
-            params = dict(part.named_parameters())
-            # ZeRO keeps fp32 masters whatever the parameters' dtype: localise into fp32 for it.
-            like = {n: (torch.empty(p.shape, dtype=torch.float32, device=self.mesh.device) if wrapper else p)
-                    for n, p in params.items()}
-            local = {"model": {n: local_like_param(part, n, state["model"][n], like[n]) for n in params},
-                     "optimizer": {n: {k: local_like_param(part, n, v, like[n]) if v.dim() else v.clone()
-                                       for k, v in state["optimizer"][n].items()}
-                                   for n in params if n in state["optimizer"]}}
-            if wrapper is not None:
-                zero.load_training_state(wrapper, local)
-                continue
-            for n, p in params.items():
-                p.copy_(local["model"][n])
-                if n in local["optimizer"]:
-                    self.optimizer.state[p] = local["optimizer"][n]
-
-    def rng_state(self) -> dict:
-        return {"torch": torch.get_rng_state(),
-                "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}
-
-    def set_rng_state(self, state: dict) -> None:
+    def set_rng_state(self, state: dict[str, torch.Tensor]) -> None:
         torch.set_rng_state(state["torch"])
-        if state.get("cuda") is not None and torch.cuda.is_available():
-            torch.cuda.set_rng_state_all(state["cuda"])
+        if (stream := self._tp_stream()) is not None and "tp_stream" in state:
+            stream.state = (state["tp_stream"], state.get("tp_stream_cuda", stream.state[1]))
+        cuda = [state[f"cuda{i}"] for i in range(torch.cuda.device_count()) if f"cuda{i}" in state]
+        if cuda and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(cuda)
+
+    def _tp_stream(self):
+        """The tp dropout stream this rank's parts draw from (one per rank), or None without tp."""
+        for part in self.parts:
+            for m in part.modules():
+                if isinstance(getattr(m, "rng", None), RNGStream):
+                    return m.rng
+        return None
+
+    def _scalers(self) -> list:
+        return [w.scaler for w in self.zero_stages if getattr(w, "scaler", None) is not None]
+
+    def scaler_state(self) -> dict | None:
+        """The fp16 loss scaler's state (identical on every rank: overflows are agreed on), or None."""
+        scalers = self._scalers()
+        return scalers[0].state_dict() if scalers else None
+
+    def load_scaler_state(self, state: dict) -> None:
+        for scaler in self._scalers():
+            scaler.load_state_dict(state)
 
     def save(self, directory, keep: int = 3):
         """Atomic sharded checkpoint of everything needed to resume (see `minimega.checkpoint`)."""

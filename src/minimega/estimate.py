@@ -33,6 +33,7 @@ STAGES = (0, 1, 2, 3)
 RECOMPUTE = ("none", "selective", "full")
 SCHEDULES = ("gpipe", "1f1b", "interleaved")
 OFFLOAD = ("none", "optimizer", "optimizer+params")
+PP_PARTITION = ("blocks", "blocks+embedding")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -62,15 +63,18 @@ def _check_stage_dp(stage: int, dp: int) -> None:
 
 
 # --8<-- [start:model_state_bytes]
-def model_state_breakdown(n_params: float, dp: int, stage: int, precision: str = "mixed") -> dict:
+def model_state_breakdown(n_params: float, dp: int, stage: int, precision: str = "mixed", *,
+                          grad_bytes: int | None = None) -> dict:
     """Per-rank bytes of parameters, gradients and optimizer states (ZeRO paper, Fig. 1).
 
     Stage 0 (DDP) replicates all three. Each ZeRO stage shards one more of them over the dp ranks:
     stage 1 the optimizer states (P_os), stage 2 also the gradients (P_os+g), stage 3 also the
-    parameters (P_os+g+p).
+    parameters (P_os+g+p). `grad_bytes` overrides the gradient width: 4 for a 16-bit model whose
+    gradients accumulate in an fp32 buffer (DeepSpeed's BF16_Optimizer, Megatron's main grads).
     """
     _check_stage_dp(stage, dp)
     p, g, k = state_bytes_per_param(precision)
+    g = g if grad_bytes is None else grad_bytes
     return {
         "params": p * n_params / (dp if stage >= 3 else 1),
         "grads": g * n_params / (dp if stage >= 2 else 1),
@@ -114,6 +118,66 @@ def model_state_bytes_padded(numels, dp: int, stage: int, precision: str = "mixe
     return model_state_bytes(sum(padded_numel(n, dp) for n in numels), dp, stage, precision)
 
 
+# --8<-- [start:peak_memory]
+def peak_memory_bytes(units: list[list[int]], dp: int, stage: int, *, precision: str = "fp32",
+                      prefetch: bool = True, overlap: bool = True) -> dict:
+    """Peak bytes per rank by category during a step of minimega's DDP (stage 0) or ZeRO 1-3 with Adam.
+
+    ``units``: the element count of each parameter, grouped by ZeRO unit in forward order (embeddings,
+    each block, the head: `zero.stages.model_units`). With N_u a unit's numel, P_u = padded(N_u, dp),
+    n = dp and e the bytes of the parameters' dtype (fp32: 4; bf16: 2, with fp32 masters, ZeRO only),
+    each category's largest value over forward, backward and the step:
+
+        params            stage 0-2: Σ N_u·e (0: unpadded) | stage 3: the shards, Σ P_u/n·e
+        gathered          stage 3: max_k (P_k + P_k+1)·e, two neighbouring units (prefetch) | max_k P_k·e without
+        master            bf16: the fp32 master shards, Σ P_u/n·4 (fp32: the shards are their own masters)
+        grads             stage 0: Σ N_u·e | 1: the flat buffers Σ P_u·e
+                          stage 2-3: the shards Σ P_u/n·e + one unit's full gradients max_u N_u·e (before
+                          its reduce-scatter flattens them)
+                          bf16, at the step: + the fp32 copies handed to the optimizer, Σ P_u/n·4
+                          (stages 2-3: whichever of the two terms is larger)
+        optimizer_states  Adam's m and v in fp32: 2·Σ N_u·4 (stage 0) | 2·Σ P_u/n·4
+        comm_buffers      what collectives in flight hold beyond the categories above:
+                          stage 0: every bucket, Σ N_u·e (all are issued before the first is waited for)
+                          stage 1: the reduce-scatter outputs, Σ P_u/n·e (max_u P_u/n·e without overlap)
+                          stage 2-3: each unit's flattened gradient and its output shard, Σ P_u(1 + 1/n)·e,
+                          held until backward ends (max_u P_u(1 + 1/n)·e without overlap)
+        optimizer_step_counters  torch's 0-d fp32 ``step`` per optimizer tensor: one per parameter
+                          (stage 0), one per unit (1-3)
+
+    Activations (tensors saved for backward) are those of `model.py` on the rank's rows in the same dtype:
+    measured by `activation_checkpoint.saved_activation_bytes`, estimated by `gpt_activation_bytes_per_layer`.
+    """
+    _check_stage_dp(stage, dp)
+    if precision not in ("fp32", "bf16") or (precision == "bf16" and stage == 0):
+        raise ValueError(f"peak_memory_bytes: precision={precision!r} at stage {stage}; modelled: fp32 at "
+                         "stages 0-3, bf16 at stages 1-3")
+    e, n = (4 if precision == "fp32" else 2), dp
+    N = [sum(u) for u in units]
+    P = [padded_numel(x, n) for x in N]
+    shard_elems = sum(P) // n
+    full = sum(N if stage == 0 else P) * e
+    masters = shard_elems * 4 if e != 4 else 0          # fp32 master shards, and at the step fp32 grad copies
+    out = {"params": shard_elems * e if stage == 3 else full, "gathered": 0, "master": masters,
+           "optimizer_states": 2 * 4 * (sum(N) if stage == 0 else shard_elems),
+           "optimizer_step_counters": 4 * (sum(len(u) for u in units) if stage == 0 else len(units))}
+    if stage == 3:
+        out["gathered"] = e * (max(a + b for a, b in zip(P, P[1:])) if prefetch and len(P) > 1 else max(P))
+    if stage < 2:
+        out["grads"] = full + masters
+    else:
+        out["grads"] = shard_elems * e + max(max(N) * e, masters)
+    if stage == 0:
+        out["comm_buffers"] = full
+    elif stage == 1:
+        out["comm_buffers"] = shard_elems * e if overlap else max(P) // n * e
+    else:
+        per_unit = [p * e + p // n * e for p in P]
+        out["comm_buffers"] = sum(per_unit) if overlap else max(per_unit)
+    return out
+# --8<-- [end:peak_memory]
+
+
 # ----------------------------------------------------------------------------------------------
 # Data-parallel communication (ring model)
 
@@ -128,6 +192,22 @@ def ring_bytes(op: str, size_bytes: float, n: int) -> float:
         return 0.0
     factor = {"all_reduce": 2.0, "reduce_scatter": 1.0, "all_gather": 1.0}[op]
     return factor * (n - 1) / n * size_bytes
+
+
+# --8<-- [start:ring_time]
+def ring_time(op: str, size_bytes: float, n: int, alpha: float, bandwidth: float) -> float:
+    """Seconds for one ring collective in the α-β model (Thakur, Rabenseifner and Gropp 2005).
+
+    Each of the ring's steps pays a start-up latency α and moves one chunk at `bandwidth` bytes/s:
+    all-reduce takes 2(n-1) steps, reduce-scatter and all-gather n-1 each, so
+    t = steps·α + `ring_bytes`/bandwidth. The α term grows with n and not with the message, which is
+    why many small messages (one per tensor) cost more than a few large buckets.
+    """
+    if n <= 1:
+        return 0.0
+    steps = {"all_reduce": 2, "reduce_scatter": 1, "all_gather": 1}[op] * (n - 1)
+    return steps * alpha + ring_bytes(op, size_bytes, n) / bandwidth
+# --8<-- [end:ring_time]
 
 
 def comm_collectives(stage: int) -> tuple[str, ...]:
@@ -201,12 +281,15 @@ def megatron_model_flops(batch: int, seq_len: int, n_layer: int, hidden: int, vo
 # Activations (Korthikanti et al. 2022, Table 2)
 
 # --8<-- [start:activations]
+ATTENTION = ("unfused", "fused")
+
+
 def activation_bytes_per_layer(seq_len: int, micro_batch: int, hidden: int, heads: int, *, tp: int = 1,
-                               sp: bool = False, recompute: str = "none",
+                               sp: bool = False, recompute: str = "none", attention: str = "unfused",
                                act_bytes: int = 2, mask_bytes: int = 1) -> float:
     """Bytes one transformer layer keeps for its backward, per micro-batch (Korthikanti Table 2).
 
-    With 16-bit activations and 1-byte dropout masks this is the paper's table:
+    With 16-bit activations, 1-byte dropout masks and unfused attention this is the paper's table:
 
         none                    sbh(34 + 5as/h)
         TP                      sbh(10 + 24/t + 5as/(ht))
@@ -220,17 +303,52 @@ def activation_bytes_per_layer(seq_len: int, micro_batch: int, hidden: int, head
         split by TP:         Q, K, V, projection input (4sbh), MLP up and GeLU outputs (8sbh)
         attention core:      softmax and its dropout (2as²b) + the dropout mask (as²b), split by TP
     Sequence parallelism splits the first group over t too; selective recompute drops the core.
+
+    ``attention="fused"`` (FlashAttention, PyTorch SDPA, Megatron-core's default kernel) never stores
+    the s² scores: the kernel recomputes them in its backward from Q, K, V and one fp32 log-sum-exp
+    per row and head, 4asb bytes (/t). The quadratic term is then gone without any recomputation
+    policy, and selective recomputation has only that log-sum-exp left to save.
     """
     if recompute not in RECOMPUTE:
         raise ValueError(f"recompute {recompute!r}: expected one of {RECOMPUTE}")
+    if attention not in ATTENTION:
+        raise ValueError(f"attention {attention!r}: expected one of {ATTENTION}")
     s, b, h, a, t = seq_len, micro_batch, hidden, heads, tp
     sbh = s * b * h
     if recompute == "full":
         return act_bytes * sbh / (t if sp else 1)
     whole = sbh * (4 * act_bytes + 2 * mask_bytes) / (t if sp else 1)
     split = sbh * 12 * act_bytes / t
-    core = 0.0 if recompute == "selective" else a * s * s * b * (2 * act_bytes + mask_bytes) / t
+    if recompute == "selective":
+        core = 0.0
+    elif attention == "fused":
+        core = 4 * a * s * b / t
+    else:
+        core = a * s * s * b * (2 * act_bytes + mask_bytes) / t
     return whole + split + core
+
+
+def recompute_working_bytes(seq_len: int, micro_batch: int, hidden: int, heads: int, *, tp: int = 1,
+                            sp: bool = False, recompute: str = "none", attention: str = "unfused",
+                            act_bytes: int = 2, mask_bytes: int = 1) -> float:
+    """Bytes recomputation brings back during the backward, one layer and one micro-batch at a time.
+
+    Full: the backward reruns one layer's forward and holds that layer's activations again, as if
+    nothing were recomputed: `activation_bytes_per_layer(recompute="none")` (sbh(34 + 5as/h) on one
+    GPU; the layer input it counts is shared with the checkpoint, and the gradient arriving from the
+    layer above is the same size). Selective: that layer's attention core again (5as²b/t unfused).
+    None: nothing. This term is added once, not per layer or per micro-batch in flight.
+    """
+    kw = dict(tp=tp, sp=sp, attention=attention, act_bytes=act_bytes, mask_bytes=mask_bytes)
+    args = (seq_len, micro_batch, hidden, heads)
+    if recompute not in RECOMPUTE:
+        raise ValueError(f"recompute {recompute!r}: expected one of {RECOMPUTE}")
+    if recompute == "none":
+        return 0.0
+    full = activation_bytes_per_layer(*args, recompute="none", **kw)
+    if recompute == "full":
+        return full
+    return full - activation_bytes_per_layer(*args, recompute="selective", **kw)
 # --8<-- [end:activations]
 
 
@@ -377,6 +495,18 @@ class MemoryConfig:
     offload: str = "none"
     """'optimizer': optimizer states and gradients live in CPU memory (ZeRO-Offload);
     'optimizer+params': parameters too (ZeRO-Infinity with stage 3)."""
+    attention: str = "unfused"
+    """'unfused' stores the as²b attention scores (Korthikanti's table); 'fused' (FlashAttention,
+    SDPA) stores one fp32 log-sum-exp per row and head instead."""
+    position_embedding: bool = True
+    """A learned s × h position table (GPT-2, GPT-3, MT-NLG); False for ALiBi or RoPE (BLOOM, Llama)."""
+    fp32_grads: bool = False
+    """Gradients accumulate in an fp32 buffer, 4 bytes per parameter instead of 2 (DeepSpeed's
+    BF16_Optimizer, Megatron's main grads); only for 16-bit precisions."""
+    pp_partition: str = "blocks"
+    """'blocks': every stage holds ceil(L/p) blocks, the first one also the embedding.
+    'blocks+embedding': the embedding counts as one more layer to balance (Megatron-DeepSpeed's
+    `type:transformer|embedding`), so the first stage holds ceil((L+2)/p) - 1 blocks."""
 
     def check(self) -> None:
         for name in ("layers", "hidden", "heads", "vocab", "seq_len", "micro_batch", "tp", "dp", "pp",
@@ -384,8 +514,15 @@ class MemoryConfig:
             if not (isinstance(getattr(self, name), int) and getattr(self, name) >= 1):
                 raise ValueError(f"{name}={getattr(self, name)!r}: expected an integer >= 1")
         if self.precision not in PRECISIONS or self.recompute not in RECOMPUTE \
-                or self.schedule not in SCHEDULES or self.offload not in OFFLOAD:
+                or self.schedule not in SCHEDULES or self.offload not in OFFLOAD \
+                or self.attention not in ATTENTION or self.pp_partition not in PP_PARTITION:
             raise ValueError(f"unknown option in {self}")
+        for name in ("sp", "position_embedding", "fp32_grads"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name}={getattr(self, name)!r}: expected True or False")
+        if self.fp32_grads and self.precision == "fp32":
+            raise ValueError("fp32_grads=True: gradients are already fp32 with precision='fp32'; "
+                             "use a 16-bit precision or drop fp32_grads")
         _check_stage_dp(self.zero_stage, self.dp)
         if self.hidden % self.heads or self.heads % self.tp:
             raise ValueError(f"hidden={self.hidden}, heads={self.heads}, tp={self.tp}: "
@@ -395,32 +532,44 @@ class MemoryConfig:
 
 
 # --8<-- [start:memory_per_gpu]
+def stage_blocks(cfg: MemoryConfig) -> int:
+    """Transformer blocks on the first pipeline stage (the one that also holds the embedding)."""
+    if cfg.pp == 1:
+        return cfg.layers
+    if cfg.pp_partition == "blocks+embedding":
+        return min(cfg.layers, math.ceil((cfg.layers + 2) / cfg.pp) - 1)
+    return math.ceil(cfg.layers / cfg.pp)
+
+
 def stage_params(cfg: MemoryConfig) -> float:
     """Parameters held by one GPU of the first pipeline stage (the fullest one).
 
-    The first stage holds ceil(L/p) blocks and the embeddings. TP splits every weight matrix, the
+    The first stage holds `stage_blocks` blocks and the embeddings. TP splits every weight matrix, the
     column-parallel biases (QKV 3h, MLP up 4h) and the vocabulary; LayerNorms (4h), the two
-    row-parallel biases (2h) and the position embedding stay whole on each TP rank.
+    row-parallel biases (2h) and the position embedding (if the model learns one) stay whole on
+    each TP rank.
     """
     h, t = cfg.hidden, cfg.tp
     block = (12 * h * h + 7 * h) / t + 6 * h
-    blocks = math.ceil(cfg.layers / cfg.pp)
-    embed = cfg.vocab * h / t + cfg.seq_len * h + (2 * h if cfg.pp == 1 else 0)  # final LayerNorm
-    return blocks * block + embed
+    positions = cfg.seq_len * h if cfg.position_embedding else 0
+    embed = cfg.vocab * h / t + positions + (2 * h if cfg.pp == 1 else 0)  # final LayerNorm
+    return stage_blocks(cfg) * block + embed
 
 
 def memory_per_gpu(cfg: MemoryConfig) -> dict:
     """Bytes per GPU by category: model states under ZeRO and offload, plus activations.
 
     Model states: `model_state_breakdown` of the stage's parameters over dp. Activations:
-    `activation_bytes_per_layer` × the first stage's ceil(L/p) blocks × `in_flight_microbatches`.
+    `activation_bytes_per_layer` × the first stage's blocks × `in_flight_microbatches`, plus the
+    recomputation working set (`recompute_working_bytes`, one layer of one micro-batch).
     ZeRO-3 also holds, one block at a time, the parameters it gathers from the other ranks
     ("gathered": a block's 16-bit parameters times (1 - 1/N_d)). Not counted:
     communication buckets, allocator fragmentation, the embedding/loss activations and logits.
     """
     cfg.check()
     n = stage_params(cfg)
-    states = model_state_breakdown(n, cfg.dp, cfg.zero_stage, cfg.precision)
+    states = model_state_breakdown(n, cfg.dp, cfg.zero_stage, cfg.precision,
+                                   grad_bytes=4 if cfg.fp32_grads else None)
     cpu = 0.0
     if cfg.offload in ("optimizer", "optimizer+params"):
         cpu += states["optimizer"] + states["grads"]
@@ -431,13 +580,14 @@ def memory_per_gpu(cfg: MemoryConfig) -> dict:
     p_bytes = state_bytes_per_param(cfg.precision)[0]
     h, t = cfg.hidden, cfg.tp
     gathered = p_bytes * ((12 * h * h + 7 * h) / t + 6 * h) * (1 - 1 / cfg.dp) if cfg.zero_stage == 3 else 0.0
-    act_bytes = 4 if cfg.precision == "fp32" else 2
-    per_layer = activation_bytes_per_layer(cfg.seq_len, cfg.micro_batch, h, cfg.heads, tp=t,
-                                           sp=cfg.sp and t > 1, recompute=cfg.recompute, act_bytes=act_bytes)
-    blocks = math.ceil(cfg.layers / cfg.pp)
+    act = dict(tp=t, sp=cfg.sp and t > 1, recompute=cfg.recompute, attention=cfg.attention,
+               act_bytes=4 if cfg.precision == "fp32" else 2)
+    shape = (cfg.seq_len, cfg.micro_batch, h, cfg.heads)
+    per_layer = activation_bytes_per_layer(*shape, **act)
     in_flight = in_flight_microbatches(cfg.pp, cfg.micro_batches, cfg.schedule, cfg.virtual_stages) \
         if cfg.pp > 1 else 1.0
-    out = {**states, "gathered": gathered, "activations": per_layer * blocks * in_flight}
+    out = {**states, "gathered": gathered, "activations": per_layer * stage_blocks(cfg) * in_flight,
+           "recompute": recompute_working_bytes(*shape, **act)}
     out["total"] = sum(out.values())
     out["cpu"] = cpu
     out["stage_params"] = n
@@ -450,20 +600,74 @@ PRESETS = {
     "zero-7.5b": dict(layers=36, hidden=4096, heads=32, vocab=51200, seq_len=2048, dp=64),
     "bloom-176b": dict(layers=70, hidden=14336, heads=112, vocab=250880, seq_len=2048, micro_batch=2,
                        precision="bf16", zero_stage=1, tp=4, dp=8, pp=12, recompute="full",
-                       micro_batches=128),
+                       micro_batches=128, position_embedding=False, fp32_grads=True,
+                       pp_partition="blocks+embedding"),
     "mt-nlg-530b": dict(layers=105, hidden=20480, heads=128, vocab=51200, seq_len=2048, micro_batch=1,
-                        tp=8, dp=8, pp=35, micro_batches=240),
+                        zero_stage=1, tp=8, dp=8, pp=35, recompute="full", micro_batches=240),
 }
 """Model shapes and published layouts; every other input keeps `MemoryConfig`'s default.
 
 gpt2-124m: GPT-2 small as in nanoGPT. zero-7.5b: the 7.5B shape of Narayanan et al. Table 1
-(32 heads, h = 4096, 36 layers, V = 51200, s = 2048) at the ZeRO paper's N_d = 64. bloom-176b:
-BigScience tr11 notes (70 layers, h = 14336, 112 heads, vocabulary 250880, TP 4 x PP 12 x DP 8,
-micro-batch 2, global batch 2048 so m = 2048 / (8 x 2) = 128, bf16, a ZeRO-1-equivalent optimizer,
-activation checkpointing). mt-nlg-530b: Smith et al. 2022 and Korthikanti Table 3 (105 layers,
-h = 20480, 128 heads, V = 51200, TP 8 x PP 35, micro-batch 1; DP 8 on 2240 GPUs with global batch
-1920, so m = 240).
+(32 heads, h = 4096, 36 layers, V = 51200, s = 2048) at the ZeRO paper's N_d = 64.
+
+bloom-176b: BigScience tr11 notes (``train/tr11-176B-ml/README.md``): 70 layers, h = 14336, 112 heads,
+vocabulary 250880, TP 4 x PP 12 x DP 8, micro-batch 2, global batch 2048 so m = 2048 / (8 x 2) = 128,
+bf16, activation checkpointing; ALiBi, so no learned position table; `--pp-partition-method
+'type:transformer|embedding'`, so pp rank 0 holds the embedding and 5 blocks; DeepSpeed's
+BF16_Optimizer "implements its own ZeRO Stage 1" and "accumulates grads in fp32" in a buffer it does
+not shard (4 bytes per parameter). One GPU of stage 0 holds about 3.98B parameters.
+
+mt-nlg-530b: Smith et al. 2022 (arXiv:2201.11990) and Korthikanti Table 3: 105 layers, h = 20480,
+128 heads, V = 51200, TP 8 x PP 35, micro-batch 1; DP 8 on 2240 GPUs with global batch 1920, so
+m = 240; its data parallelism is ZeRO-powered (stage 1, the stage DeepSpeed's pipeline engine runs
+with) and it recomputes activations (full checkpointing per layer).
 """
+
+
+# ----------------------------------------------------------------------------------------------
+# Time, GPU-hours and money for a training run
+
+# --8<-- [start:cost]
+def megatron_hardware_flops(batch: int, seq_len: int, n_layer: int, hidden: int, vocab: int) -> float:
+    """FLOPs per iteration with full recomputation, Narayanan et al. Eq. 3: 96·B·s·l·h²·(1 + s/(6h) + V/(16lh)).
+
+    This is what Megatron-DeepSpeed's logs print as "TFLOPs" (hardware FLOPs, the forward counted
+    twice). BLOOM's log line (B = 2048, s = 2048, l = 70, h = 14336, V = 250880, 104.70 s per
+    iteration on 384 GPUs) gives back its 149.77 TFLOP/s per GPU.
+    """
+    s, h, l = seq_len, hidden, n_layer
+    return 96 * batch * s * l * h * h * (1 + s / (6 * h) + vocab / (16 * l * h))
+
+
+def achieved_flops_per_gpu(flops_per_iteration: float, seconds_per_iteration: float, n_gpus: int) -> float:
+    """FLOP/s each GPU sustains: the iteration's FLOPs over its time and the GPUs that share it."""
+    return flops_per_iteration / seconds_per_iteration / n_gpus
+
+
+def training_seconds(tokens: float, n_params: float, n_gpus: int, flops_per_gpu: float, *,
+                     recompute: bool = True) -> float:
+    """End-to-end training time, Narayanan et al. Eq. 4: 8·T·P / (n·X) seconds.
+
+    T tokens, P parameters, n GPUs each sustaining X FLOP/s. The 8 is 2 (forward) + 4 (backward) + 2
+    (the forward again, recomputed); without recomputation it is 6. Restarts, evaluation and a
+    batch-size ramp-up come on top: the real run is longer than this.
+    """
+    return (8 if recompute else 6) * tokens * n_params / (n_gpus * flops_per_gpu)
+
+
+def gpu_hours(n_gpus: int, seconds: float) -> float:
+    """GPU-hours: what clusters bill and what papers report, n GPUs held for `seconds`."""
+    return n_gpus * seconds / 3600
+
+
+def run_cost(gpu_hours_: float, price_per_gpu_hour: float, *, overhead: float = 0.0) -> float:
+    """Money for a run: GPU-hours × the price of one, plus an `overhead` share (storage, network,
+    failed and exploratory runs, people on call), e.g. 0.3 for 30% on top."""
+    if price_per_gpu_hour < 0 or overhead < 0:
+        raise ValueError("price_per_gpu_hour and overhead must be >= 0")
+    return gpu_hours_ * price_per_gpu_hour * (1 + overhead)
+# --8<-- [end:cost]
+
 
 # ----------------------------------------------------------------------------------------------
 # CLI: `minimega estimate`

@@ -6,9 +6,13 @@ Tensors that share storage are counted once.
 """
 from __future__ import annotations
 
+from contextlib import contextmanager
 from typing import Iterable
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from . import comm
 
 
 def tensor_bytes(tensors: Iterable[torch.Tensor | None], seen: set | None = None) -> int:
@@ -46,3 +50,221 @@ def model_state_bytes(module: torch.nn.Module, optimizer: torch.optim.Optimizer 
         "optimizer_states": tensor_bytes(t for t in states if t.dim() > 0),
         "optimizer_step_counters": tensor_bytes(t for t in states if t.dim() == 0),
     }
+
+
+# ------------------------------------------------------------------------------------------------
+# Peaks through forward and backward.
+
+# [Note: how the peak is sampled]
+# Bytes at rest say nothing about the moment a ZeRO-3 rank holds two gathered units, the saved
+# activations and the gradient buffers in flight together. `PeakTracker` samples every category after
+# every tensor operation (a TorchDispatchMode, which autograd's backward on this thread runs under too),
+# whenever a collective is issued or completes (`comm.watch_in_flight`), and whenever autograd saves a
+# tensor for backward. Each sample counts distinct storages once, in the order of `CATEGORIES`: a
+# parameter saved by a matmul is a parameter, not an activation; a gathered unit that is also an
+# all-gather's output is gathered, not a comm buffer.
+CATEGORIES = ("params", "gathered", "master", "grads", "optimizer_states", "optimizer_step_counters",
+              "comm_buffers", "activations")
+
+
+class _SampleEveryOp(TorchDispatchMode):
+    def __init__(self, sample):
+        super().__init__()
+        self._sample = sample
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        self._sample()
+        return out
+
+
+class _Saved:
+    """What autograd keeps instead of a saved tensor while tracking: the tensor, registered as live."""
+
+    __slots__ = ("tensor", "live", "__weakref__")
+
+    def __init__(self, tensor: torch.Tensor, live: dict):
+        self.tensor, self.live = tensor, live
+        live[id(self)] = tensor
+
+    def __del__(self):
+        self.live.pop(id(self), None)
+
+
+class PeakTracker:
+    """Peak bytes by category (`CATEGORIES`) while active (``with tracker.track(): ...``).
+
+    Args:
+        state: ``() -> {category: tensors}`` for the model-state categories (params, gathered, master,
+            grads, optimizer_states, optimizer_step_counters) at the moment it is called; comm buffers
+            (collectives in flight) and activations (tensors saved for backward) are tracked here.
+
+    ``peak[c]`` is the largest value category ``c`` reached; ``peak["total"]`` the largest sum at one
+    moment and ``at_peak`` the categories at that moment.
+    """
+
+    def __init__(self, state):
+        self.state = state
+        self.peak = {c: 0 for c in (*CATEGORIES, "total")}
+        self.at_peak: dict = {}
+        self._live: dict[int, torch.Tensor] = {}
+        self._busy = False
+
+    def sample(self) -> None:
+        if self._busy:
+            return
+        self._busy = True
+        try:
+            seen: set = set()
+            now = {c: 0 for c in CATEGORIES}
+            for c, tensors in self.state().items():
+                now[c] += tensor_bytes(tensors, seen)
+            now["comm_buffers"] = tensor_bytes(comm.in_flight_tensors(), seen)
+            now["activations"] = tensor_bytes(list(self._live.values()), seen)
+            for c, v in now.items():
+                self.peak[c] = max(self.peak[c], v)
+            total = sum(now.values())
+            if total > self.peak["total"]:
+                self.peak["total"], self.at_peak = total, now
+        finally:
+            self._busy = False
+
+    def _pack(self, t: torch.Tensor):
+        saved = _Saved(t, self._live)
+        self.sample()
+        return saved
+
+    @staticmethod
+    def _unpack(saved: _Saved) -> torch.Tensor:
+        return saved.tensor
+
+    @contextmanager
+    def track(self):
+        with torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack), \
+                comm.watch_in_flight(self.sample), _SampleEveryOp(self.sample):
+            self.sample()
+            yield self
+        self.sample()
+
+    def report(self) -> dict:
+        return {**self.peak, "at_peak_total": dict(self.at_peak)}
+
+
+def state_tensors(dp_wrappers, optimizer=None) -> dict[str, list[torch.Tensor]]:
+    """The model-state tensors of one rank by category, for `PeakTracker`.
+
+    Args:
+        dp_wrappers: the rank's data-parallel wrappers (`DataParallel` or a ZeRO stage), one per chunk.
+        optimizer: the torch optimizer for DDP (ZeRO stages carry their own).
+    """
+    out = {c: [] for c in CATEGORIES[:6]}
+    for w in dp_wrappers:
+        if hasattr(w, "units"):                                    # a ZeRO stage
+            for u, s in zip(w.units, w.shards):
+                # A unit sharded at rest (ZeRO-3) keeps its shard in storage of its own; its full flat
+                # buffer is then a gathered copy, present only between unshard and reshard.
+                if s.untyped_storage().data_ptr() != u.flat.untyped_storage().data_ptr():
+                    out["params"].append(s)
+                    out["gathered"].append(u.flat)
+                else:
+                    out["params"].append(u.flat)
+            out["master"] += list(w.store.master)
+            out["grads"] += list(w.grad_buffers()) + [p.grad for u in w.units for p in u.params]
+            out["grads"] += [m.grad for m in w.store.master]
+            states = optimizer_state_tensors(w.store.optimizer)
+        else:
+            params = list(w.parameters())
+            out["params"] += params
+            out["grads"] += [p.grad for p in params]
+            states = optimizer_state_tensors(optimizer) if optimizer is not None else []
+        out["optimizer_states"] += [t for t in states if t.dim() > 0]
+        out["optimizer_step_counters"] += [t for t in states if t.dim() == 0]
+    return out
+
+
+# ------------------------------------------------------------------------------------------------
+# What gloo really sends.
+
+# [Note: algorithmic bytes and wire bytes]
+# `comm.CommLog` counts the ring model applied to tensor sizes: the bytes a bandwidth-optimal algorithm
+# must send, the yardstick of the papers. What a backend sends can differ: its own algorithm, message
+# headers, and for gloo one more thing read in torch's ProcessGroupGloo: ``reduce_scatter_tensor`` is
+# an all-reduce of the whole input followed by a local copy of this rank's chunk, so it sends what an
+# all-reduce sends, twice the ring model's reduce-scatter. Its all-reduce is gloo's ring
+# (``gloo/allreduce.cc``: a ring reduce-scatter, then a ring all-gather, in segments) and its all-gather
+# a ring too. `wire_bytes` measures it on the sockets themselves: the kernel's per-socket
+# ``tcpi_bytes_sent`` (TCP payload bytes, headers of the TCP/IP layers excluded, gloo's own included).
+_TCPI_BYTES_SENT = 200          # offsets of tcpi_bytes_sent and tcpi_bytes_retrans (u64) in struct tcp_info
+_TCPI_BYTES_RETRANS = 208       # (Linux >= 4.19); a retransmitted segment is sent twice but delivered once
+
+
+def tcp_bytes_sent() -> int:
+    """Payload bytes this process has sent on all its TCP sockets so far, retransmissions not counted
+    twice (Linux ``TCP_INFO``: tcpi_bytes_sent - tcpi_bytes_retrans)."""
+    import os
+    import socket
+    import struct
+    total = 0
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            fd = os.dup(int(name))
+        except (OSError, ValueError):
+            continue                                    # closed meanwhile (e.g. the listing's own fd)
+        try:
+            s = socket.socket(fileno=fd)
+        except OSError:
+            os.close(fd)                                # not a socket
+            continue
+        try:
+            if s.family in (socket.AF_INET, socket.AF_INET6) and s.type == socket.SOCK_STREAM:
+                info = s.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 256)
+                if len(info) >= _TCPI_BYTES_RETRANS + 8:
+                    sent, retrans = struct.unpack_from("QQ", info, _TCPI_BYTES_SENT)
+                    total += sent - retrans
+        except OSError:
+            pass
+        finally:
+            s.close()
+    return total
+
+
+WIRE_OPS = ("all_reduce", "reduce_scatter", "all_gather")
+
+
+def wire_bytes(op: str, numel: int, group: comm.Group, repeats: int = 3) -> float:
+    """Bytes this rank sends per call of ``op`` on a full buffer of ``numel`` fp32 elements, measured.
+
+    Call on every rank of ``group`` together (it runs the collective ``repeats`` times between two
+    readings of `tcp_bytes_sent`; nothing else may communicate meanwhile).
+    """
+    if op not in WIRE_OPS:
+        raise ValueError(f"wire_bytes: op={op!r}; choose one of {WIRE_OPS}")
+    if numel % group.size:
+        raise ValueError(f"wire_bytes: numel={numel} must be a multiple of the group size {group.size}")
+    full = torch.ones(numel)
+    shard = torch.ones(numel // group.size)
+    run = {"all_reduce": lambda: comm.all_reduce(full, group),
+           "reduce_scatter": lambda: comm.reduce_scatter(shard, full, group),
+           "all_gather": lambda: comm.all_gather(full, shard, group)}[op]
+    run()                                                   # connections and buffers warm
+    comm.barrier(group)
+    before = tcp_bytes_sent()
+    for _ in range(repeats):
+        run()
+    sent = tcp_bytes_sent() - before
+    comm.barrier(group)
+    return sent / repeats
+
+
+def wire_table(numels: list[int], ops=WIRE_OPS) -> list[dict]:
+    """Measured vs ring-model bytes per rank for each op and size, on the world group (run on every rank)."""
+    import torch.distributed as dist
+    from . import estimate
+    group = comm.Group(None, list(range(dist.get_world_size())), "world")
+    rows = []
+    for op in ops:
+        for numel in numels:
+            measured = wire_bytes(op, numel, group)
+            rows.append({"op": op, "ranks": group.size, "bytes": numel * 4, "measured": measured,
+                         "model": estimate.ring_bytes(op, numel * 4, group.size)})
+    return rows

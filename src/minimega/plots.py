@@ -119,13 +119,22 @@ def activations_gpt3() -> go.Figure:
 
 def activations_vs_seq(hidden: int = 4096, heads: int = 32, layers: int = 36,
                        seqs=(512, 1024, 2048, 4096, 8192, 16384)) -> go.Figure:
-    """Whole-model activation GB against sequence length, with and without recomputation."""
+    """Whole-model activation GB against sequence length, with and without recomputation.
+
+    Recomputed curves include the working set the backward rebuilds for one layer
+    (`recompute_working_bytes`); the dashed curve is a fused attention kernel without recomputation.
+    """
     fig = go.Figure()
-    for name, rec in (("no recomputation", "none"), ("selective", "selective"), ("full recomputation", "full")):
-        fig.add_scatter(x=list(seqs), y=[layers * est.activation_bytes_per_layer(s, 1, hidden, heads, recompute=rec) / est.GB
-                                         for s in seqs], mode="lines+markers", name=name,
+    cases = (("no recomputation", "none", "unfused"), ("selective", "selective", "unfused"),
+             ("full recomputation", "full", "unfused"), ("fused attention, no recomputation", "none", "fused"))
+    for name, rec, attn in cases:
+        ys = [(layers * est.activation_bytes_per_layer(s, 1, hidden, heads, recompute=rec, attention=attn)
+               + est.recompute_working_bytes(s, 1, hidden, heads, recompute=rec, attention=attn)) / est.GB
+              for s in seqs]
+        fig.add_scatter(x=list(seqs), y=ys, mode="lines+markers", name=name,
+                        line=dict(dash="dash") if attn == "fused" else None,
                         hovertemplate="s=%{x}<br>%{y:.3g} GB<extra>" + name + "</extra>")
-    _layout(fig, f"Activations of {layers} layers, h = {hidden}, a = {heads}, b = 1, one GPU",
+    _layout(fig, f"Activations of {layers} layers, h = {hidden}, a = {heads}, b = 1, one GPU (with the recomputed layer)",
             "sequence length s (tokens, log scale)", "GB (log scale)")
     fig.update_xaxes(type="log")
     fig.update_yaxes(type="log")
@@ -153,7 +162,8 @@ def presets_memory() -> go.Figure:
     outs = [est.memory_per_gpu(est.MemoryConfig(**est.PRESETS[n])) for n in names]
     fig = go.Figure()
     for key, label in (("params", "parameters"), ("grads", "gradients"), ("optimizer", "optimizer states"),
-                       ("gathered", "gathered block (ZeRO-3)"), ("activations", "activations")):
+                       ("gathered", "gathered block (ZeRO-3)"), ("activations", "activations"),
+                       ("recompute", "recomputed layer (backward)")):
         fig.add_bar(x=names, y=[o[key] / est.GB for o in outs], name=label,
                     hovertemplate="%{y:.3g} GB<extra>" + label + "</extra>")
     _layout(fig, "Memory per GPU for the calculator presets", "", "GB per GPU", barmode="stack")
@@ -411,6 +421,31 @@ def zero_memory_measured() -> go.Figure:
     return fig
 
 
+def comm_wire() -> go.Figure:
+    """Bytes each rank really sends per collective (TCP payload) over the ring model's, against buffer size."""
+    tr = _trace("comm-wire")
+    fig = go.Figure()
+    names = {"all_reduce": "all-reduce", "reduce_scatter": "reduce-scatter", "all_gather": "all-gather"}
+    for i, op in enumerate(("all_reduce", "reduce_scatter", "all_gather")):
+        for n, dash in ((2, "solid"), (4, "dot")):
+            rows = [r for r in tr["rows"] if r["op"] == op and r["ranks"] == n]
+            ratio = [max(r["measured"]) / r["model"] for r in rows]
+            label = f"{names[op]}, {n} ranks"
+            fig.add_scatter(x=[r["bytes"] / 1024 for r in rows], y=ratio, mode="lines+markers", name=label,
+                            line=dict(color=PALETTE[i], dash=dash),
+                            hovertemplate="S = %{x:.0f} KiB<br>measured / ring model = %{y:.3f}<extra>"
+                                          + label + "</extra>")
+    _layout(fig, "What gloo sends per rank, over the ring model's (n−1)/n·S per phase (TCP payload, loopback)",
+            "buffer S, KiB (log scale)", "measured ÷ ring model")
+    fig.update_xaxes(type="log")
+    fig.add_hline(y=1, line=dict(width=1, dash="dash"), annotation_text="ring model",
+                  annotation_position="bottom right")
+    fig.add_hline(y=2, line=dict(width=1, dash="dash"), annotation_text="2× (reduce-scatter as an all-reduce)",
+                  annotation_position="top right")
+    fig.update_yaxes(range=[0.8, 2.4])
+    return fig
+
+
 def zero_prefetch(step: int = -1) -> go.Figure:
     """ZeRO-3 forward on rank 0: each unit's compute span and its all-gather in flight (issued → waited)."""
     tr = _trace("zero-prefetch")
@@ -481,4 +516,14 @@ FIGURES.update({
     "memory-measured": memory_measured,
     "tp-comm-per-layer": tp_comm_per_layer,
     "activations-measured": activations_measured,
+    "comm-wire": comm_wire,
 })
+
+
+def checkpoint_read_plan() -> go.Figure:
+    """Which new rank reads which box of which saved file (recorded: `minimega.checkpoint.figure`)."""
+    from minimega.checkpoint.figure import read_plan_figure
+    return read_plan_figure()
+
+
+FIGURES["checkpoint-read-plan"] = checkpoint_read_plan

@@ -27,14 +27,13 @@ import torch
 class Policy:
     name: str
     param_dtype: torch.dtype
-    """Storage and communication dtype of parameters and gradients."""
-    master_dtype: torch.dtype = torch.float32
+    """Storage and communication dtype of parameters and gradients (the masters are always fp32)."""
     loss_scaling: bool = False
 
     @property
     def has_master_copy(self) -> bool:
         """Whether fp32 master weights are a separate copy (not the parameters themselves)."""
-        return self.param_dtype != self.master_dtype
+        return self.param_dtype != torch.float32
 
 
 POLICIES = {
@@ -88,6 +87,23 @@ class DynamicLossScaler:
         self.iteration += 1
 # --8<-- [end:loss_scaler]
 
+    # --8<-- [start:scaler_state]
+    _STATE = ("scale", "cur_hysteresis", "iteration", "last_overflow", "skipped")
+
+    def state_dict(self) -> dict:
+        """What a resumed run needs to scale exactly as the straight run: JSON numbers, nothing executable."""
+        return {"kind": 1, **{k: getattr(self, k) for k in self._STATE}}
+
+    def load_state_dict(self, state: dict) -> None:
+        _check_state(self, state, {"kind": 1, **{k: None for k in self._STATE}})
+        self.scale = float(state["scale"])
+        self.cur_hysteresis, self.iteration = int(state["cur_hysteresis"]), int(state["iteration"])
+        self.last_overflow, self.skipped = int(state["last_overflow"]), int(state["skipped"])
+        if not (self.scale > 0 and 1 <= self.cur_hysteresis <= self.hysteresis and self.iteration >= 0):
+            raise ValueError(f"loss scaler state {state}: scale must be > 0, cur_hysteresis in "
+                             f"[1, {self.hysteresis}], iteration >= 0")
+    # --8<-- [end:scaler_state]
+
 
 class StaticLossScaler:
     """A fixed scale (DeepSpeed's ``fp16.loss_scale > 0``): overflowing steps are still skipped."""
@@ -97,6 +113,23 @@ class StaticLossScaler:
 
     def update(self, overflow: bool) -> None:
         self.skipped += int(overflow)
+
+    def state_dict(self) -> dict:
+        return {"kind": 0, "scale": self.scale, "skipped": self.skipped}
+
+    def load_state_dict(self, state: dict) -> None:
+        _check_state(self, state, {"kind": 0, "scale": None, "skipped": None})
+        if float(state["scale"]) != self.scale:
+            raise ValueError(f"loss scaler state: saved with loss_scale={state['scale']}, this run uses {self.scale}")
+        self.skipped = int(state["skipped"])
+
+
+def _check_state(scaler, state: dict, fields: dict) -> None:
+    """``state`` has exactly ``fields`` (numbers; ``kind`` equal) or a one-line refusal."""
+    kind = {0: "a static", 1: "a dynamic"}
+    if set(state) != set(fields) or state.get("kind") != fields["kind"]:
+        raise ValueError(f"loss scaler state {sorted(state)} (kind {state.get('kind')!r}) is not "
+                         f"{kind[fields['kind']]} scaler's {sorted(fields)}: saved with another fp16 loss_scale setting")
 
 
 def make_scaler(policy: Policy, config=None):

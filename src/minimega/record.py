@@ -17,6 +17,9 @@ same way the labs and tests run:
                         against the unit's forward span (the next unit's gather starts before it ends)
     pipeline.json       pp = 2, m = 4 under GPipe and 1F1B: each rank's forward, backward and p2p spans
                         per step, its slot grid, and its idle slots
+    comm-wire.json      bytes each rank really sends (TCP payload, `measure.wire_bytes`) per all-reduce,
+                        reduce-scatter and all-gather at 2 and 4 ranks and several sizes, against the
+                        ring model `estimate.ring_bytes` (the algorithmic bytes `CommLog` reports)
 
 The site builds its recorded-run figures from these files (``plots.py``), so the build needs no process
 group and stays fast. Byte counts are exact and repeat run to run; times (milliseconds from the start of
@@ -33,7 +36,10 @@ import torch
 
 SCHEMA = 1
 WORLD = 2
-TRACES = ("ddp-overlap", "memory", "tp-comm", "activations", "zero-memory", "zero-prefetch", "pipeline")
+TRACES = ("ddp-overlap", "memory", "tp-comm", "activations", "zero-memory", "zero-prefetch", "pipeline",
+          "comm-wire")
+WIRE_RANKS = (2, 4)
+WIRE_NUMELS = tuple(2 ** k for k in (10, 12, 14, 16, 18, 20))     # fp32 elements: 4 KiB to 4 MiB
 DEFAULT_OUT = Path("course") / "data"
 BATCH, SEED = 8, 1
 ACT_BATCH, ACT_DROPOUT = 4, 0.1
@@ -411,6 +417,20 @@ def record(out: str | Path = DEFAULT_OUT, steps: int = 3, bucket_mb: float = 0.0
             "schema": SCHEMA, "kind": "pipeline", "source": _source(steps, pp=WORLD, micro_batches=PP_MICRO),
             "shape": shape, "p": WORLD, "m": PP_MICRO,
             "schedules": [{"schedule": sch, "ranks": rs} for sch, rs in runs.items()]}
+    if "comm-wire" in only:
+        from .measure import wire_table
+        rows = []
+        for n in WIRE_RANKS:
+            per_rank = launch(wire_table, n, list(WIRE_NUMELS), backend="gloo", timeout=timeout)
+            for cells in zip(*per_rank):
+                rows.append({k: cells[0][k] for k in ("op", "ranks", "bytes", "model")}
+                            | {"measured": [c["measured"] for c in cells]})
+        traces["comm-wire"] = {
+            "schema": SCHEMA, "kind": "comm-wire",
+            "source": {"command": "minimega record", "backend": "gloo", "transport": "tcp (loopback)",
+                       "dtype": "float32", "counter": "TCP_INFO tcpi_bytes_sent per socket",
+                       "torch": torch.__version__},
+            "rows": rows}
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     paths = {}

@@ -18,6 +18,7 @@ shards without ever gathering the (B, T, V) logits.
 """
 from __future__ import annotations
 
+import copy
 import math
 
 import torch
@@ -362,7 +363,9 @@ class ParallelGPT(GPT):
         check_divisible(model.config, group.size)
         self.config, self.group, self.sequence_parallel = model.config, group, sequence_parallel
         self.wte = VocabParallelEmbedding(model.wte, group, sequence_parallel=sequence_parallel)
-        self.wpe, self.drop, self.blocks, self.ln_f = model.wpe, model.drop, model.blocks, model.ln_f
+        # Copies: the caller's model is left as it was (its modules are neither rewired nor shared).
+        self.wpe, self.drop, self.ln_f = (copy.deepcopy(m) for m in (model.wpe, model.drop, model.ln_f))
+        self.blocks = copy.deepcopy(model.blocks)          # their linears are replaced by tp shards below
         # Megatron's model-parallel seed: heads (and, under SP, sequence slices) differ across tp ranks,
         # so their dropout masks must too; replicated activations keep the default, shared stream.
         self.rng = RNGStream(torch.initial_seed() + 2718 + group_rank(group), model.wte.weight.device)
@@ -375,7 +378,7 @@ class ParallelGPT(GPT):
             block.mlp.proj = RowParallelLinear(block.mlp.proj, group, sequence_parallel=sequence_parallel)
         self.lm_head = ColumnParallelLinear(model.lm_head, group, sequence_parallel=sequence_parallel, pad=True)
         if sequence_parallel:
-            self.drop = _StreamDropout(model.drop, self.rng)
+            self.drop = _StreamDropout(self.drop, self.rng)
             for p in self.replicated_parameters():
                 p.register_hook(lambda g: comm.all_reduce(g.clone(), group, tag="sp_grad"))
 
@@ -411,15 +414,6 @@ class ParallelGPT(GPT):
                 out[f"{name}.{pname}"] = module.full(p)
         return out
 
-    def grad_norm(self) -> torch.Tensor:
-        """‖∇‖₂ over the whole model: shard norms² summed over tp, replicated parameters counted once."""
-        replicated = {id(p) for p in self.replicated_parameters()}
-        sq = [p.grad.float().pow(2).sum() for p in self.parameters() if p.grad is not None and id(p) not in replicated]
-        total = torch.stack(sq).sum() if sq else torch.zeros(())
-        comm.all_reduce(total, self.group, tag="grad_norm")
-        rep = [p.grad.float().pow(2).sum() for p in self.parameters() if p.grad is not None and id(p) in replicated]
-        return (total + (torch.stack(rep).sum() if rep else 0.0)).sqrt()
-
 
 def apply_tensor_parallel(model: GPT, mesh, sequence_parallel: bool = False) -> GPT:
     """Split ``model`` over ``mesh.tp_group``; returns ``model`` itself when tp = 1."""
@@ -431,11 +425,8 @@ def apply_tensor_parallel(model: GPT, mesh, sequence_parallel: bool = False) -> 
     return ParallelGPT(model, group, sequence_parallel)
 
 
-# [Note: checkpoints under tp] A checkpoint stores every tensor full-shaped (model.py's layout). A
-# parameter's optimizer states have the parameter's local shape, so `full_like_param` gathers them with
-# the same `full()` as the weight. The inverse needs no per-layer code: gathering a tensor of *global
-# element ids* through `full()` says, for every element of the full tensor, which rank and local slot it
-# came from; a rank then picks its own elements (padding rows, absent from the full tensor, stay zero).
+# [Note: checkpoints under tp] A checkpoint stores boxes of model.py's full tensors; which box of a
+# parameter's full tensor a rank's slice is lives in `minimega.checkpoint.layout` (the resharding helpers).
 
 def sharded_params(module: nn.Module) -> dict[str, nn.Module]:
     """{parameter name: the TP layer it belongs to} for every tp-sharded parameter under ``module``.
@@ -458,17 +449,3 @@ def full_like_param(model: nn.Module, name: str, t: torch.Tensor) -> torch.Tenso
     if module is None:
         return t.detach()
     return module.full(t)
-
-
-def local_like_param(model: nn.Module, name: str, full: torch.Tensor, local: torch.Tensor) -> torch.Tensor:
-    """This rank's shard of a full-shaped ``full``, shaped like ``local`` (collective over tp)."""
-    module = sharded_params(model).get(name)
-    if module is None:
-        return full.to(local.dtype).clone()
-    n, rank = local.numel(), group_rank(module.group)
-    ids = (torch.arange(n, dtype=torch.float64) + rank * n).view(local.shape)
-    placed = full_like_param(model, name, ids.to(local.device)).flatten().long().cpu()   # (full numel,)
-    mine = (placed >= rank * n) & (placed < (rank + 1) * n)
-    out = torch.zeros(n, dtype=local.dtype)
-    out[placed[mine] - rank * n] = full.flatten()[mine].to(local.dtype)
-    return out.view(local.shape).to(local.device)

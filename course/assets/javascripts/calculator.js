@@ -12,10 +12,14 @@
   var RECOMPUTE = ["none", "selective", "full"];
   var SCHEDULES = ["gpipe", "1f1b", "interleaved"];
   var OFFLOAD = ["none", "optimizer", "optimizer+params"];
+  var ATTENTION = ["unfused", "fused"];
+  var PP_PARTITION = ["blocks", "blocks+embedding"];
+  var BOOLS = ["sp", "position_embedding", "fp32_grads"];
   var INTS = ["layers", "hidden", "heads", "vocab", "seq_len", "micro_batch", "tp", "dp", "pp",
               "micro_batches", "virtual_stages"];
   var DEFAULTS = {micro_batch: 1, precision: "mixed", zero_stage: 0, tp: 1, dp: 1, pp: 1, sp: false,
-                  recompute: "none", schedule: "1f1b", micro_batches: 1, virtual_stages: 1, offload: "none"};
+                  recompute: "none", schedule: "1f1b", micro_batches: 1, virtual_stages: 1, offload: "none",
+                  attention: "unfused", position_embedding: true, fp32_grads: false, pp_partition: "blocks"};
 
   function stateBytesPerParam(precision) {          // estimate.state_bytes_per_param
     if (precision === "mixed" || precision === "bf16" || precision === "fp16") return [2, 2, 12];
@@ -23,22 +27,33 @@
     throw new Error("precision " + precision + ": expected one of " + PRECISIONS.join(", "));
   }
 
-  function modelStateBreakdown(n, dp, stage, precision) {   // estimate.model_state_breakdown
+  function modelStateBreakdown(n, dp, stage, precision, gradBytes) {   // estimate.model_state_breakdown
     var b = stateBytesPerParam(precision);
+    var g = gradBytes === undefined || gradBytes === null ? b[1] : gradBytes;
     return {
       params: b[0] * n / (stage >= 3 ? dp : 1),
-      grads: b[1] * n / (stage >= 2 ? dp : 1),
+      grads: g * n / (stage >= 2 ? dp : 1),
       optimizer: b[2] * n / (stage >= 1 ? dp : 1)
     };
   }
 
-  function activationBytesPerLayer(s, b, h, a, t, sp, recompute, actBytes, maskBytes) {
+  function activationBytesPerLayer(s, b, h, a, t, sp, recompute, attention, actBytes, maskBytes) {
     var sbh = s * b * h;                             // estimate.activation_bytes_per_layer
     if (recompute === "full") return actBytes * sbh / (sp ? t : 1);
     var whole = sbh * (4 * actBytes + 2 * maskBytes) / (sp ? t : 1);
     var split = sbh * 12 * actBytes / t;
-    var core = recompute === "selective" ? 0 : a * s * s * b * (2 * actBytes + maskBytes) / t;
+    var core;
+    if (recompute === "selective") core = 0;
+    else if (attention === "fused") core = 4 * a * s * b / t;
+    else core = a * s * s * b * (2 * actBytes + maskBytes) / t;
     return whole + split + core;
+  }
+
+  function recomputeWorkingBytes(s, b, h, a, t, sp, recompute, attention, actBytes, maskBytes) {
+    if (recompute === "none") return 0;              // estimate.recompute_working_bytes
+    var full = activationBytesPerLayer(s, b, h, a, t, sp, "none", attention, actBytes, maskBytes);
+    if (recompute === "full") return full;
+    return full - activationBytesPerLayer(s, b, h, a, t, sp, "selective", attention, actBytes, maskBytes);
   }
 
   function inFlightMicrobatches(p, m, schedule, v) {  // estimate.in_flight_microbatches
@@ -53,7 +68,14 @@
       if (!(Number.isInteger(cfg[k]) && cfg[k] >= 1)) throw new Error(k + " = " + cfg[k] + ": expected an integer >= 1");
     });
     if (PRECISIONS.indexOf(cfg.precision) < 0 || RECOMPUTE.indexOf(cfg.recompute) < 0 ||
-        SCHEDULES.indexOf(cfg.schedule) < 0 || OFFLOAD.indexOf(cfg.offload) < 0) throw new Error("unknown option");
+        SCHEDULES.indexOf(cfg.schedule) < 0 || OFFLOAD.indexOf(cfg.offload) < 0 ||
+        ATTENTION.indexOf(cfg.attention) < 0 || PP_PARTITION.indexOf(cfg.pp_partition) < 0)
+      throw new Error("unknown option");
+    BOOLS.forEach(function (k) {
+      if (typeof cfg[k] !== "boolean") throw new Error(k + " = " + cfg[k] + ": expected true or false");
+    });
+    if (cfg.fp32_grads && cfg.precision === "fp32")
+      throw new Error("fp32 gradients are already the default with fp32 precision; choose a 16-bit precision");
     if ([0, 1, 2, 3].indexOf(cfg.zero_stage) < 0) throw new Error("ZeRO stage must be 0, 1, 2 or 3");
     if (cfg.hidden % cfg.heads !== 0 || cfg.heads % cfg.tp !== 0)
       throw new Error("hidden = " + cfg.hidden + ", heads = " + cfg.heads + ", tp = " + cfg.tp +
@@ -62,12 +84,18 @@
       throw new Error("offloading parameters needs ZeRO stage 3 (they are offloaded as shards)");
   }
 
+  function stageBlocks(cfg) {                         // estimate.stage_blocks
+    if (cfg.pp === 1) return cfg.layers;
+    if (cfg.pp_partition === "blocks+embedding") return Math.min(cfg.layers, Math.ceil((cfg.layers + 2) / cfg.pp) - 1);
+    return Math.ceil(cfg.layers / cfg.pp);
+  }
+
   function stageParams(cfg) {                         // estimate.stage_params
     var h = cfg.hidden, t = cfg.tp;
     var block = (12 * h * h + 7 * h) / t + 6 * h;
-    var blocks = Math.ceil(cfg.layers / cfg.pp);
-    var embed = cfg.vocab * h / t + cfg.seq_len * h + (cfg.pp === 1 ? 2 * h : 0);
-    return blocks * block + embed;
+    var positions = cfg.position_embedding ? cfg.seq_len * h : 0;
+    var embed = cfg.vocab * h / t + positions + (cfg.pp === 1 ? 2 * h : 0);
+    return stageBlocks(cfg) * block + embed;
   }
 
   function memoryPerGpu(input) {                      // estimate.memory_per_gpu
@@ -76,7 +104,7 @@
     for (k in input) cfg[k] = input[k];
     check(cfg);
     var n = stageParams(cfg);
-    var st = modelStateBreakdown(n, cfg.dp, cfg.zero_stage, cfg.precision);
+    var st = modelStateBreakdown(n, cfg.dp, cfg.zero_stage, cfg.precision, cfg.fp32_grads ? 4 : null);
     var cpu = 0;
     if (cfg.offload === "optimizer" || cfg.offload === "optimizer+params") {
       cpu += st.optimizer + st.grads;
@@ -87,20 +115,23 @@
     var h = cfg.hidden, t = cfg.tp;
     var gathered = cfg.zero_stage === 3 ? pBytes * ((12 * h * h + 7 * h) / t + 6 * h) * (1 - 1 / cfg.dp) : 0;
     var actBytes = cfg.precision === "fp32" ? 4 : 2;
-    var perLayer = activationBytesPerLayer(cfg.seq_len, cfg.micro_batch, h, cfg.heads, t, cfg.sp && t > 1,
-                                           cfg.recompute, actBytes, 1);
-    var blocks = Math.ceil(cfg.layers / cfg.pp);
+    var sp = cfg.sp && t > 1;
+    var perLayer = activationBytesPerLayer(cfg.seq_len, cfg.micro_batch, h, cfg.heads, t, sp,
+                                           cfg.recompute, cfg.attention, actBytes, 1);
     var inFlight = cfg.pp > 1 ? inFlightMicrobatches(cfg.pp, cfg.micro_batches, cfg.schedule, cfg.virtual_stages) : 1;
     var out = {params: st.params, grads: st.grads, optimizer: st.optimizer, gathered: gathered,
-               activations: perLayer * blocks * inFlight};
-    out.total = out.params + out.grads + out.optimizer + out.gathered + out.activations;
+               activations: perLayer * stageBlocks(cfg) * inFlight,
+               recompute: recomputeWorkingBytes(cfg.seq_len, cfg.micro_batch, h, cfg.heads, t, sp,
+                                                cfg.recompute, cfg.attention, actBytes, 1)};
+    out.total = out.params + out.grads + out.optimizer + out.gathered + out.activations + out.recompute;
     out.cpu = cpu;
     out.stage_params = n;
     return out;
   }
 
-  var api = {memoryPerGpu: memoryPerGpu, stageParams: stageParams, modelStateBreakdown: modelStateBreakdown,
-             activationBytesPerLayer: activationBytesPerLayer, inFlightMicrobatches: inFlightMicrobatches};
+  var api = {memoryPerGpu: memoryPerGpu, stageParams: stageParams, stageBlocks: stageBlocks,
+             modelStateBreakdown: modelStateBreakdown, activationBytesPerLayer: activationBytesPerLayer,
+             recomputeWorkingBytes: recomputeWorkingBytes, inFlightMicrobatches: inFlightMicrobatches};
   if (typeof module !== "undefined" && module.exports) { module.exports = api; return; }
   root.mmMemory = api;
 
@@ -108,8 +139,9 @@
   var scriptSrc = document.currentScript ? document.currentScript.src : "";
   var GB = 1e9;
   var CATS = [["params", "parameters"], ["grads", "gradients"], ["optimizer", "optimizer states"],
-              ["gathered", "gathered block (ZeRO-3)"], ["activations", "activations"]];
-  var COLORS = ["#4c6ef5", "#12b886", "#f59f00", "#7950f2", "#e64980"];
+              ["gathered", "gathered block (ZeRO-3)"], ["activations", "activations"],
+              ["recompute", "recomputed layer (backward)"]];
+  var COLORS = ["#4c6ef5", "#12b886", "#f59f00", "#7950f2", "#e64980", "#868e96"];
 
   function loadPlotly(done) {
     if (root.Plotly) return done();
@@ -127,8 +159,10 @@
     var cfg = {};
     INTS.forEach(function (k) { cfg[k] = Number(form.elements[k].value); });
     cfg.zero_stage = Number(form.elements.zero_stage.value);
-    ["precision", "recompute", "schedule", "offload"].forEach(function (k) { cfg[k] = form.elements[k].value; });
-    cfg.sp = form.elements.sp.checked;
+    ["precision", "recompute", "schedule", "offload", "attention", "pp_partition"].forEach(function (k) {
+      cfg[k] = form.elements[k].value;
+    });
+    BOOLS.forEach(function (k) { cfg[k] = form.elements[k].checked; });
     return cfg;
   }
 
@@ -136,10 +170,9 @@
     var cfg = {}, k;
     for (k in DEFAULTS) cfg[k] = DEFAULTS[k];
     for (k in preset) cfg[k] = preset[k];
-    INTS.concat(["zero_stage", "precision", "recompute", "schedule", "offload"]).forEach(function (k) {
-      form.elements[k].value = String(cfg[k]);
-    });
-    form.elements.sp.checked = !!cfg.sp;
+    INTS.concat(["zero_stage", "precision", "recompute", "schedule", "offload", "attention", "pp_partition"])
+      .forEach(function (k) { form.elements[k].value = String(cfg[k]); });
+    BOOLS.forEach(function (k) { form.elements[k].checked = !!cfg[k]; });
   }
 
   function fmt(bytes) { return (bytes / GB).toFixed(bytes / GB >= 100 ? 1 : 2); }

@@ -1,6 +1,7 @@
-/* The /verify/ page: reads a credential (file, paste, or ?c=CODE from the issuing service), fetches
- * what online checks need (the issuer's did.json, the signed status list), runs MinimegaVerify and
- * renders the verdict, the reasons and every claim as text (never as HTML: names are learner input).
+/* The /verify/ page: reads a credential (file, paste, or ?c=CODE from the issuing service), loads
+ * what the site pinned at build time (trusted-issuers.json, contexts.json), fetches what online checks
+ * need (a did:web issuer's did.json, the signed status list), runs MinimegaVerify and renders the
+ * verdict, every check with its status, and every claim as text (never as HTML: names are learner input).
  * Hooks mkdocs-material's document$ so instant navigation re-initialises it; safe to load twice. */
 (function () {
   "use strict";
@@ -22,18 +23,32 @@
     return resp.json();
   }
 
-  async function onlineContext(doc) {
+  /* What the site pinned when it was built: the issuers it trusts and the JSON-LD contexts. */
+  let pinned = null;
+  async function sitePins() {
+    if (pinned) return pinned;
     const notes = [];
-    const opts = { didDocuments: {}, trustedKeys: null, statusList: null };
+    let trusted = [], contexts = {};
+    try {
+      const file = await getJson(new URL("trusted-issuers.json", location.href));
+      trusted = (Array.isArray(file.issuers) ? file.issuers : []).map((i) => i && i.id).filter((d) => typeof d === "string");
+    } catch (e) { notes.push(`the list of trusted issuers did not load (${e.message}): no issuer is trusted`); }
+    if (!trusted.length) notes.push("this site pins no trusted issuer, so no certificate can be valid here (see below)");
+    try { contexts = await getJson(new URL("contexts.json", location.href)); }
+    catch (e) { notes.push(`the JSON-LD contexts did not load (${e.message}): the eddsa-rdfc-2022 proof cannot be checked`); }
+    pinned = { trusted, contexts, notes };
+    return pinned;
+  }
+
+  async function onlineContext(doc) {
+    const pins = await sitePins();
+    const notes = [...pins.notes];
+    const opts = { didDocuments: {}, trustedIssuers: pins.trusted, contexts: pins.contexts, statusList: null };
     const issuer = doc && doc.issuer && doc.issuer.id;
     if (typeof issuer === "string" && issuer.startsWith("did:web:")) {
       try { opts.didDocuments[issuer] = await getJson(MinimegaVerify.didWebUrl(issuer)); }
       catch (e) { notes.push(`could not fetch the issuer's DID document: ${e.message}`); }
     }
-    try {
-      const site = await getJson(new URL("../.well-known/did.json", location.href));
-      opts.trustedKeys = new Set((site.verificationMethod || []).map((m) => m.publicKeyMultibase));
-    } catch (e) { notes.push("this site publishes no key list, so the issuer key was not compared with it"); }
     const url = doc && doc.credentialStatus && doc.credentialStatus.statusListCredential;
     if (typeof url === "string" && /^https?:\/\//.test(url)) {
       try { opts.statusList = await getJson(url); }
@@ -42,12 +57,20 @@
     return { opts, notes };
   }
 
+  const VERDICTS = {
+    valid: "Valid certificate: both signatures check out, the issuer is one this site trusts, and every claim below is signed.",
+    invalid: "Not valid: do not trust the claims below.",
+  };
+  const MARKS = { pass: "✓ pass", fail: "✗ fail", "n/a": "– n/a" };
+
   function render(box, result, notes, source) {
     box.replaceChildren();
-    const verdict = el("p", result.valid ? "Valid certificate: the signature checks out and every claim below is signed."
-      : "Not valid: do not trust the claims below.", "mm-verify-verdict " + (result.valid ? "is-valid" : "is-invalid"));
+    const text = VERDICTS[result.verdict] || `Signature valid, issuer not trusted: ${String(result.claims.issuer_id).slice(0, 100)} ` +
+      "is not an issuer this site trusts, so the claims below are not vouched for by this course.";
+    const verdict = el("p", text, "mm-verify-verdict " + (result.valid ? "is-valid" : "is-invalid"));
     verdict.id = "mm-verify-verdict";
     verdict.dataset.valid = String(result.valid);
+    verdict.dataset.verdict = result.verdict;
     box.append(verdict);
     if (!result.valid) {
       box.append(el("p", "Reasons:"));
@@ -75,13 +98,17 @@
     rev.append(el("th", "Revocation"), el("td", result.revocation));
     table.append(rev);
     box.append(table);
-    const details = el("details");
-    details.append(el("summary", "All checks"));
-    const ul = el("ul");
-    result.checks.forEach((c) => ul.append(el("li", c.check + (c.detail ? `: ${c.detail}` : ""), c.ok ? "mm-check-ok" : "mm-check-fail")));
-    ul.append(el("li", "eddsa-rdfc-2022 proof: not checked in the browser (needs JSON-LD); `minimega cert verify` checks it"));
-    details.append(ul);
-    box.append(details);
+    const checks = el("table");
+    checks.id = "mm-verify-checks";
+    checks.append(el("caption", "Every check: pass, fail, or n/a (could not apply, and why)"));
+    for (const c of result.checks) {
+      const tr = el("tr", undefined, `mm-check-${c.status === "n/a" ? "na" : c.status}`);
+      tr.dataset.check = c.check;
+      tr.dataset.status = c.status;
+      tr.append(el("td", MARKS[c.status], "mm-check-status"), el("th", c.check), el("td", c.detail, "mm-check-detail"));
+      checks.append(tr);
+    }
+    box.append(checks);
     notes.forEach((n) => box.append(el("p", `Note: ${n}`)));
   }
 
@@ -94,7 +121,7 @@
     }
     let doc = null;
     try { doc = JSON.parse(input); } catch (e) { /* reported by verifyCredential */ }
-    const { opts, notes } = doc ? await onlineContext(doc) : { opts: {}, notes: [] };
+    const { opts, notes } = await onlineContext(doc);
     const result = await MinimegaVerify.verifyCredential(input, opts);
     render(box, result, notes, source);
     const emailForm = root.querySelector("#mm-verify-email");
@@ -109,10 +136,19 @@
     };
   }
 
+  async function showPinned() {
+    const box = document.getElementById("mm-verify-pinned");
+    if (!box) return;
+    const { trusted } = await sitePins();
+    box.textContent = trusted.length ? `This site trusts ${trusted.length} issuer${trusted.length > 1 ? "s" : ""}: ${trusted.join(", ")}.`
+      : "This site pins no issuer: every certificate will be reported as not trusted.";
+  }
+
   function init() {
     const root = document.getElementById("mm-verify");
     if (!root || root.dataset.ready) return;
     root.dataset.ready = "1";
+    showPinned();
     const form = root.querySelector("#mm-verify-form");
     form.addEventListener("submit", async (ev) => {
       ev.preventDefault();

@@ -1,12 +1,14 @@
 """`minimega serve` and `minimega cert …`: argparse builders the main CLI mounts, runnable alone too.
 
     python -m minimega.classroom.cli serve [--host 127.0.0.1 --port 8000 …]
-    python -m minimega.classroom.cli cert verify FILE|CODE [--issuer-url URL] [--offline] [--json]
+    python -m minimega.classroom.cli cert verify FILE|CODE [--trust DID] [--issuer-url URL] [--offline] [--json]
     python -m minimega.classroom.cli cert revoke CODE [--reason TEXT]
     python -m minimega.classroom.cli cert keys | rotate-key
 
 `cert verify` checks the proofs offline (did:key needs nothing; did:web needs --did-document or the
-network), then, when reachable, the signed status list. Exit status: 0 valid, 1 invalid, 2 usage.
+network), that the issuer is one the verifier trusts (see `minimega.classroom.trust`), the dates, then,
+when reachable, the signed status list. Exit status: 0 valid, 1 invalid, 2 usage, 3 signature valid
+but the issuer is not trusted.
 """
 from __future__ import annotations
 
@@ -17,10 +19,12 @@ import shutil
 import subprocess
 import sys
 import urllib.error
+import urllib.parse
 import urllib.request
 from pathlib import Path
 from urllib.parse import quote
 
+from . import trust
 from .settings import ClassroomConfig
 
 ISSUER_URL_ENV = "MINIMEGA_ISSUER_URL"
@@ -66,21 +70,27 @@ def config_from_args(args) -> ClassroomConfig:
                            ip_requests_per_minute=args.ip_requests_per_minute)
 
 
-def site_is_stale(site_dir: Path, root: Path = Path(".")) -> bool:
+def site_is_stale(site_dir: Path, root: Path = Path("."), pin: str | None = None) -> bool:
     index = site_dir / "index.html"
     if not index.exists():
         return True
+    if pin is not None:                  # the verify page must trust this service's current keys
+        pinned = site_dir / trust.SITE_FILE
+        if not pinned.exists() or set(trust.load_file(pinned)) != set(trust.parse_list(pin)):
+            return True
     built = index.stat().st_mtime
     sources = [root / "mkdocs.yml", *(root / "course").rglob("*"), *(root / "quizzes").glob("*.yaml"),
                *(root / "src" / "minimega").glob("*.py"), root / "src" / "minimega" / "classroom" / "sitebuild.py"]
     return any(p.is_file() and p.stat().st_mtime > built for p in sources)
 
 
-def build_site(site_dir: Path) -> None:
+def build_site(site_dir: Path, issuers: list[str] = ()) -> None:
+    """Build the site if stale, pinning `issuers` (this service's DIDs) as the verify page's trusted issuers."""
     if not Path("mkdocs.yml").exists():
         print("no mkdocs.yml here: serving the exam without the course site", file=sys.stderr)
         return
-    if not site_is_stale(site_dir):
+    pin = " ".join(issuers)
+    if not site_is_stale(site_dir, pin=pin):
         return
     mkdocs = shutil.which("mkdocs") or (Path(sys.executable).parent / "mkdocs")
     if not Path(mkdocs).exists():
@@ -88,7 +98,8 @@ def build_site(site_dir: Path) -> None:
               file=sys.stderr)
         return
     print(f"building the site into {site_dir}/ …", file=sys.stderr, flush=True)
-    done = subprocess.run([str(mkdocs), "build", "-q", "--site-dir", str(site_dir)])
+    done = subprocess.run([str(mkdocs), "build", "-q", "--site-dir", str(site_dir)],
+                          env={**os.environ, trust.ENV: pin})
     if done.returncode:
         print(f"mkdocs build failed (exit {done.returncode}); serving what {site_dir}/ holds", file=sys.stderr)
 
@@ -99,13 +110,15 @@ def run_serve(args) -> int:
     from .service import create_app
 
     from .exam import ExamError
-    from .keys import KeyringError
+    from .keys import Keyring, KeyringError
     from .store import StoreError
 
     try:
         config = config_from_args(args)
-        if not args.no_build:
-            build_site(config.site_dir)
+        if not args.no_build:        # the key exists before the build so that the site can pin its DID
+            ring = Keyring.open(config.keys_path, create=True)
+            extra = trust.parse_list(os.environ.get(trust.ENV, ""))       # issuers trusted besides this one
+            build_site(config.site_dir, trust.service_issuers(config.issuer_did, ring.publics) + extra)
         app = create_app(config)
     except (ExamError, KeyringError, StoreError, ValueError) as err:
         raise SystemExit(f"minimega serve: {err}")
@@ -124,8 +137,14 @@ def add_cert_parser(subparsers) -> argparse.ArgumentParser:
 
     v = sub.add_parser("verify", help="check a certificate's proofs, dates and revocation; show every claim")
     v.add_argument("credential", help="a credential file (.json, or a baked .svg) or a verification code")
+    v.add_argument("--trust", action="append", default=[], metavar="DID",
+                   help=f"also trust this issuer (did:key:z6Mk… or did:web:<host>); repeatable. Always trusted: "
+                        f"${trust.ENV} (DIDs) and the trust file")
+    v.add_argument("--trust-file", type=Path, default=os.environ.get(trust.FILE_ENV),
+                   help=f'trusted issuers as {{"issuers": [{{"id": DID, "name": …}}]}}, e.g. a site\'s '
+                        f"/{trust.SITE_FILE} (default ${trust.FILE_ENV}, else {trust.DEFAULT_FILE} if it exists)")
     v.add_argument("--issuer-url", default=os.environ.get(ISSUER_URL_ENV),
-                   help=f"the issuing site; its /.well-known/did.json is the trusted key list "
+                   help=f"the issuing site: trust the issuer it publishes at /.well-known/did.json "
                         f"(default ${ISSUER_URL_ENV}); needed to look up a code")
     v.add_argument("--offline", action="store_true", help="no network: proofs and dates only")
     v.add_argument("--did-document", type=Path, help="a did.json to resolve a did:web issuer offline")
@@ -188,8 +207,24 @@ def load_credential_arg(arg: str, issuer_url: str | None, offline: bool):
         raise SystemExit(f"{url}: unreachable ({err})")
 
 
-def verify_with_network(cred, *, issuer_url=None, offline=False, did_document=None, status_list=None):
-    """Run `credential.verify` with whatever the network and the arguments can supply."""
+def trusted_issuers(args_trust=(), trust_file: Path | None = None, env=os.environ) -> dict[str, str]:
+    """DID -> where its trust comes from: ``--trust``, ``$MINIMEGA_TRUSTED_ISSUERS``, the trust file."""
+    out = {}
+    path = trust_file
+    if path is None and trust.DEFAULT_FILE.expanduser().is_file():
+        path = trust.DEFAULT_FILE
+    if path is not None:
+        out.update({d: f"trust file {path}" for d in trust.load_file(Path(path))})
+    out.update(trust.from_env(env))
+    out.update({trust.check_did(d): "--trust" for d in args_trust})
+    return out
+
+
+def verify_with_network(cred, *, trusted: dict[str, str], issuer_url=None, offline=False, did_document=None,
+                        status_list=None):
+    """Run `credential.verify` with whatever the network and the arguments can supply.
+
+    Returns (result, notes, the trusted issuers: `trusted` plus what --issuer-url publishes)."""
     from . import credential, keys, status_list as sl
 
     notes = []
@@ -199,11 +234,14 @@ def verify_with_network(cred, *, issuer_url=None, offline=False, did_document=No
             parsed = json.loads(cred)
         except ValueError:
             parsed = None
-    did_docs, trusted, status_doc = {}, None, status_list
-    if did_document is not None:
+    trusted = dict(trusted)
+    did_docs, status_doc = {}, status_list
+    if isinstance(did_document, dict) and isinstance(did_document.get("id"), str):
         did_docs[did_document["id"]] = did_document
     issuer = parsed.get("issuer") if isinstance(parsed, dict) else None
     issuer_id = issuer.get("id") if isinstance(issuer, dict) else None
+    if issuer_url and offline:
+        notes.append(f"--offline: the issuer published at {issuer_url} was not fetched, so not trusted from it")
     if not offline:
         if isinstance(issuer_id, str) and issuer_id.startswith("did:web:") and issuer_id not in did_docs:
             try:
@@ -211,11 +249,19 @@ def verify_with_network(cred, *, issuer_url=None, offline=False, did_document=No
             except (OSError, ValueError, keys.KeyringError) as err:
                 notes.append(f"could not fetch the DID document of {issuer_id}: {err}")
         if issuer_url:
+            url = issuer_url.rstrip("/") + "/.well-known/did.json"
             try:
-                doc = _fetch_json(issuer_url.rstrip("/") + "/.well-known/did.json")
-                trusted = {m["publicKeyMultibase"] for m in doc.get("verificationMethod", [])}
-            except (OSError, ValueError, KeyError) as err:
-                notes.append(f"could not fetch {issuer_url}/.well-known/did.json: {err}")
+                doc = _fetch_json(url)
+                own = keys.did_web(urllib.parse.urlparse(issuer_url).netloc)
+                if doc.get("id") != own:        # a site speaks for its own host only
+                    raise ValueError(f"it describes {str(doc.get('id'))[:80]!r}, not {own}")
+                # the site's did:web, and the did:keys it says it signs with (self-certifying)
+                aka = [d for d in doc.get("alsoKnownAs") or [] if isinstance(d, str) and d.startswith("did:key:")]
+                for did in [own, *aka]:
+                    trusted.setdefault(trust.check_did(did, url), f"published by {issuer_url}")
+                did_docs.setdefault(own, doc)
+            except (OSError, ValueError, AttributeError, TypeError) as err:
+                notes.append(f"could not use {url}, so its issuer is not trusted: {err}")
         if status_doc is None and isinstance(parsed, dict):
             try:
                 url, _ = sl.parse_entry(parsed.get("credentialStatus"))
@@ -224,29 +270,49 @@ def verify_with_network(cred, *, issuer_url=None, offline=False, did_document=No
                 pass                    # reported by verify() itself
             except (OSError, ValueError) as err:
                 notes.append(f"revocation not checked: status list unreachable ({err})")
-    result = credential.verify(cred, did_documents=did_docs, trusted_keys=trusted,
+    result = credential.verify(cred, trusted_issuers=trusted, did_documents=did_docs,
                                status_list_credential=status_doc)
-    if trusted is None and result.valid:
-        notes.append("issuer key not compared with a published key list (pass --issuer-url)")
-    return result, notes
+    if not trusted:
+        notes.append(f"no trusted issuer is configured: pass --trust DID or --issuer-url URL, or set ${trust.ENV}")
+    return result, notes, trusted
 
 
 LABELS = [("name", "Name"), ("achievement", "Achievement"), ("course_version", "Course version"),
           ("valid_from", "Issued"), ("valid_until", "Expires"), ("issuer_name", "Issuer"),
           ("issuer_id", "Issuer DID"), ("issuer_url", "Issuer URL"), ("credential_id", "Credential"),
           ("email", "Email"), ("criteria", "Criteria")]
+HEADLINE = {"valid": "VALID", "invalid": "INVALID", "signature valid, issuer not trusted":
+            "NOT TRUSTED (signature valid, issuer not trusted)"}
+MARK = {"pass": "pass", "fail": "FAIL", "n/a": "n/a "}
+
+
+def _read_json_arg(path: Path, what: str):
+    try:
+        with open(path, "rb") as f:
+            raw = f.read(2_000_001)
+        if len(raw) > 2_000_000:
+            raise SystemExit(f"{what} {path} is larger than 2 MB")
+        return json.loads(raw)
+    except (OSError, ValueError) as err:
+        raise SystemExit(f"{what} {path}: not a readable JSON file ({err})")
 
 
 def run_verify(args) -> int:
+    try:
+        trusted = trusted_issuers(args.trust, args.trust_file)
+    except trust.TrustError as err:
+        raise SystemExit(f"minimega cert verify: {err}")
     cred, source = load_credential_arg(args.credential, args.issuer_url, args.offline)
-    did_document = json.loads(args.did_document.read_text()) if args.did_document else None
-    status = json.loads(args.status_list.read_text()) if args.status_list else None
-    result, notes = verify_with_network(cred, issuer_url=args.issuer_url, offline=args.offline,
+    did_document = _read_json_arg(args.did_document, "--did-document") if args.did_document else None
+    status = _read_json_arg(args.status_list, "--status-list") if args.status_list else None
+    result, notes, trusted = verify_with_network(cred, trusted=trusted, issuer_url=args.issuer_url, offline=args.offline,
                                         did_document=did_document, status_list=status)
+    code = {"valid": 0, "invalid": 1}.get(result.verdict, 3)
     if args.json:
-        print(json.dumps({**result.to_dict(), "source": source, "notes": notes}, indent=2, ensure_ascii=False))
-        return 0 if result.valid else 1
-    print(("VALID" if result.valid else "INVALID") + f"  {source}")
+        print(json.dumps({**result.to_dict(), "source": source, "notes": notes,
+                          "trusted_issuers": trusted}, indent=2, ensure_ascii=False))
+        return code
+    print(f"{HEADLINE[result.verdict]}  {source}")
     for key, label in LABELS:
         value = result.claims.get(key)
         if key == "valid_until" and value is None and result.claims:
@@ -254,13 +320,13 @@ def run_verify(args) -> int:
         if value is not None:
             print(f"  {label:<15} {value}")
     print(f"  {'Revocation':<15} {result.revocation}")
-    for name, ok, detail in result.checks:
-        print(f"  {'ok  ' if ok else 'FAIL'} {name}" + (f": {detail}" if detail else ""))
+    for c in result.checks:
+        print(f"  {MARK[c.status]} {c.name}: {c.detail}")
     for note in notes:
         print(f"  note: {note}")
     if not result.valid:
         print("Rejected because: " + "; ".join(result.errors), file=sys.stderr)
-    return 0 if result.valid else 1
+    return code
 
 
 def run_revoke(args) -> int:

@@ -28,7 +28,7 @@ from . import quiz
 from .settings import ClassroomConfig
 from .store import Conflict, Store
 
-CHAPTERS = range(1, 12)
+CHAPTERS = range(1, 13)
 
 
 class ExamError(Exception):

@@ -147,22 +147,28 @@ def resolve_verification_method(vm_id: str, did_documents: dict[str, dict] | Non
     listed under ``assertionMethod`` there.
     """
     if not isinstance(vm_id, str) or "#" not in vm_id:
-        raise KeyringError(f"verification method {vm_id!r:.80} has no '#key' fragment")
+        raise KeyringError("verification method has no '#key' fragment")
     did, frag = vm_id.split("#", 1)
     if did.startswith("did:key:"):
         fingerprint = did[len("did:key:"):]
         if frag != fingerprint:
             raise KeyringError(f"unknown key id #{frag[:24]}: a did:key only holds #{fingerprint[:24]}…")
-        return parse_public_multikey(fingerprint)
+        try:
+            return parse_public_multikey(fingerprint)
+        except (KeyringError, ValueError):
+            raise KeyringError(f"did:key {fingerprint[:24]}… is not an Ed25519 Multikey") from None
     doc = (did_documents or {}).get(did)
-    if doc is None:
-        raise KeyringError(f"no DID document for {did} (pass one, or verify online)")
-    if vm_id not in doc.get("assertionMethod", []):
-        raise KeyringError(f"unknown key id {vm_id}: not an assertion method of {did}")
-    for m in doc.get("verificationMethod", []):
-        if m.get("id") == vm_id and m.get("controller") == did:
-            return parse_public_multikey(m["publicKeyMultibase"])
-    raise KeyringError(f"unknown key id {vm_id}: not in {did}'s verificationMethod")
+    if not isinstance(doc, dict):
+        raise KeyringError(f"no DID document for {did[:80]} (pass one, or verify online)")
+    if vm_id not in (doc.get("assertionMethod") or []):
+        raise KeyringError(f"unknown key id {vm_id[:120]}: not an assertion method of {did[:80]}")
+    for m in doc.get("verificationMethod") or []:
+        if isinstance(m, dict) and m.get("id") == vm_id and m.get("controller") == did:
+            try:
+                return parse_public_multikey(m.get("publicKeyMultibase"))
+            except (KeyringError, ValueError):
+                raise KeyringError(f"key {vm_id[:120]} is not an Ed25519 Multikey") from None
+    raise KeyringError(f"unknown key id {vm_id[:120]}: not in the verificationMethod of {did[:80]}")
 
 
 # --- the service's keyring ------------------------------------------------------------------

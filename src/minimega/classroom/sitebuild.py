@@ -11,7 +11,8 @@ text (say, in a page someone else owns) is left alone:
 `on_files` adds the lab notebooks (``labs/NN-slug.ipynb``, outside ``docs_dir``) to the site as
 ``labs/NN-slug.ipynb``, so a chapter links its lab as ``[…](labs/NN-slug.ipynb)`` and ``--strict``
 checks the link. After the build, `on_post_build` writes every figure of `minimega.plots.FIGURES` as a standalone page
-under ``assets/figures/``. Figures and the calculator load the vendored plotly.js basic bundle
+under ``assets/figures/``, and pins the verify page's trusted issuers (``$MINIMEGA_TRUSTED_ISSUERS``,
+see `minimega.classroom.trust`) in ``verify/trusted-issuers.json``. Figures and the calculator load the vendored plotly.js basic bundle
 (``course/assets/vendor/plotly/``, the same plotly.js version plotly.py bundles), so the site makes
 no third-party request.
 """
@@ -183,8 +184,13 @@ def on_files(files, config):
 
 def on_post_build(config) -> None:
     from minimega import plots
+    from minimega.classroom import trust
 
     site = Path(config["site_dir"])
+    try:
+        trust.write_site_files(site)          # the verify page's pinned issuers and JSON-LD contexts
+    except trust.TrustError as err:
+        raise PluginError(str(err)) from err
     if not (site / PLOTLY_JS).exists():
         raise PluginError(f"{PLOTLY_JS} is missing from the built site (see course/assets/vendor/README.md)")
     out = site / "assets" / "figures"

@@ -12,10 +12,16 @@ and written as multibase base64url without padding (prefix ``u``).
 from __future__ import annotations
 
 import base64
+import binascii
 import gzip
+import json
+import re
+import zlib
 
 LIST_BITS = 131_072
 PURPOSE = "revocation"
+MAX_LIST_BYTES = 16 * LIST_BITS // 8
+"""The largest decoded list a verifier accepts (256 KiB, 16 times ours): a gzip bomb stops here."""
 
 
 class StatusListError(ValueError):
@@ -29,14 +35,23 @@ def encode(bits: bytes | bytearray) -> str:
 
 
 def decode(encoded: str) -> bytes:
+    """The list's bytes; StatusListError if it is not base64url of a gzip of at most MAX_LIST_BYTES."""
     if not isinstance(encoded, str) or not encoded.startswith("u"):
         raise StatusListError("encodedList must be multibase base64url (prefix 'u')")
     body = encoded[1:]
+    if not re.fullmatch(r"[A-Za-z0-9_-]*", body):
+        raise StatusListError("encodedList does not decode (base64url, then gzip)")
     try:
         raw = base64.urlsafe_b64decode(body + "=" * (-len(body) % 4))
-        return gzip.decompress(raw)
-    except (ValueError, OSError, EOFError) as err:
-        raise StatusListError(f"encodedList does not decode: {err}") from err
+        inflate = zlib.decompressobj(wbits=31)              # gzip framing
+        bits = inflate.decompress(raw, MAX_LIST_BYTES + 1)
+    except (ValueError, binascii.Error, zlib.error):
+        raise StatusListError("encodedList does not decode (base64url, then gzip)") from None
+    if len(bits) > MAX_LIST_BYTES:
+        raise StatusListError(f"encodedList decodes to more than {MAX_LIST_BYTES} bytes")
+    if not inflate.eof:
+        raise StatusListError("encodedList does not decode (base64url, then gzip)")
+    return bits
 
 
 def make_bits(revoked: list[int] | set[int], size: int = LIST_BITS) -> bytearray:
@@ -82,9 +97,14 @@ def parse_entry(status: object) -> tuple[str, int]:
     if status.get("type") != "BitstringStatusListEntry" or status.get("statusPurpose") != PURPOSE:
         raise StatusListError("credentialStatus is not a BitstringStatusListEntry for revocation")
     index = status.get("statusListIndex")
-    if not isinstance(index, str) or not index.isdigit():
-        raise StatusListError(f"statusListIndex must be a decimal string, got {index!r}")
+    if not isinstance(index, str) or not re.fullmatch(r"[0-9]{1,9}", index):
+        raise StatusListError(f"statusListIndex must be a decimal string, got {_show(index)}")
     url = status.get("statusListCredential")
     if not isinstance(url, str) or not url.startswith(("https://", "http://")):
-        raise StatusListError(f"statusListCredential must be a URL, got {url!r}")
+        raise StatusListError(f"statusListCredential must be a URL, got {_show(url)}")
     return url, int(index)
+
+
+def _show(value) -> str:
+    text = json.dumps(value, ensure_ascii=False, separators=(",", ":")) if value is not None else "missing"
+    return text if len(text) <= 60 else text[:60] + "…"

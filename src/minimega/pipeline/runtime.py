@@ -15,10 +15,11 @@ tick. Per tick:
                  their buffers without a handshake; since both sides take the tick and the order from
                  the same plan, every send meets its receive and no rank waits on one that comes later.
 
-Gradient synchronisation over dp is a wrapper around each chunk (`DataParallel` now; any wrapper with
-``no_sync()`` works): the backward of the last micro-batch of a chunk runs synchronised, the others
-inside ``no_sync()``, so each chunk's gradients are reduced once per step, overlapping the backwards of
-the other chunks.
+Gradient synchronisation over dp is a wrapper around each chunk (`DataParallel` or ZeRO 1-3, on the
+protocol of `minimega.grad_sync`): the backward of a chunk's last micro-batch runs synchronised (its
+hooks start the reductions, which overlap the backwards still to run on the other chunks), the others
+inside ``no_sync()``; after the whole schedule the runtime calls every wrapper's ``finish_grad_sync()``
+(Megatron-LM's ``finalize_model_grads``), so each chunk's gradients are reduced once per step.
 """
 from __future__ import annotations
 
@@ -30,8 +31,8 @@ import torch
 import torch.nn as nn
 
 from .. import comm
-from ..compose import clip_coefficient, global_norm, weighted_sq_norm
 from ..config import TrainConfig
+from ..grad_sync import GradSync
 from ..mesh import Mesh
 from ..model import GPT
 from .schedules import Action, Plan, bubble_slots, plan
@@ -100,6 +101,10 @@ class Pipeline(nn.Module):
                     self._event("forward" if action.kind == "F" else "backward", start, step, t,
                                 chunk=action.chunk, micro=action.micro)
                 self._exchange(grid, t, shape, self._dtype, inbox, outbox, step)
+        if train:
+            for wrapper in self.wrapped:              # every chunk's last backward has run: its reductions end here
+                if isinstance(wrapper, GradSync):
+                    wrapper.finish_grad_sync()
         self._event("step", step_start, step, len(grid.grid[self.rank]))
         if not train:                                 # evaluation leaves no trace in the training timeline
             self.events = [e for e in self.events if e["step"] != step or e["start"] < step_start]
@@ -127,12 +132,14 @@ class Pipeline(nn.Module):
         inp, out = stash.pop((a.chunk, a.micro))
         wrapper = self.wrapped[self._local[a.chunk]]
         last = a.micro == self.m - 1                  # every schedule runs a chunk's backwards in micro order
-        sync = nullcontext() if last or not hasattr(wrapper, "no_sync") else wrapper.no_sync()
-        with sync:
+        syncing = isinstance(wrapper, GradSync)
+        with (nullcontext() if last or not syncing else wrapper.no_sync()):
             if a.chunk == self.p * self.v - 1:
                 torch.autograd.backward(out)
             else:
                 torch.autograd.backward(out, inbox.pop(Action("B", a.chunk + 1, a.micro)))
+            if syncing and not last:
+                wrapper.finish_grad_sync()            # local accumulation: only ends this backward's bookkeeping
         if a.chunk > 0:
             outbox[a] = inp.grad
 
@@ -152,20 +159,6 @@ class Pipeline(nn.Module):
         kind = "send_recv" if sends and recvs else ("send" if sends else "recv")
         self._event(kind, start, step, t, sends=len(sends), recvs=len(recvs))
     # --8<-- [end:exchange]
-
-    def clip_grad_norm_(self, max_norm: float) -> float:
-        """Clip by the norm over every stage's gradients (each stage holds a disjoint part of the model).
-
-        Under tp the shards' squares are summed over tp too, the replicated parameters counted once
-        (`compose.weighted_sq_norm`); the dp replicas are equal after their all-reduce.
-        """
-        sq = sum(weighted_sq_norm(c, self.mesh.tp_size) for c in self.chunks)
-        norm = global_norm(sq, [self.mesh.tp_group, self.mesh.pp_group])
-        coef = clip_coefficient(norm, max_norm)
-        for p in self.chunks.parameters():
-            if p.grad is not None:
-                p.grad.mul_(coef)
-        return norm
 
     def bubble(self, step: int | None = None) -> dict:
         """Idle fraction of this rank: counted on the slot grid, and measured on the wall clock."""

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b")
+from ..config import SCHEDULES          # the names, defined once (TrainConfig.schedule validates against them)
 
 
 @dataclass(frozen=True)
@@ -90,7 +90,7 @@ def interleaved_1f1b(p: int, m: int, v: int, rank: int) -> list[Action]:
 # --8<-- [end:schedules]
 
 
-ORDERS = {"gpipe": gpipe, "1f1b": one_f_one_b, "interleaved_1f1b": interleaved_1f1b}
+ORDERS = dict(zip(SCHEDULES, (gpipe, one_f_one_b, interleaved_1f1b)))      # name -> order, in SCHEDULES' order
 
 
 @dataclass

@@ -60,10 +60,18 @@ class StageChunk(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """(B, T) ids on the first chunk, else (B, T, D) → (B, T, D), or (B, T, V) logits on the last."""
         if self.is_first:
-            x = self._ends.embed(self, x)                                      # (B, T, D) or (B, T/tp, D)
+            x = self.embed(x)                                                  # (B, T, D) or (B, T/tp, D)
         for block in self.blocks.values():
             x = block(x)
-        return self._ends.head(self, x) if self.is_last else x
+        return self.head(x) if self.is_last else x
+
+    def embed(self, idx: torch.Tensor) -> torch.Tensor:
+        """The model's embedding (first chunk only): (B, T) ids → (B, T, D)."""
+        return self._ends.embed(self, idx)
+
+    def head(self, x: torch.Tensor) -> torch.Tensor:
+        """The model's final LayerNorm and head (last chunk only): (B, T, D) → (B, T, V) logits."""
+        return self._ends.head(self, x)
 
     def loss(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """Mean cross-entropy of the last chunk's logits; vocab-parallel when they are sharded over tp."""

@@ -3,14 +3,13 @@
     flat.py     flat padded buffers per unit, shard bounds
     stages.py   Zero1 ⊂ Zero2 ⊂ Zero3
     offload.py  where the fp32 master weights and optimizer states live (device or CPU), and the step
-    state.py    the layout-free training state for checkpoints (gather from / scatter to shards)
+    state.py    what a rank's shards hold of each parameter, for sharded checkpoints
 """
 from __future__ import annotations
 
 from .flat import FlatUnit, padded_numel, shard_bounds
 from .offload import CPUOffloadStore, MasterStore
 from .stages import Zero1, Zero2, Zero3, model_units
-from .state import load_training_state, training_state
 
 STAGES = {1: Zero1, 2: Zero2, 3: Zero3}
 
@@ -26,4 +25,4 @@ def wrap(module, config, group, rank: int, make_optimizer, model_parallel=()):
 
 
 __all__ = ["FlatUnit", "padded_numel", "shard_bounds", "MasterStore", "CPUOffloadStore", "Zero1", "Zero2",
-           "Zero3", "model_units", "STAGES", "wrap", "training_state", "load_training_state"]
+           "Zero3", "model_units", "STAGES", "wrap"]

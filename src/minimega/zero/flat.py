@@ -17,17 +17,15 @@ import torch
 import torch.nn as nn
 
 
+from ..estimate import padded_numel      # the one definition: the estimator counts the same padding
+
+
 # --8<-- [start:shard_bounds]
-def padded_numel(numel: int, world: int) -> int:
-    """The flat buffer's length: ``numel`` rounded up to a multiple of ``world``."""
-    return -(-numel // world) * world
-
-
 def shard_bounds(numel: int, world: int, rank: int) -> tuple[int, int]:
     """``[start, end)`` of rank ``rank``'s shard of a flat buffer holding ``numel`` elements."""
     if not 0 <= rank < world:
         raise ValueError(f"rank {rank} is outside a group of {world}")
-    size = padded_numel(numel, world) // world
+    size = padded_numel(numel, world) // world                 # ceil(numel / world)
     return rank * size, (rank + 1) * size
 # --8<-- [end:shard_bounds]
 

@@ -4,13 +4,18 @@ The model is cut into units (the embeddings, each block, the head); each unit is
 padded to a multiple of dp, and dp rank r owns ``[r·N/dp, (r+1)·N/dp)`` of it (`flat.py`). The
 fp32 master weights and Adam's moments exist for that shard only (`offload.py`).
 
+Gradients follow the protocol of `minimega.grad_sync`, one bucket per unit: a hook starts a unit's
+reduce-scatter when its last gradient is in, ``finish_grad_sync()`` (called after backward) waits.
+
 ``Zero1`` (optimizer states sharded):
-    Phase 1 (backward): gradients accumulate in a full flat gradient buffer per unit.
-    Phase 2 (end of backward): reduce-scatter each unit's buffer; rank r keeps the sum of its shard.
+    Phase 1 (backward): gradients accumulate in a full flat gradient buffer per unit; when a unit's
+        last gradient is in, its buffer's reduce-scatter starts (async); rank r will keep its shard's sum.
+    Phase 2 (``finish_grad_sync()``): wait for every unit and write the reduced shard into the buffer.
     Phase 3 (step): the optimizer updates this rank's master shard; all-gather the parameters.
-``Zero2(Zero1)`` (+ gradients sharded): a unit's gradients are reduce-scattered from a backward hook
-    as soon as its last gradient is ready, asynchronously, while autograd computes earlier units;
-    the full gradients are then dropped, so a rank keeps only its shard's gradients (N/dp).
+``Zero2(Zero1)`` (+ gradients sharded): the unit's gradients are flattened into the reduce-scatter's
+    input and the full gradients dropped, so a rank keeps only its shard's gradients (N/dp). Gradient
+    accumulation reduces on every micro-step (DeepSpeed's semantics); under ``no_sync()`` (the pipeline's
+    micro-batches before the last) the full gradients accumulate and the last backward reduces them once.
 ``Zero3(Zero2)`` (+ parameters sharded): at rest each unit holds only its shard. ``unshard()``
     (all-gather) before the unit's forward and again before its backward, ``reshard()`` (free the
     storage) after each; the next unit's all-gather is issued before the current unit computes
@@ -23,13 +28,15 @@ forward and Ψ in backward and reduce-scatters Ψ = 3Ψ (1.5× DDP).
 """
 from __future__ import annotations
 
+import enum
 import time
-from contextlib import contextmanager
 
 import torch
 import torch.nn as nn
 
 from .. import comm, measure, precision
+from ..grad_sync import GradSync
+from ..model import GPT
 from .flat import FlatUnit
 from .offload import CPUOffloadStore, MasterStore
 
@@ -49,7 +56,7 @@ def model_units(module: nn.Module) -> list[tuple[str, list[tuple[str, nn.Paramet
     return ([("embed", embed)] if embed else []) + blocks + ([("head", head)] if head else [])
 
 
-class Zero1(nn.Module):
+class Zero1(GradSync, nn.Module):
     """ZeRO stage 1: Adam's moments and the fp32 master weights are sharded over ``group``.
 
     Args:
@@ -62,6 +69,7 @@ class Zero1(nn.Module):
     """
 
     stage = 1
+    grads_sharded = True
 
     def __init__(self, module: nn.Module, group: comm.Group, rank: int, config, make_optimizer,
                  model_parallel: tuple[comm.Group, ...] = ()):
@@ -71,7 +79,7 @@ class Zero1(nn.Module):
         self.policy = precision.policy(config.precision)
         self.scaler = precision.make_scaler(self.policy, config)
         self.timeline: list[dict] = []
-        self._sync, self._callback_queued, self._prepared, self._overflow = True, False, False, False
+        self._prepared, self._overflow = False, False
         with torch.no_grad():
             for p in module.parameters():
                 comm.broadcast(p.data, group.ranks[0], group, tag="init")
@@ -79,13 +87,12 @@ class Zero1(nn.Module):
         self.units = [FlatUnit(name, params, group.size, rank, self.policy.param_dtype)
                       for name, params in self._units(module)]
         self._unit_of = {p: u for u in self.units for p in u.params}
-        self._ready = {u.name: 0 for u in self.units}
         self.shards = [self._make_shard(u) for u in self.units]
         self.grad_shards = self._make_grad_buffers()
         store = CPUOffloadStore if config.offload_optimizer else MasterStore
         self.store = store(self.shards, make_optimizer)
-        for p in self._unit_of:
-            p.register_post_accumulate_grad_hook(self._on_grad_ready)
+        self._reducing: dict[int, tuple[torch.Tensor, comm.Handle]] = {}     # unit index -> (output, handle)
+        self._watch([u.params for u in self.units])
 
     # -- layout: what Zero2 and Zero3 override ---------------------------------------------------
     def _units(self, module):
@@ -110,34 +117,30 @@ class Zero1(nn.Module):
         """fp16: the loss times the scale, in fp32 (as DeepSpeed; the fp16 graph then sees scale · dL)."""
         return loss.float() * self.scaler.scale if self.scaler else loss
 
-    @contextmanager
-    def no_sync(self):
-        """Gradient accumulation: skip the reduction; the next synchronised backward reduces the sum."""
-        old, self._sync = self._sync, False
-        try:
-            yield
-        finally:
-            self._sync = old
-
     def _event(self, name: str, **extra) -> None:
         self.timeline.append({"event": name, "time": time.perf_counter(), **extra})
 
-    def _on_grad_ready(self, p: nn.Parameter) -> None:
-        if self._sync and not self._callback_queued:
-            torch.autograd.Variable._execution_engine.queue_callback(self._finish_backward)
-            self._callback_queued = True
-
     # --8<-- [start:zero1_reduce]
-    def _finish_backward(self) -> None:
-        """Phase 2: reduce-scatter every unit's full gradient buffer into this rank's shard."""
-        self._callback_queued = False
-        outs = [torch.empty_like(s) for s in self.grad_shards]
-        handles = [comm.reduce_scatter(o, g, self.group, async_op=True, tag=u.name)
-                   for u, o, g in zip(self.units, outs, self.flat_grads)]
-        for h, o, s in zip(handles, outs, self.grad_shards):
-            h.wait()
-            s.copy_(o)
+    def _start(self, i: int) -> None:
+        """Phase 1: unit i's gradients are all in its flat buffer: start the buffer's reduce-scatter."""
+        unit, out = self.units[i], torch.empty_like(self.grad_shards[i])
+        self._event("reduce_scatter_issued", unit=unit.name)
+        self._reducing[i] = out, comm.reduce_scatter(out, self._reduce_input(i), self.group, async_op=True,
+                                                     tag=unit.name)
+
+    def _reduce_input(self, i: int) -> torch.Tensor:
+        return self.flat_grads[i]
+
+    def _complete(self) -> None:
+        """Phase 2 (from ``finish_grad_sync()``): wait for every unit; this rank's shard holds the sum."""
+        for i, (out, handle) in sorted(self._reducing.items()):
+            handle.wait()
+            self._write_shard(i, out)
+        self._reducing = {}
         self._event("grads_reduced")
+
+    def _write_shard(self, i: int, reduced: torch.Tensor) -> None:
+        self.grad_shards[i].copy_(reduced)
     # --8<-- [end:zero1_reduce]
 
     # -- the step --------------------------------------------------------------------------------
@@ -171,22 +174,11 @@ class Zero1(nn.Module):
                     local += (weight(name) if weight else 1.0) * g[lo:hi].double().pow(2).sum()
         return local
 
-    def grad_norm(self) -> float:
-        """Global L2 norm of the gradients: each element lives in exactly one rank's shard, counted once."""
-        return comm.all_reduce(self.grad_sq_norm(), self.group, tag="grad_norm").sqrt().item()
-
-    # --8<-- [start:clip]
-    def clip_grad_norm_(self, max_norm: float, norm: float | None = None) -> float:
-        """Scale every gradient shard by min(1, max_norm / (norm + 1e-6)), as torch.nn.utils.clip_grad_norm_.
-
-        ``norm``: the global norm when the caller computed it over more groups than dp (tp, pp).
-        """
-        norm = self.grad_norm() if norm is None else norm
-        if not self._overflow and norm + 1e-6 > max_norm:
+    def scale_grads_(self, coef: float) -> None:
+        """Multiply this rank's gradient shards by ``coef`` (clipping); nothing on a step fp16 will skip."""
+        if not self._overflow:
             for g in self.store.grads():
-                g.mul_(max_norm / (norm + 1e-6))
-        return norm
-    # --8<-- [end:clip]
+                g.mul_(coef)
 
     # --8<-- [start:zero1_step]
     def step(self) -> bool:
@@ -245,10 +237,9 @@ class Zero2(Zero1):
     """
 
     stage = 2
+    reduce_every_micro_step = True
 
     def _make_grad_buffers(self) -> list[torch.Tensor]:
-        self._pending: list[tuple[FlatUnit, torch.Tensor, comm.Handle]] = []
-        self._launched: set[str] = set()
         return [torch.zeros(u.shard_numel, dtype=u.flat.dtype, device=u.flat.device) for u in self.units]
 
     def grad_buffers(self) -> list[torch.Tensor]:
@@ -256,105 +247,104 @@ class Zero2(Zero1):
 # --8<-- [end:zero2_buffers]
 
     # --8<-- [start:zero2_hook]
-    def _on_grad_ready(self, p: nn.Parameter) -> None:
-        if not self._callback_queued:       # wait for the reductions once autograd has finished
-            torch.autograd.Variable._execution_engine.queue_callback(self._finish_backward)
-            self._callback_queued = True
-        unit = self._unit_of[p]
-        self._ready[unit.name] += 1
-        if self._ready[unit.name] == len(unit.params):
-            self._reduce_unit(unit)
-
-    def _reduce_unit(self, unit: FlatUnit) -> None:
+    def _reduce_input(self, i: int) -> torch.Tensor:
+        unit = self.units[i]
         flat = unit.flatten_grads()                            # (padded,) this rank's full gradient
         for p in unit.params:
             p.grad = None                                      # the full gradient is not kept
-        out = torch.empty(unit.shard_numel, dtype=flat.dtype, device=flat.device)
-        self._event("reduce_scatter_issued", unit=unit.name)
-        handle = comm.reduce_scatter(out, flat, self.group, async_op=True, tag=unit.name)
-        self._pending.append((unit, out, handle))
-        self._launched.add(unit.name)
+        return flat
 
-    def _finish_backward(self) -> None:
-        self._callback_queued = False
-        for unit in self.units:
-            if unit.name not in self._launched:            # a unit that got no gradient: reduce zeros
-                self._reduce_unit(unit)
-        index = {u.name: i for i, u in enumerate(self.units)}
-        for unit, out, handle in self._pending:
-            handle.wait()
-            self.grad_shards[index[unit.name]].add_(out)      # accumulate over micro-steps
-        self._pending, self._launched = [], set()
-        self._ready = {u.name: 0 for u in self.units}
-        self._event("grads_reduced")
+    def _write_shard(self, i: int, reduced: torch.Tensor) -> None:
+        self.grad_shards[i].add_(reduced)                     # accumulate over micro-steps
     # --8<-- [end:zero2_hook]
 
 
+# --8<-- [start:unit_state]
+class UnitState(enum.Enum):
+    """Where a ZeRO-3 unit's parameters are (FSDP2's ``ShardedState``); persistent units stay UNSHARDED."""
+
+    SHARDED = "sharded"            # only this rank's shard exists; the flat buffer has no storage
+    GATHERING = "gathering"        # storage allocated, all-gather in flight (a prefetch)
+    UNSHARDED = "unsharded"        # the whole unit is in the flat buffer: forward or backward may run
+# --8<-- [end:unit_state]
+
+
 class Zero3(Zero2):
-    """ZeRO stage 3: + parameters sharded at rest; gathered per unit just in time, with prefetch."""
+    """ZeRO stage 3: + parameters sharded at rest; gathered per unit just in time, with prefetch.
+
+    ``module`` is a `model.GPT` (``forward(idx, targets) -> (logits, loss)``) or a pipeline chunk
+    (``forward(x) -> x``); either way its units run one after the other: embed, blocks, head.
+    """
 
     stage = 3
 
     def __init__(self, module: nn.Module, group: comm.Group, rank: int, config, make_optimizer,
                  model_parallel: tuple[comm.Group, ...] = ()):
+        self._plan: list[tuple[str, bool]] = []          # per FlatUnit: (its model unit, persistent), set by _units
+        self.persistent: set[str] = set()                  # names of the units kept whole, set by _units
         super().__init__(module, group, rank, config, make_optimizer, model_parallel)
         self._gathers: dict[str, comm.Handle] = {}
-        # Forward order: per model unit, its sharded FlatUnit (if any) and its persistent one (if any).
+        self.state = {u.name: UnitState.UNSHARDED for u in self.units}
+        # Forward order: per model unit (a step), its sharded FlatUnit (if any) and its persistent one (if any).
+        self.step_names: list[str] = []
         self.steps: list[list[FlatUnit]] = []
-        for u in self.units:
-            base = u.name.removesuffix(".persistent")
-            if not self.steps or self.steps[-1][0].name.removesuffix(".persistent") != base:
+        for u, (step, _) in zip(self.units, self._plan):
+            if not self.step_names or self.step_names[-1] != step:
+                self.step_names.append(step)
                 self.steps.append([])
             self.steps[-1].append(u)
         for u in self.units:
-            if not self._persistent(u):
+            if u.name not in self.persistent:
                 u.free_storage()                               # at rest: only the shard
+                self.state[u.name] = UnitState.SHARDED
 
     def _units(self, module):
-        """Split each unit: parameters with <= threshold elements form a '.persistent' unit kept whole."""
+        """Split each unit: parameters with <= threshold elements form a persistent unit, kept whole."""
         limit = self.config.param_persistence_threshold
         out = []
         for name, params in model_units(module):
             big = [(n, p) for n, p in params if p.numel() > limit]
             small = [(n, p) for n, p in params if p.numel() <= limit]
-            out += [(name, big)] if big else []
-            out += [(name + ".persistent", small)] if small else []
+            for unit, keep in ((big, False), (small, True)):
+                if unit:
+                    out.append((name + ".persistent" if keep else name, unit))
+                    self._plan.append((name, keep))
+                    if keep:
+                        self.persistent.add(out[-1][0])
         return out
-
-    @staticmethod
-    def _persistent(unit: FlatUnit) -> bool:
-        return unit.name.endswith(".persistent")
 
     def _make_shard(self, unit: FlatUnit) -> torch.Tensor:
         shard = unit.flat[unit.start:unit.end]
-        return shard if self._persistent(unit) else shard.clone()     # outlives the flat buffer
+        return shard if unit.name in self.persistent else shard.clone()     # outlives the flat buffer
 
     # --8<-- [start:zero3_unshard]
     def unshard(self, k: int, prefetch: bool = False) -> None:
         """All-gather step k's sharded units (async when prefetching); without prefetch, wait for them."""
-        for u, s in zip(self.units, self.shards):
-            if u not in self.steps[k] or self._persistent(u):
-                continue
-            if not u.is_allocated() and u.name not in self._gathers:
+        for u in self.steps[k]:
+            if self.state[u.name] is UnitState.SHARDED:
                 u.alloc_storage()
                 self._event("all_gather_issued", unit=u.name, prefetch=prefetch)
                 # .data: refilling the buffer is not an in-place op autograd should see.
-                self._gathers[u.name] = comm.all_gather(u.flat.data, s, self.group, async_op=True, tag=u.name)
-            if not prefetch and u.name in self._gathers:
+                shard = self.shards[self.units.index(u)]
+                self._gathers[u.name] = comm.all_gather(u.flat.data, shard, self.group, async_op=True, tag=u.name)
+                self.state[u.name] = UnitState.GATHERING
+            if not prefetch and self.state[u.name] is UnitState.GATHERING:
                 self._gathers.pop(u.name).wait()
+                self.state[u.name] = UnitState.UNSHARDED
 
     def reshard(self, k: int) -> None:
-        """Free step k's gathered parameters (the shard stays)."""
+        """Free step k's gathered parameters (the shard stays; persistent units and prefetches in flight stay)."""
         for u in self.steps[k]:
-            if not self._persistent(u) and u.name not in self._gathers:
+            if self.state[u.name] is UnitState.UNSHARDED and u.name not in self.persistent:
                 u.free_storage()
+                self.state[u.name] = UnitState.SHARDED
     # --8<-- [end:zero3_unshard]
 
     # --8<-- [start:zero3_forward]
-    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None):
+    def forward(self, x: torch.Tensor, targets: torch.Tensor | None = None):
         m = self.module
-        fns = [m.embed, *m.blocks, m.head]
-        x = idx
+        fns = [m.embed if name == "embed" else m.head if name == "head" else m.get_submodule(name)
+               for name in self.step_names]
         for k, fn in enumerate(fns):
             self.unshard(k)
             if self.config.prefetch and k + 1 < len(fns):
@@ -365,19 +355,24 @@ class Zero3(Zero2):
             if torch.is_grad_enabled():
                 x = _UnshardForBackward.apply(x, self, k)
             self.reshard(k)
-        logits = x                                             # (B, T, V)
-        return logits, (m.loss(logits, targets) if targets is not None else None)
+        if not isinstance(m, GPT):                             # a pipeline chunk: (B, T, D), or logits on the last
+            return x
+        return x, (m.loss(x, targets) if targets is not None else None)      # logits (B, T, V)
     # --8<-- [end:zero3_forward]
 
-    def _reduce_unit(self, unit: FlatUnit) -> None:
-        super()._reduce_unit(unit)
-        if not self._persistent(unit):
-            unit.free_storage()                                # backward of this unit is done
+    def _bucket_done(self, i: int) -> None:
+        """Every gradient of unit i is in (synchronised or not): its backward is over, free the parameters."""
+        unit = self.units[i]
+        if self.state[unit.name] is UnitState.UNSHARDED and unit.name not in self.persistent:
+            unit.free_storage()
+            self.state[unit.name] = UnitState.SHARDED
 
     def _gather_after_step(self) -> None:
         # Sharded units are refreshed by the next forward's all-gather; persistent ones now.
+        for k in range(len(self.steps)):
+            self.reshard(k)                                    # none should be whole here; stale if one were
         for u, s in zip(self.units, self.shards):
-            if self._persistent(u):
+            if u.name in self.persistent:
                 comm.all_gather(u.flat, s.clone(), self.group, tag=u.name)
 
 

@@ -1,64 +1,76 @@
-"""ZeRO's part of a checkpoint: the layout-free training state, gathered from and scattered to shards.
+"""ZeRO's part of a checkpoint: which elements of which parameter this rank's shards hold.
 
-`training_state` all-gathers each unit's fp32 master shard and each optimizer-state shard into the
-unit's padded flat buffer and cuts it back into `model.py`'s tensors. `load_training_state` does the
-reverse for *this* rank's shard bounds, whatever dp the checkpoint was saved with, then refreshes the
-parameters exactly as after an optimizer step.
+A unit's flat buffer is ``[p_0 | p_1 | … | padding]`` and this rank owns ``[start, end)`` of it (`flat.py`).
+`local_entries` intersects that range with each parameter's ``[offset, offset + numel)`` and returns
+views of the fp32 master shard and of each optimizer-state shard for the intersection: the checkpoint
+writes them as they are and reads straight into them (`minimega.checkpoint`), so nothing is gathered
+over dp, on save or on load, whatever dp the checkpoint was written with.
+
+`prepare_load` gives every master shard empty optimizer states of the kinds the checkpoint holds (so
+the read plan has somewhere to put them); `finish_load` then refreshes the parameters from the masters
+exactly as after an optimizer step.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
-from .. import comm
+
+@dataclass
+class Entry:
+    """Elements ``[lo, hi)`` of parameter ``key``'s (local, TP-sliced) tensor shaped ``local_shape``; ``data`` holds them."""
+
+    kind: str
+    key: str
+    data: torch.Tensor
+    local_shape: tuple[int, ...]
+    lo: int
+    hi: int
 
 
-def _gather_unit(stage, unit, shard: torch.Tensor) -> list[torch.Tensor]:
-    full = torch.empty(unit.padded, dtype=shard.dtype, device=shard.device)
-    comm.all_gather(full, shard.detach().contiguous(), stage.group, tag="checkpoint")
-    return [v.detach().cpu().clone() for v in unit.views(full)]
-
-
-@torch.no_grad()
-def training_state(stage) -> dict:
-    """{'model': {key: fp32}, 'optimizer': {key: {state: tensor}}} on every rank (a collective over dp)."""
-    model, optimizer = {}, {}
+def local_entries(stage) -> list[Entry]:
+    """Views of this rank's master and optimizer-state shards, per parameter they overlap (ZeRO's step
+    counter, one 0-d tensor per unit, is listed for each overlapping parameter, or the unit's first)."""
+    out = []
     for unit, master in zip(stage.units, stage.store.master):
-        model.update(zip(unit.names, _gather_unit(stage, unit, master.float())))
-        for kind, value in sorted(stage.store.optimizer.state.get(master, {}).items()):
-            if value.dim() == 0:                          # Adam's step counter: one per unit, copied per key
-                for name in unit.names:
-                    optimizer.setdefault(name, {})[kind] = value.detach().cpu().clone()
-            else:
-                for name, t in zip(unit.names, _gather_unit(stage, unit, value)):
-                    optimizer.setdefault(name, {})[kind] = t
-    order = [n for n, _ in stage.module.named_parameters()]
-    return {"model": {n: model[n] for n in order}, "optimizer": {n: optimizer[n] for n in order if n in optimizer}}
-
-
-def _my_shard(unit, tensors: dict[str, torch.Tensor], like: torch.Tensor) -> torch.Tensor:
-    flat = torch.zeros(unit.padded, dtype=torch.float32)
-    offset = 0
-    for name, p in zip(unit.names, unit.params):
-        flat[offset:offset + p.numel()] = tensors[name].reshape(-1).float()
-        offset += p.numel()
-    return flat[unit.start:unit.end].to(device=like.device, dtype=like.dtype)
+        states = sorted(stage.store.optimizer.state.get(master, {}).items())
+        overlapping = []
+        for key, p, off in zip(unit.names, unit.params, unit.offsets):
+            lo, hi = max(off, unit.start), min(off + p.numel(), unit.end)
+            if hi <= lo:
+                continue
+            overlapping.append(key)
+            rng = slice(lo - unit.start, hi - unit.start)
+            out.append(Entry("param", key, master.detach()[rng], tuple(p.shape), lo - off, hi - off))
+            out += [Entry(kind, key, t[rng], tuple(p.shape), lo - off, hi - off) for kind, t in states if t.dim()]
+        for key in overlapping or unit.names[:1]:
+            out += [Entry(kind, key, t, (), 0, 1) for kind, t in states if not t.dim()]
+    return out
 
 
 @torch.no_grad()
-def load_training_state(stage, state: dict) -> None:
-    """Put a full-shaped training state into this rank's shards (any saved dp), then refresh the parameters."""
-    if missing := sorted(n for u in stage.units for n in u.names if n not in state["model"]):
-        raise ValueError(f"checkpoint lacks parameters {missing[:5]}")
+def prepare_load(stage, kinds: dict[str, tuple[torch.dtype, bool]]) -> None:
+    """Fresh optimizer state for every master shard: ``kinds`` maps a state name to (dtype, is 0-d)."""
     opt = stage.store.optimizer
-    for unit, master, shard in zip(stage.units, stage.store.master, stage.shards):
-        master.copy_(_my_shard(unit, state["model"], master))
-        if not stage.store.aliased:
-            shard.copy_(master.to(shard.dtype))
-        kinds = sorted(state["optimizer"].get(unit.names[0], {}))
+    for master in stage.store.master:
+        master.zero_()                                   # padding stays zero; the plan fills the rest
+        old = opt.state.get(master, {})
+        if kinds and set(old) == set(kinds) and all(
+                t.dtype == kinds[k][0] and t.shape == (() if kinds[k][1] else master.shape) for k, t in old.items()):
+            for t in old.values():                       # reuse the states a run already has: no new memory
+                t.zero_()
+            continue
         opt.state.pop(master, None)
         if kinds:
-            opt.state[master] = {
-                k: (state["optimizer"][unit.names[0]][k].clone() if state["optimizer"][unit.names[0]][k].dim() == 0
-                    else _my_shard(unit, {n: state["optimizer"][n][k] for n in unit.names}, master))
-                for k in kinds}
+            opt.state[master] = {k: torch.zeros((), dtype=dt) if scalar else torch.zeros_like(master, dtype=dt)
+                                 for k, (dt, scalar) in kinds.items()}
+
+
+@torch.no_grad()
+def finish_load(stage) -> None:
+    """After the masters were filled: copy them into the parameter shards and re-gather, as after a step."""
+    if not stage.store.aliased:
+        for shard, master in zip(stage.shards, stage.store.master):
+            shard.copy_(master.to(device=shard.device, dtype=shard.dtype))
     stage._gather_after_step()
