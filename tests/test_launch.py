@@ -209,7 +209,10 @@ def test_killing_the_launcher_ends_every_rank(tmp_path):
     script = tmp_path / "job.py"
     script.write_text("import sys, minimega as mm\nfrom test_launch import _report_pid_and_work\n"
                       "if __name__ == '__main__':\n    mm.launch(_report_pid_and_work, 2, sys.argv[1], timeout=60)\n")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), *sys.path])}
+    scratch = tmp_path / "tmp"                  # the launchers' work directories go here
+    scratch.mkdir()
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), *sys.path]),
+           "TMPDIR": str(scratch)}
     jobs = {}
     for sig in (signal.SIGKILL, signal.SIGTERM):
         pid_dir = tmp_path / sig.name
@@ -233,6 +236,8 @@ def test_killing_the_launcher_ends_every_rank(tmp_path):
         for p in pids:
             os.kill(p, signal.SIGKILL)
     assert not any(alive.values()), f"ranks alive 5 s after their launcher got the signal: {alive}"
+    left = [p.name for p in scratch.iterdir() if p.name.startswith("minimega-")]
+    assert not left, f"work directories left behind by the dead launchers: {left}"
 
 
 def _forkserver_pid():

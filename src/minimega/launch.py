@@ -220,7 +220,7 @@ def _rank_main(rank: int, job: _Job) -> None:
     from . import comm
     comm.WATCH = status = RankStatus(out / f"status-{rank}")
     status.beat()
-    threading.Thread(target=guard, args=(status,), name="minimega-guard", daemon=True).start()
+    threading.Thread(target=guard, args=(status, out), name="minimega-guard", daemon=True).start()
     try:
         _init_group(rank, job.world_size, job.backend, f"file://{out / 'rendezvous'}", job.timeout_s)
         if job.world_size > 1:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import mmap
 import multiprocessing as mp
 import os
+import shutil
 import signal
 import struct
 import time
@@ -105,13 +106,14 @@ def report_step(step: int) -> None:
 
 
 # --8<-- [start:guard]
-def guard(status: RankStatus) -> None:
+def guard(status: RankStatus, workdir: Path | None = None) -> None:
     """Each rank's guard thread: beat every HEARTBEAT_S, and end this rank the moment its launcher dies.
 
     The launcher is not this process's parent (the forkserver is), so a parent-death signal cannot see
     it. multiprocessing hands every child a *sentinel*: the read end of a pipe whose write end only the
     launcher holds. The kernel closes it when the launcher dies, however it dies (SIGKILL included), and
-    the sentinel turns readable (EOF): nobody is left to collect this rank's result.
+    the sentinel turns readable (EOF): nobody is left to collect this rank's result, nor to remove the
+    job's work directory, so the rank removes it on the way out.
     """
     from multiprocessing.connection import wait
     parent = mp.parent_process()
@@ -120,6 +122,8 @@ def guard(status: RankStatus) -> None:
         status.beat()
         if sentinel is not None:
             if wait([sentinel], HEARTBEAT_S):
+                if workdir is not None:
+                    shutil.rmtree(workdir, ignore_errors=True)
                 os.kill(os.getpid(), signal.SIGKILL)
         else:
             time.sleep(HEARTBEAT_S)
