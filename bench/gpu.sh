@@ -1,8 +1,14 @@
 #!/usr/bin/env bash
-# For whoever has a GPU machine (under 5 minutes): the CUDA tests, then tokens/s and MFU of gpt2() on one GPU.
+# One script for whoever has a GPU machine, at most 10 minutes in all:
+#   1. the CUDA tests (tests marked gpu);
+#   2. every engine path that fits one rank, on one GPU with NCCL, against the CPU reference, and the MFU of
+#      GPT-2 124M in bf16 next to a plain torch loop (bench/gpu_check.py).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
+export PYTHONPATH="$PWD/src:$PWD/bench${PYTHONPATH:+:$PYTHONPATH}"
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader || true
-timeout 240 "$PY" -m pytest -q -m gpu tests/
-timeout 120 "$PY" bench/gpu_throughput.py
+status=0
+timeout 180 "$PY" -m pytest -q -m gpu tests/test_gpu.py || status=1
+timeout 400 "$PY" bench/gpu_check.py "$@" || status=1
+exit $status

@@ -15,22 +15,16 @@ import minimega as mm
 from minimega import data
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--batch", type=int, default=16)
-    parser.add_argument("--steps", type=int, default=20)
-    parser.add_argument("--peak-tflops", type=float, default=989.0)
-    args = parser.parse_args()
-    if not torch.cuda.is_available():
-        raise SystemExit("bench/gpu_throughput.py needs a CUDA GPU")
+def plain_torch(batch: int, steps: int) -> dict:
+    """A plain torch training loop of the same model: bf16 autocast, fused AdamW, no minimega engine."""
     cfg = mm.GPTConfig.gpt2()
     torch.manual_seed(0)
     model = mm.GPT(cfg).cuda()
     opt = torch.optim.AdamW(model.parameters(), lr=3e-4, fused=True)
     n = model.num_params() - cfg.vocab_size * cfg.n_embd - cfg.block_size * cfg.n_embd
     flops_per_token = 6 * n + 12 * cfg.n_layer * cfg.n_embd * cfg.block_size
-    tokens = args.batch * cfg.block_size
-    for step, (x, y) in enumerate(data.global_batches(args.steps + 3, args.batch, cfg.block_size)):
+    tokens = batch * cfg.block_size
+    for step, (x, y) in enumerate(data.global_batches(steps + 3, batch, cfg.block_size)):
         if step == 3:
             torch.cuda.synchronize()
             start = time.perf_counter()
@@ -41,11 +35,22 @@ def main() -> None:
         opt.step()
         opt.zero_grad(set_to_none=True)
     torch.cuda.synchronize()
-    elapsed = time.perf_counter() - start
-    tok_s = tokens * args.steps / elapsed
-    mfu = tok_s * flops_per_token / (args.peak_tflops * 1e12)
-    print(f"gpt2 preset, batch {args.batch} x {cfg.block_size}: {tok_s:,.0f} tokens/s, MFU {100 * mfu:.1f}% "
-          f"(peak {args.peak_tflops} TFLOP/s), final loss {loss.item():.3f}")
+    return {"tokens_per_s": tokens * steps / (time.perf_counter() - start), "flops_per_token": flops_per_token,
+            "loss": loss.item()}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--batch", type=int, default=16)
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--peak-tflops", type=float, default=989.0)
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        raise SystemExit("bench/gpu_throughput.py needs a CUDA GPU")
+    r = plain_torch(args.batch, args.steps)
+    mfu = r["tokens_per_s"] * r["flops_per_token"] / (args.peak_tflops * 1e12)
+    print(f"gpt2 preset, batch {args.batch} x 1024: {r['tokens_per_s']:,.0f} tokens/s, MFU {100 * mfu:.1f}% "
+          f"(peak {args.peak_tflops} TFLOP/s), final loss {r['loss']:.3f}")
 
 
 if __name__ == "__main__":

@@ -1,7 +1,11 @@
 """`minimega train` end to end on 2 ranks, and its refusals."""
 import json
+import os
+import signal
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 from minimega.cli import main
 
@@ -36,3 +40,55 @@ def test_save_resume_and_consolidate_from_the_command_line(tmp_path, capsys):
     capsys.readouterr()
     assert main(["train", "--resume", str(tmp_path / "empty")]) == 2
     assert "no checkpoint in" in capsys.readouterr().err
+
+
+def _rank_pids(launcher: int) -> dict[str, int]:
+    """{'minimega-rank0': pid, ...} among the descendants of ``launcher`` (ranks name themselves)."""
+    parent, name = {}, {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text()
+        except OSError:
+            continue
+        pid = int(stat.parent.name)
+        name[pid] = text[text.index("(") + 1:text.rindex(")")]
+        parent[pid] = int(text[text.rindex(")") + 2:].split()[1])
+    def descends(pid):
+        while pid > 1:
+            pid = parent.get(pid, 0)
+            if pid == launcher:
+                return True
+        return False
+    return {name[p]: p for p in name if name[p].startswith("minimega-rank") and descends(p)}
+
+
+WATCHDOG_TIMEOUT = 6        # seconds; `--timeout 20` behaves the same, 14 s later
+
+
+def test_a_stopped_rank_ends_the_job_naming_it_and_its_collective(tmp_path):
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    log = tmp_path / "stderr"                # a file, not a pipe: the forkserver, still tearing down, holds it
+    with open(log, "w") as stderr:
+        job = subprocess.Popen([sys.executable, "-m", "minimega", "train", "--nproc", "2", "--steps", "200",
+                                "--timeout", str(WATCHDOG_TIMEOUT)], env=env, stdout=subprocess.DEVNULL,
+                               stderr=stderr)
+    try:
+        deadline = time.monotonic() + 120
+        while len(ranks := _rank_pids(job.pid)) < 2 and time.monotonic() < deadline and job.poll() is None:
+            time.sleep(0.1)
+        assert len(ranks) == 2, "the ranks never started"
+        time.sleep(1.0)                                     # let them train a few steps
+        os.kill(ranks["minimega-rank1"], signal.SIGSTOP)
+        stopped = time.monotonic()
+        job.wait(timeout=WATCHDOG_TIMEOUT + 30)
+        took = time.monotonic() - stopped
+    finally:
+        job.kill()
+    err = log.read_text()
+    print(f"SIGSTOP to exit: {took:.1f} s with --timeout {WATCHDOG_TIMEOUT}")
+    assert job.returncode == 1 and took < WATCHDOG_TIMEOUT + 5, (job.returncode, took, err[-2000:])
+    assert "watchdog: rank 1 of 2 stopped responding" in err and "process state: stopped" in err, err[-2000:]
+    assert "the last collective it entered: all_reduce#" in err, err[-2000:]
+    gone = [not Path(f"/proc/{p}").exists() or Path(f"/proc/{p}/stat").read_text().split()[2] == "Z"
+            for p in ranks.values()]
+    assert all(gone), "a rank outlived its job"

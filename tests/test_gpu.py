@@ -1,20 +1,62 @@
-"""The NCCL path: the same code with another backend and device (runs only where CUDA exists)."""
+"""The NCCL path: the same code with another backend and device (the `gpu` tests run only where CUDA
+exists), and the CUDA-event timing of `CommLog`, checked on CPU with stand-in events."""
 import pytest
 import torch
 
 import minimega as mm
+from minimega import comm
 from parity import max_rel_error, parity_config, reference_run
 from test_data_parallel import MODEL, STEPS, _ours
 
-pytestmark = pytest.mark.gpu
+
+class _FakeEvent:
+    """A stand-in for torch.cuda.Event: 'records' the order it was recorded in; 1 ms apart per record."""
+    clock = 0
+
+    def record(self):
+        _FakeEvent.clock += 1
+        self.at, self.synced = _FakeEvent.clock, False
+
+    def synchronize(self):
+        self.synced = True
+
+    def elapsed_time(self, end):
+        assert end.synced, "read an end event before it completed"
+        return float(end.at - self.at)
 
 
+def test_comm_log_times_gpu_collectives_with_events_not_host_clocks(monkeypatch):
+    monkeypatch.setattr(comm, "_on_gpu", lambda tensor: True)
+    monkeypatch.setattr(comm, "_cuda_event", _FakeEvent)
+    group = comm.Group(None, [0, 1], "dp")
+    t = torch.ones(4)
+    work = type("Work", (), {"wait": lambda self: None, "is_completed": lambda self: True})
+    with comm.CommLog() as log:
+        sync = comm._record("all_reduce", group, t, 4)
+        comm._finish(work(), sync, t, False)               # a blocking call: the end event right away
+        rec = comm._record("reduce_scatter", group, t, 4)
+        handle = comm._finish(work(), rec, t, True)        # async: no end until wait()
+        assert rec.cuda_events[1] is None
+        _FakeEvent.clock += 5                               # 5 ms of GPU work overlap the collective
+        handle.wait()
+    assert sync.seconds == pytest.approx(1e-3)              # from the events, not perf_counter
+    assert rec.seconds == pytest.approx(6e-3)
+    assert log.summary()["by_op"]["reduce_scatter"]["seconds"] == pytest.approx(6e-3)
+    monkeypatch.setattr(comm, "_on_gpu", lambda tensor: False)
+    with comm.CommLog():
+        host = comm._record("all_reduce", group, t, 4)
+        comm._finish(work(), host, t, False)
+    assert host.cuda_events is None and 0 <= host.seconds < 1
+
+
+@pytest.mark.gpu
 def test_auto_backend_picks_nccl_with_one_gpu_per_rank():
     world = min(2, torch.cuda.device_count())
     from minimega.launch import resolve_backend
     assert resolve_backend("auto", world) == "nccl"
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")
 def test_ddp_on_nccl_matches_single_process():
     config = parity_config(bucket_mb=0.05)
@@ -23,6 +65,7 @@ def test_ddp_on_nccl_matches_single_process():
     assert max_rel_error(ours, ref) <= 1e-4        # TF32/cuBLAS kernels differ from the CPU reference
 
 
+@pytest.mark.gpu
 def test_model_forward_on_gpu_matches_cpu():
     torch.manual_seed(0)
     model = mm.GPT(MODEL)

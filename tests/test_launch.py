@@ -37,8 +37,37 @@ def _die_on_rank_1(pid_dir, how):
     time.sleep(60)
 
 
-def _sleep_forever():
-    time.sleep(120)
+def _world():
+    return mm.comm.Group(dist.group.WORLD, list(range(dist.get_world_size())), "world")
+
+
+def _deadlock():
+    """Rank 0 waits in an all-reduce that rank 1, stuck elsewhere, never joins."""
+    if dist.get_rank() == 1:
+        time.sleep(120)
+    mm.comm.all_reduce(torch.ones(1), _world())
+
+
+def _stop_rank_1(pid_dir):
+    """Both ranks all-reduce in a loop; rank 1 SIGSTOPs itself after its third."""
+    Path(pid_dir, f"pid-{dist.get_rank()}").write_text(str(os.getpid()))
+    for i in range(10_000):
+        mm.comm.all_reduce(torch.ones(1), _world())
+        if dist.get_rank() == 1 and i == 2:
+            os.kill(os.getpid(), signal.SIGSTOP)
+
+
+def _mismatch():
+    t = torch.ones(4)
+    if dist.get_rank() == 0:
+        mm.comm.all_reduce(t, _world())
+    else:
+        mm.comm.broadcast(t, 1, _world())
+    mm.comm.all_reduce(t, _world())
+
+
+def _environment(names):
+    return {n: os.environ.get(n) for n in names} | {"ppid": os.getppid()}
 
 
 def test_results_in_rank_order():
@@ -73,6 +102,7 @@ def _gone(pid: int) -> bool:
 
 @pytest.mark.parametrize("how, expect", [("exit", "exited with code 3"), ("signal", "killed by signal SIGKILL")])
 def test_dead_rank_fails_fast_without_orphans(tmp_path, how, expect):
+    _warm()
     start = time.monotonic()
     with pytest.raises(mm.WorkerError) as err:
         mm.launch(_die_on_rank_1, 2, str(tmp_path), how, timeout=60)
@@ -86,11 +116,45 @@ def test_dead_rank_fails_fast_without_orphans(tmp_path, how, expect):
     assert all(_gone(p) for p in pids), "a rank outlived the failed job"
 
 
-def test_timeout_kills_a_deadlock():
+def _warm():
+    """Start the forkserver before a test times a job (its first start imports torch: seconds)."""
+    mm.launch(_rank_info, 1, "warm", timeout=60)
+
+
+def test_watchdog_names_the_rank_that_never_joined():
+    _warm()
     start = time.monotonic()
-    with pytest.raises(mm.LaunchTimeout, match=r"ran past timeout=2s; ranks \[0, 1\]"):
-        mm.launch(_sleep_forever, 2, timeout=2)
-    assert time.monotonic() - start < 20
+    with pytest.raises(mm.LaunchTimeout) as err:
+        mm.launch(_deadlock, 2, timeout=3)
+    took = time.monotonic() - start
+    assert took < 3 + 10, took
+    msg = str(err.value)
+    assert err.value.rank == 1 and msg.startswith("watchdog: rank 1 of 2 never joined"), msg
+    assert "rank 0 waited" in msg and "all_reduce#1 (group world)" in msg, msg
+
+
+def test_watchdog_names_a_stopped_rank_and_its_last_collective(tmp_path):
+    _warm()
+    start = time.monotonic()
+    with pytest.raises(mm.LaunchTimeout) as err:
+        mm.launch(_stop_rank_1, 2, str(tmp_path), timeout=3)
+    took = time.monotonic() - start
+    assert took < 3 + 10, took
+    msg = str(err.value)
+    assert err.value.rank == 1 and msg.startswith("watchdog: rank 1 of 2 stopped responding"), msg
+    assert "process state: stopped" in msg and "all_reduce#3 (group world)" in msg, msg
+    pids = [int(p.read_text()) for p in tmp_path.glob("pid-*")]
+    assert len(pids) == 2 and all(_gone(p) for p in pids), "a stopped rank outlived the job"
+
+
+def test_watchdog_names_mismatched_collectives():
+    _warm()
+    start = time.monotonic()
+    with pytest.raises(mm.WorkerError) as err:
+        mm.launch(_mismatch, 2, timeout=3)
+    assert time.monotonic() - start < 3 + 10
+    msg = str(err.value)
+    assert "entered a different collective" in msg and "broadcast#1" in msg and "all_reduce#1" in msg, msg
 
 
 def test_bad_input_is_refused_before_any_process_starts():
@@ -129,15 +193,101 @@ def test_worker_in_a_guarded_script(tmp_path):
     assert out.returncode == 0 and "[40, 41]" in out.stdout, out.stderr[-2000:]
 
 
-def test_same_worker_under_torchrun(tmp_path):
+# ------------------------------------------------------------------------------------------------
+# The job dies with its launcher; the forkserver follows its caller.
+
+def _report_pid_and_work(pid_dir):
+    Path(pid_dir, f"pid-{dist.get_rank()}").write_text(str(os.getpid()))
+    while True:                              # computing and communicating, as a training job does
+        mm.comm.all_reduce(torch.randn(1000), _world())
+        time.sleep(0.01)
+
+
+def test_killing_the_launcher_ends_every_rank(tmp_path):
+    """SIGKILL or SIGTERM of the launching script: no rank is alive 5 s later (Ctrl-C: KeyboardInterrupt
+    unwinds through launch(), which stops the ranks)."""
     script = tmp_path / "job.py"
-    script.write_text(
-        "import torch.distributed as dist, minimega as mm, json\n"
-        "from test_launch import _rank_info\n"
-        "out = mm.launch(_rank_info, 2, 'tr')\n"
-        "if dist.get_rank() == 0: print(json.dumps([o[:3] for o in out]))\n")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), *sys.path])}
-    out = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-                          str(script)], capture_output=True, text=True, timeout=180, env=env)
-    assert out.returncode == 0, out.stderr[-2000:]
-    assert '[["tr", 0, 2], ["tr", 1, 2]]' in out.stdout
+    script.write_text("import sys, minimega as mm\nfrom test_launch import _report_pid_and_work\n"
+                      "if __name__ == '__main__':\n    mm.launch(_report_pid_and_work, 2, sys.argv[1], timeout=60)\n")
+    scratch = tmp_path / "tmp"                  # the launchers' work directories go here
+    scratch.mkdir()
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), *sys.path]),
+           "TMPDIR": str(scratch)}
+    jobs = {}
+    for sig in (signal.SIGKILL, signal.SIGTERM):
+        pid_dir = tmp_path / sig.name
+        pid_dir.mkdir()
+        jobs[sig] = (pid_dir, subprocess.Popen([sys.executable, str(script), str(pid_dir)], env=env,
+                                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE))
+    deadline = time.monotonic() + 120
+    while not all(len(list(d.glob("pid-*"))) == 2 for d, _ in jobs.values()) and time.monotonic() < deadline:
+        assert all(p.poll() is None for _, p in jobs.values()), [p.stderr.read() for _, p in jobs.values()]
+        time.sleep(0.1)
+    ranks = {sig: [int(f.read_text()) for f in d.glob("pid-*")] for sig, (d, _) in jobs.items()}
+    assert all(len(r) == 2 for r in ranks.values()), "the ranks never started"
+    for sig, (_, launcher) in jobs.items():
+        launcher.send_signal(sig)
+    time.sleep(5)
+    alive = {sig.name: [p for p in pids if not _gone(p)] for sig, pids in ranks.items()}
+    for _, launcher in jobs.values():
+        launcher.wait(30)
+        launcher.stderr.close()
+    for pids in alive.values():                  # clean up before asserting
+        for p in pids:
+            os.kill(p, signal.SIGKILL)
+    assert not any(alive.values()), f"ranks alive 5 s after their launcher got the signal: {alive}"
+    left = [p.name for p in scratch.iterdir() if p.name.startswith("minimega-")]
+    assert not left, f"work directories left behind by the dead launchers: {left}"
+
+
+def _forkserver_pid():
+    from multiprocessing import forkserver
+    return forkserver._forkserver._forkserver_pid
+
+
+def test_environment_set_after_the_first_launch_reaches_the_ranks(monkeypatch):
+    sys.modules["minimega.launch"]._stop_forkserver()                          # a forkserver started with OLD set ...
+    monkeypatch.setenv("MINIMEGA_TEST_OLD", "1")
+    names = ["MINIMEGA_TEST_OLD", "MINIMEGA_TEST_NEW"]
+    assert mm.launch(_environment, 1, names, timeout=60)[0]["MINIMEGA_TEST_OLD"] == "1"
+    monkeypatch.delenv("MINIMEGA_TEST_OLD")                   # ... then the caller's environment changes
+    monkeypatch.setenv("MINIMEGA_TEST_NEW", "after the first launch")
+    out = mm.launch(_environment, 2, names, timeout=60)
+    assert [{n: o[n] for n in names} for o in out] == [{"MINIMEGA_TEST_OLD": None,
+                                                       "MINIMEGA_TEST_NEW": "after the first launch"}] * 2
+
+
+def test_an_edited_source_or_a_dead_forkserver_starts_a_fresh_one(monkeypatch):
+    first = mm.launch(_environment, 1, [], timeout=60)[0]["ppid"]
+    assert first == _forkserver_pid()
+    source = Path(mm.__file__)                                # an edit to minimega: a newer mtime
+    stat = source.stat()
+    try:
+        newest = sys.modules["minimega.launch"]._source_stamp()
+        os.utime(source, (stat.st_atime, newest + 10))
+        second = mm.launch(_environment, 1, [], timeout=60)[0]["ppid"]
+    finally:
+        os.utime(source, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    assert second != first and second == _forkserver_pid()
+    os.kill(second, signal.SIGKILL)                           # a forkserver killed between two jobs
+    time.sleep(0.2)
+    third = mm.launch(_environment, 1, [], timeout=60)[0]["ppid"]
+    assert third not in (first, second)
+    from multiprocessing import forkserver                    # one dying while ranks start: retried once
+    real, calls = forkserver.read_signed, []
+
+    def dies_once(fd):
+        calls.append(fd)
+        if len(calls) == 1:
+            raise EOFError
+        return real(fd)
+    monkeypatch.setattr(forkserver, "read_signed", dies_once)
+    assert len(mm.launch(_environment, 2, [], timeout=60)) == 2 and len(calls) > 1
+    launch_module = sys.modules["minimega.launch"]              # dying every time: one line, no EOFError
+    restarts = []
+    monkeypatch.setattr(launch_module, "_stop_forkserver", lambda: restarts.append(1))   # (spare the restarts)
+    monkeypatch.setattr(forkserver, "read_signed", lambda fd: (_ for _ in ()).throw(EOFError()))
+    with pytest.raises(RuntimeError, match=r"^launch\(\): could not start the ranks: the forkserver died while "
+                                           r"starting them, twice \(EOFError"):
+        mm.launch(_environment, 2, [], timeout=60)
+    assert restarts == [1]

@@ -8,7 +8,10 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
+import signal
 import sys
+import threading
 import time
 import typing
 
@@ -71,6 +74,15 @@ def _train_parser(sub) -> None:
     p.add_argument("--save-every", type=int, default=0, help="save a checkpoint every N steps (0: never)")
     p.add_argument("--resume", default=None, help="continue from the latest checkpoint in this directory")
     p.add_argument("--show-schedule", action="store_true", help="print the pipeline's rank x time grid of the last step")
+    p.add_argument("--timeout", type=float, default=300.0,
+                   help="watchdog: seconds a collective may wait, or a rank stay silent, before the job is ended "
+                        "naming the stuck rank (default: 300)")
+    p.add_argument("--max-restarts", type=int, default=0,
+                   help="when a rank dies, restart the job from the latest checkpoint in --save-dir up to N "
+                        "times (default: 0)")
+    p.add_argument("--min-nproc", type=int, default=None,
+                   help="let a restart drop the failed ranks and continue on as few as M ranks, resharding on "
+                        "load (default: --nproc, i.e. always restart at full size)")
     _add_config_flags(p)
     p.set_defaults(func=_cmd_train)
 
@@ -85,15 +97,40 @@ def build_train_config(args: argparse.Namespace, dp: int) -> TrainConfig:
     return TrainConfig(**overrides)
 
 
+FAULT_STEP_ENV = "MINIMEGA_FAULT_STEP"
+"""Fault injection for tests and the lab: ``"<rank>:<step>"`` makes that rank SIGKILL itself once it has
+finished that step, on the first attempt only (``MINIMEGA_RESTART_COUNT`` = 0), as a lost node would."""
+RESTART_ENV = "MINIMEGA_RESTART_COUNT"
+"""Which attempt this is (0 first); set by ``minimega train`` for its ranks, like torchrun's
+TORCHELASTIC_RESTART_COUNT."""
+
+
+def _maybe_fault(rank: int, step: int) -> None:
+    spec = os.environ.get(FAULT_STEP_ENV)
+    if not spec or os.environ.get(RESTART_ENV, "0") != "0":
+        return
+    try:
+        fault_rank, fault_step = (int(v) for v in spec.split(":"))
+    except ValueError:
+        raise ValueError(f"{FAULT_STEP_ENV}={spec!r}: expected '<rank>:<step>', e.g. '1:7'") from None
+    if (rank, step) == (fault_rank, fault_step):
+        sys.stdout.flush(), sys.stderr.flush()
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
 def train_worker(preset: str, config: TrainConfig, steps: int, show: bool, ckpt: dict | None = None,
                  show_schedule: bool = False) -> dict:
-    """What every rank of ``minimega train`` runs; rank 0 draws the progress bar."""
+    """What every rank of ``minimega train`` runs; rank 0 draws the progress bar.
+
+    ``steps`` more steps are run from wherever the job starts, unless ``ckpt["until"]`` names the step to
+    end at (an elastic restart resumes part-way and runs only what is left).
+    """
     import torch
 
     from . import comm, data
     from .engine import initialize
     from .mesh import ParallelDims, init_mesh
-    from .launch import current_world_size
+    from .launch import current_world_size, report_step
     from .model import GPT
 
     dims = ParallelDims.infer(current_world_size(), tp=config.tp, pp=config.pp)
@@ -105,6 +142,9 @@ def train_worker(preset: str, config: TrainConfig, steps: int, show: bool, ckpt:
     if ckpt.get("resume"):
         engine.load(ckpt["resume"])
     first = engine.step
+    report_step(first)
+    if ckpt.get("until") is not None:
+        steps = ckpt["until"] - first
     seq = config.seq_len or model.config.block_size
     tokens_per_step = config.batch_size * seq
     start = time.perf_counter()
@@ -112,6 +152,8 @@ def train_worker(preset: str, config: TrainConfig, steps: int, show: bool, ckpt:
         loss = engine.train_step(batch)
         if ckpt.get("every") and engine.step % ckpt["every"] == 0:
             engine.save(ckpt["dir"])
+        report_step(engine.step)
+        _maybe_fault(mesh.rank, engine.step)
         if show and mesh.rank == 0:
             elapsed = time.perf_counter() - start
             done = (step + 1) / steps
@@ -123,15 +165,82 @@ def train_worker(preset: str, config: TrainConfig, steps: int, show: bool, ckpt:
         print(file=sys.stderr)
     sent = engine.comm_log.total_sent()
     total_sent = comm.all_reduce(torch.tensor([sent], dtype=torch.float64), mesh.world).item()
-    return {"losses": engine.losses, "wall_s": wall, "tokens_per_s": tokens_per_step * steps / wall,
+    return {"losses": engine.losses, "first_step": first, "wall_s": wall,
+            "tokens_per_s": tokens_per_step * steps / wall if steps else 0.0,
             "sent_bytes_rank": sent, "sent_bytes_all_ranks": total_sent,
             "params": model.num_params(), "memory": engine.memory(),
             "pipeline_timeline": engine.pipeline.events if show_schedule and engine.pipeline and mesh.dp_rank == 0
             and mesh.tp_rank == 0 else None}
 
 
+def _checkpoint_step(directory) -> int:
+    from . import checkpoint
+    path = checkpoint.resolve(directory)          # fails here, before any rank starts, if there is none
+    return int(json.loads((path / "manifest.json").read_text())["step"])
+
+
+def _shrink(nproc: int, lost: int, min_nproc: int, config: TrainConfig) -> int | None:
+    """The largest world size that fits without the lost ranks: >= min_nproc, a multiple of tp*pp, and a
+    dp that divides the global batch. None if there is none."""
+    for n in range(nproc - lost, min_nproc - 1, -1):
+        if n % (config.tp * config.pp) == 0 and config.batch_size % (n // (config.tp * config.pp)) == 0:
+            return n
+    return None
+
+
+# --8<-- [start:elastic]
+def _run_elastic(args: argparse.Namespace, config: TrainConfig, ckpt: dict, min_nproc: int) -> list:
+    """Launch; when a rank dies, relaunch from the latest complete checkpoint, as torchrun's elastic agent does.
+
+    Every attempt is a fresh job: new processes, a new process group, the state read back from disk. A
+    failed rank's slot is dropped only if ``--min-nproc`` allows it (torchrun's ``--nnodes=MIN:MAX``: a lost
+    node does not come back); the checkpoint reshards onto the smaller world on load.
+    """
+    from . import checkpoint
+    from .launch import LaunchTimeout, WorkerError, launch
+
+    nproc, attempt = args.nproc, 0
+    ckpt["restarts"] = []
+    saved = os.environ.get(RESTART_ENV)
+    while True:
+        os.environ[RESTART_ENV] = str(attempt)        # the ranks get the launcher's environment as it is now
+        try:
+            return launch(train_worker, nproc, args.preset, config, args.steps, not args.json, ckpt,
+                          args.show_schedule, backend=args.backend, timeout=args.timeout)
+        except WorkerError as err:
+            if attempt >= args.max_restarts:
+                raise
+            attempt += 1
+            latest = checkpoint.resolve_or_none(ckpt["dir"])
+            resume_step = _checkpoint_step(latest) if latest else 0
+            if nproc > min_nproc:
+                smaller = _shrink(nproc, 1, min_nproc, config)
+                nproc = smaller or nproc
+            failed_at = err.step if err.step is not None else resume_step
+            why = str(err).splitlines()[0]
+            event = {"attempt": attempt, "rank": err.rank, "step": failed_at, "resume_step": resume_step,
+                     "redone": max(0, failed_at - resume_step), "nproc": nproc,
+                     "watchdog": isinstance(err, LaunchTimeout), "error": why}
+            ckpt["restarts"].append(event)
+            print(f"\nminimega train: restart {attempt}/{args.max_restarts}: rank {err.rank} failed at step "
+                  f"{failed_at} ({why}); resuming on {nproc} rank(s) from "
+                  + (f"the checkpoint at step {resume_step}" if latest else "step 0 (no checkpoint yet)")
+                  + f": {event['redone']} step(s) redone", file=sys.stderr, flush=True)
+            ckpt["resume"] = str(latest) if latest else None
+        finally:
+            if saved is None:
+                os.environ.pop(RESTART_ENV, None)
+            else:
+                os.environ[RESTART_ENV] = saved
+# --8<-- [end:elastic]
+
+
+def _terminated(signum, frame):
+    """SIGTERM (kill, a scheduler's preemption) unwinds like Ctrl-C: launch() stops the ranks on the way out."""
+    raise SystemExit(128 + signum)
+
+
 def _cmd_train(args: argparse.Namespace) -> int:
-    from .launch import launch
     from .mesh import ParallelDims
 
     if args.nproc < 1:
@@ -151,15 +260,31 @@ def _cmd_train(args: argparse.Namespace) -> int:
     save_dir = args.save_dir or args.resume
     if args.save_every and not save_dir:
         raise ValueError("--save-every needs --save-dir (or --resume) to know where to write")
-    ckpt = {"resume": args.resume, "every": args.save_every, "dir": save_dir}
-    results = launch(train_worker, args.nproc, args.preset, config, args.steps, not args.json, ckpt,
-                     args.show_schedule, backend=args.backend)
+    if args.timeout <= 0:
+        raise ValueError(f"--timeout must be positive seconds, got {args.timeout:g}")
+    if args.max_restarts < 0:
+        raise ValueError(f"--max-restarts must be >= 0, got {args.max_restarts}")
+    if args.max_restarts and not args.save_every:
+        raise ValueError("--max-restarts needs --save-dir and --save-every: a restart resumes from the latest "
+                         "checkpoint (without one it would start over from step 0)")
+    min_nproc = args.nproc if args.min_nproc is None else args.min_nproc
+    if not 1 <= min_nproc <= args.nproc:
+        raise ValueError(f"--min-nproc must lie in [1, --nproc={args.nproc}], got {min_nproc}")
+    if min_nproc < args.nproc and not args.max_restarts:
+        raise ValueError("--min-nproc only matters with --max-restarts: a job that never restarts never shrinks")
+    start = _checkpoint_step(args.resume) if args.resume else 0
+    ckpt = {"resume": args.resume, "every": args.save_every, "dir": save_dir, "until": start + args.steps}
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _terminated)
+    results = _run_elastic(args, config, ckpt, min_nproc)
     if args.show_schedule and pp > 1:
         from .pipeline.printer import grid_from_timelines, render
         rows = [r["pipeline_timeline"] for r in results if r["pipeline_timeline"] is not None]
         print(render(grid_from_timelines(rows, step=args.steps - 1)), file=sys.stderr)
     r0 = results[0]
-    summary = {"first_loss": r0["losses"][0], "final_loss": r0["losses"][-1], "steps": args.steps,
+    losses = r0["losses"] or [float("nan")]           # a restart at the very end has no step left to run
+    summary = {"first_loss": losses[0], "final_loss": losses[-1], "steps": args.steps,
+               "nproc": len(results), "first_step": r0["first_step"], "restarts": ckpt.get("restarts", []),
                "wall_s": round(r0["wall_s"], 3), "tokens_per_s": round(r0["tokens_per_s"], 1),
                "params": r0["params"], "algorithmic_bytes_sent_all_ranks": r0["sent_bytes_all_ranks"],
                "losses": r0["losses"]}
@@ -273,7 +398,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.func(args)
     except WorkerError as exc:       # a rank failed: its message already names it and carries its traceback
-        print(f"minimega {args.command}: {exc}", file=sys.stderr)
+        print(f"\nminimega {args.command}: {exc}", file=sys.stderr)      # below any progress bar
         return 1
     except (ValueError, CheckpointError) as exc:   # configuration mistakes, unusable checkpoints: one line
         print(f"minimega {args.command}: error: {exc}", file=sys.stderr)

@@ -88,9 +88,15 @@ class CommRecord:
     start: float
     end: float | None = None
     tag: str = ""
+    cuda_events: tuple | None = None
+    """On CUDA: (start, end) `torch.cuda.Event`s recorded on the current stream; they time the GPU's work,
+    where the host clocks above only time the enqueue of an asynchronous kernel."""
 
     @property
     def seconds(self) -> float:
+        if self.cuda_events is not None and self.cuda_events[1] is not None:
+            self.cuda_events[1].synchronize()
+            return self.cuda_events[0].elapsed_time(self.cuda_events[1]) / 1e3      # ms -> s
         return (self.end or self.start) - self.start
 
 
@@ -137,15 +143,23 @@ class CommLog:
 
 
 _ACTIVE: list[CommLog] = []
+WATCH = None
+"""In a rank that `minimega.launch` started: its `RankStatus`, told each collective entered and left, so
+the launcher's watchdog can name the last collective a stuck rank entered."""
 
 
 # --8<-- [start:record]
 def _record(op: str, group: Group, tensor: torch.Tensor, elements: int, tag: str = "") -> CommRecord | None:
+    if WATCH is not None:
+        WATCH.enter(op, group.name)
     if not _ACTIVE:
         return None
     size = elements * tensor.element_size()
     rec = CommRecord(op, group.name, group.size, str(tensor.dtype).removeprefix("torch."), elements, size,
                      _RING_FACTOR[op](group.size) * size, time.perf_counter(), tag=tag)
+    if _on_gpu(tensor):
+        rec.cuda_events = (_cuda_event(), None)
+        rec.cuda_events[0].record()
     for log in _ACTIVE:
         log.records.append(rec)
     return rec
@@ -245,9 +259,11 @@ class Handle:
             _sleep_until(self._ready_at)
             _STATE["blocked"] += time.perf_counter() - t
             self._works, self._pending = [], False
+            if WATCH is not None:
+                WATCH.leave()
             now = time.perf_counter()
             for rec in self._records:
-                rec.end = now
+                _stamp_end(rec, now)
             _in_flight(id(self), ())
         return self.result
 
@@ -288,9 +304,28 @@ def _finish(work, rec, result, async_op, ready_at: float = 0.0, buffers=()):
         Handle([work], [rec], result, ready_at, buffers).wait()
     else:
         _sleep_until(ready_at)
+        if WATCH is not None:
+            WATCH.leave()
         if rec is not None:
-            rec.end = time.perf_counter()
+            _stamp_end(rec, time.perf_counter())
     return Handle(result=result) if async_op else result
+
+
+def _on_gpu(tensor: torch.Tensor) -> bool:
+    return tensor.is_cuda
+
+
+def _cuda_event():
+    return torch.cuda.Event(enable_timing=True)
+
+
+def _stamp_end(rec: CommRecord, now: float) -> None:
+    """The host time, and on CUDA an end event in stream order (after ``wait()``, the current stream has
+    been made to wait for the collective, so the event completes when the collective does)."""
+    rec.end = now
+    if rec.cuda_events is not None:
+        rec.cuda_events = (rec.cuda_events[0], _cuda_event())
+        rec.cuda_events[1].record()
 
 
 # ------------------------------------------------------------------------------------------------
@@ -395,7 +430,11 @@ def batch_p2p(ops: list[P2P], group: Group) -> Handle:
 
 def barrier(group: Group) -> None:
     if group.size > 1:
+        if WATCH is not None:
+            WATCH.enter("barrier", group.name)
         dist.barrier(group=group.pg)
+        if WATCH is not None:
+            WATCH.leave()
 
 
 def all_gather_object(obj, group: Group) -> list:
@@ -403,5 +442,9 @@ def all_gather_object(obj, group: Group) -> list:
     if group.size == 1:
         return [obj]
     out = [None] * group.size
+    if WATCH is not None:
+        WATCH.enter("all_gather_object", group.name)
     dist.all_gather_object(out, obj, group=group.pg)
+    if WATCH is not None:
+        WATCH.leave()
     return out

@@ -11,10 +11,19 @@ Failure is the common case when learning, so the launcher is built around it:
 - a rank that dies without raising (``os._exit``, a signal, a crash in native code): the parent sees
   the exit code and reports that instead;
 - either way the surviving ranks are terminated at once, so a peer blocked in a collective never
-  keeps the caller waiting; ``timeout`` bounds everything else (a deadlock among live ranks).
+  keeps the caller waiting;
+- a rank that stops without dying (SIGSTOP, a deadlock, mismatched collectives) is caught by the
+  *watchdog*: every rank publishes a heartbeat and the last collective it entered (``all_reduce#12
+  group dp``) in a small shared-memory record; the launcher ends the job when a heartbeat is older
+  than ``timeout`` or a collective has waited longer than that, naming the rank and its collective
+  (`minimega.watchdog`);
+- the job dies with its launcher: each rank watches the launcher through a pipe whose write end only
+  the launcher holds, so SIGKILL of a script, the CLI or a notebook kernel ends every rank (EOF).
 
 Workers are forked from a *forkserver* that has already imported torch and minimega, so starting a
-rank costs a fork instead of a fresh 3-second ``import torch``. Under ``torchrun`` (RANK and
+rank costs a fork instead of a fresh 3-second ``import torch``. The forkserver follows its caller:
+each rank takes the caller's ``os.environ`` as it is at ``launch()``, and an edit to minimega's
+source (newer mtime) or a dead forkserver starts a fresh one. Under ``torchrun`` (RANK and
 WORLD_SIZE set in the environment) nothing is spawned: this process is one rank, it joins the group
 from the environment, runs ``fn`` and gathers every rank's result.
 """
@@ -26,6 +35,7 @@ import os
 import pickle
 import signal
 import sys
+import threading
 import tempfile
 import time
 import traceback
@@ -37,33 +47,66 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-__all__ = ["launch", "WorkerError", "LaunchTimeout", "resolve_backend", "current_world_size"]
+from .watchdog import (_FROZEN_S, _STATUS_BYTES, RankStatus, culprit, describe_exit, guard,
+                       report_step, snapshots, table, verdict)
+
+__all__ = ["launch", "WorkerError", "LaunchTimeout", "resolve_backend", "current_world_size", "report_step",
+           "DEFAULT_TIMEOUT"]
 
 _ENV_FLAG = "MINIMEGA_WORKER"          # set in spawned ranks, so a nested launch() is refused clearly
+DEFAULT_TIMEOUT = 300.0
+"""Seconds a collective may wait, or a rank stay silent, before the watchdog ends the job."""
 
 
 class WorkerError(RuntimeError):
     """A rank failed. ``rank`` is the first rank that failed; ``remote_traceback`` is its traceback."""
 
-    def __init__(self, message: str, rank: int, exc_type: str = "", remote_traceback: str = ""):
+    def __init__(self, message: str, rank: int, exc_type: str = "", remote_traceback: str = "",
+                 ranks: list[dict] | None = None):
         super().__init__(message)
         self.rank, self.exc_type, self.remote_traceback = rank, exc_type, remote_traceback
+        self.ranks = ranks or []
+        """Each rank's last published status: step, last collective entered, heartbeat age (see `RankStatus`)."""
+
+    @property
+    def step(self) -> int | None:
+        """The failed rank's last reported step (`report_step`), or None if it reported none."""
+        steps = [r["step"] for r in self.ranks if r["rank"] == self.rank and r["step"] >= 0]
+        return steps[0] if steps else None
 
 
 class LaunchTimeout(WorkerError, TimeoutError):
-    """The job ran past ``timeout``; every rank was killed."""
+    """The watchdog ended the job: a rank went silent or a collective waited past ``timeout``."""
 
 
-def resolve_backend(backend: str, world_size: int) -> str:
-    """'auto' means NCCL with one GPU per rank when enough GPUs exist, else gloo on CPU."""
+def resolve_backend(backend: str, world_size: int, local_world_size: int | None = None,
+                    device_count: int | None = None) -> str:
+    """'auto' means NCCL when every rank *on this machine* has a GPU, else gloo on CPU.
+
+    ``local_world_size`` is the number of ranks sharing this machine's GPUs: all of them for a local
+    launch, ``LOCAL_WORLD_SIZE`` under torchrun across nodes (comparing the node's GPUs with the *global*
+    world size would fall back to gloo on every multi-node job).
+    """
+    local = world_size if local_world_size is None else local_world_size
+    gpus = (torch.cuda.device_count() if torch.cuda.is_available() else 0) if device_count is None else device_count
     if backend == "auto":
-        return "nccl" if torch.cuda.is_available() and torch.cuda.device_count() >= world_size else "gloo"
+        return "nccl" if gpus >= local >= 1 else "gloo"
     if backend not in ("gloo", "nccl"):
         raise ValueError(f"backend={backend!r}; choose 'auto', 'gloo' or 'nccl'")
-    if backend == "nccl" and torch.cuda.device_count() < world_size:
-        raise ValueError(f"backend='nccl' needs one GPU per rank: world_size={world_size} but "
-                         f"{torch.cuda.device_count()} CUDA device(s) are visible; use backend='gloo'")
+    if backend == "nccl" and gpus < local:
+        raise ValueError(f"backend='nccl' needs one GPU per rank: {local} rank(s) on this machine but "
+                         f"{gpus} CUDA device(s) are visible; use backend='gloo'")
     return backend
+
+
+def local_device_index(rank: int, env=None) -> int:
+    """The GPU this rank drives: ``LOCAL_RANK`` (set by torchrun and by `launch`), else the global rank.
+
+    Under torchrun across nodes rank 5 of a 2x4 job is local rank 1: ``rank % device_count()`` only
+    agrees when every node holds exactly as many ranks as GPUs, so the local rank is used, never a modulo.
+    """
+    env = os.environ if env is None else env
+    return int(env.get("LOCAL_RANK", rank))
 
 
 def current_world_size() -> int:
@@ -125,13 +168,24 @@ class _Job:
     backend: str
     workdir: str
     threads: int
-    timeout_s: float | None
+    timeout_s: float
+    env: dict
+    """The caller's os.environ at launch(): the forkserver's own, frozen at its start, is replaced by it."""
 
 
 def _die_with_parent() -> None:
-    """Ask Linux to SIGKILL this rank if its parent goes away, so no rank outlives the job."""
+    """Ask Linux to SIGKILL this rank if its parent (the forkserver) goes away. The launcher, which is not
+    the parent, is watched by `_guard`; this one also reaches a rank that is stopped (SIGSTOP)."""
     try:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)   # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
+def _name_process(name: str) -> None:
+    """Show ``minimega-rank3`` in ps/top (the kernel keeps 15 bytes)."""
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(15, name.encode()[:15], 0, 0, 0)   # PR_SET_NAME
     except OSError:
         pass
 
@@ -145,19 +199,34 @@ def _write_atomic(path: Path, payload: object) -> None:
 def _init_group(rank: int, world_size: int, backend: str, init_method: str, timeout_s: float | None):
     kwargs = {"timeout": timedelta(seconds=timeout_s)} if timeout_s else {}
     if backend == "nccl":
-        torch.cuda.set_device(rank % torch.cuda.device_count())
-        kwargs["device_id"] = torch.device("cuda", torch.cuda.current_device())
+        index = local_device_index(rank)
+        if index >= torch.cuda.device_count():
+            raise RuntimeError(f"rank {rank}: LOCAL_RANK={index} but only {torch.cuda.device_count()} CUDA "
+                               "device(s) are visible on this machine; start fewer ranks per node")
+        torch.cuda.set_device(index)
+        kwargs["device_id"] = torch.device("cuda", index)
     dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=world_size, **kwargs)
 
 
 def _rank_main(rank: int, job: _Job) -> None:
     _die_with_parent()
+    _name_process(f"minimega-rank{rank}" if rank < 100 else f"mm-rank{rank}")
+    os.environ.clear()                 # the caller's environment now, not the forkserver's from its start
+    os.environ.update(job.env)
     os.environ.update({_ENV_FLAG: "1", "RANK": str(rank), "WORLD_SIZE": str(job.world_size),
                        "LOCAL_RANK": str(rank), "LOCAL_WORLD_SIZE": str(job.world_size)})
     torch.set_num_threads(job.threads)
     out = Path(job.workdir)
+    from . import comm
+    comm.WATCH = status = RankStatus(out / f"status-{rank}")
+    status.beat()
+    threading.Thread(target=guard, args=(status, out), name="minimega-guard", daemon=True).start()
     try:
         _init_group(rank, job.world_size, job.backend, f"file://{out / 'rendezvous'}", job.timeout_s)
+        if job.world_size > 1:
+            # gloo's connect can finish on one side first: a rank whose fn returns at once would close its
+            # sockets while a peer is still connecting ("Connection closed by peer"). Meet once first.
+            dist.barrier()
         fn = job.fn.resolve() if isinstance(job.fn, _ScriptFunction) else job.fn
         result = fn(*job.args)
         _write_atomic(out / f"result-{rank}.pkl", result)
@@ -178,11 +247,33 @@ def _rank_main(rank: int, job: _Job) -> None:
 # The parent: start, watch, tear down.
 
 _CONTEXT = None
+_SOURCE_STAMP: float | None = None        # minimega's source mtime when the running forkserver started
+
+
+def _source_stamp() -> float:
+    """The newest mtime among minimega's own source files: an edit makes the preloaded copy stale."""
+    root = Path(__file__).parent
+    return max((p.stat().st_mtime for p in root.rglob("*.py")), default=0.0)
+
+
+def _stop_forkserver() -> None:
+    """Stop the forkserver (alive or dead); the next start launches a fresh one."""
+    from multiprocessing import forkserver
+    server = forkserver._forkserver
+    try:
+        server._stop()
+    except (ChildProcessError, OSError):            # it had died already: forget it
+        with server._lock:
+            server._forkserver_pid = server._forkserver_alive_fd = server._forkserver_address = None
 
 
 def _context():
-    """A forkserver that has imported torch once; every later rank is a cheap fork of it."""
-    global _CONTEXT
+    """A forkserver that has imported torch once; every later rank is a cheap fork of it.
+
+    It is restarted when minimega's source changed since it started (its preloaded modules would run the
+    old code); a forkserver that died is restarted by multiprocessing itself on the next start.
+    """
+    global _CONTEXT, _SOURCE_STAMP
     if _CONTEXT is None:
         if "forkserver" in mp.get_all_start_methods():
             _CONTEXT = mp.get_context("forkserver")
@@ -191,7 +282,26 @@ def _context():
             _CONTEXT.set_forkserver_preload(["torch", "torch.distributed", "torch._dynamo", "minimega"])
         else:
             _CONTEXT = mp.get_context("spawn")
+    if _CONTEXT.get_start_method() == "forkserver":
+        stamp = _source_stamp()
+        if _SOURCE_STAMP is not None and stamp != _SOURCE_STAMP:
+            _stop_forkserver()
+        _SOURCE_STAMP = stamp
     return _CONTEXT
+
+
+class _ForkserverDied(RuntimeError):
+    """The forkserver went away while ranks were being started."""
+
+
+def _start(procs: list) -> None:
+    """Start every rank; if the forkserver dies under us, stop those started and say so."""
+    try:
+        for p in procs:
+            p.start()
+    except (EOFError, ConnectionError, FileNotFoundError, OSError) as exc:
+        _terminate(procs)
+        raise _ForkserverDied(f"{type(exc).__name__}: {exc or 'connection closed'}") from None
 
 
 @contextmanager
@@ -215,20 +325,15 @@ def _main_module_hidden():
                 del main.__spec__
 
 
-def _describe_exit(code: int) -> str:
-    if code < 0:
-        try:
-            return f"was killed by signal {signal.Signals(-code).name}"
-        except ValueError:
-            return f"was killed by signal {-code}"
-    return f"exited with code {code} without raising (os._exit, sys.exit or a crash in native code)"
-
-
 def _terminate(procs: list, grace: float = 2.0) -> None:
     procs = [p for p in procs if p.pid is not None]          # only those that started
     for p in procs:
         if p.is_alive():
             p.terminate()
+            try:
+                os.kill(p.pid, signal.SIGCONT)               # a stopped rank takes SIGTERM only once resumed
+            except ProcessLookupError:
+                pass
     deadline = time.monotonic() + grace
     for p in procs:
         p.join(max(0.0, deadline - time.monotonic()))
@@ -245,12 +350,29 @@ def _failure(rank: int, code: int, workdir: Path, seen_at: float) -> dict:
         return {"rank": rank, "hard": False, "time": info["time"], "type": info["type"],
                 "message": info["message"], "traceback": info["traceback"]}
     # A rank that died without raising is the likeliest root cause: its peers' errors are collateral.
-    return {"rank": rank, "hard": True, "time": seen_at, "type": "", "message": _describe_exit(code),
+    return {"rank": rank, "hard": True, "time": seen_at, "type": "", "message": describe_exit(code),
             "traceback": ""}
 
 
-def _raise_failure(failures: list[dict], world_size: int) -> None:
+_BACKEND_ERRORS = ("RuntimeError", "DistError", "DistBackendError", "DistNetworkError", "DistStoreError")
+"""What a collective that gave up waiting raises (gloo: RuntimeError "Timed out waiting ...ms")."""
+
+
+def _raise_failure(failures: list[dict], world_size: int, snaps: list[dict], timeout: float, start: float) -> None:
     first = min(failures, key=lambda f: (not f["hard"], f["time"]))
+    if not first["hard"]:
+        # A peer's error is often collateral: it timed out waiting for a rank that froze or never came.
+        now = time.monotonic()
+        alive = [s for s in snaps if s["alive"]]
+        frozen = [s for s in alive if now - (s["heartbeat"] or start) > min(_FROZEN_S, timeout / 2)
+                  or s["state"].startswith("stopped")]
+        timed_out = first["type"] in _BACKEND_ERRORS and any(w in first["message"].lower()
+                                                              for w in ("timed out", "timeout"))
+        if frozen or timed_out:
+            stuck = (verdict(frozen, 0.0, start) if frozen
+                       else culprit(snaps[first["rank"]], snaps, now))
+            _raise_watchdog(stuck, world_size, snaps, timeout, failures,
+                            f"rank {first['rank']} raised {first['type']}: {first['message'].splitlines()[0][:200]}")
     head = (f"rank {first['rank']} of {world_size} failed with {first['type']}: {first['message']}"
             if first["type"] else f"rank {first['rank']} of {world_size} {first['message']}")
     others = [f for f in failures if f is not first]
@@ -262,7 +384,16 @@ def _raise_failure(failures: list[dict], world_size: int) -> None:
         lines.append("(the other ranks were stopped)")
     if first["traceback"]:
         lines += ["", f"--- traceback from rank {first['rank']} ---", first["traceback"].rstrip()]
-    raise WorkerError("\n".join(lines), first["rank"], first["type"], first["traceback"])
+    raise WorkerError("\n".join(lines), first["rank"], first["type"], first["traceback"], snaps)
+
+
+def _raise_watchdog(stuck: tuple[int, str], world_size: int, snaps: list[dict], timeout: float,
+                    failures: list[dict] = (), also: str = "") -> None:
+    rank, why = stuck
+    lines = [f"watchdog: rank {rank} of {world_size} {why}; every rank was stopped",
+             *([f"(meanwhile {also})"] if also else []), table(snaps, failures),
+             f"(timeout={timeout:g}s: raise it with --timeout or launch(timeout=) if a step legitimately takes longer)"]
+    raise LaunchTimeout("\n".join(lines), rank, ranks=snaps)
 
 
 def _under_torchrun() -> bool:
@@ -291,7 +422,10 @@ def launch(fn, world_size: int, *args, backend: str = "auto", timeout: float | N
         world_size: number of ranks (processes), >= 1.
         args: passed to ``fn`` on every rank; must pickle.
         backend: 'auto' (NCCL with one GPU per rank when there are enough GPUs, else gloo), 'gloo', 'nccl'.
-        timeout: seconds for the whole job (and for each collective); None waits as long as ranks live.
+        timeout: the watchdog's limit in seconds (None: DEFAULT_TIMEOUT, 300): the longest a collective may
+            wait or a rank may go without a heartbeat before the job is ended, naming the stuck rank and
+            the last collective it entered. It bounds waiting, not the job: a long run with live ranks
+            goes on.
         threads: torch intra-op threads per rank; default splits the CPU cores evenly across ranks.
 
     Returns:
@@ -299,15 +433,19 @@ def launch(fn, world_size: int, *args, backend: str = "auto", timeout: float | N
 
     Raises:
         WorkerError: a rank raised or died; the message names the rank and carries its traceback.
-        LaunchTimeout: the job ran past ``timeout``.
+        LaunchTimeout: the watchdog ended the job (a rank froze, or a collective waited past ``timeout``).
     """
     if not isinstance(world_size, int) or isinstance(world_size, bool) or world_size < 1:
         raise ValueError(f"launch(): world_size must be an integer >= 1, got {world_size!r}")
-    if timeout is not None and timeout <= 0:
-        raise ValueError(f"launch(): timeout must be positive seconds or None, got {timeout!r}")
-    backend = resolve_backend(backend, world_size)
+    if timeout is None:
+        timeout = DEFAULT_TIMEOUT
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
+        raise ValueError(f"launch(): timeout must be positive seconds (or None for {DEFAULT_TIMEOUT:g}), "
+                         f"got {timeout!r}")
     if _under_torchrun():
-        return _launch_torchrun(fn, world_size, args, backend, timeout)
+        local = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
+        return _launch_torchrun(fn, world_size, args, resolve_backend(backend, world_size, local), timeout)
+    backend = resolve_backend(backend, world_size)
     if os.environ.get(_ENV_FLAG):
         raise RuntimeError("launch() was called inside a rank that launch() started; call the worker directly "
                            "(a script that calls launch() at top level needs an `if __name__ == \"__main__\":` guard)")
@@ -316,19 +454,37 @@ def launch(fn, world_size: int, *args, backend: str = "auto", timeout: float | N
     if getattr(fn, "__module__", None) == "__main__":
         fn = _ScriptFunction(os.path.abspath(sys.modules["__main__"].__file__), fn.__qualname__)
 
+    env = dict(os.environ)
+    try:
+        return _run(fn, args, world_size, backend, timeout, threads, env)
+    except _ForkserverDied:
+        # A fresh forkserver, a fresh work directory: a half-started rank of the first try, whose
+        # launcher-side handle is gone, sees its sentinel close and ends itself without touching this one.
+        _stop_forkserver()
+    try:
+        return _run(fn, args, world_size, backend, timeout, threads, env)
+    except _ForkserverDied as exc:
+        raise RuntimeError(f"launch(): could not start the ranks: the forkserver died while starting them, "
+                           f"twice ({exc}); is the machine out of memory or processes?") from None
+
+
+def _run(fn, args: tuple, world_size: int, backend: str, timeout: float, threads: int, env: dict) -> list:
+    """One job: start the ranks, watch them, tear down, collect the results."""
     ctx = _context()
     with tempfile.TemporaryDirectory(prefix="minimega-") as tmp:
         workdir = Path(tmp)
-        job = _Job(fn, args, world_size, backend, tmp, threads, timeout)
+        for r in range(world_size):
+            (workdir / f"status-{r}").write_bytes(bytes(_STATUS_BYTES))
+        job = _Job(fn, args, world_size, backend, tmp, threads, timeout, env)
         procs = [ctx.Process(target=_rank_main, args=(r, job), name=f"minimega-rank{r}", daemon=True)
                  for r in range(world_size)]
-        start = time.monotonic()
         try:
             with _main_module_hidden():
-                for p in procs:
-                    p.start()
+                _start(procs)
+            start = time.monotonic()                 # the forkserver is up: from here on, ranks must beat
             failures: list[dict] = []
             settle_until = None
+            next_check = start
             while True:
                 for r, p in enumerate(procs):
                     if p.exitcode not in (None, 0) and all(f["rank"] != r for f in failures):
@@ -337,16 +493,17 @@ def launch(fn, world_size: int, *args, backend: str = "auto", timeout: float | N
                     # Give peers a moment to report their own errors, so the root cause is picked by time.
                     settle_until = settle_until or time.monotonic() + 0.5
                     if time.monotonic() >= settle_until or all(p.exitcode is not None for p in procs):
+                        snaps = snapshots(workdir, procs)
                         _terminate(procs)
-                        _raise_failure(failures, world_size)
+                        _raise_failure(failures, world_size, snaps, timeout, start)
                 elif all(p.exitcode == 0 for p in procs):
                     break
-                if timeout is not None and time.monotonic() - start > timeout:
-                    alive = [r for r, p in enumerate(procs) if p.exitcode is None]
-                    _terminate(procs)
-                    raise LaunchTimeout(f"job ran past timeout={timeout}s; ranks {alive} were still running "
-                                        "(a deadlock: mismatched collectives or a rank waiting on a peer?) "
-                                        "and were killed", alive[0] if alive else -1)
+                elif time.monotonic() >= next_check:
+                    next_check = time.monotonic() + 0.25
+                    snaps = snapshots(workdir, procs)
+                    if stuck := verdict(snaps, timeout, start):
+                        _terminate(procs)
+                        _raise_watchdog(stuck, world_size, snaps, timeout)
                 time.sleep(0.02)
         except BaseException:
             _terminate(procs)

@@ -129,7 +129,11 @@ def init_mesh(dims: ParallelDims | None = None) -> Mesh:
     world, rank = dist.get_world_size(), dist.get_rank()
     dims.check(world)
     backend = dist.get_backend()
-    device = torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")
+    device = torch.device("cpu")
+    if backend == "nccl":               # LOCAL_RANK, not rank % GPUs: right on every node of a multi-node job
+        from .launch import local_device_index
+        device = torch.device("cuda", local_device_index(rank))
+        torch.cuda.set_device(device)
     groups = {}
     for dim in ("dp", "tp", "pp"):
         for ranks in dims.group_ranks(dim):

@@ -1,0 +1,224 @@
+"""The watchdog: every rank's heartbeat and last collective, and the launcher's verdict on who is stuck.
+
+A collective has no idea how long to wait, and a rank that is stopped (SIGSTOP, a frozen node) or
+deadlocked cannot report anything. So each rank that `minimega.launch` starts owns a small record in
+shared memory (`RankStatus`, a memory-mapped file), and the launcher reads all of them:
+
+- a *guard thread* in each rank beats every ``HEARTBEAT_S`` and ends the rank when its launcher dies;
+- `minimega.comm` marks every collective entered and left (``all_reduce#12 group dp``, waiting since);
+- the launcher's `verdict` names the stuck rank: the one whose heartbeat is older than the timeout,
+  else, when a collective has waited too long, the peer that is not in it, or is in another one.
+
+Times are ``time.monotonic()``: one clock for every process on a Linux machine.
+"""
+from __future__ import annotations
+
+import mmap
+import multiprocessing as mp
+import os
+import shutil
+import signal
+import struct
+import time
+from pathlib import Path
+
+__all__ = ["RankStatus", "read_status", "report_step", "verdict", "HEARTBEAT_S"]
+
+HEARTBEAT_S = 0.5                      # how often each rank's guard thread beats (and checks its launcher)
+_STARTUP_S = 60.0                      # a fresh rank imports the worker's module before its first beat
+_GRACE_S = 3.0                         # beyond the timeout: lets the backend's own timeout error arrive first
+_FROZEN_S = 5.0                         # a heartbeat this old while a peer reports an error: that rank is the root cause
+
+
+# --8<-- [start:rank_status]
+_HEARTBEAT = struct.Struct("<d")                   # offset 0, written by the guard thread only
+_BODY = struct.Struct("<qqdq24s16s")               # offset 8: version, count, waiting_since, step, op, group
+_STATUS_BYTES = _HEARTBEAT.size + _BODY.size
+
+
+class RankStatus:
+    """This rank's heartbeat and last collective, in shared memory the launcher reads.
+
+    The main thread writes the body under a seqlock (``version`` odd while writing), so the launcher
+    never reads half an update; the guard thread writes only the heartbeat. Times are
+    ``time.monotonic()``, one clock for every process on the machine.
+    """
+
+    def __init__(self, path: Path):
+        self._file = open(path, "r+b")
+        self._map = mmap.mmap(self._file.fileno(), _STATUS_BYTES)
+        self.version, self.count, self.step = 0, 0, -1
+        self.waiting, self.op, self.group = 0.0, b"", b""
+
+    def beat(self) -> None:
+        _HEARTBEAT.pack_into(self._map, 0, time.monotonic())
+
+    def _publish(self) -> None:
+        self.version += 1                                   # odd: a write in progress
+        _BODY.pack_into(self._map, 8, self.version, self.count, self.waiting, self.step, self.op, self.group)
+        self.version += 1
+        struct.pack_into("<q", self._map, 8, self.version)
+
+    def enter(self, op: str, group: str) -> None:
+        """A collective starts (called by `minimega.comm`): count it, name it, start its wait clock."""
+        self.count += 1
+        self.op, self.group = op.encode()[:24], group.encode()[:16]
+        self.waiting = self.waiting or time.monotonic()
+        self._publish()
+
+    def leave(self) -> None:
+        """The collective (or the wait on an async one) returned."""
+        self.waiting = 0.0
+        self._publish()
+
+    def report_step(self, step: int) -> None:
+        self.step = step
+        self._publish()
+
+
+def read_status(path: Path) -> dict | None:
+    """The launcher's side: a consistent snapshot of one rank's record (None until the rank wrote it)."""
+    def version(raw: bytes) -> int:
+        return struct.unpack_from("<q", raw, 8)[0]
+    for _ in range(100):
+        first, second = path.read_bytes()[:_STATUS_BYTES], path.read_bytes()[:_STATUS_BYTES]
+        if version(first) % 2 == 0 and version(first) == version(second):    # no write in between
+            break
+    (heartbeat,) = _HEARTBEAT.unpack_from(second, 0)
+    written, count, waiting, step, op, group = _BODY.unpack_from(second, 8)
+    if not heartbeat:
+        return None
+    if not written:
+        step = -1
+    return {"heartbeat": heartbeat, "count": count, "waiting": waiting, "step": step,
+            "op": op.rstrip(b"\0").decode(errors="replace"), "group": group.rstrip(b"\0").decode(errors="replace")}
+# --8<-- [end:rank_status]
+
+
+def report_step(step: int) -> None:
+    """Tell the launcher which step this rank is on (shown when the job fails; used by elastic restarts).
+
+    A no-op outside a rank that `launch` started.
+    """
+    from . import comm
+    if comm.WATCH is not None:
+        comm.WATCH.report_step(step)
+
+
+# --8<-- [start:guard]
+def guard(status: RankStatus, workdir: Path | None = None) -> None:
+    """Each rank's guard thread: beat every HEARTBEAT_S, and end this rank the moment its launcher dies.
+
+    The launcher is not this process's parent (the forkserver is), so a parent-death signal cannot see
+    it. multiprocessing hands every child a *sentinel*: the read end of a pipe whose write end only the
+    launcher holds. The kernel closes it when the launcher dies, however it dies (SIGKILL included), and
+    the sentinel turns readable (EOF): nobody is left to collect this rank's result, nor to remove the
+    job's work directory, so the rank removes it on the way out.
+    """
+    from multiprocessing.connection import wait
+    parent = mp.parent_process()
+    sentinel = parent.sentinel if parent is not None else None
+    while True:
+        status.beat()
+        if sentinel is not None:
+            if wait([sentinel], HEARTBEAT_S):
+                if workdir is not None:
+                    shutil.rmtree(workdir, ignore_errors=True)
+                os.kill(os.getpid(), signal.SIGKILL)
+        else:
+            time.sleep(HEARTBEAT_S)
+# --8<-- [end:guard]
+
+
+def describe_exit(code: int) -> str:
+    if code < 0:
+        try:
+            return f"was killed by signal {signal.Signals(-code).name}"
+        except ValueError:
+            return f"was killed by signal {-code}"
+    return f"exited with code {code} without raising (os._exit, sys.exit or a crash in native code)"
+
+
+def process_state(pid: int | None) -> str:
+    """'stopped', 'running', ... from /proc (Linux); '' where unknown."""
+    try:
+        code = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return ""
+    return {"T": "stopped (SIGSTOP or a debugger)", "t": "stopped by a debugger", "R": "running",
+            "S": "sleeping", "D": "in uninterruptible I/O", "Z": "exited"}.get(code, code)
+
+
+def snapshots(workdir: Path, procs: list) -> list[dict]:
+    """Every rank's record, and whether its process was alive when it was read."""
+    out = []
+    for r, p in enumerate(procs):
+        try:
+            snap = read_status(workdir / f"status-{r}")
+        except OSError:
+            snap = None
+        out.append({"rank": r, "heartbeat": 0.0, "count": 0, "waiting": 0.0, "step": -1, "op": "", "group": "",
+                    **(snap or {}), "alive": p.exitcode is None, "pid": p.pid, "exitcode": p.exitcode,
+                    "state": process_state(p.pid) if p.exitcode is None else ""})
+    return out
+
+
+def collective(snap: dict) -> str:
+    return f"{snap['op']}#{snap['count']} (group {snap['group']})" if snap["count"] else "no collective yet"
+
+
+# --8<-- [start:verdict]
+def verdict(snaps: list[dict], timeout: float, start: float) -> tuple[int, str] | None:
+    """Who is stuck, and why, from every rank's record; None while all is well.
+
+    1. a rank whose heartbeat is older than ``timeout`` is frozen (stopped, or hung holding the GIL);
+    2. a rank that has waited in one collective longer than ``timeout`` is blocked by a peer: the culprit
+       is a peer that is not in a collective at all (deadlocked or busy elsewhere), else one that entered
+       a different collective (a mismatch), else the one furthest behind.
+    """
+    now = time.monotonic()
+    alive = [s for s in snaps if s["alive"]]
+    for s in alive:
+        silent = now - (s["heartbeat"] or start)
+        if silent > (timeout if s["heartbeat"] else max(timeout, _STARTUP_S)):
+            state = s["state"]
+            return s["rank"], (f"stopped responding: no heartbeat for {silent:.1f} s"
+                               + (f" (process state: {state})" if state else "")
+                               + f"; the last collective it entered: {collective(s)}")
+    blocked = [s for s in alive if s["waiting"] and now - s["waiting"] > timeout + _GRACE_S]
+    if not blocked:
+        return None
+    waiter = max(blocked, key=lambda s: now - s["waiting"])
+    return culprit(waiter, alive, now)
+
+
+def culprit(waiter: dict, alive: list[dict], now: float) -> tuple[int, str]:
+    others = [s for s in alive if s is not waiter]
+    waited = (f"rank {waiter['rank']} waited {now - waiter['waiting']:.1f} s in {collective(waiter)}"
+              if waiter["waiting"] else f"rank {waiter['rank']} timed out after {collective(waiter)}")
+    idle = [s for s in others if not s["waiting"]]
+    if idle:
+        s = min(idle, key=lambda s: s["count"])
+        return s["rank"], (f"never joined: {waited}, while this rank is not in any collective "
+                           f"(deadlocked or busy elsewhere); the last collective it entered: {collective(s)}")
+    odd = [s for s in others if (s["op"], s["group"]) != (waiter["op"], waiter["group"])]
+    if odd:
+        s = odd[0]
+        return s["rank"], (f"entered a different collective: {waited}, but this rank is in {collective(s)} "
+                           "(mismatched collectives: every rank must call the same ones in the same order)")
+    s = min(alive, key=lambda s: s["count"])
+    return s["rank"], f"is furthest behind: {waited}; the last collective it entered: {collective(s)}"
+# --8<-- [end:verdict]
+
+
+def table(snaps: list[dict], failures: list[dict] = ()) -> str:
+    now = time.monotonic()
+    raised = {f["rank"]: f["type"] for f in failures if f["type"]}
+    rows = []
+    for s in snaps:
+        where = collective(s) + (f", waiting {now - s['waiting']:.1f} s" if s["waiting"] else "")
+        step = f"step {s['step']}, " if s["step"] >= 0 else ""
+        life = ("running until stopped by the launcher" if s["alive"] else f"raised {raised[s['rank']]}"
+                if s["rank"] in raised else describe_exit(s["exitcode"]).split(" (")[0])
+        rows.append(f"  rank {s['rank']}: {step}last entered {where}; {life}")
+    return "\n".join(rows)
