@@ -370,3 +370,23 @@ def test_did_web_service_rotation_keeps_old_credentials_verifiable(tmp_path):
             result = credential.verify(cred, did_documents={did["id"]: did}, trusted_keys=trusted,
                                        status_list_credential=status)
             assert result.valid and result.claims["issuer_id"] == did["id"], result.errors
+
+
+def test_options_are_shuffled_per_attempt():
+    """Server-side: the right option of a 4-option item lands on every shown position across attempts."""
+    import random
+
+    from minimega.classroom.exam import draw
+    banks = load_exam_banks(BANKS, 3)
+    items = {(b.chapter, it.id): it for b in banks.values() for it in b.items}
+    positions: dict = {}
+    for seed in range(300):
+        for chapter, item_id, order, params in draw(banks, 3, random.Random(seed)):
+            item = items[(chapter, item_id)]
+            if item.type == "single" and len(item.choices) == 4:
+                key = next(i for i, c in enumerate(item.choices) if c.correct)
+                positions.setdefault(item_id, set()).add(order.index(key))
+                assert params is None
+            if item.parametric:
+                assert params and set(params) == set(item.params)
+    assert positions and all(p == {0, 1, 2, 3} for p in positions.values()), positions

@@ -178,9 +178,10 @@ def exam_page(root: Path, config) -> str:
 
     n_chapters = len(list((root / "quizzes" / "exam").glob("[0-9][0-9]-*.yaml")))
     rules = rules_text(ClassroomConfig(), n_chapters)
-    titles = json.dumps(chapter_titles(root, config), ensure_ascii=False).replace("</", "<\\/")
-    return (STATIC / "exam-body.html").read_text(encoding="utf-8").replace("{{rules}}", html.escape(rules)) + (
-        f'\n<script type="application/json" id="mm-exam-chapters">{titles}</script>\n')
+    titles = html.escape(json.dumps(chapter_titles(root, config), ensure_ascii=False), quote=True)
+    body = (STATIC / "exam-body.html").read_text(encoding="utf-8").replace("{{rules}}", html.escape(rules))
+    return body.replace('<div id="mm-exam" class="mm-exam">',
+                        f'<div id="mm-exam" class="mm-exam" data-chapters="{titles}">', 1)
 
 
 STATIC = Path(__file__).parent / "static"

@@ -52,7 +52,8 @@
   }
 
   function chapterTitle(q) {
-    const titles = JSON.parse(($("mm-exam-chapters") || {}).textContent || "{}");
+    let titles = {};
+    try { titles = JSON.parse(($("mm-exam") || { dataset: {} }).dataset.chapters || "{}"); } catch (e) { /* built without */ }
     return titles[String(q.chapter)] || q.chapter_title;
   }
 
@@ -86,6 +87,9 @@
     const m = /[#&]signin=([A-Za-z0-9_-]{16,128})/.exec(location.hash);
     if (!m) return;
     history.replaceState(null, "", location.pathname + location.search);   // the token is spent: drop it
+    // the site's instant navigation may run this page's script twice for one click: redeem once
+    const mark = `minimega.exam.redeemed.${m[1].slice(0, 16)}`;
+    try { if (sessionStorage.getItem(mark)) return; sessionStorage.setItem(mark, "1"); } catch (e) { /* private mode */ }
     try {
       const res = await call("POST", "/signin/confirm", { token: m[1] });
       setSession(res.session);
