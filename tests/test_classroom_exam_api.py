@@ -390,3 +390,43 @@ def test_options_are_shuffled_per_attempt():
             if item.parametric:
                 assert params and set(params) == set(item.params)
     assert positions and all(p == {0, 1, 2, 3} for p in positions.values()), positions
+
+
+@pytest.mark.parametrize("trust, expected", [([], [200, 200, 429]), (["--forwarded-allow-ips", "127.0.0.1"], [200, 200, 200])])
+def test_forwarded_for_is_trusted_only_when_configured(tmp_path, trust, expected):
+    """`minimega serve`'s uvicorn options: by default X-Forwarded-For from loopback cannot pick the address
+    the per-IP limits count."""
+    import argparse
+    import socket
+    import threading
+    import urllib.error
+    import urllib.request
+
+    uvicorn = pytest.importorskip("uvicorn")
+    from minimega.classroom.cli import add_serve_parser, uvicorn_options
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    parser = argparse.ArgumentParser()
+    add_serve_parser(parser.add_subparsers())
+    args = parser.parse_args(["serve", "--port", str(port), "--dev", *trust])
+    app = create_app(make_config(tmp_path, ip_signins_per_hour=2, base_url=f"http://127.0.0.1:{port}"))
+    server = uvicorn.Server(uvicorn.Config(app, **uvicorn_options(args)))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    while not server.started:
+        time.sleep(0.02)
+    codes = []
+    for i in range(3):
+        req = urllib.request.Request(f"http://127.0.0.1:{port}/api/v1/signin", method="POST",
+                                     data=json.dumps({"email": f"x{i}@example.org"}).encode(),
+                                     headers={"Content-Type": "application/json", "X-Forwarded-For": f"203.0.113.{i}"})
+        try:
+            with urllib.request.urlopen(req, timeout=10) as r:
+                codes.append(r.status)
+        except urllib.error.HTTPError as e:
+            codes.append(e.code)
+    server.should_exit = True
+    thread.join(timeout=10)
+    assert codes == expected
