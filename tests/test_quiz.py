@@ -144,7 +144,7 @@ def test_every_exam_numeric_item_is_parametric_and_states_its_precision():
     for it in numeric:
         for _ in range(30):
             concrete = instantiate(it, draw_params(it, rng))
-            assert "significant figures" in concrete.prompt and "accepted" in concrete.prompt
+            assert "significant figures" in concrete.prompt and ("accepted" in concrete.prompt or "exactly" in concrete.prompt)
             assert "{" not in concrete.question and "{" not in concrete.explain, it.id
             assert numeric_ok(concrete, round_sig(concrete.answer, concrete.sig))
             assert numeric_ok(concrete, float(f"{concrete.answer:.{concrete.sig}g}"))

@@ -107,7 +107,11 @@ class Item:
 
 
 def precision_note(item: Item) -> str:
+    """The sentence a numeric question ends with: how precise an answer must be to count."""
     unit = f" in {item.unit}" if item.unit else ""
+    if item.tolerance == 0:
+        return (f"Answer{unit} exactly (a value that is not whole may be rounded to {item.sig} significant "
+                "figures).")
     return (f"Answer{unit} to {item.sig} significant figures; answers within {item.tolerance * 100:g}% "
             "of the exact value are accepted.")
 
