@@ -430,3 +430,55 @@ def test_forwarded_for_is_trusted_only_when_configured(tmp_path, trust, expected
     server.should_exit = True
     thread.join(timeout=10)
     assert codes == expected
+
+
+def test_smtp_mailer_sends_the_link(tmp_path):
+    """SmtpMailer against a minimal local SMTP server (plain, no TLS): the link arrives in the body."""
+    import socket
+    import threading
+
+    from minimega.classroom.mailer import SmtpMailer
+
+    received = []
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(1)
+
+    def serve():
+        conn, _ = srv.accept()
+        f = conn.makefile("rwb")
+        f.write(b"220 test ESMTP\r\n")
+        f.flush()
+        data = False
+        for line in f:
+            if data:
+                if line == b".\r\n":
+                    data = False
+                    f.write(b"250 queued\r\n")
+                else:
+                    received.append(line.decode())
+            elif line.upper().startswith(b"EHLO"):
+                f.write(b"250 test\r\n")
+            elif line.upper().startswith(b"DATA"):
+                data = True
+                f.write(b"354 go\r\n")
+            elif line.upper().startswith(b"QUIT"):
+                f.write(b"221 bye\r\n")
+                f.flush()
+                break
+            else:
+                f.write(b"250 ok\r\n")
+            f.flush()
+        conn.close()
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    mailer = SmtpMailer("127.0.0.1", srv.getsockname()[1], "exam@course.example", starttls=False)
+    app = create_app(make_config(tmp_path, dev=False, smtp_host="127.0.0.1"), mailer=mailer)
+    with TestClient(app) as c:
+        r = c.post("/api/v1/signin", json={"email": "ada@example.org"})
+    thread.join(timeout=10)
+    srv.close()
+    assert r.status_code == 200 and r.json()["dev_link"] is None       # not in development: the link only goes by mail
+    body = "".join(received)
+    assert "To: ada@example.org" in body and "/exam/#signin=" in body
