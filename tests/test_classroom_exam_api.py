@@ -482,3 +482,13 @@ def test_smtp_mailer_sends_the_link(tmp_path):
     assert r.status_code == 200 and r.json()["dev_link"] is None       # not in development: the link only goes by mail
     body = "".join(received)
     assert "To: ada@example.org" in body and "/exam/#signin=" in body
+
+
+def test_bare_exam_page_without_a_site(client):
+    assert client.get("/exam/", follow_redirects=False).headers["location"] == "/exam-app/"
+    page = client.get("/exam-app/")
+    assert page.status_code == 200 and 'src = "exam.js"' in page.text and 'rel="icon"' in page.text
+    body = client.get("/exam-app/exam-body.html").text
+    for id_ in ("mm-exam-signin-form", "mm-exam-start-form", "mm-exam-finish", "mm-exam-review"):
+        assert f'id="{id_}"' in body
+    assert client.get("/exam-app/exam.js").status_code == 200 and client.get("/favicon.ico").status_code == 204
