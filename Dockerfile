@@ -52,4 +52,4 @@ VOLUME ["/app/var"]
 EXPOSE 8000 8888
 HEALTHCHECK --interval=30s --timeout=5s \
     CMD ["python3", "-c", "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8000/api/v1/health', timeout=4)"]
-CMD ["minimega", "serve", "--host", "0.0.0.0", "--port", "8000", "--no-build"]
+CMD ["minimega", "serve", "--host", "0.0.0.0", "--port", "8000", "--no-build", "--dev"]

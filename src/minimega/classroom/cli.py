@@ -50,6 +50,19 @@ def add_serve_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--attempts-per-day", type=int, default=d.attempts_per_day)
     p.add_argument("--ip-attempts-per-hour", type=int, default=d.ip_attempts_per_hour)
     p.add_argument("--ip-requests-per-minute", type=int, default=d.ip_requests_per_minute)
+    p.add_argument("--ip-signins-per-hour", type=int, default=d.ip_signins_per_hour)
+    p.add_argument("--fail-cooldown-s", type=float, default=d.fail_cooldown_s,
+                   help="wait after a failed attempt before the next (default 3600)")
+    p.add_argument("--body-limit-bytes", type=int, default=d.body_limit_bytes)
+    p.add_argument("--forwarded-allow-ips", default=None,
+                   help="comma-separated proxy addresses whose X-Forwarded-For/-Proto are trusted; default: none "
+                        "(per-IP limits use the socket's address)")
+    p.add_argument("--dev", action="store_true",
+                   help="development: sign-in links go to the log and the page instead of mail")
+    p.add_argument("--smtp-host", help="SMTP server for sign-in links (a deployment)")
+    p.add_argument("--smtp-port", type=int, default=d.smtp_port, help="587 STARTTLS (default) or 465 TLS")
+    p.add_argument("--smtp-user", help="SMTP login; the password is read from $MINIMEGA_SMTP_PASSWORD")
+    p.add_argument("--smtp-from", default=d.smtp_from)
     p.add_argument("--no-build", action="store_true", help="do not rebuild a stale site")
     p.set_defaults(func=run_serve)
     return p
@@ -67,7 +80,18 @@ def config_from_args(args) -> ClassroomConfig:
                            course_version=course_version, questions_per_chapter=args.questions_per_chapter,
                            pass_fraction=args.pass_fraction, attempts_per_day=args.attempts_per_day,
                            ip_attempts_per_hour=args.ip_attempts_per_hour,
-                           ip_requests_per_minute=args.ip_requests_per_minute)
+                           ip_requests_per_minute=args.ip_requests_per_minute,
+                           ip_signins_per_hour=args.ip_signins_per_hour, fail_cooldown_s=args.fail_cooldown_s, body_limit_bytes=args.body_limit_bytes,
+                           dev=args.dev, smtp_host=args.smtp_host, smtp_port=args.smtp_port,
+                           smtp_user=args.smtp_user, smtp_from=args.smtp_from)
+
+
+def uvicorn_options(args) -> dict:
+    """Proxy headers are off unless --forwarded-allow-ips names the proxies (uvicorn's own default
+    trusts 127.0.0.1, which lets any local client pick its address with one header)."""
+    allow = args.forwarded_allow_ips
+    return {"host": args.host, "port": args.port, "log_level": "warning",
+            "proxy_headers": bool(allow), "forwarded_allow_ips": allow or "", "server_header": False}
 
 
 def site_is_stale(site_dir: Path, root: Path = Path("."), pin: str | None = None) -> bool:
@@ -124,7 +148,9 @@ def run_serve(args) -> int:
         raise SystemExit(f"minimega serve: {err}")
     print(f"minimega serving {config.base_url}/  (exam: {config.base_url}/exam/, "
           f"verify: {config.base_url}/verify/)", flush=True)
-    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+    if config.dev:
+        print("development mode: sign-in links are printed here and shown on the page, not mailed", flush=True)
+    uvicorn.run(app, **uvicorn_options(args))
     return 0
 
 
