@@ -194,7 +194,19 @@ REFERENCE = {
     "fsdp-full-shard-gb": lambda psi, n: 16 * psi / n,
     "hsdp-gb": lambda psi, g, nodes: 16 * psi / g,
     "gathered-block-mb": lambda h, r, k: k * 2 * (4 * h * h + 2 * r * h * h) / 1e6,
+    # chapter 12: Narayanan et al. (2021) Eq. 3 and Eq. 4, and GPU-hours x price, written out again
+    "log-tflops-per-gpu": lambda b, s, l, h, v, n, x: _per_gpu_tflops(
+        96 * b * s * l * h ** 2 * (1 + s / (6 * h) + v / (16 * l * h)), n, x),
+    "training-days": lambda psi, tokens, n, x, r: (8 if r else 6) * tokens * psi * 1e18 / (n * x * 1e12) / 86400,
+    "run-cost-spares": lambda n, spare, days, price, overhead: (n + spare) * days * 24 * price
+                                                               * (1 + overhead / 100) / 1e6,
 }
+
+
+def _per_gpu_tflops(flops, n, x):
+    """TFLOP/s per GPU from the log's time, which the question prints to 3 significant figures."""
+    seconds = float(f"{flops / (n * x * 1e12):.3g}")
+    return flops / seconds / n / 1e12
 
 
 def test_template_answers_match_the_papers_formulas():
