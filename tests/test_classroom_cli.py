@@ -12,6 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from classroom_support import BANKS, ROOT, answer_key
+from minimega.classroom.exam import CHAPTERS
 
 ENV = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT / "src"), os.environ.get("PYTHONPATH")]))}
 
@@ -156,7 +157,7 @@ LOAD_THREADS, LOAD_ANSWERS = 20, 2000
 
 def test_load_every_answer_stored_once_and_survives_kill(server, capsys):
     base = server["base"]
-    per_attempt = 33
+    per_attempt = 3 * len(CHAPTERS)                       # --questions-per-chapter 3
     n_attempts = -(-LOAD_ANSWERS // per_attempt)
     db = server["tmp"] / "var" / "classroom.sqlite3"
     auths = [sign_in_http(base, f"load{i}@example.org") for i in range(n_attempts)]

@@ -1,6 +1,7 @@
 """Exam API: sign-in, no key shipped, answers recorded without feedback, review after, identity-keyed limits,
 cooldown, resume, HTTP hardening, concurrency, migrations, fuzzing."""
 import json
+import math
 import sqlite3
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -69,9 +70,9 @@ def test_answers_are_recorded_locked_and_say_nothing(client):
     aid = attempt["attempt_id"]
     key = answer_key(client.app.state.store, aid)
     r = client.post(f"/api/v1/attempts/{aid}/answers/1", json=key[1][1], headers=auth)       # wrong
-    assert r.status_code == 200 and r.json() == {"number": 1, "recorded": True, "answered": 1, "total": 11}
+    assert r.status_code == 200 and r.json() == {"number": 1, "recorded": True, "answered": 1, "total": len(CHAPTERS)}
     right = client.post(f"/api/v1/attempts/{aid}/answers/2", json=key[2][0], headers=auth)   # right
-    assert right.json() == {"number": 2, "recorded": True, "answered": 2, "total": 11}        # same words
+    assert right.json() == {"number": 2, "recorded": True, "answered": 2, "total": len(CHAPTERS)}  # same words
     again = client.post(f"/api/v1/attempts/{aid}/answers/1", json=key[1][0], headers=auth)
     assert again.status_code == 409 and "locked" in again.json()["detail"]
     assert client.post(f"/api/v1/attempts/{aid}/answers/99", json={"choice": 0}, headers=auth).status_code == 404
@@ -91,7 +92,7 @@ def test_review_after_finish_gives_keys_values_and_explanations(client):
         client.post(f"/api/v1/attempts/{aid}/answers/{n}", json=key[n][n % 2], headers=auth)
     client.post(f"/api/v1/attempts/{aid}/finish", headers=auth)
     review = client.get(f"/api/v1/attempts/{aid}/review", headers=auth).json()
-    assert review["score"] == 1 and len(review["items"]) == 11          # only question 2 was right
+    assert review["score"] == 1 and len(review["items"]) == len(CHAPTERS)  # only question 2 was right
     for item in review["items"]:
         n = item["number"]
         assert item["correct"] == (n == 2)
@@ -139,7 +140,7 @@ def test_limits_are_keyed_on_the_verified_email(client, clock):
     first = start(client, auth, "Alan Turing")
     again = start(client, auth, "Someone Else")                   # an open attempt is resumed, not re-spent
     assert again["attempt_id"] == first["attempt_id"] and again["resumed"] is True
-    client.post(f"/api/v1/attempts/{first['attempt_id']}/finish", headers=auth)       # 0 of 11: a fail
+    client.post(f"/api/v1/attempts/{first['attempt_id']}/finish", headers=auth)       # 0 right: a fail
     r = client.post("/api/v1/attempts", json={"display_name": "Alan"}, headers=auth)
     assert r.status_code == 429 and "cooldown" in r.json()["detail"]
     clock.t += 3601
@@ -324,8 +325,9 @@ def test_no_mailer_configured_is_refused(tmp_path):
 
 def test_exam_info_states_the_rules(client):
     info = client.get("/api/v1/exam").json()
-    assert (info["questions"], info["pass_mark"], info["attempts_per_day"]) == (11, 9, 2)
-    assert info["rules"].startswith("11 questions") and "9 correct answers" in info["rules"]
+    n = len(CHAPTERS)                                   # one question per chapter; 80% pass, rounded up
+    assert (info["questions"], info["pass_mark"], info["attempts_per_day"]) == (n, math.ceil(0.8 * n), 2)
+    assert info["rules"].startswith(f"{n} questions") and f"{math.ceil(0.8 * n)} correct answers" in info["rules"]
     assert "2 attempts per UTC day" in info["rules"] and "1 hour later" in info["rules"]
 
 

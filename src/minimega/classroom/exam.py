@@ -38,7 +38,7 @@ from . import quiz
 from .settings import ClassroomConfig
 from .store import Conflict, Store
 
-CHAPTERS = range(1, 12)
+CHAPTERS = range(1, 13)
 """Chapters that must have an exam bank; a bank for a later chapter is drawn from too."""
 
 
@@ -67,7 +67,7 @@ def chapter_plan(bank: quiz.Bank, per_chapter: int) -> tuple[int, int]:
 
 
 def load_exam_banks(folder: str | Path, per_chapter: int) -> dict[int, quiz.Bank]:
-    """Chapter -> bank; every chapter 1..11 must have a bank that can fill `per_chapter` questions."""
+    """Chapter -> bank; every chapter of `CHAPTERS` must have a bank that can fill `per_chapter` questions."""
     folder = Path(folder)
     if not folder.is_dir():
         raise ExamError(f"exam banks folder {folder} does not exist (expected quizzes/exam/NN-slug.yaml)")
