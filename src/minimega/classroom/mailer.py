@@ -69,5 +69,6 @@ def mailer_for(config) -> Mailer:
                           config.smtp_password_env, config.smtp_starttls)
     if config.dev:
         return DevMailer()
-    raise ValueError("no way to send sign-in links: pass --smtp-host (and --smtp-user, $MINIMEGA_SMTP_PASSWORD) "
-                     "for a deployment, or --dev to show links in the log and on the page")
+    raise ValueError("no way to send sign-in links: pass --smtp-host (and --smtp-user, $MINIMEGA_SMTP_PASSWORD; "
+                     "or $MINIMEGA_SMTP_HOST, $MINIMEGA_SMTP_USER) for a deployment, or --dev (MINIMEGA_DEV=1) "
+                     "to show links in the log and on the page, for local use only")
