@@ -4,12 +4,20 @@
 #   docker build -t minimega:cuda \
 #     --build-arg BASE=nvidia/cuda:12.8.1-cudnn-runtime-ubuntu24.04 \
 #     --build-arg TORCH_INDEX=https://download.pytorch.org/whl/cu128 .
-#   docker run -p 8000:8000 -v minimega-var:/app/var minimega    # http://127.0.0.1:8000/
+#   docker run -p 127.0.0.1:8000:8000 -v minimega-var:/app/var -e MINIMEGA_DEV=1 minimega   # your machine only
 #   docker run -p 8888:8888 minimega jupyter lab --ip 0.0.0.0 --no-browser --notebook-dir labs
+#
+# Sign-in links: the service refuses to start until it is told how to deliver them. A deployment mails
+# them: -e MINIMEGA_SMTP_HOST=smtp.example.org [-e MINIMEGA_SMTP_PORT=587 (STARTTLS) or 465 (TLS)]
+# -e MINIMEGA_SMTP_USER=… -e MINIMEGA_SMTP_PASSWORD=… -e MINIMEGA_SMTP_FROM="Course <exam@example.org>"
+# -e MINIMEGA_BASE_URL=https://<your host> (the origin the mailed links point to). MINIMEGA_DEV=1 shows
+# the links on the page and in the log instead: anyone who reaches the port can sign in as anyone, so
+# publish the port on 127.0.0.1 only, as above.
 #
 # The signing key: a development key is created in /app/var/keys on first start (the log says so
 # loudly). For real certificates pass -e MINIMEGA_SIGNING_KEY=z3u2… from a secret store and
-# --issuer-did did:web:<your host> --base-url https://<your host>.
+# -e MINIMEGA_ISSUER_DID=did:web:<your host>. On start the site is rebuilt when its pinned issuers
+# (/verify/trusted-issuers.json) are not this service's keys, so the verify page trusts them.
 ARG BASE=python:3.11-slim-bookworm
 FROM ${BASE}
 
@@ -50,6 +58,6 @@ RUN if [ -f mkdocs.yml ]; then mkdocs build -q; fi \
 USER 1000:1000
 VOLUME ["/app/var"]
 EXPOSE 8000 8888
-HEALTHCHECK --interval=30s --timeout=5s \
+HEALTHCHECK --interval=30s --timeout=5s --start-period=180s \
     CMD ["python3", "-c", "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8000/api/v1/health', timeout=4)"]
-CMD ["minimega", "serve", "--host", "0.0.0.0", "--port", "8000", "--no-build"]
+CMD ["minimega", "serve", "--host", "0.0.0.0", "--port", "8000"]

@@ -27,7 +27,7 @@ site: install
 	$(BIN)/mkdocs build --strict
 
 serve: install
-	$(BIN)/minimega serve --host 127.0.0.1 --port 8000
+	$(BIN)/minimega serve --host 127.0.0.1 --port 8000 --dev
 
 test: install
 	$(BIN)/python -m pytest -q

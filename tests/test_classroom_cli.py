@@ -11,7 +11,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from classroom_support import BANKS, ROOT, right_answer
+from classroom_support import BANKS, ROOT, answer_key
+from minimega.classroom.exam import CHAPTERS
 
 ENV = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT / "src"), os.environ.get("PYTHONPATH")]))}
 
@@ -47,9 +48,9 @@ def free_port():
         return s.getsockname()[1]
 
 
-def call(base, method, path, body=None):
+def call(base, method, path, body=None, headers=None):
     req = urllib.request.Request(base + path, method=method, data=None if body is None else json.dumps(body).encode(),
-                                 headers={"Content-Type": "application/json"})
+                                 headers={"Content-Type": "application/json", **(headers or {})})
     try:
         with urllib.request.urlopen(req, timeout=30) as r:
             return r.status, json.loads(r.read() or b"null")
@@ -64,7 +65,8 @@ def server(tmp_path_factory):
     log = open(tmp / "serve.log", "w")
     args = ["serve", "--port", port, "--var-dir", tmp / "var", "--site-dir", tmp / "site", "--banks-dir", BANKS,
             "--questions-per-chapter", 3, "--no-build", "--ip-attempts-per-hour", 100000,
-            "--ip-requests-per-minute", 1000000, "--attempts-per-day", 100]
+            "--ip-requests-per-minute", 1000000, "--attempts-per-day", 100, "--dev",
+            "--ip-signins-per-hour", 100000]
     proc = subprocess.Popen([sys.executable, "-m", "minimega.classroom.cli", *map(str, args)],
                             stdout=log, stderr=subprocess.STDOUT, env=ENV, cwd=tmp)
     base = f"http://127.0.0.1:{port}"
@@ -85,19 +87,30 @@ def server(tmp_path_factory):
     log.close()
 
 
-def pass_via_http(base, name):
-    status, attempt = call(base, "POST", "/api/v1/attempts", {"display_name": name})
+def sign_in_http(base, email):
+    status, sent = call(base, "POST", "/api/v1/signin", {"email": email})
+    assert status == 200, sent
+    status, session = call(base, "POST", "/api/v1/signin/confirm", {"token": sent["dev_link"].split("#signin=")[1]})
+    assert status == 200, session
+    return {"Authorization": f"Bearer {session['session']}"}
+
+
+def pass_via_http(base, name, db):
+    auth = sign_in_http(base, f"{name.replace(' ', '.').lower()}@example.org")
+    status, attempt = call(base, "POST", "/api/v1/attempts", {"display_name": name}, auth)
     assert status == 201, attempt
+    key = answer_key(db, attempt["attempt_id"])
     for q in attempt["questions"]:
-        assert call(base, "POST", f"/api/v1/attempts/{attempt['attempt_id']}/answers/{q['number']}", right_answer(q))[0] == 200
-    status, fin = call(base, "POST", f"/api/v1/attempts/{attempt['attempt_id']}/finish")
+        assert call(base, "POST", f"/api/v1/attempts/{attempt['attempt_id']}/answers/{q['number']}",
+                    key[q["number"]][0], auth)[0] == 200
+    status, fin = call(base, "POST", f"/api/v1/attempts/{attempt['attempt_id']}/finish", None, auth)
     assert status == 200 and fin["passed"]
     return fin["credential"]["code"]
 
 
 def test_cli_round_trip_revoke_and_rotate(server, tmp_path, capsys):
     base, var = server["base"], server["tmp"] / "var"
-    code = pass_via_http(base, "Katherine Johnson")
+    code = pass_via_http(base, "Katherine Johnson", var / "classroom.sqlite3")
     with urllib.request.urlopen(f"{base}/api/v1/credentials/{code}") as r:
         cred = json.loads(r.read())
     path = tmp_path / "cert.json"
@@ -127,7 +140,7 @@ def test_cli_round_trip_revoke_and_rotate(server, tmp_path, capsys):
     assert cli_fast(capsys, "cert", "revoke", "ZZZZ-ZZZZ-ZZZZ-ZZZZ-Z", "--var-dir", var).returncode != 0
 
     svg_path = tmp_path / "cert.svg"
-    code2 = pass_via_http(base, "Dorothy Vaughan")
+    code2 = pass_via_http(base, "Dorothy Vaughan", var / "classroom.sqlite3")
     with urllib.request.urlopen(f"{base}/certificates/{code2}.svg") as r:
         svg_path.write_bytes(r.read())
     assert cli_fast(capsys, "cert", "verify", svg_path, "--issuer-url", base).returncode == 0
@@ -144,14 +157,19 @@ LOAD_THREADS, LOAD_ANSWERS = 20, 2000
 
 def test_load_every_answer_stored_once_and_survives_kill(server, capsys):
     base = server["base"]
-    per_attempt = 33
+    per_attempt = 3 * len(CHAPTERS)                       # --questions-per-chapter 3
     n_attempts = -(-LOAD_ANSWERS // per_attempt)
-    attempts = [call(base, "POST", "/api/v1/attempts", {"display_name": f"Load {i}"})[1] for i in range(n_attempts)]
+    db = server["tmp"] / "var" / "classroom.sqlite3"
+    auths = [sign_in_http(base, f"load{i}@example.org") for i in range(n_attempts)]
+    attempts = [call(base, "POST", "/api/v1/attempts", {"display_name": f"Load {i}"}, auth)[1]
+                for i, auth in enumerate(auths)]
+    keys = {a["attempt_id"]: (auth, answer_key(db, a["attempt_id"])) for a, auth in zip(attempts, auths)}
     jobs = [(a["attempt_id"], q) for a in attempts for q in a["questions"]][:LOAD_ANSWERS]
 
     def send(job):
         aid, q = job
-        return call(base, "POST", f"/api/v1/attempts/{aid}/answers/{q['number']}", right_answer(q))[0]
+        auth, key = keys[aid]
+        return call(base, "POST", f"/api/v1/attempts/{aid}/answers/{q['number']}", key[q["number"]][0], auth)[0]
 
     t0 = time.perf_counter()
     with ThreadPoolExecutor(LOAD_THREADS) as pool:

@@ -28,3 +28,117 @@ def test_dockerfile_pins_torch_and_serves():
     assert text.count('"torch==2.13.0"') == 2                                      # never an unpinned torch
     assert 'CMD ["minimega", "serve", "--host", "0.0.0.0", "--port", "8000"' in text
     assert ".[serve,site,lab]" in text and "jupyter lab" in text
+
+
+# --- the container's CMD: mail settings from the environment, development mode only when asked for ---------------
+
+import json  # noqa: E402
+import os  # noqa: E402
+import socket  # noqa: E402
+import time  # noqa: E402
+import urllib.request  # noqa: E402
+
+
+def container_cmd() -> list[str]:
+    (line,) = [ln for ln in (ROOT / "Dockerfile").read_text().splitlines() if ln.startswith("CMD [")]
+    return json.loads(line[len("CMD "):])
+
+
+def run_cmd(tmp, env_extra, port=None, extra=()):
+    """The image's CMD on this machine: loopback instead of 0.0.0.0, a free port, state under `tmp`."""
+    cmd = container_cmd()
+    assert cmd[:2] == ["minimega", "serve"]
+    args = [*cmd[1:], "--host", "127.0.0.1", "--port", str(port or 1), "--var-dir", str(tmp / "var"),
+            "--site-dir", str(tmp / "site"), *extra]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MINIMEGA_")}
+    env |= {"PYTHONPATH": str(ROOT / "src"), **env_extra}
+    return [sys.executable, "-m", "minimega", *args], env
+
+
+def test_cmd_never_passes_dev():
+    cmd = container_cmd()
+    assert "--dev" not in cmd and "--smtp-host" not in cmd and cmd[cmd.index("--host") + 1] == "0.0.0.0"
+    text = (ROOT / "Dockerfile").read_text()
+    for name in ("MINIMEGA_DEV=1", "MINIMEGA_SMTP_HOST", "MINIMEGA_SMTP_USER", "MINIMEGA_SMTP_PASSWORD",
+                 "MINIMEGA_BASE_URL"):
+        assert name in text, name
+
+
+@pytest.mark.parametrize("env, said", [
+    ({}, "MINIMEGA_SMTP_HOST"),                                  # nothing set: refused, with both ways out named
+    ({"MINIMEGA_DEV": "yes"}, "MINIMEGA_DEV='yes': set it to 1"),
+    ({"MINIMEGA_SMTP_HOST": "smtp.example.org", "MINIMEGA_SMTP_USER": "exam"}, "MINIMEGA_SMTP_PASSWORD is empty"),
+], ids=["unset", "dev-yes", "user-no-password"])
+def test_cmd_refuses_to_start_without_a_way_to_send_links(tmp_path, env, said):
+    argv, full_env = run_cmd(tmp_path, env)
+    run = subprocess.run(argv, env=full_env, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert run.returncode != 0 and said in run.stderr, run.stderr[-2000:]
+    assert not (tmp_path / "site").exists() and not (tmp_path / "var").exists()   # refused before building anything
+
+
+def test_serve_settings_flags_override_the_environment():
+    import argparse
+
+    from minimega.classroom.cli import add_serve_parser, config_from_args
+    from minimega.classroom.mailer import mailer_for
+
+    parser = argparse.ArgumentParser()
+    add_serve_parser(parser.add_subparsers())
+    env = {"MINIMEGA_SMTP_HOST": "smtp.example.org", "MINIMEGA_SMTP_PORT": "465", "MINIMEGA_SMTP_USER": "exam",
+           "MINIMEGA_SMTP_FROM": "Course <exam@example.org>", "MINIMEGA_BASE_URL": "https://course.example",
+           "MINIMEGA_ISSUER_DID": "did:web:course.example"}
+    c = config_from_args(parser.parse_args(["serve", "--host", "0.0.0.0"]), env)
+    assert (c.smtp_host, c.smtp_port, c.smtp_user, c.smtp_from, c.base_url, c.issuer_did, c.dev) == \
+        ("smtp.example.org", 465, "exam", "Course <exam@example.org>", "https://course.example",
+         "did:web:course.example", False)
+    c = config_from_args(parser.parse_args(["serve", "--smtp-host", "mx.other", "--smtp-port", "587", "--dev"]),
+                         env | {"MINIMEGA_DEV": "0"})
+    assert (c.smtp_host, c.smtp_port, c.dev) == ("mx.other", 587, True)
+    c = config_from_args(parser.parse_args(["serve"]), {"MINIMEGA_DEV": "0"})
+    assert (c.smtp_host, c.smtp_port, c.dev, c.base_url) == (None, 587, False, "http://127.0.0.1:8000")
+    with pytest.raises(ValueError, match="MINIMEGA_DEV=1"):
+        mailer_for(c)                                             # 0 is not development mode: refused
+    with pytest.raises(ValueError, match="MINIMEGA_SMTP_PORT='smtp': a port number"):
+        config_from_args(parser.parse_args(["serve"]), env | {"MINIMEGA_SMTP_PORT": "smtp"})
+
+
+def test_cmd_with_dev_set_explicitly_serves_links_on_the_page(tmp_path):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    argv, env = run_cmd(tmp_path, {"MINIMEGA_DEV": "1"}, port, extra=["--no-build"])   # no site build here
+    log = open(tmp_path / "serve.log", "w")
+    proc = subprocess.Popen(argv, env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and proc.poll() is None:
+            try:
+                urllib.request.urlopen(f"{base}/api/v1/health", timeout=2)
+                break
+            except OSError:
+                time.sleep(0.3)
+        req = urllib.request.Request(f"{base}/api/v1/signin", data=b'{"email": "ada@example.org"}',
+                                     headers={"Content-Type": "application/json"}, method="POST")
+        with urllib.request.urlopen(req, timeout=30) as r:
+            reply = json.loads(r.read())
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+        log.close()
+    assert reply["dev_link"].startswith(f"{base}/exam/#signin=")
+    assert "development mode" in (tmp_path / "serve.log").read_text()
+
+
+def test_readme_documents_every_serve_mail_setting():
+    """Each environment variable serve reads and each mail flag is in the README, and each exists."""
+    import argparse
+
+    from minimega.classroom.cli import SERVE_ENV, add_serve_parser
+
+    readme = (ROOT / "README.md").read_text()
+    serve_help = add_serve_parser(argparse.ArgumentParser().add_subparsers()).format_help()
+    flags = {f"--{field.replace('_', '-')}" for field in SERVE_ENV}
+    assert all(re.search(rf"{flag}\b", serve_help) for flag in flags), serve_help
+    for word in [*SERVE_ENV.values(), *flags, "MINIMEGA_SMTP_PASSWORD", "for local use only"]:
+        assert word in readme, word

@@ -6,6 +6,9 @@
  * localStorage under "minimega.quiz.v1" and each quiz has a reset button. The grading rule is
  * minimega.classroom.quiz.grade: exact set for choices, relative tolerance for numbers.
  * Practice keys are public by design; the graded exam never ships its key to the browser.
+ * Options are shuffled at every render (values stay bank indices, so grading and saved progress
+ * do not depend on the order shown); numeric answers are also accepted rounded to data-sig
+ * significant figures, as quiz.numeric_ok does.
  */
 (function () {
   "use strict";
@@ -28,6 +31,21 @@
     return Number(t);
   }
 
+  function roundSig(x, sig) {
+    if (x === 0 || !isFinite(x)) return x;
+    return Number(x.toPrecision(sig));
+  }
+
+  function shuffle(form) {
+    var fieldset = form.querySelector("fieldset");
+    var choices = Array.prototype.slice.call(fieldset.querySelectorAll(".mm-choice"));
+    for (var i = choices.length - 1; i > 0; i--) {
+      var j = Math.floor(Math.random() * (i + 1));
+      var t = choices[i]; choices[i] = choices[j]; choices[j] = t;
+    }
+    choices.forEach(function (c) { fieldset.appendChild(c); });
+  }
+
   function grade(form) {
     var type = form.dataset.type;
     if (type === "numeric") {
@@ -35,7 +53,9 @@
       var value = parseNumber(input.value);
       var answer = Number(form.dataset.answer), tol = Number(form.dataset.tolerance);
       if (!isFinite(value)) return {answered: false, message: "Type a number first, for example 16.6."};
-      var ok = Math.abs(value - answer) <= tol * Math.abs(answer) + 1e-12;
+      var sig = Number(form.dataset.sig || 3);
+      var ok = Math.abs(value - answer) <= tol * Math.abs(answer) + 1e-12 ||
+        Math.abs(value - roundSig(answer, sig)) <= 1e-9 * Math.max(1, Math.abs(answer));
       return {answered: true, ok: ok, response: input.value, explains: [form.dataset.explain]};
     }
     var picked = [], explains = [];
@@ -88,6 +108,7 @@
     var bank = quiz.dataset.bank;
     var saved = load()[bank] || {};
     quiz.querySelectorAll("form.mm-item").forEach(function (form) {
+      if (form.dataset.type !== "numeric") shuffle(form);
       if (saved[form.dataset.item]) restore(form, saved[form.dataset.item]);
       form.addEventListener("submit", function (ev) {
         ev.preventDefault();

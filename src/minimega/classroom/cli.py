@@ -28,6 +28,11 @@ from . import trust
 from .settings import ClassroomConfig
 
 ISSUER_URL_ENV = "MINIMEGA_ISSUER_URL"
+SERVE_ENV = {"dev": "MINIMEGA_DEV", "base_url": "MINIMEGA_BASE_URL", "issuer_did": "MINIMEGA_ISSUER_DID",
+             "smtp_host": "MINIMEGA_SMTP_HOST", "smtp_port": "MINIMEGA_SMTP_PORT", "smtp_user": "MINIMEGA_SMTP_USER",
+             "smtp_from": "MINIMEGA_SMTP_FROM"}
+"""`serve` settings also read from the environment (a container's way to configure); a flag overrides its variable.
+The SMTP password is only ever read from the environment (``$MINIMEGA_SMTP_PASSWORD``)."""
 
 
 # --- serve ---------------------------------------------------------------------------------------
@@ -38,36 +43,91 @@ def add_serve_parser(subparsers) -> argparse.ArgumentParser:
                               description="Serve the built site at /, the exam at /exam/ and its API at /api/v1.")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
-    p.add_argument("--base-url", help="public origin (default http://HOST:PORT)")
+    p.add_argument("--base-url", help="public origin, used in mailed sign-in links (default http://HOST:PORT; "
+                                      "env MINIMEGA_BASE_URL)")
     p.add_argument("--var-dir", type=Path, default=d.var_dir, help="database and development keys (default var/)")
     p.add_argument("--db", type=Path, help="SQLite file (default VAR_DIR/classroom.sqlite3)")
     p.add_argument("--keys-dir", type=Path, help="signing keys (default VAR_DIR/keys)")
     p.add_argument("--site-dir", type=Path, default=d.site_dir)
     p.add_argument("--banks-dir", type=Path, default=d.banks_dir)
-    p.add_argument("--issuer-did", help="did:web:<host> for a real deployment (default: the key's did:key)")
+    p.add_argument("--issuer-did", help="did:web:<host> for a real deployment (default: the key's did:key; "
+                                        "env MINIMEGA_ISSUER_DID)")
     p.add_argument("--questions-per-chapter", type=int, default=d.questions_per_chapter)
     p.add_argument("--pass-fraction", type=float, default=d.pass_fraction)
     p.add_argument("--attempts-per-day", type=int, default=d.attempts_per_day)
     p.add_argument("--ip-attempts-per-hour", type=int, default=d.ip_attempts_per_hour)
     p.add_argument("--ip-requests-per-minute", type=int, default=d.ip_requests_per_minute)
+    p.add_argument("--ip-signins-per-hour", type=int, default=d.ip_signins_per_hour)
+    p.add_argument("--fail-cooldown-s", type=float, default=d.fail_cooldown_s,
+                   help="wait after a failed attempt before the next (default 3600)")
+    p.add_argument("--body-limit-bytes", type=int, default=d.body_limit_bytes)
+    p.add_argument("--forwarded-allow-ips", default=None,
+                   help="comma-separated proxy addresses whose X-Forwarded-For/-Proto are trusted; default: none "
+                        "(per-IP limits use the socket's address)")
+    p.add_argument("--dev", action="store_true", default=None,
+                   help="development, for local use only: sign-in links are shown on the page and in the log "
+                        "instead of mailed, so anyone who can reach the service can sign in as anyone "
+                        "(env MINIMEGA_DEV=1)")
+    p.add_argument("--smtp-host", help="SMTP server that mails sign-in links (a deployment; env MINIMEGA_SMTP_HOST)")
+    p.add_argument("--smtp-port", type=int,
+                   help=f"{d.smtp_port} STARTTLS (default) or 465 TLS (env MINIMEGA_SMTP_PORT)")
+    p.add_argument("--smtp-user", help="SMTP login; the password is read from $MINIMEGA_SMTP_PASSWORD "
+                                       "(env MINIMEGA_SMTP_USER)")
+    p.add_argument("--smtp-from", help=f"sender address (default {d.smtp_from!r}; env MINIMEGA_SMTP_FROM)")
     p.add_argument("--no-build", action="store_true", help="do not rebuild a stale site")
     p.set_defaults(func=run_serve)
     return p
 
 
-def config_from_args(args) -> ClassroomConfig:
-    base = args.base_url or f"http://{'127.0.0.1' if args.host in ('0.0.0.0', '::') else args.host}:{args.port}"
+def serve_settings(args, env=os.environ) -> dict:
+    """The `SERVE_ENV` settings: each flag if given, else its environment variable, else the default."""
+    d = ClassroomConfig()
+    defaults = {"dev": False, "smtp_port": d.smtp_port, "smtp_from": d.smtp_from}
+    out = {}
+    for field, name in SERVE_ENV.items():
+        flag, raw = getattr(args, field), env.get(name, "").strip()
+        if flag is not None:
+            out[field] = flag
+        elif not raw:
+            out[field] = defaults.get(field)
+        elif field == "dev":
+            if raw not in ("0", "1"):
+                raise ValueError(f"${name}={raw[:20]!r}: set it to 1 for development mode, or 0 / unset")
+            out[field] = raw == "1"
+        elif field == "smtp_port":
+            if not raw.isdigit() or not 0 < int(raw) < 65536:
+                raise ValueError(f"${name}={raw[:20]!r}: a port number 1..65535")
+            out[field] = int(raw)
+        else:
+            out[field] = raw
+    return out
+
+
+def config_from_args(args, env=os.environ) -> ClassroomConfig:
+    s = serve_settings(args, env)
+    base = s["base_url"] or f"http://{'127.0.0.1' if args.host in ('0.0.0.0', '::') else args.host}:{args.port}"
     from importlib.metadata import PackageNotFoundError, version
     try:
         course_version = version("minimega")
     except PackageNotFoundError:
         course_version = ClassroomConfig().course_version
     return ClassroomConfig(var_dir=args.var_dir, db=args.db, keys_dir=args.keys_dir, site_dir=args.site_dir,
-                           banks_dir=args.banks_dir, base_url=base, issuer_did=args.issuer_did,
+                           banks_dir=args.banks_dir, base_url=base, issuer_did=s["issuer_did"],
                            course_version=course_version, questions_per_chapter=args.questions_per_chapter,
                            pass_fraction=args.pass_fraction, attempts_per_day=args.attempts_per_day,
                            ip_attempts_per_hour=args.ip_attempts_per_hour,
-                           ip_requests_per_minute=args.ip_requests_per_minute)
+                           ip_requests_per_minute=args.ip_requests_per_minute,
+                           ip_signins_per_hour=args.ip_signins_per_hour, fail_cooldown_s=args.fail_cooldown_s, body_limit_bytes=args.body_limit_bytes,
+                           dev=s["dev"], smtp_host=s["smtp_host"], smtp_port=s["smtp_port"],
+                           smtp_user=s["smtp_user"], smtp_from=s["smtp_from"])
+
+
+def uvicorn_options(args) -> dict:
+    """Proxy headers are off unless --forwarded-allow-ips names the proxies (uvicorn's own default
+    trusts 127.0.0.1, which lets any local client pick its address with one header)."""
+    allow = args.forwarded_allow_ips
+    return {"host": args.host, "port": args.port, "log_level": "warning",
+            "proxy_headers": bool(allow), "forwarded_allow_ips": allow or "", "server_header": False}
 
 
 def site_is_stale(site_dir: Path, root: Path = Path("."), pin: str | None = None) -> bool:
@@ -115,6 +175,8 @@ def run_serve(args) -> int:
 
     try:
         config = config_from_args(args)
+        from .mailer import mailer_for
+        mailer_for(config)           # refuse a service that could mail no sign-in link before building anything
         if not args.no_build:        # the key exists before the build so that the site can pin its DID
             ring = Keyring.open(config.keys_path, create=True)
             extra = trust.parse_list(os.environ.get(trust.ENV, ""))       # issuers trusted besides this one
@@ -124,7 +186,12 @@ def run_serve(args) -> int:
         raise SystemExit(f"minimega serve: {err}")
     print(f"minimega serving {config.base_url}/  (exam: {config.base_url}/exam/, "
           f"verify: {config.base_url}/verify/)", flush=True)
-    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+    if config.dev:
+        print("development mode: sign-in links are printed here and shown on the page, not mailed", flush=True)
+        if args.host not in ("127.0.0.1", "::1", "localhost"):
+            print(f"WARNING: --dev while listening on {args.host}: anyone who reaches this port can sign in as "
+                  "anyone. Use it only on a machine you alone can reach.", file=sys.stderr, flush=True)
+    uvicorn.run(app, **uvicorn_options(args))
     return 0
 
 

@@ -1,15 +1,23 @@
-"""The graded exam: server-side banks, a stratified random draw, locked answers, a score.
+"""The graded exam: sign-in by email link, a stratified random draw of parametric and conceptual items,
+answers recorded and locked without feedback, a score, then a review.
 
 Flow (each step one `Exam` method, each state change one SQLite transaction):
 
-1. `start`: check the per-learner daily limit, draw `questions_per_chapter` items from every chapter
-   bank, shuffle each item's options, store the draw; return the questions *without* any key.
-2. `answer`: grade one question against the stored draw, store the answer (the row's primary key
-   locks it: a second answer is refused), return the explanation of what was chosen at once.
+0. `request_signin` mails a one-time link; `redeem_signin` turns it into a session token. The learner
+   is the keyed hash of that verified email: attempts, the daily limit and the cooldown after a fail
+   are all keyed on it, so nobody can spend someone else's attempts by typing their name or address.
+1. `start`: resume the learner's open attempt, or check the limits and draw a new one: from every
+   chapter bank `questions_per_chapter` items, at least half of them parametric templates
+   (`quiz.instantiate` with values drawn from a per-attempt seed, stored with the draw so grading
+   is reproducible), options shuffled; return the questions *without* any key.
+2. `answer`: validate, grade and store one answer (the row's primary key locks it: a second answer
+   is refused); the reply says only that it was recorded.
 3. `finish`: score once; at ``score >= pass_fraction * total`` issue the certificate.
+4. `review`: once finished (or expired), every item of that attempt with the learner's answer,
+   the key, the worked value and every option's explanation.
 
 Options are shown shuffled; the learner answers in shown positions and `choice_order` maps them back
-to bank indices, so the same item never has its right answer at the same position twice in a row.
+to bank indices.
 """
 from __future__ import annotations
 
@@ -19,7 +27,9 @@ import json
 import math
 import random
 import re
+import secrets
 import time
+import unicodedata
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -29,10 +39,12 @@ from .settings import ClassroomConfig
 from .store import Conflict, Store
 
 CHAPTERS = range(1, 14)
+"""Chapters that must have an exam bank; a bank for a later chapter is drawn from too."""
 
 
 class ExamError(Exception):
-    """Maps to an HTTP status: 404 unknown, 409 conflict, 410 expired, 422 bad input, 429 limit."""
+    """Maps to an HTTP status: 401 not signed in, 403 not yours, 404 unknown, 409 conflict, 410 expired,
+    422 bad input, 429 limit."""
 
     status = 400
 
@@ -42,12 +54,28 @@ class ExamError(Exception):
             self.status = status
 
 
+def split_bank(bank: quiz.Bank) -> tuple[list[quiz.Item], list[quiz.Item]]:
+    """(parametric templates, fixed items) of a bank."""
+    return [it for it in bank.items if it.parametric], [it for it in bank.items if not it.parametric]
+
+
+def chapter_plan(bank: quiz.Bank, per_chapter: int) -> tuple[int, int]:
+    """(parametric, fixed) items drawn from this bank: as many templates as half the draw, rounded up."""
+    templates, fixed = split_bank(bank)
+    n_par = min(len(templates), max(math.ceil(per_chapter / 2), per_chapter - len(fixed)))
+    return n_par, per_chapter - n_par
+
+
 def load_exam_banks(folder: str | Path, per_chapter: int) -> dict[int, quiz.Bank]:
-    """Chapter -> bank; every chapter 1..11 must have a bank with at least `per_chapter` items."""
+    """Chapter -> bank; every chapter of `CHAPTERS` must have a bank that can fill `per_chapter` questions."""
     folder = Path(folder)
     if not folder.is_dir():
         raise ExamError(f"exam banks folder {folder} does not exist (expected quizzes/exam/NN-slug.yaml)")
-    banks = {b.chapter: b for b in quiz.load_banks(folder)}
+    banks = {}
+    for b in quiz.load_banks(folder):
+        if b.chapter in banks:
+            raise ExamError(f"{folder}: two exam banks for chapter {b.chapter}")
+        banks[b.chapter] = b
     missing = [c for c in CHAPTERS if c not in banks]
     if missing:
         raise ExamError(f"{folder}: no exam bank for chapters {missing}")
@@ -62,128 +90,271 @@ class Drawn:
     number: int
     chapter: int
     item: quiz.Item
+    """Instantiated: a parametric template already carries its drawn numbers and computed answer."""
     order: list[int]
     """order[shown position] = bank choice index."""
+    params: dict | None = None
 
 
-def draw(banks: dict[int, quiz.Bank], per_chapter: int, rng: random.Random) -> list[tuple[int, str, list[int]]]:
-    """(chapter, item id, choice order) for every question, chapters in order, items at random."""
+def draw(banks: dict[int, quiz.Bank], per_chapter: int, rng: random.Random) -> list[tuple]:
+    """(chapter, item id, choice order, params) for every question, chapters in order, items at random."""
     out = []
     for chapter in sorted(banks):
-        for item in rng.sample(list(banks[chapter].items), per_chapter):
+        templates, fixed = split_bank(banks[chapter])
+        n_par, n_fixed = chapter_plan(banks[chapter], per_chapter)
+        picks = rng.sample(templates, n_par) + rng.sample(fixed, n_fixed)
+        rng.shuffle(picks)
+        for item in picks:
             order = list(range(len(item.choices)))
             rng.shuffle(order)
-            out.append((chapter, item.id, order))
+            out.append((chapter, item.id, order, quiz.draw_params(item, rng) if item.parametric else None))
     return out
 
 
 def public_question(d: Drawn, bank: quiz.Bank) -> dict:
     """What the learner sees: text and shuffled options, never `correct` or `explain`."""
     return {"number": d.number, "chapter": d.chapter, "chapter_title": bank.title, "type": d.item.type,
-            "question": d.item.question, "choices": [d.item.choices[i].text for i in d.order],
+            "question": d.item.prompt, "choices": [d.item.choices[i].text for i in d.order],
             "unit": d.item.unit or None}
 
 
-def grade_shown(d: Drawn, payload: dict) -> quiz.Grade:
-    """Grade a response given in shown positions: {"choice": i} | {"choices": [i, …]} | {"value": x}."""
+def check_response(d: Drawn, payload: dict) -> None:
+    """Refuse a response of the wrong shape: {"choice": i} | {"choices": [i, …]} | {"value": x}."""
     if d.item.type == "numeric":
         value = payload.get("value")
-        if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
-            raise ExamError(f"question {d.number} is numeric: send {{\"value\": <number in {d.item.unit or 'the unit asked'}>}}", 422)
-        return quiz.grade(d.item, value)
+        if (set(payload) != {"value"} or not isinstance(value, (int, float)) or isinstance(value, bool)
+                or not math.isfinite(value)):
+            raise ExamError(f"question {d.number} is numeric: send {{\"value\": <number in "
+                            f"{d.item.unit or 'the unit asked'}>}}", 422)
+        return
     n = len(d.order)
     if d.item.type == "single":
         shown = payload.get("choice")
-        if not isinstance(shown, int) or isinstance(shown, bool) or not 0 <= shown < n:
+        if set(payload) != {"choice"} or not isinstance(shown, int) or isinstance(shown, bool) or not 0 <= shown < n:
             raise ExamError(f"question {d.number} takes one option: send {{\"choice\": 0..{n - 1}}}", 422)
-        return quiz.grade(d.item, d.order[shown])
+        return
     shown = payload.get("choices")
-    if (not isinstance(shown, list) or not shown or len(set(shown)) != len(shown)
+    if (set(payload) != {"choices"} or not isinstance(shown, list) or not shown or len(set(shown)) != len(shown)
             or not all(isinstance(i, int) and not isinstance(i, bool) and 0 <= i < n for i in shown)):
         raise ExamError(f"question {d.number} takes one or more options: send {{\"choices\": [distinct 0..{n - 1}]}}", 422)
-    return quiz.grade(d.item, [d.order[i] for i in shown])
 
 
-_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u200b-\u200f\u2028-\u202e\u2066-\u2069]")
+def grade_shown(d: Drawn, payload: dict) -> quiz.Grade:
+    """Grade a response given in shown positions (after `check_response`)."""
+    check_response(d, payload)
+    if d.item.type == "numeric":
+        return quiz.grade(d.item, payload["value"])
+    if d.item.type == "single":
+        return quiz.grade(d.item, d.order[payload["choice"]])
+    return quiz.grade(d.item, [d.order[i] for i in payload["choices"]])
+
+
+# Characters that render as nothing (or reorder text) although Unicode does not class them as
+# format characters: Hangul fillers, the braille blank, the Khmer inherent vowels, Mongolian
+# free variation selectors and vowel separator, the combining grapheme joiner.
+INVISIBLE = set("\u115f\u1160\u3164\uffa0\u2800\u17b4\u17b5\u180b\u180c\u180d\u180e\u180f\u034f")
+MAX_COMBINING = 3
+"""Combining marks allowed on one base character (Vietnamese needs 2; zalgo text uses dozens)."""
+NAME_MAX = 100
 
 
 def clean_name(name: str) -> str:
-    """A display name as it will be signed: one line, no control or direction-override characters."""
-    name = " ".join(_CONTROL.sub("", name or "").split())
-    if not 1 <= len(name) <= 80:
-        raise ExamError("display name: 1 to 80 visible characters", 422)
+    """A display name as it will be signed: NFC, one line of 1..100 visible characters.
+
+    Refused (not silently dropped, so what is signed is what was typed): control, format (bidi
+    overrides, zero-width, tag characters), private-use, unassigned and separator characters other
+    than the space, the invisible fillers of `INVISIBLE`, more than `MAX_COMBINING` combining marks on
+    one character. Runs of spaces collapse to one.
+    """
+    if not isinstance(name, str):
+        raise ExamError("display name: a string", 422)
+    name = " ".join(unicodedata.normalize("NFC", name).split(" ")).strip(" ")
+    name = re.sub(" {2,}", " ", name)
+    run = visible = 0
+    for ch in name:
+        cat = unicodedata.category(ch)
+        if cat in ("Cc", "Cf", "Co", "Cn", "Cs", "Zl", "Zp") or (cat == "Zs" and ch != " ") or ch in INVISIBLE:
+            raise ExamError(f"display name: character U+{ord(ch):04X} ({unicodedata.name(ch, cat)}) is not "
+                            "allowed; type the name with visible characters only", 422)
+        if cat.startswith("M"):
+            run += 1
+            if run > MAX_COMBINING or visible == 0:
+                raise ExamError(f"display name: at most {MAX_COMBINING} combining marks on one character", 422)
+        else:
+            run = 0
+            visible += ch != " "
+    if not 1 <= visible or len(name) > NAME_MAX:
+        raise ExamError(f"display name: 1 to {NAME_MAX} visible characters", 422)
     return name
+
+
+EMAIL = re.compile(r"[^@\s\x00-\x1f\x7f]{1,64}@[A-Za-z0-9.-]{1,189}\.[A-Za-z]{2,63}")
+
+
+def clean_email(email: str) -> str:
+    email = unicodedata.normalize("NFC", email or "").strip()
+    if len(email) > 254 or not EMAIL.fullmatch(email):
+        raise ExamError("email: not an address like name@example.org", 422)
+    return email
+
+
+def rules_text(config: ClassroomConfig, n_chapters: int) -> str:
+    """The exam's rules in one paragraph, from the configuration (the page and GET /api/v1/exam)."""
+    k = config.questions_per_chapter
+    total = n_chapters * k
+    pass_mark = math.ceil(config.pass_fraction * total - 1e-9)
+    cooldown = config.fail_cooldown_s / 3600
+    cool = (f"after a failed attempt the next one opens {cooldown:g} hour{'s' if cooldown != 1 else ''} later"
+            if config.fail_cooldown_s else "there is no wait after a failed attempt")
+    return (f"{total} questions, {k} from each of the {n_chapters} chapters, at least half of them with numbers "
+            f"drawn for your attempt alone. {pass_mark} correct answers ({config.pass_fraction:.0%}) pass and earn "
+            f"a verifiable certificate. Each answer is recorded and locked when you save it; whether it was right, "
+            f"the worked values and the explanations come in the review after you finish. Sign in with your "
+            f"email: {config.attempts_per_day} attempts per UTC day, {cool}; an attempt stays open "
+            f"{config.attempt_ttl_s / 3600:g} hours, and reloading the page resumes it.")
+
+
+def _hash(token: str) -> str:
+    return hashlib.sha256(token.encode("ascii", "replace")).hexdigest()
 
 
 class Exam:
     def __init__(self, config: ClassroomConfig, store: Store, issuer, rng: random.Random | None = None,
-                 clock=time.time, banks: dict[int, quiz.Bank] | None = None):
+                 clock=time.time, banks: dict[int, quiz.Bank] | None = None, mailer=None):
         self.config, self.store, self.issuer, self.clock = config, store, issuer, clock
         self.banks = banks or load_exam_banks(config.banks_dir, config.questions_per_chapter)
         self.rng = rng or random.SystemRandom()
+        self.mailer = mailer
         self._pepper = store.pepper()
         self._items = {(b.chapter, it.id): it for b in self.banks.values() for it in b.items}
 
-    def _learner_key(self, name: str, email: str | None) -> str:
-        ident = f"email:{email.strip().lower()}" if email else f"name:{name.casefold()}"
+    # --- identity ------------------------------------------------------------------------------
+
+    def learner_key(self, email: str) -> str:
+        ident = f"email:{email.strip().lower()}"
         return hmac.new(self._pepper, ident.encode("utf-8"), hashlib.sha256).hexdigest()
+
+    def request_signin(self, email: str, next_path: str = "/exam/") -> dict:
+        """Mail a one-time sign-in link. In development (`config.dev`) the reply carries the link too."""
+        from .credential import email_identity
+
+        email = clean_email(email)
+        token = secrets.token_urlsafe(32)
+        now = self.clock()
+        try:
+            self.store.create_signin(token_hash=_hash(token), learner_key=self.learner_key(email),
+                                     email_id=email_identity(email), now=now, ttl_s=self.config.signin_ttl_s,
+                                     per_hour=self.config.signins_per_hour)
+        except Conflict as err:
+            raise ExamError(str(err), 429) from None
+        link = f"{self.config.base_url}{next_path}#signin={token}"
+        minutes = int(self.config.signin_ttl_s // 60)
+        self.mailer.send(email, "Your minimega exam sign-in link",
+                         f"Open this link to sign in to the minimega exam (it works once, for {minutes} minutes):\n\n"
+                         f"{link}\n\nIf you did not ask for it, ignore this mail.")
+        out = {"sent": True, "expires_in_s": int(self.config.signin_ttl_s)}
+        if self.config.dev:
+            out["dev_link"] = link
+        return out
+
+    def redeem_signin(self, token: str) -> dict:
+        session = secrets.token_urlsafe(32)
+        try:
+            self.store.redeem_signin(token_hash=_hash(token), session_hash=_hash(session), now=self.clock(),
+                                     session_ttl_s=self.config.session_ttl_s)
+        except Conflict as err:
+            raise ExamError(str(err), 401) from None
+        return {"session": session, "expires_in_s": int(self.config.session_ttl_s)}
+
+    def learner(self, session: str | None):
+        """The session's row; 401 when missing or expired."""
+        row = self.store.session(_hash(session), self.clock()) if session else None
+        if row is None:
+            raise ExamError("not signed in (or the session expired): ask for a sign-in link", 401)
+        return row
+
+    def sign_out(self, session: str) -> None:
+        self.store.end_session(_hash(session))
+
+    def me(self, session: str) -> dict:
+        who = self.learner(session)
+        key, now = who["learner_key"], self.clock()
+        day = datetime.fromtimestamp(now, timezone.utc).strftime("%Y-%m-%d")
+        open_row = self.store.open_attempt(key, now)
+        last = self.store.last_attempt(key)
+        until = self.store.cooldown_until(key, self.config.fail_cooldown_s)
+        return {"attempts_left_today": max(0, self.config.attempts_per_day - self.store.attempts_today(key, day)),
+                "attempts_per_day": self.config.attempts_per_day,
+                "cooldown_until": _iso(until) if until and until > now else None,
+                "open_attempt": open_row["id"] if open_row else None,
+                "last_attempt": last["id"] if last else None}
+
+    # --- attempts ------------------------------------------------------------------------------
 
     def _drawn_row(self, row) -> Drawn:
         item = self._items.get((row["chapter"], row["item_id"]))
         if item is None:
             raise ExamError(f"question {row['number']} refers to item {row['item_id']!r}, "
                             "no longer in the bank", 409)
-        return Drawn(row["number"], row["chapter"], item, json.loads(row["choice_order"]))
+        params = json.loads(row["params"]) if row["params"] else None
+        if item.parametric:
+            if params is None:
+                raise ExamError(f"question {row['number']}: item {row['item_id']!r} became parametric", 409)
+            try:
+                item = quiz.instantiate(item, params)
+            except (KeyError, ValueError) as err:
+                raise ExamError(f"question {row['number']}: the bank changed under this attempt ({err})", 409) from None
+        return Drawn(row["number"], row["chapter"], item, json.loads(row["choice_order"]), params)
 
     def _drawn(self, attempt_id: str) -> list[Drawn]:
         return [self._drawn_row(row) for row in self.store.items(attempt_id)]
 
-    def _open_attempt(self, attempt_id: str):
+    def _own_attempt(self, attempt_id: str, session: str | None):
+        who = self.learner(session)
         row = self.store.attempt(attempt_id)
-        if row is None:
-            raise ExamError("unknown attempt", 404)
+        if row is None or not hmac.compare_digest(row["learner_key"], who["learner_key"]):
+            raise ExamError("unknown attempt", 404)         # another learner's attempt is not even confirmed
         return row
 
-    def start(self, display_name: str, email: str | None, ip: str) -> dict:
-        from .credential import email_identity
-
+    def start(self, session: str | None, display_name: str, ip: str) -> dict:
+        """Resume the open attempt, or start a new one within the limits."""
+        who = self.learner(session)
         name = clean_name(display_name)
-        if email is not None:
-            email = email.strip()
-            if not re.fullmatch(r"[^@\s]{1,64}@[^@\s]{1,189}\.[^@\s]{1,63}", email):
-                raise ExamError("email: not an address (or leave it out)", 422)
         now = self.clock()
+        if (row := self.store.open_attempt(who["learner_key"], now)) is not None:
+            return self.status(row["id"], session, with_questions=True) | {"resumed": True}
         day = datetime.fromtimestamp(now, timezone.utc).strftime("%Y-%m-%d")
-        key = self._learner_key(name, email)
-        picks = draw(self.banks, self.config.questions_per_chapter, self.rng)
+        seed = self.rng.getrandbits(64)
+        picks = draw(self.banks, self.config.questions_per_chapter, random.Random(seed))
         try:
             attempt_id = self.store.create_attempt(
-                learner_key=key, display_name=name, email_id=email_identity(email) if email else None,
+                learner_key=who["learner_key"], display_name=name, email_id=json.loads(who["email_id"]),
                 ip=ip, day=day, now=now, ttl_s=self.config.attempt_ttl_s, items=picks,
-                per_day=self.config.attempts_per_day)
+                per_day=self.config.attempts_per_day, cooldown_s=self.config.fail_cooldown_s,
+                seed=f"{seed:016x}")
         except Conflict as err:
             raise ExamError(str(err), 429) from None
-        return self.status(attempt_id, with_questions=True)
+        return self.status(attempt_id, session, with_questions=True) | {"resumed": False}
 
-    def status(self, attempt_id: str, with_questions: bool = False) -> dict:
-        row = self._open_attempt(attempt_id)
-        drawn = self._drawn(attempt_id)
-        answered = {a["number"]: bool(a["correct"]) for a in self.store.answers(attempt_id)}
+    def status(self, attempt_id: str, session: str | None, with_questions: bool = False) -> dict:
+        row = self._own_attempt(attempt_id, session)
+        answers = self.store.answers(attempt_id)
         out = {
             "attempt_id": attempt_id, "display_name": row["display_name"],
             "expires_at": _iso(row["expires_at"]), "expired": self.clock() > row["expires_at"],
             "finished": row["finished_at"] is not None, "total": row["total"],
-            "pass_mark": math.ceil(self.config.pass_fraction * row["total"]),
-            "answered": sorted(answered),
+            "pass_mark": math.ceil(self.config.pass_fraction * row["total"] - 1e-9),
+            "answered": [a["number"] for a in answers],
+            "responses": {str(a["number"]): json.loads(a["response"]) for a in answers},
             "attempts_left_today": max(0, self.config.attempts_per_day
                                        - self.store.attempts_today(row["learner_key"], row["day"])),
         }
         if with_questions:
-            out["questions"] = [public_question(d, self.banks[d.chapter]) for d in drawn]
+            out["questions"] = [public_question(d, self.banks[d.chapter]) for d in self._drawn(attempt_id)]
         return out
 
-    def answer(self, attempt_id: str, number: int, payload: dict) -> dict:
-        row = self._open_attempt(attempt_id)
+    def answer(self, attempt_id: str, number: int, payload: dict, session: str | None) -> dict:
+        row = self._own_attempt(attempt_id, session)
         item_row = self.store.item(attempt_id, number) if 0 < number <= row["total"] else None
         if item_row is None:
             raise ExamError(f"this attempt has questions 1..{row['total']}, not {number}", 404)
@@ -196,11 +367,10 @@ class Exam:
             count = self.store.record_answer(attempt_id, number, payload, grade.correct, self.clock())
         except Conflict as err:
             raise ExamError(str(err), 410 if "expired" in str(err) else 409) from None
-        return {"number": number, "correct": grade.correct, "feedback": list(grade.feedback),
-                "answered": count, "total": row["total"]}
+        return {"number": number, "recorded": True, "answered": count, "total": row["total"]}
 
-    def finish(self, attempt_id: str) -> dict:
-        row = self._open_attempt(attempt_id)
+    def finish(self, attempt_id: str, session: str | None) -> dict:
+        row = self._own_attempt(attempt_id, session)
         if row["finished_at"] is not None:
             if row["passed"] and self.store.credential_by_attempt(attempt_id) is None:
                 return self._result(attempt_id, row["score"], row["total"], True)   # issuing was interrupted
@@ -215,8 +385,30 @@ class Exam:
 
     def _result(self, attempt_id: str, score: int, total: int, passed: bool) -> dict:
         return {"score": score, "total": total, "percent": round(100 * score / total, 1),
-                "passed": passed, "pass_mark": math.ceil(self.config.pass_fraction * total),
+                "passed": passed, "pass_mark": math.ceil(self.config.pass_fraction * total - 1e-9),
                 "credential": self.issuer.issue(attempt_id) if passed else None}
+
+    def review(self, attempt_id: str, session: str | None) -> dict:
+        """After the attempt ends: every question with the answer given, the key and the explanations."""
+        row = self._own_attempt(attempt_id, session)
+        if row["finished_at"] is None and self.clock() <= row["expires_at"]:
+            raise ExamError("the review opens when this attempt is finished", 409)
+        given = {a["number"]: a for a in self.store.answers(attempt_id)}
+        items = []
+        for d in self._drawn(attempt_id):
+            q = public_question(d, self.banks[d.chapter])
+            a = given.get(d.number)
+            entry = {**q, "response": json.loads(a["response"]) if a else None,
+                     "correct": bool(a["correct"]) if a else False}
+            if d.item.type == "numeric":
+                entry |= {"answer": quiz.round_sig(d.item.answer, d.item.sig), "explain": d.item.explain,
+                          "key": None, "explains": []}
+            else:
+                entry |= {"answer": None, "key": [s for s, i in enumerate(d.order) if d.item.choices[i].correct],
+                          "explains": [d.item.choices[i].explain for i in d.order], "explain": d.item.explain or None}
+            items.append(entry)
+        return {"attempt_id": attempt_id, "score": row["score"], "total": row["total"],
+                "passed": bool(row["passed"]), "finished": row["finished_at"] is not None, "items": items}
 
 
 def _iso(t: float) -> str:

@@ -20,6 +20,7 @@ from datetime import datetime, timedelta, timezone
 from urllib.parse import urlparse
 
 from . import credential, keys, status_list
+from .exam import CHAPTERS
 from .keys import Keyring, SigningKey
 from .settings import ClassroomConfig
 from .store import Store
@@ -46,7 +47,7 @@ class Issuer:
 
     def achievement(self) -> dict:
         c = self.config
-        n = 11 * c.questions_per_chapter
+        n = len(CHAPTERS) * c.questions_per_chapter
         return {
             "id": f"{c.base_url}/achievements/{c.course_version}",
             "type": ["Achievement"],
@@ -55,10 +56,12 @@ class Issuer:
             "description": ("Passed the graded exam of minimega, a course that rebuilds distributed "
                             "training small: memory accounting, collectives and DDP, ZeRO stages 1-3, "
                             "mixed precision, offload, activation checkpointing, tensor, pipeline and 3D "
-                            "parallelism, checkpoints and fault tolerance, FSDP."),
+                            "parallelism, checkpoints and fault tolerance, FSDP, choosing and costing a "
+                            "training stack."),
             "criteria": {"narrative": (
                 f"Scored at least {round(100 * c.pass_fraction)}% on an unproctored online exam of {n} "
-                f"questions drawn at random, {c.questions_per_chapter} from each of chapters 1-11, each "
+                f"questions drawn at random, {c.questions_per_chapter} from each of chapters "
+                f"{CHAPTERS[0]}-{CHAPTERS[-1]}, each "
                 "answered once with no retry. The name is the one the learner typed; the exam attests "
                 "knowledge, not identity.")},
             "version": c.course_version,

@@ -22,14 +22,44 @@ A bank is one file per chapter::
 
 Every choice carries an ``explain`` (why that option is right or wrong, in words), so feedback never
 reduces to a colour.
+
+Numeric items state their precision: the question shown ends with "Give N significant figures; answers
+within X% are accepted." (`Item.prompt`), and a value rounded to ``sig`` significant figures (default 3)
+is accepted even where it lies outside ``tolerance`` (the course prints 1.875 GB as 1.9).
+
+A numeric item with ``params`` is a template (the graded exam's parametric items): each parameter lists
+the values it may take, either explicitly or as a range, the question names them in ``{braces}`` and
+``formula`` computes the answer from them with `minimega.estimate` (``answer`` is then left out)::
+
+      - id: zero-stage-memory
+        type: numeric
+        params:
+          psi: [1.5, 3, 6, 13, 20]              # values
+          nd: {from: 8, to: 256, step: 8}        # a range, both ends included
+          stage: [1, 2, 3]
+        question: Ψ = {psi}B parameters on N_d = {nd} GPUs under ZeRO stage {stage}: GB per GPU?
+        formula: model_state_bytes(psi * 1e9, nd, stage) / GB
+        tolerance: 0.01
+        sig: 3
+        unit: GB
+        explain: "(2 + 2 + 12)Ψ split by stage: {answer} GB."   # {answer} is the computed value
+
+``given`` (optional) names quantities computed from the parameters for the question to print, e.g.
+``given: {n: "t * p * d"}`` to state a GPU count that the parameters make divisible.
+
+`draw_params` picks one value per parameter with the caller's random generator and `instantiate`
+turns the template and those values into a plain numeric `Item`.
 """
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+import random
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import yaml
+
+from minimega import estimate as est
 
 ITEM_TYPES = ("single", "multiple", "numeric")
 
@@ -57,6 +87,48 @@ class Item:
     unit: str = ""
     explain: str = ""
     formula: str | None = None
+    sig: int = 3
+    """Significant figures asked for; the value rounded to them is always accepted."""
+    params: dict[str, tuple[float, ...]] | None = None
+    """A template: parameter -> the values it may take (answer computed by `formula`)."""
+    given: dict[str, str] | None = None
+    """A template's derived quantities the question prints: name -> formula of the parameters."""
+
+    @property
+    def parametric(self) -> bool:
+        return self.params is not None
+
+    @property
+    def prompt(self) -> str:
+        """The question as shown: numeric items state the precision they are graded at."""
+        if self.type != "numeric":
+            return self.question
+        return f"{self.question.rstrip()} {precision_note(self)}"
+
+
+def precision_note(item: Item) -> str:
+    """The sentence a numeric question ends with: how precise an answer must be to count."""
+    unit = f" in {item.unit}" if item.unit else ""
+    if item.tolerance == 0:
+        return (f"Answer{unit} exactly (a value that is not whole may be rounded to {item.sig} significant "
+                "figures).")
+    return (f"Answer{unit} to {item.sig} significant figures; answers within {item.tolerance * 100:g}% "
+            "of the exact value are accepted.")
+
+
+def round_sig(value: float, sig: int) -> float:
+    """`value` rounded to `sig` significant figures (1.875, 2 -> 1.9)."""
+    if value == 0 or not math.isfinite(value):
+        return value
+    return round(value, sig - 1 - math.floor(math.log10(abs(value))))
+
+
+def show(value: float) -> str:
+    """A parameter or answer as the question prints it: 64, 7.5, 1.875, 2.5e-05."""
+    value = float(value)
+    if value.is_integer() and abs(value) < 1e15:
+        return str(int(value))
+    return f"{value:.6g}"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -84,22 +156,14 @@ def _item(raw: dict, where: str) -> Item:
     kind = raw["type"]
     if kind not in ITEM_TYPES:
         raise QuizError(f"{where}: type {kind!r} is not one of {ITEM_TYPES}")
-    known = {"id", "type", "question", "choices", "answer", "tolerance", "unit", "explain", "formula"}
+    known = {"id", "type", "question", "choices", "answer", "tolerance", "unit", "explain", "formula",
+             "sig", "params", "given"}
     if unknown := set(raw) - known:
         raise QuizError(f"{where}: unknown keys {sorted(unknown)}")
     if kind == "numeric":
-        if not isinstance(raw.get("answer"), (int, float)) or not math.isfinite(raw["answer"]):
-            raise QuizError(f"{where}: a numeric item needs a finite 'answer'")
-        if not raw.get("explain"):
-            raise QuizError(f"{where}: a numeric item needs an 'explain'")
-        tol = raw.get("tolerance", 0.0)
-        if not isinstance(tol, (int, float)) or not 0 <= tol < 1:
-            raise QuizError(f"{where}: 'tolerance' is relative and must lie in [0, 1), got {tol!r}")
-        if raw.get("choices"):
-            raise QuizError(f"{where}: a numeric item has no 'choices'")
-        return Item(id=str(raw["id"]), type=kind, question=raw["question"], answer=float(raw["answer"]),
-                    tolerance=float(tol), unit=str(raw.get("unit", "")), explain=raw["explain"],
-                    formula=raw.get("formula"))
+        return _numeric(raw, where)
+    if any(raw.get(k) is not None for k in ("params", "sig", "given")):
+        raise QuizError(f"{where}: 'params', 'given' and 'sig' belong to numeric items")
     choices = raw.get("choices") or []
     if len(choices) < 2:
         raise QuizError(f"{where}: a {kind} item needs at least 2 choices")
@@ -121,6 +185,118 @@ def _item(raw: dict, where: str) -> Item:
                 explain=str(raw.get("explain", "")), formula=raw.get("formula"))
 
 
+def _param_values(spec, where: str) -> tuple[float, ...]:
+    if isinstance(spec, dict):
+        if set(spec) != {"from", "to", "step"} or not all(isinstance(spec[k], (int, float)) for k in spec):
+            raise QuizError(f"{where}: a range is {{from: A, to: B, step: S}} with numbers")
+        lo, hi, step = spec["from"], spec["to"], spec["step"]
+        if step <= 0 or hi < lo or (hi - lo) / step > 10_000:
+            raise QuizError(f"{where}: range needs step > 0, to >= from and at most 10000 values")
+        n = int(math.floor((hi - lo) / step + 1e-9)) + 1
+        values = [round(lo + i * step, 12) for i in range(n)]
+    elif isinstance(spec, list):
+        values = spec
+    else:
+        raise QuizError(f"{where}: a parameter is a list of values or a {{from, to, step}} range")
+    if not values or not all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+                             for v in values):
+        raise QuizError(f"{where}: parameter values must be finite numbers")
+    if len(set(values)) != len(values):
+        raise QuizError(f"{where}: repeated parameter values")
+    return tuple(float(v) for v in values)
+
+
+def _numeric(raw: dict, where: str) -> Item:
+    if not raw.get("explain"):
+        raise QuizError(f"{where}: a numeric item needs an 'explain'")
+    tol = raw.get("tolerance", 0.0)
+    if not isinstance(tol, (int, float)) or not 0 <= tol < 1:
+        raise QuizError(f"{where}: 'tolerance' is relative and must lie in [0, 1), got {tol!r}")
+    sig = raw.get("sig", 3)
+    if not isinstance(sig, int) or isinstance(sig, bool) or not 1 <= sig <= 6:
+        raise QuizError(f"{where}: 'sig' (significant figures) must be an integer in 1..6, got {sig!r}")
+    if raw.get("choices"):
+        raise QuizError(f"{where}: a numeric item has no 'choices'")
+    common = dict(id=str(raw["id"]), type="numeric", question=raw["question"], tolerance=float(tol),
+                  unit=str(raw.get("unit", "")), explain=raw["explain"], formula=raw.get("formula"), sig=sig)
+    if raw.get("params") is None:
+        if raw.get("given") is not None:
+            raise QuizError(f"{where}: 'given' needs 'params'")
+        if not isinstance(raw.get("answer"), (int, float)) or not math.isfinite(raw["answer"]):
+            raise QuizError(f"{where}: a numeric item needs a finite 'answer' (or 'params' and a 'formula')")
+        return Item(answer=float(raw["answer"]), **common)
+    params = raw["params"]
+    if not isinstance(params, dict) or not params:
+        raise QuizError(f"{where}: 'params' maps each parameter name to its values")
+    if "answer" in raw:
+        raise QuizError(f"{where}: a parametric item computes its answer from 'formula'; drop 'answer'")
+    if not raw.get("formula"):
+        raise QuizError(f"{where}: a parametric item needs a 'formula'")
+    bad = [k for k in params if not (isinstance(k, str) and k.isidentifier()) or k in formula_namespace()]
+    if bad:
+        raise QuizError(f"{where}: parameter names {bad} are not identifiers or shadow estimator names")
+    given = raw.get("given") or {}
+    if not isinstance(given, dict) or not all(isinstance(k, str) and k.isidentifier() and k not in params
+                                              and isinstance(v, str) for k, v in given.items()):
+        raise QuizError(f"{where}: 'given' maps new names to formulas of the parameters")
+    item = Item(params={k: _param_values(v, f"{where}, param {k!r}") for k, v in params.items()},
+                given=given or None, **common)
+    try:                                        # every placeholder names a parameter; the formula runs
+        instantiate(item, {k: v[0] for k, v in item.params.items()})
+    except (KeyError, IndexError, ValueError, NameError, TypeError, ZeroDivisionError) as err:
+        raise QuizError(f"{where}: template does not instantiate: {type(err).__name__}: {err}") from None
+    return item
+
+
+def formula_namespace() -> dict:
+    """Names a formula may use: minimega.estimate's public API, minimega.perf's (``perf.__all__``) and
+    `plan_rank`, GB, math's functions. No builtins."""
+    from minimega import perf                      # the time model (chapter 13): step_time, collective_time, ...
+    from minimega.perf_plan import plan_rank
+    ns = {k: getattr(est, k) for k in dir(est) if not k.startswith("_")}
+    ns.update({k: getattr(perf, k) for k in perf.__all__})
+    ns.update(plan_rank=plan_rank)
+    ns.update({k: getattr(math, k) for k in ("ceil", "floor", "log2", "log10", "sqrt")})
+    ns.update(min=min, max=max, round=round, sum=sum, range=range)
+    return ns
+
+
+def evaluate(expr: str, values: dict | None = None) -> float:
+    """Evaluate a formula (from a bank in this repository, never from a request) in `formula_namespace`."""
+    # the namespace is the globals, so generator expressions inside a formula can see it too
+    return float(_eval(expr, values))
+
+
+def _eval(expr: str, values: dict | None = None):
+    return eval(compile(expr, "<formula>", "eval"), {"__builtins__": {}, **formula_namespace(), **(values or {})})
+
+
+def draw_params(item: Item, rng: random.Random) -> dict[str, float]:
+    """One value per parameter of a template, drawn with `rng`."""
+    return {name: rng.choice(values) for name, values in (item.params or {}).items()}
+
+
+def instantiate(item: Item, values: dict[str, float]) -> Item:
+    """The plain numeric item a template becomes for these parameter values."""
+    if not item.parametric:
+        return item
+    if set(values) != set(item.params):
+        raise KeyError(f"parameters {sorted(values)} do not match the template's {sorted(item.params)}")
+    for name, value in values.items():
+        if float(value) not in item.params[name]:
+            raise ValueError(f"{name}={value} is not one of the template's values")
+    typed = {k: int(v) if float(v).is_integer() else float(v) for k, v in values.items()}
+    answer = evaluate(item.formula, typed)
+    if not math.isfinite(answer) or answer == 0:
+        raise ValueError(f"formula gives {answer} for {values}")
+    shown = {k: show(v) for k, v in typed.items()}
+    for name, expr in (item.given or {}).items():
+        value = _eval(expr, typed)
+        shown[name] = value if isinstance(value, str) else show(value)
+    return replace(item, params=None, given=None, question=item.question.format(**shown), answer=answer,
+                   explain=item.explain.format(**shown, answer=show(round_sig(answer, item.sig))))
+
+
 def load_bank(path: str | Path) -> Bank:
     """Load and validate one bank; raises `QuizError` naming the file and item on any schema fault."""
     path = Path(path)
@@ -140,6 +316,15 @@ def load_banks(folder: str | Path) -> list[Bank]:
     return sorted(banks, key=lambda b: b.chapter)
 
 
+def numeric_ok(item: Item, value: float) -> bool:
+    """Within the relative tolerance, or the exact answer rounded to the stated significant figures."""
+    if not math.isfinite(value):
+        return False
+    if abs(value - item.answer) <= item.tolerance * abs(item.answer) + 1e-12:
+        return True
+    return abs(value - round_sig(item.answer, item.sig)) <= 1e-9 * max(1.0, abs(item.answer))
+
+
 def grade(item: Item, response) -> Grade:
     """Grade one response.
 
@@ -152,8 +337,9 @@ def grade(item: Item, response) -> Grade:
             value = float(response)
         except (TypeError, ValueError):
             return Grade(False, (f"Expected a number in {item.unit or 'the asked unit'}.",))
-        ok = math.isfinite(value) and abs(value - item.answer) <= item.tolerance * abs(item.answer) + 1e-12
-        return Grade(ok, (item.explain,))
+        if item.parametric:
+            raise ValueError(f"item {item.id!r} is a template: instantiate it before grading")
+        return Grade(numeric_ok(item, value), (item.explain,))
     picked = {response} if item.type == "single" else set(response)
     if not picked or any(not isinstance(i, int) or not 0 <= i < len(item.choices) for i in picked):
         return Grade(False, (f"Pick {'one' if item.type == 'single' else 'one or more'} of the "

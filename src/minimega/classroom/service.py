@@ -1,21 +1,32 @@
-"""The exam service: the built site at ``/``, the exam UI at ``/exam/``, the API under ``/api/v1``.
+"""The exam service: the built site at ``/`` (its exam page at ``/exam/``), the API under ``/api/v1``.
 
-    POST /api/v1/attempts                          start: {display_name, email?} -> questions, no key
-    GET  /api/v1/attempts/{id}                     progress
-    POST /api/v1/attempts/{id}/answers/{number}    {choice} | {choices} | {value} -> feedback; locked
+    POST /api/v1/signin                            {email} -> a one-time link is mailed (in --dev: returned)
+    POST /api/v1/signin/confirm                    {token} -> {session}: send it as "Authorization: Bearer"
+    POST /api/v1/signout
+    GET  /api/v1/me                                limits left, cooldown, the open and the last attempt
+    POST /api/v1/attempts                          start or resume: {display_name} -> questions, no key
+    GET  /api/v1/attempts/{id}[?questions=true]    progress and the answers given so far (resume)
+    POST /api/v1/attempts/{id}/answers/{number}    {choice} | {choices} | {value} -> "recorded"; locked
     POST /api/v1/attempts/{id}/finish              score; on a pass, the certificate's links
+    GET  /api/v1/attempts/{id}/review              after the finish: keys, worked values, explanations
     GET  /api/v1/credentials/{code}                the signed credential (hosted copy)
     GET  /certificates/{code}[.svg]                printable certificate with a QR code
     GET  /status/{key fingerprint}                 signed BitstringStatusListCredential
     GET  /.well-known/did.json                     the issuer's public keys
 
-Limits: per-learner attempts per UTC day (in SQLite, so they survive restarts) and per-IP sliding
-windows (in memory) for starting attempts and for every other API call. Public documents (status
-lists, keys, credentials) allow cross-origin reads so verifiers elsewhere can fetch them.
+Every attempt call needs the session of the learner who owns the attempt. Limits: per-learner
+attempts per UTC day and a cooldown after a fail (in SQLite, so they survive restarts), sign-in mails
+per address per hour, and per-IP sliding windows (in memory) for sign-ins, starts and every other API
+call; a request that fails validation counts too. Bodies over `body_limit_bytes` get 413 before
+parsing; a 422 names the fields at fault and never echoes the input. The client address is the
+socket's: `minimega serve` trusts X-Forwarded-For only from `--forwarded-allow-ips`. Public
+documents (status lists, keys, credentials) allow cross-origin reads so verifiers elsewhere can
+fetch them.
 """
 from __future__ import annotations
 
 import json
+import math
 import threading
 import time
 from collections import defaultdict, deque
@@ -23,13 +34,15 @@ from importlib import resources
 from pathlib import Path
 from typing import Literal
 
-from fastapi import FastAPI, HTTPException, Request
+from fastapi import FastAPI, Header, HTTPException, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 from fastapi.staticfiles import StaticFiles
 from pydantic import BaseModel, ConfigDict, Field
 
 from . import certificate
-from .exam import Exam, ExamError, load_exam_banks
+from .exam import Exam, ExamError, load_exam_banks, rules_text
+from .mailer import mailer_for
 from .issuer import Issuer
 from .keys import Keyring
 from .settings import ClassroomConfig
@@ -42,13 +55,41 @@ PUBLIC = {"Access-Control-Allow-Origin": "*", "Cache-Control": "no-cache"}
 # --- API models --------------------------------------------------------------------------------
 
 class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    """No extra keys, no coercion: `true` is not 1 and "1" is not a number."""
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+class SigninIn(Strict):
+    email: str = Field(min_length=3, max_length=254, description="The link is mailed here; only a keyed hash "
+                       "(attempts) and a salted hash (the credential) are stored.")
+
+
+class SigninOut(BaseModel):
+    sent: bool
+    expires_in_s: int
+    dev_link: str | None = None
+
+
+class ConfirmIn(Strict):
+    token: str = Field(min_length=16, max_length=128)
+
+
+class SessionOut(BaseModel):
+    session: str
+    expires_in_s: int
+
+
+class MeOut(BaseModel):
+    attempts_left_today: int
+    attempts_per_day: int
+    cooldown_until: str | None
+    open_attempt: str | None
+    last_attempt: str | None
 
 
 class StartIn(Strict):
-    display_name: str = Field(min_length=1, max_length=200, description="Printed on the certificate as typed.")
-    email: str | None = Field(default=None, max_length=254,
-                              description="Optional: only a salted hash goes into the credential.")
+    display_name: str = Field(min_length=1, max_length=400, description="Printed on the certificate as typed "
+                              "(NFC, 1-100 visible characters).")
 
 
 class QuestionOut(BaseModel):
@@ -71,6 +112,8 @@ class AttemptOut(BaseModel):
     pass_mark: int
     answered: list[int]
     attempts_left_today: int
+    responses: dict[str, dict] = {}
+    resumed: bool | None = None
     questions: list[QuestionOut] | None = None
 
 
@@ -80,12 +123,32 @@ class AnswerIn(Strict):
     value: float | None = Field(default=None, description="numeric: in the question's unit")
 
 
-class FeedbackOut(BaseModel):
+class RecordedOut(BaseModel):
     number: int
-    correct: bool
-    feedback: list[str]
+    recorded: bool
     answered: int
     total: int
+
+
+class ReviewItem(QuestionOut):
+    response: dict | None
+    correct: bool
+    key: list[int] | None
+    """Shown positions of the right options (choice items)."""
+    answer: float | None
+    """The exact value, rounded to the significant figures asked (numeric items)."""
+    explain: str | None
+    explains: list[str]
+    """Each shown option's explanation, in shown order."""
+
+
+class ReviewOut(BaseModel):
+    attempt_id: str
+    score: int | None
+    total: int
+    passed: bool
+    finished: bool
+    items: list[ReviewItem]
 
 
 class CredentialLinks(BaseModel):
@@ -109,8 +172,65 @@ class Error(BaseModel):
     detail: str
 
 
-ERRORS = {404: {"model": Error}, 409: {"model": Error}, 410: {"model": Error}, 422: {"model": Error},
-          429: {"model": Error}}
+ERRORS = {401: {"model": Error}, 404: {"model": Error}, 409: {"model": Error}, 410: {"model": Error},
+          413: {"model": Error}, 422: {"model": Error}, 429: {"model": Error}}
+
+
+# --- request bodies ------------------------------------------------------------------------------
+
+class BodyLimit:
+    """ASGI middleware: 413 for a body over `limit` bytes, by Content-Length or as it streams in.
+
+    The body (at most `limit` bytes) is read before the app runs and replayed to it, so an oversized
+    chunked upload is refused before any parsing starts."""
+
+    def __init__(self, app, limit: int):
+        self.app, self.limit = app, limit
+
+    async def _reply(self, send, status: int, detail: str):
+        body = json.dumps({"detail": detail}).encode()
+        await send({"type": "http.response.start", "status": status,
+                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+                                (b"connection", b"close")]})
+        await send({"type": "http.response.body", "body": body})
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        length = dict(scope.get("headers") or []).get(b"content-length")
+        if length is not None and (not length.isdigit() or int(length) > self.limit):
+            return await self._reply(send, 413, f"request body over {self.limit} bytes")
+        chunks, seen = [], 0
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":          # the client went away
+                return
+            seen += len(message.get("body", b""))
+            if seen > self.limit:
+                return await self._reply(send, 413, f"request body over {self.limit} bytes")
+            chunks.append(message.get("body", b""))
+            if not message.get("more_body", False):
+                break
+        replayed = False
+
+        async def replay():
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": b"".join(chunks), "more_body": False}
+            return await receive()
+
+        await self.app(scope, replay, send)
+
+
+def validation_detail(err: RequestValidationError) -> str:
+    """Where and what, never the input: at most 5 problems, each location and message cut short."""
+    parts = []
+    for e in err.errors()[:5]:
+        where = ".".join(str(x) for x in e.get("loc", ()) if x != "body")[:60] or "body"
+        parts.append(f"{where}: {str(e.get('msg', 'invalid'))[:100]}")
+    more = len(err.errors()) - 5
+    return "; ".join(parts) + (f" (and {more} more)" if more > 0 else "")
 
 
 # --- per-IP limits -------------------------------------------------------------------------------
@@ -140,45 +260,106 @@ class RateLimiter:
 
 # --- the app -------------------------------------------------------------------------------------
 
-def create_app(config: ClassroomConfig, *, keyring: Keyring | None = None, clock=time.time) -> FastAPI:
+def create_app(config: ClassroomConfig, *, keyring: Keyring | None = None, clock=time.time,
+               mailer=None) -> FastAPI:
     banks = load_exam_banks(config.banks_dir, config.questions_per_chapter)    # fail before touching var/
+    mailer = mailer if mailer is not None else mailer_for(config)
     store = Store(config.db_path)
     keyring = keyring or Keyring.open(config.keys_path, create=True)
     issuer = Issuer(config, keyring, store, clock=clock)
-    exam = Exam(config, store, issuer, clock=clock, banks=banks)
+    exam = Exam(config, store, issuer, clock=clock, banks=banks, mailer=mailer)
+    signin_limit = RateLimiter(config.ip_signins_per_hour, 3600)
     start_limit = RateLimiter(config.ip_attempts_per_hour, 3600)
     api_limit = RateLimiter(config.ip_requests_per_minute, 60)
 
     app = FastAPI(title="minimega exam", version=config.course_version,
                   description="Graded exam and verifiable Open Badges 3.0 certificates.")
     app.state.store, app.state.issuer, app.state.exam, app.state.config = store, issuer, exam, config
+    app.state.mailer = mailer
+    app.add_middleware(BodyLimit, limit=config.body_limit_bytes)
 
     @app.exception_handler(ExamError)
     async def exam_error(request: Request, err: ExamError):
-        return JSONResponse({"detail": str(err)}, status_code=err.status)
+        headers = {"WWW-Authenticate": "Bearer"} if err.status == 401 else None
+        return JSONResponse({"detail": str(err)}, status_code=err.status, headers=headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(request: Request, err: RequestValidationError):
+        try:                                    # a malformed request spends the sender's budget too
+            api_limit.hit(ip(request))
+            if request.url.path == "/api/v1/signin":
+                signin_limit.hit(ip(request))
+        except ExamError as limited:
+            return JSONResponse({"detail": str(limited)}, status_code=429)
+        return JSONResponse({"detail": validation_detail(err)}, status_code=422)
 
     def ip(request: Request) -> str:
         return request.client.host if request.client else "unknown"
 
+    def bearer(authorization: str | None) -> str | None:
+        if authorization and authorization[:7].lower() == "bearer " and len(authorization) <= 200:
+            return authorization[7:].strip()
+        return None
+
+    Auth = Header(default=None, max_length=200, description="Bearer <session> from /api/v1/signin/confirm")
+
+    @app.get("/api/v1/exam")
+    def exam_info() -> dict:
+        """Public facts the exam page states: sizes, pass mark, limits, chapters."""
+        total = len(exam.banks) * config.questions_per_chapter
+        return {"questions": total, "pass_mark": math.ceil(config.pass_fraction * total - 1e-9),
+                "attempts_per_day": config.attempts_per_day, "fail_cooldown_s": config.fail_cooldown_s,
+                "attempt_ttl_s": config.attempt_ttl_s, "rules": rules_text(config, len(exam.banks)),
+                "chapters": {str(c): b.title for c, b in sorted(exam.banks.items())}}
+
+    @app.post("/api/v1/signin", response_model=SigninOut, responses=ERRORS)
+    def signin(body: SigninIn, request: Request):
+        signin_limit.hit(ip(request))
+        return exam.request_signin(body.email)
+
+    @app.post("/api/v1/signin/confirm", response_model=SessionOut, responses=ERRORS)
+    def confirm(body: ConfirmIn, request: Request):
+        api_limit.hit(ip(request))
+        signin_limit.hit(ip(request))           # guessing tokens costs as much as asking for them
+        return exam.redeem_signin(body.token)
+
+    @app.post("/api/v1/signout", status_code=204, responses=ERRORS)
+    def signout(request: Request, authorization: str | None = Auth):
+        api_limit.hit(ip(request))
+        exam.learner(bearer(authorization))
+        exam.sign_out(bearer(authorization))
+        return Response(status_code=204)
+
+    @app.get("/api/v1/me", response_model=MeOut, responses=ERRORS)
+    def me(request: Request, authorization: str | None = Auth):
+        api_limit.hit(ip(request))
+        return exam.me(bearer(authorization))
+
     @app.post("/api/v1/attempts", response_model=AttemptOut, status_code=201, responses=ERRORS)
-    def start_attempt(body: StartIn, request: Request):
+    def start_attempt(body: StartIn, request: Request, authorization: str | None = Auth):
         start_limit.hit(ip(request))
-        return exam.start(body.display_name, body.email, ip(request))
+        return exam.start(bearer(authorization), body.display_name, ip(request))
 
     @app.get("/api/v1/attempts/{attempt_id}", response_model=AttemptOut, responses=ERRORS)
-    def get_attempt(attempt_id: str, request: Request, questions: bool = False):
+    def get_attempt(attempt_id: str, request: Request, questions: bool = False,
+                    authorization: str | None = Auth):
         api_limit.hit(ip(request))
-        return exam.status(attempt_id, with_questions=questions)
+        return exam.status(attempt_id, bearer(authorization), with_questions=questions)
 
-    @app.post("/api/v1/attempts/{attempt_id}/answers/{number}", response_model=FeedbackOut, responses=ERRORS)
-    def answer(attempt_id: str, number: int, body: AnswerIn, request: Request):
+    @app.post("/api/v1/attempts/{attempt_id}/answers/{number}", response_model=RecordedOut, responses=ERRORS)
+    def answer(attempt_id: str, number: int, body: AnswerIn, request: Request, authorization: str | None = Auth):
         api_limit.hit(ip(request))
-        return exam.answer(attempt_id, number, body.model_dump(exclude_none=True))
+        return exam.answer(attempt_id, number, body.model_dump(exclude_none=True), bearer(authorization))
 
     @app.post("/api/v1/attempts/{attempt_id}/finish", response_model=FinishOut, responses=ERRORS)
-    def finish(attempt_id: str, request: Request):
+    def finish(attempt_id: str, request: Request, authorization: str | None = Auth):
         api_limit.hit(ip(request))
-        return exam.finish(attempt_id)
+        return exam.finish(attempt_id, bearer(authorization))
+
+    @app.get("/api/v1/attempts/{attempt_id}/review", response_model=ReviewOut, responses=ERRORS)
+    def review(attempt_id: str, request: Request, authorization: str | None = Auth):
+        api_limit.hit(ip(request))
+        return exam.review(attempt_id, bearer(authorization))
 
     def credential_row(code: str, request: Request):
         api_limit.hit(ip(request))
@@ -234,12 +415,20 @@ def create_app(config: ClassroomConfig, *, keyring: Keyring | None = None, clock
         return {"ok": True, "schema_version": store.schema_version(), "course_version": config.course_version}
 
     static = resources.files(__package__).joinpath("static")
-    app.mount("/exam", StaticFiles(directory=str(static), html=True), name="exam")
+    app.mount("/exam-app", StaticFiles(directory=str(static), html=True), name="exam-app")
     site = Path(config.site_dir)
     if site.is_dir() and (site / "index.html").exists():
         app.mount("/", StaticFiles(directory=str(site), html=True), name="site")
-    else:
+    else:                                       # no course site built: the bare exam page
         @app.get("/", include_in_schema=False)
         def no_site():
-            return RedirectResponse("/exam/")
+            return RedirectResponse("/exam-app/")
+
+        @app.get("/exam/", include_in_schema=False)
+        def no_site_exam():
+            return RedirectResponse("/exam-app/")
+
+        @app.get("/favicon.ico", include_in_schema=False)
+        def favicon():
+            return Response(status_code=204)
     return app

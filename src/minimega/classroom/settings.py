@@ -27,12 +27,32 @@ class ClassroomConfig:
     """Questions drawn from each chapter's bank per attempt."""
     pass_fraction: float = 0.8
     attempts_per_day: int = 3
-    """Per learner (email if given, else display name), per UTC day."""
+    """Per signed-in learner (their verified email), per UTC day."""
+    fail_cooldown_s: float = 3600
+    """After a failed attempt the same learner waits this long before the next one."""
+    dev: bool = False
+    """Development: sign-in links are logged and returned to the page instead of mailed."""
+    smtp_host: str | None = None
+    """SMTP server for sign-in links (a real deployment); without it and without `dev` the service refuses to start."""
+    smtp_port: int = 587
+    smtp_user: str | None = None
+    smtp_password_env: str = "MINIMEGA_SMTP_PASSWORD"
+    """Name of the environment variable holding the SMTP password (never a flag: it would show in `ps`)."""
+    smtp_from: str = "minimega exam <exam@localhost>"
+    smtp_starttls: bool = True
+    signin_ttl_s: float = 15 * 60
+    """A sign-in link works once, within this time."""
+    session_ttl_s: float = 12 * 3600
+    signins_per_hour: int = 5
+    """Sign-in mails per email address per hour."""
+    body_limit_bytes: int = 16 * 1024
+    """Larger request bodies get 413 before they are parsed."""
     attempt_ttl_s: float = 3 * 3600
     """An attempt not finished within this time expires."""
     ip_attempts_per_hour: int = 20
     ip_requests_per_minute: int = 600
-    """Per-IP limit on API calls (answers, finishes, look-ups)."""
+    """Per-IP limit on API calls (answers, finishes, look-ups); invalid requests count too."""
+    ip_signins_per_hour: int = 30
     status_list_ttl_s: float = 24 * 3600
     """A signed status list is valid this long; verifiers reject older ones as stale."""
     credential_valid_days: int | None = None
@@ -43,6 +63,8 @@ class ClassroomConfig:
             raise ValueError(f"pass_fraction={self.pass_fraction}: must lie in (0, 1]")
         if self.questions_per_chapter < 1 or self.attempts_per_day < 1:
             raise ValueError("questions_per_chapter and attempts_per_day must be >= 1")
+        if self.fail_cooldown_s < 0 or self.body_limit_bytes < 1024:
+            raise ValueError("fail_cooldown_s must be >= 0 and body_limit_bytes >= 1024")
         if not self.base_url.startswith(("http://", "https://")) or self.base_url.endswith("/"):
             raise ValueError(f"base_url={self.base_url!r}: an origin like https://course.example.org, no trailing /")
         if self.issuer_did is not None and not self.issuer_did.startswith("did:web:"):

@@ -27,33 +27,14 @@ from pathlib import Path
 from mkdocs.exceptions import PluginError
 
 from minimega import estimate as est
-from minimega.classroom.quiz import Bank, Item, grade, load_bank
+from minimega.classroom.quiz import Bank, Item, evaluate, formula_namespace, grade, load_bank  # noqa: F401
 
-MACRO = re.compile(r"\{\{(\s*(?:num|figure|quiz|presets_json)\s*\(.*?)\}\}", re.S)
+MACRO = re.compile(r"\{\{(\s*(?:num|figure|quiz|presets_json|exam_page)\s*\(.*?)\}\}", re.S)
 NUM = re.compile(r'^\s*num\(\s*"([^"]+)"\s*(?:,\s*"([^"]*)"\s*)?\)\s*$')
 FIGURE = re.compile(r'^\s*figure\(\s*"([a-z0-9-]+)"\s*,\s*"([^"]+)"\s*\)\s*$')
 QUIZ = re.compile(r"^\s*quiz\(\s*\)\s*$")
 PRESETS = re.compile(r"^\s*presets_json\(\s*\)\s*$")
-
-
-def formula_namespace() -> dict:
-    """Names a `num(...)` macro or a quiz item's `formula` may use: minimega.estimate's public API,
-    minimega.perf's (``perf.__all__``), GB, and math's functions. Nothing else (no builtins)."""
-    ns = {k: getattr(est, k) for k in dir(est) if not k.startswith("_")}
-    from minimega import perf                      # the time model (chapter 13): step_time, collective_time, ...
-    ns.update({k: getattr(perf, k) for k in perf.__all__})
-    from minimega.perf_plan import plan_rank
-    ns.update(plan_rank=plan_rank)
-    ns.update({k: getattr(math, k) for k in ("ceil", "floor", "log2", "log10", "sqrt")})
-    ns.update(min=min, max=max, round=round, sum=sum, range=range)
-    return ns
-
-
-def evaluate(expr: str) -> float:
-    """Evaluate a formula string in `formula_namespace`."""
-    # the namespace is the globals, so generator expressions inside a formula can see it too
-    value = eval(compile(expr, "<formula>", "eval"), {"__builtins__": {}, **formula_namespace()})
-    return float(value)
+EXAM_PAGE = re.compile(r"^\s*exam_page\(\s*\)\s*$")
 
 
 def format_number(value: float, fmt: str | None) -> str:
@@ -93,7 +74,7 @@ def render_item(bank_id: str, number: int, item: Item) -> str:
     attrs = f'class="mm-item" id="{qid}" data-item="{html.escape(item.id)}" data-type="{item.type}" novalidate'
     parts = []
     if item.type == "numeric":
-        attrs += (f' data-answer="{item.answer!r}" data-tolerance="{item.tolerance!r}"'
+        attrs += (f' data-answer="{item.answer!r}" data-tolerance="{item.tolerance!r}" data-sig="{item.sig}"'
                   f' data-explain="{html.escape(inline(item.explain))}"')
         unit = f" ({html.escape(item.unit)})" if item.unit else ""
         parts.append(f'<div class="mm-numeric"><label for="{qid}-in">Your answer{unit}</label> '
@@ -108,7 +89,7 @@ def render_item(bank_id: str, number: int, item: Item) -> str:
                          f'<label for="{qid}-{i}">{inline(c.text)}</label></div>')
     hint = " <span class=\"mm-hint\">(choose all that apply)</span>" if item.type == "multiple" else ""
     return (f"<form {attrs}><fieldset><legend><span class=\"mm-qnum\">Question {number}.</span> "
-            f"{inline(item.question)}{hint}</legend>{''.join(parts)}</fieldset>"
+            f"{inline(item.prompt)}{hint}</legend>{''.join(parts)}</fieldset>"
             f'<button type="submit" class="md-button mm-check">Check</button>'
             f'<div class="mm-feedback" role="status" aria-live="polite"></div></form>')
 
@@ -123,6 +104,8 @@ def render_quiz(bank_id: str, bank: Bank) -> str:
 def check_bank(bank: Bank) -> None:
     """Every numeric item with a formula must grade its own recomputed value as correct."""
     for it in bank.items:
+        if it.parametric:
+            raise PluginError(f"{bank.path}: item {it.id!r} is a template; practice items have fixed numbers")
         if it.type == "numeric" and it.formula:
             value = evaluate(it.formula)
             if not grade(it, value).correct:
@@ -165,6 +148,8 @@ def on_page_markdown(markdown: str, page, config, files) -> str:
             bank = load_bank(path)
             check_bank(bank)
             return render_quiz(stem, bank)
+        if EXAM_PAGE.match(body):
+            return exam_page(_root(config), config)
         if PRESETS.match(body):
             # goes inside <script type="application/json">, where entities are not decoded
             return json.dumps(est.PRESETS, sort_keys=True).replace("</", "<\\/")
@@ -173,6 +158,34 @@ def on_page_markdown(markdown: str, page, config, files) -> str:
     return MACRO.sub(replace, markdown)
 
 
+def chapter_titles(root: Path, config) -> dict[str, str]:
+    """Chapter number -> the title its page's H1 gives ("3. ZeRO stages 1, 2 and 3" -> "ZeRO stages 1, 2 and 3")."""
+    out = {}
+    for page in sorted((root / config["docs_dir"]).glob("[0-9][0-9]-*.md")):
+        for line in page.read_text(encoding="utf-8").splitlines():
+            if m := re.match(r"#\s+(\d+)\.\s+(.+?)\s*(\{.*\})?\s*$", line):
+                out[str(int(m.group(1)))] = m.group(2)
+                break
+    return out
+
+
+def exam_page(root: Path, config) -> str:
+    """The exam page's markup: rules from the service's defaults, the site's chapter titles, the form.
+
+    Only counts the exam banks (files in quizzes/exam); nothing of their content reaches the site.
+    """
+    from minimega.classroom.exam import rules_text
+    from minimega.classroom.settings import ClassroomConfig
+
+    n_chapters = len(list((root / "quizzes" / "exam").glob("[0-9][0-9]-*.yaml")))
+    rules = rules_text(ClassroomConfig(), n_chapters)
+    titles = html.escape(json.dumps(chapter_titles(root, config), ensure_ascii=False), quote=True)
+    body = (STATIC / "exam-body.html").read_text(encoding="utf-8").replace("{{rules}}", html.escape(rules))
+    return body.replace('<div id="mm-exam" class="mm-exam">',
+                        f'<div id="mm-exam" class="mm-exam" data-chapters="{titles}">', 1)
+
+
+STATIC = Path(__file__).parent / "static"
 PLOTLY_JS = "assets/vendor/plotly/plotly-basic.min.js"
 
 
@@ -183,6 +196,8 @@ def on_files(files, config):
     root = Path(config["config_file_path"]).parent
     for notebook in sorted((root / "labs").glob("[0-9][0-9]-*.ipynb")):
         files.append(File(f"labs/{notebook.name}", str(root), config["site_dir"], config["use_directory_urls"]))
+    for asset in ("exam.js", "exam.css"):       # one source for the course page and the bare service page
+        files.append(File.generated(config, f"assets/exam/{asset}", abs_src_path=str(STATIC / asset)))
     return files
 
 

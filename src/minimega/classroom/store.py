@@ -70,6 +70,27 @@ MIGRATIONS: list[tuple[int, str, str]] = [
         CREATE INDEX attempts_by_learner_day ON attempts(learner_key, day);
         CREATE INDEX attempts_by_ip_created ON attempts(ip, created_at);
     """),
+    (3, "email sign-in, sessions, parametric items, seeds", """
+        CREATE TABLE signins (
+            token_hash   TEXT PRIMARY KEY,          -- SHA-256 of the mailed one-time token
+            learner_key  TEXT NOT NULL,             -- keyed hash of the verified email
+            email_id     TEXT NOT NULL,             -- JSON IdentityObject (salted hash) for the credential
+            created_at   REAL NOT NULL,
+            expires_at   REAL NOT NULL,
+            used_at      REAL
+        );
+        CREATE INDEX signins_by_learner_created ON signins(learner_key, created_at);
+        CREATE TABLE sessions (
+            token_hash   TEXT PRIMARY KEY,          -- SHA-256 of the bearer token the page keeps
+            learner_key  TEXT NOT NULL,
+            email_id     TEXT NOT NULL,
+            created_at   REAL NOT NULL,
+            expires_at   REAL NOT NULL
+        );
+        ALTER TABLE attempts ADD COLUMN seed TEXT;                -- the draw's seed (hex), for audits
+        ALTER TABLE attempt_items ADD COLUMN params TEXT;         -- JSON values of a parametric item
+        CREATE INDEX attempts_by_learner_finished ON attempts(learner_key, finished_at);
+    """),
 ]
 
 
@@ -149,23 +170,79 @@ class Store:
     # --- attempts ----------------------------------------------------------------------------
 
     def create_attempt(self, *, learner_key: str, display_name: str, email_id: dict | None, ip: str,
-                       day: str, now: float, ttl_s: float, items: list[tuple[int, str, list[int]]],
-                       per_day: int) -> str:
-        """Insert an attempt and its drawn items; `Conflict` if the learner used up today's attempts."""
+                       day: str, now: float, ttl_s: float, items: list[tuple], per_day: int,
+                       cooldown_s: float = 0.0, seed: str | None = None) -> str:
+        """Insert an attempt and its drawn items; `Conflict` if the learner used up today's attempts or
+        failed less than `cooldown_s` ago. Items are (chapter, item id, choice order[, params])."""
         attempt_id = secrets.token_urlsafe(16)
         with self.write() as c:
             used = c.execute("SELECT COUNT(*) FROM attempts WHERE learner_key=? AND day=?",
                              (learner_key, day)).fetchone()[0]
             if used >= per_day:
                 raise Conflict(f"attempt limit reached: {used} of {per_day} attempts used today (UTC)")
+            last_fail = c.execute("SELECT MAX(finished_at) FROM attempts WHERE learner_key=? AND passed=0",
+                                  (learner_key,)).fetchone()[0]
+            if last_fail is not None and now < last_fail + cooldown_s:
+                wait = int(last_fail + cooldown_s - now) + 1
+                raise Conflict(f"cooldown after a failed attempt: the next one can start in {wait // 60} min {wait % 60} s")
             c.execute("INSERT INTO attempts (id, learner_key, display_name, email_id, ip, day, created_at, "
-                      "expires_at, total) VALUES (?,?,?,?,?,?,?,?,?)",
+                      "expires_at, total, seed) VALUES (?,?,?,?,?,?,?,?,?,?)",
                       (attempt_id, learner_key, display_name, json.dumps(email_id) if email_id else None,
-                       ip, day, now, now + ttl_s, len(items)))
-            c.executemany("INSERT INTO attempt_items VALUES (?,?,?,?,?)",
-                          [(attempt_id, n, ch, item_id, json.dumps(order))
-                           for n, (ch, item_id, order) in enumerate(items, start=1)])
+                       ip, day, now, now + ttl_s, len(items), seed))
+            c.executemany("INSERT INTO attempt_items (attempt_id, number, chapter, item_id, choice_order, params) "
+                          "VALUES (?,?,?,?,?,?)",
+                          [(attempt_id, n, pick[0], pick[1], json.dumps(pick[2]),
+                            json.dumps(pick[3]) if len(pick) > 3 and pick[3] else None)
+                           for n, pick in enumerate(items, start=1)])
         return attempt_id
+
+    def open_attempt(self, learner_key: str, now: float) -> sqlite3.Row | None:
+        """The learner's unfinished, unexpired attempt (the newest), if any."""
+        return self.conn().execute(
+            "SELECT * FROM attempts WHERE learner_key=? AND finished_at IS NULL AND expires_at>=? "
+            "ORDER BY created_at DESC LIMIT 1", (learner_key, now)).fetchone()
+
+    def last_attempt(self, learner_key: str) -> sqlite3.Row | None:
+        return self.conn().execute("SELECT * FROM attempts WHERE learner_key=? ORDER BY created_at DESC LIMIT 1",
+                                   (learner_key,)).fetchone()
+
+    def cooldown_until(self, learner_key: str, cooldown_s: float) -> float | None:
+        last_fail = self.conn().execute("SELECT MAX(finished_at) FROM attempts WHERE learner_key=? AND passed=0",
+                                        (learner_key,)).fetchone()[0]
+        return None if last_fail is None else last_fail + cooldown_s
+
+    # --- sign-in and sessions ----------------------------------------------------------------
+
+    def create_signin(self, *, token_hash: str, learner_key: str, email_id: dict, now: float, ttl_s: float,
+                      per_hour: int) -> None:
+        """Record a mailed one-time token; `Conflict` past `per_hour` links for this address."""
+        with self.write() as c:
+            sent = c.execute("SELECT COUNT(*) FROM signins WHERE learner_key=? AND created_at>?",
+                             (learner_key, now - 3600)).fetchone()[0]
+            if sent >= per_hour:
+                raise Conflict(f"{sent} sign-in links sent to this address in the last hour; use one of them "
+                               "or wait")
+            c.execute("INSERT INTO signins VALUES (?,?,?,?,?,NULL)",
+                      (token_hash, learner_key, json.dumps(email_id), now, now + ttl_s))
+
+    def redeem_signin(self, *, token_hash: str, session_hash: str, now: float, session_ttl_s: float) -> str:
+        """Spend a one-time token and open a session; returns the learner key. `Conflict` if unusable."""
+        with self.write() as c:
+            row = c.execute("SELECT * FROM signins WHERE token_hash=?", (token_hash,)).fetchone()
+            if row is None or row["used_at"] is not None or now > row["expires_at"]:
+                raise Conflict("this sign-in link is unknown, used or expired: ask for a new one")
+            c.execute("UPDATE signins SET used_at=? WHERE token_hash=?", (now, token_hash))
+            c.execute("INSERT INTO sessions VALUES (?,?,?,?,?)",
+                      (session_hash, row["learner_key"], row["email_id"], now, now + session_ttl_s))
+        return row["learner_key"]
+
+    def session(self, session_hash: str, now: float) -> sqlite3.Row | None:
+        return self.conn().execute("SELECT * FROM sessions WHERE token_hash=? AND expires_at>=?",
+                                   (session_hash, now)).fetchone()
+
+    def end_session(self, session_hash: str) -> None:
+        with self.write() as c:
+            c.execute("DELETE FROM sessions WHERE token_hash=?", (session_hash,))
 
     def attempts_today(self, learner_key: str, day: str) -> int:
         return self.conn().execute("SELECT COUNT(*) FROM attempts WHERE learner_key=? AND day=?",

@@ -1,10 +1,21 @@
-/* Exam UI: starts an attempt, renders each question as a fieldset, sends one answer per "Check",
- * shows the server's feedback in words (a live region), locks the question, then finishes.
- * All text from the server goes in through textContent. The answer key never reaches this page. */
+/* Graded exam page: sign in with an email link, start (or resume) an attempt, record one locked
+ * answer per question (the server says only "recorded"), finish, then review every item with its
+ * key, worked value and explanations.
+ *
+ * The session token lives in localStorage, so a reload (or the mailed link opened later) resumes the
+ * open attempt from GET /api/v1/me and /api/v1/attempts/{id}?questions=true, answers given shown
+ * locked. Text from the server goes in through textContent; the key never reaches this page before
+ * the attempt is over. The same script serves the course page (course/exam/index.md) and the bare
+ * page of a service without a site (/exam-app/).
+ */
 (function () {
   "use strict";
   const api = "/api/v1";
+  const SESSION = "minimega.exam.session";
   let attempt = null;
+  let root = null;
+
+  function $(id) { return document.getElementById(id); }
 
   function el(tag, text, attrs) {
     const e = document.createElement(tag);
@@ -13,11 +24,19 @@
     return e;
   }
 
+  function session() { try { return localStorage.getItem(SESSION); } catch (e) { return null; } }
+  function setSession(s) {
+    try { if (s) localStorage.setItem(SESSION, s); else localStorage.removeItem(SESSION); } catch (e) { /* private mode */ }
+  }
+
   async function call(method, path, body) {
-    const resp = await fetch(api + path, { method, headers: { "Content-Type": "application/json" },
-      body: body === undefined ? undefined : JSON.stringify(body) });
+    const headers = { "Content-Type": "application/json" };
+    const s = session();
+    if (s) headers.Authorization = `Bearer ${s}`;
+    const resp = await fetch(api + path, { method, headers, body: body === undefined ? undefined : JSON.stringify(body) });
     let data = null;
     try { data = await resp.json(); } catch (e) { /* empty */ }
+    if (resp.status === 401 && path !== "/signin/confirm") { setSession(null); show("signin"); }
     if (!resp.ok) {
       const detail = data && data.detail;
       throw new Error(typeof detail === "string" ? detail : `HTTP ${resp.status}`);
@@ -25,43 +44,140 @@
     return data;
   }
 
-  function progress() {
-    const done = document.querySelectorAll("fieldset[data-locked]").length;
-    document.getElementById("progress").textContent =
-      `${done} of ${attempt.total} answered; ${attempt.pass_mark} correct answers pass.`;
+  function show(which) {
+    for (const id of ["signin", "start", "exam", "after"]) {
+      const section = $(`mm-exam-${id}`);
+      if (section) section.hidden = id !== which && !(which === "after" && id === "exam");
+    }
+  }
+
+  function chapterTitle(q) {
+    let titles = {};
+    try { titles = JSON.parse(($("mm-exam") || { dataset: {} }).dataset.chapters || "{}"); } catch (e) { /* built without */ }
+    return titles[String(q.chapter)] || q.chapter_title;
+  }
+
+  /* --- rules from the server (the page's static text states the defaults) --- */
+  async function rules() {
+    try {
+      const info = await call("GET", "/exam");
+      const box = $("mm-exam-rules");
+      if (box) box.textContent = info.rules;
+    } catch (e) { /* the page keeps the built text */ }
+  }
+
+  /* --- sign-in --- */
+  async function requestLink(ev) {
+    ev.preventDefault();
+    const status = $("mm-exam-signin-status");
+    status.textContent = "Sending…";
+    try {
+      const res = await call("POST", "/signin", { email: $("mm-exam-email").value.trim() });
+      status.replaceChildren(el("span", "Check your mail: the link signs you in once, within " +
+        `${Math.round(res.expires_in_s / 60)} minutes.`));
+      if (res.dev_link) {
+        const a = el("a", "Development mode: open the sign-in link", { href: res.dev_link, id: "mm-exam-dev-link" });
+        status.append(" ", a);
+        a.addEventListener("click", (e) => { e.preventDefault(); history.replaceState(null, "", res.dev_link); boot(); });
+      }
+    } catch (e) { status.textContent = `Could not send the link: ${e.message}`; }
+  }
+
+  async function redeemFromHash() {
+    const m = /[#&]signin=([A-Za-z0-9_-]{16,128})/.exec(location.hash);
+    if (!m) return;
+    history.replaceState(null, "", location.pathname + location.search);   // the token is spent: drop it
+    // the site's instant navigation may run this page's script twice for one click: redeem once
+    const mark = `minimega.exam.redeemed.${m[1].slice(0, 16)}`;
+    try { if (sessionStorage.getItem(mark)) return; sessionStorage.setItem(mark, "1"); } catch (e) { /* private mode */ }
+    try {
+      const res = await call("POST", "/signin/confirm", { token: m[1] });
+      setSession(res.session);
+    } catch (e) { $("mm-exam-signin-status").textContent = `Sign-in failed: ${e.message}`; }
+  }
+
+  /* --- start or resume --- */
+  async function home() {
+    const me = await call("GET", "/me");
+    if (me.open_attempt) return resume(me.open_attempt);
+    show("start");
+    const parts = [`${me.attempts_left_today} of ${me.attempts_per_day} attempts left today (UTC).`];
+    if (me.cooldown_until) parts.push(`After a failed attempt the next one opens at ${me.cooldown_until}.`);
+    $("mm-exam-limits").textContent = parts.join(" ");
+    const last = $("mm-exam-last");
+    last.hidden = !me.last_attempt;
+    last.onclick = () => review(me.last_attempt);
+  }
+
+  async function start(ev) {
+    ev.preventDefault();
+    const status = $("mm-exam-start-status");
+    status.textContent = "Starting…";
+    try {
+      attempt = await call("POST", "/attempts", { display_name: $("mm-exam-name").value });
+    } catch (e) { status.textContent = `Could not start: ${e.message}`; return; }
+    status.textContent = "";
+    render();
+  }
+
+  async function resume(id) {
+    attempt = await call("GET", `/attempts/${encodeURIComponent(id)}?questions=true`);
+    render();
+  }
+
+  function render() {
+    show("exam");
+    $("mm-exam-status").textContent = `${attempt.display_name}: ${attempt.total} questions, open until ` +
+      `${attempt.expires_at}. Answers are recorded and locked; results come after you finish.`;
+    const box = $("mm-exam-questions");
+    box.replaceChildren(...attempt.questions.map(renderQuestion));
+    progress();
   }
 
   function renderQuestion(q) {
-    const fs = el("fieldset", null, { id: `q${q.number}`, "data-number": q.number, "aria-describedby": `fb${q.number}` });
-    fs.append(el("legend", `Question ${q.number}: ${q.question}`));
-    fs.append(el("p", `Chapter ${q.chapter}: ${q.chapter_title}`, { class: "chapter" }));
+    const fs = el("fieldset", null, { id: `q${q.number}`, "data-number": q.number, class: "mm-exam-q" });
+    fs.append(el("legend", `Question ${q.number}`));
+    fs.append(el("p", `Chapter ${q.chapter}: ${chapterTitle(q)}`, { class: "mm-exam-chapter" }));
+    fs.append(el("p", q.question, { class: "mm-exam-text" }));
     if (q.type === "numeric") {
       const id = `q${q.number}-value`;
-      fs.append(el("label", `Your answer${q.unit ? ` (${q.unit})` : ""}`, { for: id }));
-      fs.append(el("br"));
+      fs.append(el("label", `Your answer${q.unit ? ` (${q.unit})` : ""}`, { for: id }), " ");
       fs.append(el("input", null, { id, type: "text", inputmode: "decimal", autocomplete: "off", class: "value" }));
     } else {
+      if (q.type === "multiple") fs.append(el("p", "Choose all that apply.", { class: "mm-exam-hint" }));
       q.choices.forEach((text, i) => {
         const id = `q${q.number}-c${i}`;
-        const label = el("label", null, { for: id, class: "choice" });
-        const input = el("input", null, { id, type: q.type === "single" ? "radio" : "checkbox", name: `q${q.number}`, value: i });
-        label.append(input, " ", document.createTextNode(text));
-        fs.append(label);
+        const row = el("div", null, { class: "mm-exam-choice" });
+        row.append(el("input", null, { id, type: q.type === "single" ? "radio" : "checkbox", name: `q${q.number}`, value: i }),
+          el("label", text, { for: id }));
+        fs.append(row);
       });
     }
-    const check = el("button", "Check", { type: "button", class: "check" });
-    const fb = el("div", null, { id: `fb${q.number}`, role: "status", "aria-live": "polite", class: "feedback-region" });
-    check.addEventListener("click", () => submit(q, fs, fb, check));
-    fs.append(el("p"), check, fb);
+    const save = el("button", "Save answer", { type: "button", class: "md-button mm-exam-save" });
+    const fb = el("p", null, { id: `fb${q.number}`, role: "status", "aria-live": "polite", class: "mm-exam-recorded" });
+    save.addEventListener("click", () => submit(q, fs, fb, save));
+    fs.append(save, fb);
+    const given = (attempt.responses || {})[String(q.number)];
+    if (given) lock(fs, fb, save, given);
     return fs;
+  }
+
+  function lock(fs, fb, button, given) {
+    if ("value" in given) fs.querySelector(".value").value = String(given.value);
+    const picked = "choice" in given ? [given.choice] : (given.choices || []);
+    fs.querySelectorAll("input[value]").forEach((i) => { if (picked.includes(Number(i.value))) i.checked = true; });
+    fs.querySelectorAll("input").forEach((i) => { i.disabled = true; });
+    button.disabled = true;
+    fs.dataset.locked = "1";
+    fb.textContent = "Recorded.";
   }
 
   async function submit(q, fs, fb, button) {
     let body;
     if (q.type === "numeric") {
-      const raw = fs.querySelector(".value").value.trim().replace(/,/g, "");
+      const raw = fs.querySelector(".value").value.trim().replace(/[\s\u2009]/g, "");
       const value = Number(raw);
-      if (!raw || !Number.isFinite(value)) { fb.textContent = "Enter a number first."; return; }
+      if (!raw || !Number.isFinite(value)) { fb.textContent = "Enter a number first, for example 16.6."; return; }
       body = { value };
     } else {
       const picked = [...fs.querySelectorAll("input:checked")].map((i) => Number(i.value));
@@ -70,13 +186,10 @@
     }
     button.disabled = true;
     try {
-      const res = await call("POST", `/attempts/${attempt.attempt_id}/answers/${q.number}`, body);
-      fb.replaceChildren(el("strong", res.correct ? "Correct." : "Not quite."));
-      res.feedback.forEach((f) => fb.append(el("p", f)));
-      fb.className = "feedback " + (res.correct ? "correct" : "wrong");
-      fs.dataset.locked = "1";
-      fs.dataset.correct = String(res.correct);
-      fs.querySelectorAll("input").forEach((i) => { i.disabled = true; });
+      await call("POST", `/attempts/${attempt.attempt_id}/answers/${q.number}`, body);
+      attempt.responses = attempt.responses || {};
+      attempt.responses[String(q.number)] = body;
+      lock(fs, fb, button, body);
       progress();
     } catch (e) {
       fb.textContent = `Not recorded: ${e.message}`;
@@ -84,54 +197,104 @@
     }
   }
 
-  async function start(ev) {
-    ev.preventDefault();
-    const status = document.getElementById("start-status");
-    const body = { display_name: document.getElementById("display-name").value };
-    const email = document.getElementById("email").value.trim();
-    if (email) body.email = email;
-    status.textContent = "Starting…";
-    try {
-      attempt = await call("POST", "/attempts", body);
-    } catch (e) { status.textContent = `Could not start: ${e.message}`; return; }
-    status.textContent = `Attempt started: ${attempt.total} questions, open until ${attempt.expires_at}. ` +
-      `${attempt.attempts_left_today} attempt(s) left today.`;
-    document.getElementById("start-form").hidden = true;
-    const box = document.getElementById("questions");
-    attempt.questions.forEach((q) => box.append(renderQuestion(q)));
-    box.hidden = false;
-    document.getElementById("finish-box").hidden = false;
-    progress();
+  function progress() {
+    const done = document.querySelectorAll("fieldset.mm-exam-q[data-locked]").length;
+    $("mm-exam-progress").textContent =
+      `${done} of ${attempt.total} answered; ${attempt.pass_mark} correct answers pass.`;
   }
 
   async function finish() {
-    const box = document.getElementById("result");
-    box.hidden = false;
-    const unanswered = attempt.total - document.querySelectorAll("fieldset[data-locked]").length;
+    const box = $("mm-exam-result");
+    const unanswered = attempt.total - document.querySelectorAll("fieldset.mm-exam-q[data-locked]").length;
     if (unanswered && !confirm(`${unanswered} question(s) unanswered count as wrong. Finish anyway?`)) return;
+    let res;
     try {
-      const res = await call("POST", `/attempts/${attempt.attempt_id}/finish`);
-      document.getElementById("finish").disabled = true;
-      box.replaceChildren(el("h2", res.passed ? "Passed" : "Not passed"),
-        el("p", `Score: ${res.score} of ${res.total} (${res.percent}%). ${res.pass_mark} were needed.`, { id: "score" }));
-      if (res.credential) {
-        const c = res.credential;
-        box.append(el("p", `Verification code: ${c.code}`, { id: "code" }));
-        const ul = el("ul");
-        const links = [["Download the credential (JSON)", `/api/v1/credentials/${c.code}`, "download-credential", "minimega-certificate.json"],
-          ["Printable certificate", `/certificates/${c.code}`, "certificate-link", null],
-          ["Certificate image (SVG, carries the credential)", `/certificates/${c.code}.svg`, "svg-link", `minimega-certificate.svg`],
-          ["Verify it", `/verify/?c=${encodeURIComponent(c.code)}`, "verify-link", null]];
-        for (const [text, href, id, download] of links) {
-          const a = el("a", text, { href, id });
-          if (download) a.setAttribute("download", download);
-          const li = el("li"); li.append(a); ul.append(li);
-        }
-        box.append(ul);
-      }
-    } catch (e) { box.replaceChildren(el("p", `Could not finish: ${e.message}`)); }
+      res = await call("POST", `/attempts/${attempt.attempt_id}/finish`);
+    } catch (e) { box.textContent = `Could not finish: ${e.message}`; return; }
+    show("after");
+    $("mm-exam-exam").hidden = true;
+    box.replaceChildren(el("h2", res.passed ? "Passed" : "Not passed"),
+      el("p", `Score: ${res.score} of ${res.total} (${res.percent}%). ${res.pass_mark} were needed.`, { id: "mm-exam-score" }));
+    if (res.credential) credentialLinks(box, res.credential);
+    await review(attempt.attempt_id);
   }
 
-  document.getElementById("start-form").addEventListener("submit", start);
-  document.getElementById("finish").addEventListener("click", finish);
+  function credentialLinks(box, c) {
+    box.append(el("p", `Verification code: ${c.code}`, { id: "mm-exam-code" }));
+    const ul = el("ul");
+    const links = [["Download the credential (JSON)", `/api/v1/credentials/${c.code}`, "mm-exam-download", "minimega-certificate.json"],
+      ["Printable certificate", `/certificates/${c.code}`, "mm-exam-certificate", null],
+      ["Certificate image (SVG, carries the credential)", `/certificates/${c.code}.svg`, "mm-exam-svg", "minimega-certificate.svg"],
+      ["Verify it", `/verify/?c=${encodeURIComponent(c.code)}`, "mm-exam-verify", null]];
+    for (const [text, href, id, download] of links) {
+      const a = el("a", text, { href, id });
+      if (download) a.setAttribute("download", download);
+      const li = el("li"); li.append(a); ul.append(li);
+    }
+    box.append(ul);
+  }
+
+  function describe(q, response) {
+    if (!response) return "not answered";
+    if ("value" in response) return `${response.value}${q.unit ? ` ${q.unit}` : ""}`;
+    const picked = "choice" in response ? [response.choice] : response.choices;
+    return picked.map((i) => q.choices[i]).join("; ");
+  }
+
+  async function review(id) {
+    const box = $("mm-exam-review");
+    show("after");
+    let res;
+    try { res = await call("GET", `/attempts/${encodeURIComponent(id)}/review`); }
+    catch (e) { box.replaceChildren(el("p", `No review yet: ${e.message}`)); return; }
+    box.replaceChildren(el("h2", `Review: ${res.score} of ${res.total}`));
+    for (const q of res.items) {
+      const item = el("section", null, { class: `mm-exam-review-item ${q.correct ? "mm-ok" : "mm-bad"}`, "data-number": q.number });
+      item.append(el("h3", `Question ${q.number} (chapter ${q.chapter}: ${chapterTitle(q)}): ${q.correct ? "correct" : "not correct"}`));
+      item.append(el("p", q.question));
+      item.append(el("p", `Your answer: ${describe(q, q.response)}`));
+      if (q.type === "numeric") {
+        item.append(el("p", `Answer: ${q.answer}${q.unit ? ` ${q.unit}` : ""}`), el("p", q.explain));
+      } else {
+        const ul = el("ul");
+        q.choices.forEach((text, i) => {
+          const li = el("li");
+          li.append(el("strong", `${q.key.includes(i) ? "Right" : "Wrong"}: ${text}. `), document.createTextNode(q.explains[i]));
+          ul.append(li);
+        });
+        item.append(ul);
+      }
+      box.append(item);
+    }
+    $("mm-exam-again").hidden = false;
+  }
+
+  async function boot() {
+    root = $("mm-exam");
+    if (!root) return;
+    await redeemFromHash();
+    if (!session()) { show("signin"); return; }
+    try { await home(); } catch (e) { if (session()) $("mm-exam-start-status").textContent = e.message; }
+  }
+
+  function init() {
+    const r = $("mm-exam");
+    if (!r || r.dataset.ready) return;
+    r.dataset.ready = "1";
+    $("mm-exam-signin-form").addEventListener("submit", requestLink);
+    $("mm-exam-start-form").addEventListener("submit", start);
+    $("mm-exam-finish").addEventListener("click", finish);
+    $("mm-exam-again").addEventListener("click", () => { $("mm-exam-again").hidden = true; home(); });
+    $("mm-exam-signout").addEventListener("click", async () => {
+      try { await call("POST", "/signout"); } catch (e) { /* signed out anyway */ }
+      setSession(null); show("signin");
+    });
+    window.addEventListener("hashchange", () => { if (/signin=/.test(location.hash)) boot(); });
+    rules();
+    boot().then(() => { r.dataset.booted = "1"; });
+  }
+
+  if (typeof document$ !== "undefined") document$.subscribe(init);
+  else if (document.readyState === "loading") document.addEventListener("DOMContentLoaded", init);
+  else init();
 })();
