@@ -377,3 +377,17 @@ def test_peak_memory_formulas_against_the_at_rest_accounting():
     assert bf16["master"] == 2 * bf16["params"]                        # fp32 masters of bf16 shards
     with pytest.raises(ValueError, match="precision='bf16' at stage 0"):
         est.peak_memory_bytes(units, 2, 0, precision="bf16")
+
+
+def test_batch_arithmetic_matches_bloom_and_refuses_what_deepspeed_refuses():
+    """BLOOM: 384 GPUs at TP 4 x PP 12 leave dp = 8, and 2048 / (2 * 8) = 128 accumulation steps (the
+    exported ds_config's gradient_accumulation_steps). A batch that b * dp does not divide is refused."""
+    from minimega.estimate import accumulation_steps, data_parallel_size
+    assert data_parallel_size(384, 4, 12) == 8 and accumulation_steps(2048, 2, 8) == 128
+    assert data_parallel_size(2800, 8, 35) == 10                        # MT-NLG at 2800 GPUs
+    with pytest.raises(ValueError, match="tp\\*pp"):
+        data_parallel_size(100, 8, 1)
+    with pytest.raises(ValueError, match="micro_batch\\*dp"):
+        accumulation_steps(16, 4, 3)                                    # chapter 14, problem 4's kind of file
+    with pytest.raises(ValueError, match="micro_batch\\*dp"):
+        accumulation_steps(0, 1, 1)

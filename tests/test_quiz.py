@@ -200,6 +200,14 @@ REFERENCE = {
     "training-days": lambda psi, tokens, n, x, r: (8 if r else 6) * tokens * psi * 1e18 / (n * x * 1e12) / 86400,
     "run-cost-spares": lambda n, spare, days, price, overhead: (n + spare) * days * 24 * price
                                                                * (1 + overhead / 100) / 1e6,
+    # chapter 13: the ring alpha-beta table (Thakur et al. 2005) and Korthikanti App. A's model FLOPs
+    "rs-ib-time": lambda size, n, alpha, beta, r: 1e3 * ((n - 1) * alpha * 1e-6 + (n - 1) / n * size / beta),
+    "mfu-from-step": lambda k, s, v, b, n, g, x: _mfu_percent(
+        (24, 32, 40, 40, 48, 60, 96, 105)[k], (2048, 4096, 5120, 6144, 8192, 10240, 12288, 20480)[k],
+        s, v, b, n, 989e12 if g else 312e12, x),
+    # chapter 14: B = b * k * dp and N = dp * tp * pp, then the 1F1B bubble (p-1)/m
+    "ds-accumulation": lambda nodes, t, b, k: (b * k * 8 * nodes / t) / (b * (8 * nodes / t)),
+    "megatron-bubble": lambda d, t, p, b, m: 100 * (p - 1) / ((b * m * d) / (b * (d * t * p / (t * p)))),
 }
 
 
@@ -207,6 +215,13 @@ def _per_gpu_tflops(flops, n, x):
     """TFLOP/s per GPU from the log's time, which the question prints to 3 significant figures."""
     seconds = float(f"{flops / (n * x * 1e12):.3g}")
     return flops / seconds / n / 1e12
+
+
+def _mfu_percent(l, h, s, v, b, n, peak, x):
+    """MFU from the step time the question prints (3 significant figures): 72·B·l·s·h²·(1 + s/6h + V/12hl)."""
+    flops = 72 * b * l * s * h ** 2 * (1 + s / (6 * h) + v / (12 * h * l))
+    seconds = float(f"{flops / (n * peak * x / 100):.3g}")
+    return 100 * flops / seconds / n / peak
 
 
 def test_template_answers_match_the_papers_formulas():

@@ -670,6 +670,26 @@ def run_cost(gpu_hours_: float, price_per_gpu_hour: float, *, overhead: float = 
 
 
 # ----------------------------------------------------------------------------------------------
+# Batch arithmetic of a launch (ds_config.json, Megatron's command line)
+
+def data_parallel_size(world: int, tp: int = 1, pp: int = 1) -> int:
+    """dp = N / (tp · pp): the replicas a launch of `world` ranks leaves once tensor and pipeline
+    parallelism have taken theirs. Refuses a world that the two degrees do not divide."""
+    if min(world, tp, pp) < 1 or world % (tp * pp):
+        raise ValueError(f"world={world} is not a positive multiple of tp*pp = {tp}*{pp}")
+    return world // (tp * pp)
+
+
+def accumulation_steps(global_batch: int, micro_batch: int, dp: int) -> int:
+    """k = B / (b · dp): DeepSpeed's gradient_accumulation_steps, and the micro-batches m each pipeline
+    runs per step under Megatron. DeepSpeed refuses a config where B != b · k · dp; so does this."""
+    if min(global_batch, micro_batch, dp) < 1 or global_batch % (micro_batch * dp):
+        raise ValueError(f"global_batch={global_batch} is not a positive multiple of micro_batch*dp = "
+                         f"{micro_batch}*{dp}")
+    return global_batch // (micro_batch * dp)
+
+
+# ----------------------------------------------------------------------------------------------
 # CLI: `minimega estimate`
 
 def add_estimate_parser(subparsers) -> argparse.ArgumentParser:

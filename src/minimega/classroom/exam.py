@@ -38,7 +38,7 @@ from . import quiz
 from .settings import ClassroomConfig
 from .store import Conflict, Store
 
-CHAPTERS = range(1, 14)
+CHAPTERS = range(1, 15)
 """Chapters that must have an exam bank; a bank for a later chapter is drawn from too."""
 
 

@@ -57,7 +57,8 @@ class Issuer:
                             "training small: memory accounting, collectives and DDP, ZeRO stages 1-3, "
                             "mixed precision, offload, activation checkpointing, tensor, pipeline and 3D "
                             "parallelism, checkpoints and fault tolerance, FSDP, choosing and costing a "
-                            "training stack."),
+                            "training stack, predicting step time, and the same run in DeepSpeed and "
+                            "Megatron-LM."),
             "criteria": {"narrative": (
                 f"Scored at least {round(100 * c.pass_fraction)}% on an unproctored online exam of {n} "
                 f"questions drawn at random, {c.questions_per_chapter} from each of chapters "
