@@ -73,3 +73,36 @@ def test_model_forward_on_gpu_matches_cpu():
     cpu = model(x, x)[1].item()
     gpu = model.cuda()(x.cuda(), x.cuda())[1].item()
     assert abs(gpu - cpu) < 1e-4
+
+
+def test_engine_timeline_uses_cuda_events_resolved_once_in_report():
+    """The engine's stamps are events in stream order; report() synchronizes them and turns them into
+    seconds after the first event's host time, once (a second report reads the same floats)."""
+    from minimega import clock, data
+    model_config = mm.GPTConfig.tiny(block_size=16)
+    config = parity_config(gradient_accumulation_steps=2)
+    engine = mm.initialize(mm.GPT(model_config), config, mm.init_mesh())
+    made = []
+
+    def event():
+        made.append(_FakeEvent())
+        return made[-1]
+
+    engine._clock = clock.CudaClock(event=event, now=lambda: 100.0)
+    _FakeEvent.clock = 0
+    for batch in data.batches(engine.mesh, 2, config.batch_size, 16, seed=0):
+        engine.train_step(batch)
+    assert all(not isinstance(e["time"], float) for e in engine.timeline)     # nothing converted yet
+    timeline = [e for e in engine.report()["timeline"] if "step" in e]
+    assert [e["event"] for e in timeline[:7]] == ["forward_start", "backward_start", "backward_end"] * 2 + [
+        "optimizer_step_end"]
+    assert len(timeline) == len(made) == 14 and all(ev.synced for ev in made)
+    # the k-th event (1 ms apart in the stand-in) sits (k-1) ms after the first one's host time
+    assert [e["time"] for e in timeline] == pytest.approx([100.0 + k * 1e-3 for k in range(14)])
+    assert [e["time"] for e in engine.report()["timeline"] if "step" in e] == [e["time"] for e in timeline]
+
+
+def test_host_clock_is_kept_on_cpu():
+    from minimega import clock
+    assert isinstance(clock.for_device(torch.device("cpu")), clock.HostClock)
+    assert isinstance(clock.for_device(torch.device("cuda", 0)), clock.CudaClock)
