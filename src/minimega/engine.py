@@ -135,6 +135,8 @@ class Engine:
         self.comm_per_step: list[float] = []
         self.timeline: list[dict] = []
         self._clock = clock.for_device(mesh.device)      # CUDA events on a GPU, resolved in report()
+        for wrapper in wrappers:                          # their timelines share it (see report)
+            wrapper.clock = self._clock
         self.step = 0
 
     def _event(self, name: str, **extra) -> None:
@@ -245,7 +247,7 @@ class Engine:
             "comm": self.comm_log.summary(),
             "comm_per_step": list(self.comm_per_step),
             "comm_events": self.comm_log.events(),
-            "timeline": self._clock.resolve(self.timeline) + self.model.timeline,
+            "timeline": self._clock.resolve(self.timeline + self.model.timeline),
             **({"pipeline": self.pipeline.bubble()} if self.pipeline is not None else {}),
         }
 
