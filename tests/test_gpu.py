@@ -73,3 +73,105 @@ def test_model_forward_on_gpu_matches_cpu():
     cpu = model(x, x)[1].item()
     gpu = model.cuda()(x.cuda(), x.cuda())[1].item()
     assert abs(gpu - cpu) < 1e-4
+
+
+def test_engine_timeline_uses_cuda_events_resolved_once_in_report(monkeypatch):
+    """The engine's stamps are events in stream order; report() synchronizes them and turns them into
+    seconds after the first event's host time, once (a second report reads the same floats)."""
+    from minimega import clock, data
+    model_config = mm.GPTConfig.tiny(block_size=16)
+    config = parity_config(gradient_accumulation_steps=2, zero_stage=1)
+    made = []
+
+    def event():
+        made.append(_FakeEvent())
+        return made[-1]
+
+    monkeypatch.setattr(clock, "for_device", lambda device: clock.CudaClock(event=event, now=lambda: 100.0))
+    engine = mm.initialize(mm.GPT(model_config), config, mm.init_mesh())
+    _FakeEvent.clock = 0
+    for batch in data.batches(engine.mesh, 2, config.batch_size, 16, seed=0):
+        engine.train_step(batch)
+    lent = engine.timeline + engine.model.timeline              # ZeRO's events share the clock
+    assert all(not isinstance(e["time"], float) for e in lent)      # nothing converted yet
+    timeline = engine.report()["timeline"]
+    steps = [e for e in timeline if "step" in e]
+    assert [e["event"] for e in steps[:7]] == ["forward_start", "backward_start", "backward_end"] * 2 + [
+        "optimizer_step_end"]
+    assert len(steps) == 14 and len(timeline) == len(made) > 14 and all(ev.synced for ev in made)
+    # the k-th event recorded (1 ms apart in the stand-in) sits k ms after the first one's host time
+    assert sorted(e["time"] for e in timeline) == pytest.approx([100.0 + k * 1e-3 for k in range(len(made))])
+    assert [e["time"] for e in engine.report()["timeline"]] == [e["time"] for e in timeline]   # converted once
+
+
+def test_host_clock_is_kept_on_cpu():
+    from minimega import clock
+    assert isinstance(clock.for_device(torch.device("cpu")), clock.HostClock)
+    assert isinstance(clock.for_device(torch.device("cuda", 0)), clock.CudaClock)
+
+
+def test_offload_copies_run_on_a_copy_stream_in_the_right_order():
+    """Stand-in stream and events record what happens where: the gradient copy on the copy stream after
+    compute's queued work, the host waits before the CPU step, the upload on the copy stream, compute
+    waits for it. The numbers match the store that steps next to the parameters."""
+    from minimega.zero.offload import CopyStream, CPUOffloadStore, MasterStore
+    log, where = [], ["compute"]
+
+    class Stream:
+        def __init__(self, name):
+            self.name = name
+
+        def wait_stream(self, other):
+            log.append(f"{self.name} waits {other.name}")
+
+        def wait_event(self, event):
+            log.append(f"{self.name} waits {event.name}")
+
+    class Event:
+        count = 0
+
+        def __init__(self):
+            Event.count += 1
+            self.name = f"event{Event.count}"
+
+        def record(self, stream):
+            log.append(f"{self.name} recorded on {stream.name}")
+
+        def synchronize(self):
+            log.append(f"host waits {self.name}")
+
+    class Use:
+        def __init__(self, stream):
+            self.stream = stream
+
+        def __enter__(self):
+            where[0] = self.stream.name
+
+        def __exit__(self, *exc):
+            where[0] = "compute"
+
+    compute, copy = Stream("compute"), Stream("copy")
+    torch.manual_seed(0)
+    params = [torch.randn(6).to(torch.bfloat16), torch.randn(3).to(torch.bfloat16)]
+    grads = [torch.randn(6).to(torch.bfloat16), torch.randn(3).to(torch.bfloat16)]
+    sgd = lambda p: torch.optim.SGD(p, lr=0.5)          # not scale-invariant like Adam: a wrong divide shows
+    ref_params, before = [p.clone() for p in params], [p.clone() for p in params]
+    ref = MasterStore(ref_params, sgd)
+    store = CPUOffloadStore(params, sgd)
+    assert type(store.copies).__name__ == "HostCopies"               # CPU shards: no streams
+    store.copies = CopyStream(stream=copy, event=Event, current=lambda: compute, use=Use)
+    real_copy = store.copies.copy
+    store.copies.copy = lambda dst, src: (log.append(f"copy on {where[0]}"), real_copy(dst, src))
+    real_step = store.optimizer.step
+    store.optimizer.step = lambda: (log.append(f"optimizer step on the host, after {log[-1]}"), real_step())
+    for _ in range(2):
+        ref.set_grads([g.clone() for g in grads], 4.0)
+        ref.step()
+        store.set_grads(grads, 4.0)
+        store.step()
+    one_step = ["copy waits compute", "copy on copy", "copy on copy", "event1 recorded on copy", "host waits event1",
+                "optimizer step on the host, after host waits event1",
+                "copy waits compute", "copy on copy", "copy on copy", "event2 recorded on copy", "compute waits event2"]
+    assert log[:11] == one_step and len(log) == 22
+    assert all(torch.equal(a, b) for a, b in zip(params, ref_params))     # same math, same bf16 results
+    assert not any(torch.equal(a, b) for a, b in zip(params, before))      # and the step did update them

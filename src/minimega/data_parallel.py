@@ -15,12 +15,11 @@ and the next synchronised backward reduces the sum.
 """
 from __future__ import annotations
 
-import time
 
 import torch
 import torch.nn as nn
 
-from . import comm
+from . import clock, comm
 from .grad_sync import GradSync
 
 
@@ -46,6 +45,7 @@ class DataParallel(GradSync, nn.Module):
         super().__init__()
         self.module, self.group = module, group
         self.timeline: list[dict] = []
+        self.clock = clock.HostClock()           # the engine lends its own (CUDA events on a GPU)
         params = [p for p in module.parameters() if p.requires_grad]
         if broadcast_init:
             with torch.no_grad():
@@ -72,7 +72,7 @@ class DataParallel(GradSync, nn.Module):
         bucket = self.buckets[i]
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in bucket.params]
         bucket.buffer = torch.cat([g.reshape(-1) for g in grads])              # (numel,) flat
-        self.timeline.append({"event": "all_reduce_issued", "bucket": bucket.index, "time": time.perf_counter()})
+        self.timeline.append({"event": "all_reduce_issued", "bucket": bucket.index, "time": self.clock.stamp()})
         bucket.handle = comm.all_reduce(bucket.buffer, self.group, async_op=True, tag=f"bucket{bucket.index}")
     # --8<-- [end:ddp_hook]
 
@@ -91,7 +91,7 @@ class DataParallel(GradSync, nn.Module):
                     p.grad.copy_(bucket.buffer[offset:offset + n].view_as(p))
                 offset += n
             bucket.buffer, bucket.handle = None, None
-        self.timeline.append({"event": "grads_synced", "time": time.perf_counter()})
+        self.timeline.append({"event": "grads_synced", "time": self.clock.stamp()})
     # --8<-- [end:ddp_finish]
 
     # -- clipping (see grad_sync.clip_grad_norm_) --------------------------------------------------

@@ -22,12 +22,11 @@ steps the optimizer and returns the global mean loss.
 from __future__ import annotations
 
 import copy
-import time
 from contextlib import nullcontext
 
 import torch
 
-from . import comm, measure, zero
+from . import clock, comm, measure, zero
 from .activation_checkpoint import apply_activation_checkpointing
 from .compose import ChunkOptimizers
 from .config import GPTConfig, TrainConfig
@@ -135,10 +134,13 @@ class Engine:
         self.grad_norms: list[float] = []
         self.comm_per_step: list[float] = []
         self.timeline: list[dict] = []
+        self._clock = clock.for_device(mesh.device)      # CUDA events on a GPU, resolved in report()
+        for wrapper in wrappers:                          # their timelines share it (see report)
+            wrapper.clock = self._clock
         self.step = 0
 
     def _event(self, name: str, **extra) -> None:
-        self.timeline.append({"event": name, "time": time.perf_counter(), "step": self.step, **extra})
+        self.timeline.append({"event": name, "time": self._clock.stamp(), "step": self.step, **extra})
 
     def train_step(self, batch: tuple[torch.Tensor, torch.Tensor]) -> float:
         """One optimizer step on this dp rank's rows; returns the mean loss over the global batch."""
@@ -245,7 +247,7 @@ class Engine:
             "comm": self.comm_log.summary(),
             "comm_per_step": list(self.comm_per_step),
             "comm_events": self.comm_log.events(),
-            "timeline": self.timeline + self.model.timeline,
+            "timeline": self._clock.resolve(self.timeline + self.model.timeline),
             **({"pipeline": self.pipeline.bubble()} if self.pipeline is not None else {}),
         }
 

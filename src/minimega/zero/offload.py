@@ -11,10 +11,16 @@ states in host memory (pinned when CUDA is present) and runs the step there:
     Phase 2: the optimizer steps on the host copies.
     Phase 3: copy the updated master shards back into the parameter shards (cast to their dtype).
 
+On CUDA the copies of phases 1 and 3 run on a dedicated copy stream (`CopyStream`), ordered by events:
+the gradient copy starts after the reduce compute has queued, the host waits for it before stepping,
+and compute waits (on the GPU, not the host) for the parameter upload before the next forward.
+
 On a CPU-only run the host *is* the device, but the store is still a separate set of tensors with
 its own bytes, so the code path and the memory it costs are real and measured.
 """
 from __future__ import annotations
+
+from contextlib import contextmanager
 
 import torch
 import torch.nn as nn
@@ -76,11 +82,63 @@ class MasterStore:
                 "optimizer_step_counters": measure.tensor_bytes(t for t in states if t.dim() == 0)}
 
 
+# --8<-- [start:copy_stream]
+class HostCopies:
+    """Where offload's device<->host copies run. On CPU: in order, on the host; nothing to wait for."""
+
+    @contextmanager
+    def copying(self):
+        yield
+
+    def copy(self, dst: torch.Tensor, src: torch.Tensor) -> None:
+        dst.copy_(src, non_blocking=True)     # async only between a GPU and pinned host memory
+
+    def host_waits(self) -> None:
+        pass
+
+    def compute_waits(self) -> None:
+        pass
+
+
+class CopyStream(HostCopies):
+    """CUDA: the copies run on their own stream, so compute does not stall behind them.
+
+    Args:
+        stream, event, current, use: ``torch.cuda``'s ``Stream()``, ``Event``, ``current_stream`` and
+            ``stream`` (tests pass stand-ins that record the order of operations).
+    """
+
+    def __init__(self, stream=None, event=None, current=None, use=None):
+        self.stream = stream or torch.cuda.Stream()
+        self._event, self._current = event or torch.cuda.Event, current or torch.cuda.current_stream
+        self._use = use or torch.cuda.stream
+        self.done = None
+
+    @contextmanager
+    def copying(self):
+        self.stream.wait_stream(self._current())        # after what compute queued: the reduce, the step
+        with self._use(self.stream):
+            yield
+        self.done = self._event()
+        self.done.record(self.stream)
+
+    def host_waits(self) -> None:                        # the CPU step reads the gradients
+        self.done.synchronize()
+
+    def compute_waits(self) -> None:                     # the next forward reads the parameters
+        self._current().wait_event(self.done)
+# --8<-- [end:copy_stream]
+
+
 # --8<-- [start:cpu_offload]
 class CPUOffloadStore(MasterStore):
     """ZeRO-Offload: master shards and optimizer states in host memory; the step runs on the host."""
 
     location = "cpu"
+
+    def __init__(self, shards: list[torch.Tensor], make_optimizer):
+        super().__init__(shards, make_optimizer)
+        self.copies = CopyStream() if any(s.is_cuda for s in shards) else HostCopies()
 
     def _master_of(self, shard: torch.Tensor) -> torch.Tensor:
         host = torch.empty(shard.shape, dtype=torch.float32, device="cpu",
@@ -92,6 +150,26 @@ class CPUOffloadStore(MasterStore):
         return False
 
     def set_grads(self, grads: list[torch.Tensor], divide_by: float) -> None:
-        for m, g in zip(self.master, grads):
-            m.grad = g.detach().to(device="cpu", dtype=torch.float32, copy=True).div_(divide_by)
+        """Phase 1: gradients into fresh (pinned) fp32 host buffers; the host waits for them, compute does not."""
+        host = [torch.empty(m.shape, dtype=torch.float32, pin_memory=torch.cuda.is_available())
+                for m in self.master]
+        with self.copies.copying():
+            for h, g in zip(host, grads):
+                self.copies.copy(h, g.detach())
+        self.copies.host_waits()
+        for m, h in zip(self.master, host):
+            m.grad = h.div_(divide_by)
+
+    @torch.no_grad()
+    def step(self) -> None:
+        """Phases 2 and 3: step on the host, upload on the copy stream; compute waits for the upload.
+
+        The next step writes the master shards only after the next `host_waits()`, which follows this
+        upload on the same (in-order) copy stream, so the upload never reads a half-written master.
+        """
+        self.optimizer.step()
+        with self.copies.copying():
+            for s, m in zip(self.shards, self.master):
+                self.copies.copy(s, m)           # casts to the parameter's dtype
+        self.copies.compute_waits()
 # --8<-- [end:cpu_offload]

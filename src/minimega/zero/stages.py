@@ -29,12 +29,11 @@ forward and Ψ in backward and reduce-scatters Ψ = 3Ψ (1.5× DDP).
 from __future__ import annotations
 
 import enum
-import time
 
 import torch
 import torch.nn as nn
 
-from .. import comm, measure, precision
+from .. import clock, comm, measure, precision
 from ..grad_sync import GradSync
 from ..model import GPT
 from .flat import FlatUnit
@@ -79,6 +78,7 @@ class Zero1(GradSync, nn.Module):
         self.policy = precision.policy(config.precision)
         self.scaler = precision.make_scaler(self.policy, config)
         self.timeline: list[dict] = []
+        self.clock = clock.HostClock()           # the engine lends its own (CUDA events on a GPU)
         self._prepared, self._overflow = False, False
         with torch.no_grad():
             for p in module.parameters():
@@ -118,7 +118,7 @@ class Zero1(GradSync, nn.Module):
         return loss.float() * self.scaler.scale if self.scaler else loss
 
     def _event(self, name: str, **extra) -> None:
-        self.timeline.append({"event": name, "time": time.perf_counter(), **extra})
+        self.timeline.append({"event": name, "time": self.clock.stamp(), **extra})
 
     # --8<-- [start:zero1_reduce]
     def _start(self, i: int) -> None:
