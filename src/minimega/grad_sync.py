@@ -27,6 +27,7 @@ Clipping: `clip_grad_norm_(parts, mesh, max_norm)` assembles the global norm fro
 """
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from contextlib import contextmanager
 from typing import Callable, Sequence
 
@@ -39,7 +40,7 @@ from .tensor_parallel import sharded_params
 
 
 # --8<-- [start:protocol]
-class GradSync:
+class GradSync(ABC):
     """Mixin for the wrappers that reduce gradients over dp: buckets, hooks, ``no_sync`` and ``finish_grad_sync``.
 
     A subclass calls ``_watch(buckets)`` once and implements
@@ -101,11 +102,13 @@ class GradSync:
     def _bucket_done(self, i: int) -> None:
         pass
 
+    @abstractmethod
     def _start(self, i: int) -> None:
-        raise NotImplementedError
+        """Start bucket i's reduction (asynchronous) from this rank's gradients."""
 
+    @abstractmethod
     def _complete(self) -> None:
-        raise NotImplementedError
+        """Wait for every started reduction and write the results where the optimizer reads them."""
 # --8<-- [end:protocol]
 
 
