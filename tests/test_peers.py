@@ -65,11 +65,14 @@ def test_bf16_clipping_norms_match_deepspeed(results, case):
 
     DeepSpeed's ZeRO-1/2 sums the squared norm in float32 (stage_1_and_2.py get_grad_norm_direct: `.sum().float()`),
     minimega in float64: the clip coefficients differ in the 7th digit, and a master weight one fp32 ulp apart
-    can round to a different bf16 value, so the weights drift apart by bf16's resolution, not more.
+    can round to a different bf16 value, so the weights drift apart by bf16's resolution, not more. From then on
+    the two runs see bf16 weights one rounding apart: the first step's norm agrees to fp32 rounding, the later
+    ones to bf16's (which way a weight rounds depends on the CPU's fp32 reduction order).
     """
     r = results[_id(case)]
     ours, ds = r["minimega"], r["deepspeed"]
-    assert _rel(ours["grad_norms"][:4], ds["grad_norms"][:4]) <= 1e-6
+    assert _rel(ours["grad_norms"][:1], ds["grad_norms"][:1]) <= 1e-6
+    assert _rel(ours["grad_norms"], ds["grad_norms"]) <= 2**-8
     assert _rel(ours["losses"], ds["losses"]) <= 2**-6
     assert peers.max_relative_error(ours["weights"], ds["weights"]) <= 2**-8
 

@@ -269,7 +269,8 @@ class TrainConfig:
 
         Read: train_batch_size, train_micro_batch_size_per_gpu (needs ``dp``), gradient_accumulation_steps,
         gradient_clipping, optimizer {type, params{lr, betas, eps, weight_decay, adam_w_mode}}, zero_optimization {stage,
-        reduce_bucket_size (stage 0: DDP's buckets), overlap_comm, stage3_param_persistence_threshold,
+        reduce_bucket_size (stage 0: DDP's buckets), overlap_comm (absent: DeepSpeed's default, on at stage 3 only),
+        stage3_param_persistence_threshold,
         stage3_prefetch_bucket_size (0 only: prefetch off), offload_optimizer {device}}, bf16 {enabled},
         fp16 {enabled, loss_scale, initial_scale_power, loss_scale_window, hysteresis, min_loss_scale}.
         Values are taken as JSON types: ``"false"`` is not a bool and ``"16"`` is not an int.
@@ -400,8 +401,8 @@ def _read_deepspeed(config: dict, dp: int | None) -> dict:
             if size <= 0:
                 raise ValueError(f"DeepSpeed config: zero_optimization.reduce_bucket_size={size} must be > 0")
             out["bucket_mb"] = size * 4 / 2**20                        # fp32 elements -> MiB
-        if "overlap_comm" in z:
-            out["overlap_comm"] = _ds_get(z, "overlap_comm", "bool", w)
+        # DeepSpeed's default is stage-dependent: on at stage 3 only (runtime/zero/config.py, overlap_comm_valid).
+        out["overlap_comm"] = _ds_get(z, "overlap_comm", "bool", w) if "overlap_comm" in z else stage == 3
         if "stage3_param_persistence_threshold" in z:
             out["param_persistence_threshold"] = _ds_get(z, "stage3_param_persistence_threshold", "int", w)
         if "stage3_prefetch_bucket_size" in z:
@@ -416,6 +417,8 @@ def _read_deepspeed(config: dict, dp: int | None) -> dict:
             if device not in ("cpu", "none"):
                 raise ValueError(f"DeepSpeed config: offload_optimizer.device={device!r}; supported: cpu, none")
             out["offload_optimizer"] = device == "cpu"
+    else:
+        out["overlap_comm"] = False     # no ZeRO section: stage 0, DeepSpeed reduces after backward
     enabled = {}
     for name, keys in (("bf16", {"enabled"}), ("fp16", {"enabled", "loss_scale", "initial_scale_power",
                                                         "loss_scale_window", "hysteresis", "min_loss_scale"})):

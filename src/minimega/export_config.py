@@ -181,7 +181,7 @@ def to_deepspeed(cfg: TrainConfig, dp: int, *, megatron: bool = False) -> dict:
     if megatron and cfg.pp > 1 and cfg.precision == "bf16" and stage == 1:
         stage = 0     # bf16 + stage 0 + a pipeline is DeepSpeed's BF16_Optimizer: ZeRO-1 (BLOOM's choice)
     zero: dict = {"stage": stage}
-    if _get(cfg, "overlap_comm") != _default("overlap_comm"):
+    if _get(cfg, "overlap_comm") != (stage == 3):        # DeepSpeed's default: on at stage 3 only
         zero["overlap_comm"] = _get(cfg, "overlap_comm")
     if cfg.bucket_mb != _default("bucket_mb"):
         if cfg.zero_stage:
@@ -541,7 +541,7 @@ def bloom_176b() -> Preset:
     train = TrainConfig(tp=4, pp=12, zero_stage=1, precision="bf16", activation_checkpointing="full",
                         schedule="1f1b", micro_batches=2048 // (8 * 2), batch_size=2048, seq_len=2048,
                         gradient_clipping=1.0, optimizer="adamw", lr=6e-5, betas=(0.9, 0.95), eps=1e-8,
-                        weight_decay=0.1, seed=42)
+                        weight_decay=0.1, seed=42, overlap_comm=False)
     return Preset(model=model, train=train, dp=8,
                   source="bigscience-workshop/bigscience train/tr11-176B-ml/tr11-176B-ml.slurm")
 # --8<-- [end:bloom]
