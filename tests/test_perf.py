@@ -1,5 +1,6 @@
 """minimega.perf: the α-β collectives, the roofline, the overlap rules (no process group, no torch)."""
 import math
+from dataclasses import replace
 
 import pytest
 
@@ -120,7 +121,7 @@ def test_micro_batches_are_derived_not_given():
 def test_outputs_are_consistent():
     c = _gpt3(dp=2, global_batch=128)
     r = perf.step_time(c, "a100-80gb")
-    parts = ("compute", "tp_comm", "p2p", "bubble", "stack_overhead", "dp_comm", "optimizer")
+    parts = ("compute", "tp_comm", "p2p", "bubble", "stack_overhead", "dp_comm", "offload", "optimizer")
     assert r["total"] == pytest.approx(sum(r[p] for p in parts))
     assert r["tokens_per_s"] == pytest.approx(128 * 2048 / r["total"])
     assert r["memory"] == est.memory_per_gpu(c.memory_config())
@@ -137,8 +138,35 @@ def test_outputs_are_consistent():
     (dict(virtual_stages=2), "needs schedule='interleaved'"),
     (dict(schedule="interleaved", virtual_stages=5), "multiple of pp"),
     (dict(stack="jax"), "stack"),
-    (dict(offload="optimizer"), "offload"),
+    (dict(offload="optimizer+params"), "offload"),
 ])
 def test_bad_layouts_are_refused_by_name(kw, match):
     with pytest.raises(ValueError, match=match):
         perf.step_time(_gpt3(**kw), A100)
+
+
+def test_offload_moves_adam_to_host_memory_and_pays_pcie():
+    """ZeRO-Offload on one A100 node: the shard's gradients go down PCIe Gen4 (32 GB/s one way, 0.8 of it)
+    behind the last backward, Adam runs at host memory bandwidth (51.2 GB/s per GPU), the 16-bit shard
+    comes back up, exposed. Closed form, term by term."""
+    c = PerfConfig(layers=40, hidden=5120, heads=40, vocab=50257, seq_len=2048, precision="mixed", dp=8,
+                   zero_stage=2, micro_batch=4, global_batch=32, dropout=False, bucket_bytes=5e8)
+    off = replace(c, offload="optimizer")
+    r, ro = perf.step_time(c, A100), perf.step_time(off, A100)
+    shard = est.stage_params(c.memory_config()) / 8
+    assert r["offload"] == 0.0 and ro["dp_comm"] == r["dp_comm"] and ro["compute"] == r["compute"]
+    assert ro["optimizer"] == pytest.approx(shard * (24 + 2 + 2) / (51.2e9 * 0.8))
+    assert ro["optimizer"] / r["optimizer"] == pytest.approx(2039 / 51.2)          # HBM vs host memory
+    last_bwd = perf.microbatch_time(c, A100)["backward"]
+    down, up = (10e-6 + shard * 2 / (32e9 * 0.8)), (10e-6 + shard * 2 / (32e9 * 0.8))
+    assert ro["offload"] == pytest.approx(max(0.0, down - last_bwd) + up)
+    assert ro["total"] > r["total"]
+    # with a pipeline the gradients wait for the flush: all of the copy is exposed
+    p = replace(off, zero_stage=1, pp=2, global_batch=64)
+    assert perf.step_time(p, A100)["offload"] == pytest.approx(2 * (10e-6 + est.stage_params(
+        p.memory_config()) / 8 * 2 / (32e9 * 0.8)))
+    # parameters offloaded too (ZeRO-3): each layer's shard comes up before its gather
+    z3 = replace(c, zero_stage=3)
+    assert perf.step_time(replace(z3, offload="optimizer+params"), A100)["dp_comm"] > perf.step_time(z3, A100)["dp_comm"]
+    # H100's PCIe Gen5 halves the copies
+    assert perf.step_time(off, "h100")["offload"] < ro["offload"]

@@ -23,7 +23,7 @@ process.stdout.write(JSON.stringify(out));
 """
 pytestmark = pytest.mark.skipif(NODE is None, reason="needs node")
 KEYS = ("compute", "forward", "backward", "recompute", "tp_comm", "p2p", "bubble", "stack_overhead", "dp_comm",
-        "optimizer", "total", "tokens_per_s", "tflops_per_gpu", "mfu", "hfu", "micro_batches", "n_gpus", "fits")
+        "offload", "optimizer", "total", "tokens_per_s", "tflops_per_gpu", "mfu", "hfu", "micro_batches", "n_gpus", "fits")
 
 
 def _run(jobs):
@@ -52,7 +52,8 @@ def _random_config(rng):
                 virtual_stages=v, attention=rng.choice(est.ATTENTION), position_embedding=rng.random() < 0.5,
                 fp32_grads=rng.random() < 0.5 and precision != "fp32", pp_partition=rng.choice(est.PP_PARTITION),
                 global_batch=dp * b * m, dropout=rng.random() < 0.5, stack=rng.choice(sorted(perf.STACKS)),
-                bucket_bytes=rng.choice([25e6, 5e8]))
+                bucket_bytes=rng.choice([25e6, 5e8]),
+                offload=rng.choice(["none", "optimizer"] + (["optimizer+params"] if stage == 3 else [])))
 
 
 def test_step_time_js_matches_python_on_random_configs():
@@ -70,7 +71,7 @@ def test_step_time_js_matches_python_on_random_configs():
 def test_step_time_js_rejects_what_python_rejects():
     base = dict(layers=24, hidden=1024, heads=16, vocab=50000, seq_len=1024, global_batch=64, dp=2)
     bad = [{**base, "zero_stage": 3, "pp": 2}, {**base, "global_batch": 63}, {**base, "schedule": "interleaved"},
-           {**base, "virtual_stages": 2}, {**base, "stack": "jax"}, {**base, "offload": "optimizer"}, {**base, "tp": 3}]
+           {**base, "virtual_stages": 2}, {**base, "stack": "jax"}, {**base, "offload": "optimizer+params"}, {**base, "tp": 3}]
     for cfg, js in zip(bad, _run([{"kind": "step", "cfg": c, "hw": "h100"} for c in bad])):
         with pytest.raises(ValueError):
             perf.step_time(perf.PerfConfig(**cfg), "h100")

@@ -21,6 +21,11 @@ The model, phase by phase, for the slowest pipeline stage of one step:
        parameters before its forward and backward and reduce-scatters its gradients, per micro-batch,
        hiding each behind the neighbouring layer's compute: only the excess is exposed.
     5. The optimizer step: Adam reads and writes its states, memory-bound, on its shard.
+    6. Offload (ZeRO-Offload, Ren et al. 2021): with offload='optimizer' the reduced gradient shard goes
+       down PCIe during the last backward (only the excess is exposed; all of it with pp > 1), Adam runs
+       on the CPU at host memory bandwidth, and the updated 16-bit shard comes back up, exposed, before
+       the all-gather. With 'optimizer+params' (ZeRO-3) each layer's parameter shard also comes up PCIe
+       before its gather, forward and backward, hidden behind compute like the gathers themselves.
 
 Collectives use the α-β model (Thakur, Rabenseifner and Gropp 2005) on the link tier the group spans.
 """
@@ -122,8 +127,6 @@ class PerfConfig(est.MemoryConfig):
             raise ValueError(f"virtual_stages={self.virtual_stages} needs schedule='interleaved'")
         if self.stack not in STACKS:
             raise ValueError(f"stack={self.stack!r}: expected one of {sorted(STACKS)}")
-        if self.offload != "none":
-            raise ValueError(f"offload={self.offload!r}: the time model does not cover offload; use 'none'")
 
     @property
     def n_gpus(self) -> int:
@@ -270,7 +273,8 @@ def step_time(cfg: PerfConfig, hw: Hardware | str = "a100-80gb") -> dict:
     """Predicted seconds of one optimizer step, by part, with tokens/s, MFU and memory per GPU.
 
     Returns a dict: ``compute`` (forward + backward + recompute over all micro-batches), ``tp_comm``,
-    ``p2p``, ``bubble``, ``stack_overhead`` (see `STACKS`), ``dp_comm`` (exposed), ``optimizer``, ``total``, and ``tokens_per_s``,
+    ``p2p``, ``bubble``, ``stack_overhead`` (see `STACKS`), ``dp_comm`` (exposed), ``offload`` (exposed PCIe
+    transfers), ``optimizer`` (on the CPU when offloaded), ``total``, and ``tokens_per_s``,
     ``tflops_per_gpu`` (Narayanan's Eq. 3 hardware FLOPs with full recomputation, what Megatron logs),
     ``mfu`` (model FLOPs, Korthikanti App. A), ``hfu``, ``memory`` (`estimate.memory_per_gpu`), ``fits``.
     """
@@ -295,11 +299,13 @@ def step_time(cfg: PerfConfig, hw: Hardware | str = "a100-80gb") -> dict:
     link = hw.link(_dp_group_span(cfg))
     last_bwd = mb["backward"] + mb["recompute"]
     dp_comm = 0.0
+    params_up = cfg.offload == "optimizer+params"
     if cfg.dp > 1:
         if cfg.zero_stage == 3:
             lt = layer_times(cfg, hw)
             layer_bytes = (12 * cfg.hidden ** 2 + 7 * cfg.hidden) / cfg.tp * e
-            ag = collective_time("all_gather", layer_bytes, cfg.dp, link)
+            fetch = collective_time("send_recv", layer_bytes / cfg.dp, 2, hw.host) if params_up else 0.0
+            ag = fetch + collective_time("all_gather", layer_bytes, cfg.dp, link)
             rs = collective_time("reduce_scatter", layer_bytes * grad_b / e, cfg.dp, link)
             per_layer = max(0.0, ag - lt["forward"]) + max(0.0, ag + rs - lt["backward"] - lt["recompute"])
             dp_comm = m * (mb["blocks"] * per_layer + 2 * ag + rs)        # the first gathers and last reduce wait
@@ -311,12 +317,21 @@ def step_time(cfg: PerfConfig, hw: Hardware | str = "a100-80gb") -> dict:
                 dp_comm += collective_time("all_gather", n_stage * e, cfg.dp, link)
     # Adam: read p32, m, v, grad; write p32, m, v and the 16-bit copy; on this rank's shard
     shard = n_stage / (cfg.dp if cfg.zero_stage >= 1 else 1)
-    optimizer = shard * (4 * 6 + grad_b + e) / (hw.hbm_bandwidth * hw.memory_efficiency)
+    adam_bytes = shard * (4 * 6 + grad_b + e)
+    offload = 0.0
+    if cfg.offload == "none":
+        optimizer = adam_bytes / (hw.hbm_bandwidth * hw.memory_efficiency)
+    else:                                  # the shard's Adam on the CPU; gradients down, 16-bit params up
+        optimizer = adam_bytes / (hw.host_memory_bandwidth * hw.memory_efficiency)
+        down = collective_time("send_recv", shard * grad_b, 2, hw.host)
+        up = collective_time("send_recv", shard * e, 2, hw.host)
+        offload = (max(0.0, down - last_bwd) if p == 1 else down) + up
     compute = m * (mb["forward"] + mb["backward"] + mb["recompute"])
     out = {"compute": compute, "forward": m * mb["forward"], "backward": m * mb["backward"],
            "recompute": m * mb["recompute"], "tp_comm": m * mb["tp_comm"], "p2p": m * p2p,
-           "bubble": bubble, "stack_overhead": stack_overhead, "dp_comm": dp_comm, "optimizer": optimizer}
-    out["total"] = compute + out["tp_comm"] + out["p2p"] + bubble + stack_overhead + dp_comm + optimizer
+           "bubble": bubble, "stack_overhead": stack_overhead, "dp_comm": dp_comm, "offload": offload,
+           "optimizer": optimizer}
+    out["total"] = compute + out["tp_comm"] + out["p2p"] + bubble + stack_overhead + dp_comm + offload + optimizer
     tokens = cfg.global_batch * cfg.seq_len
     model_flops = est.megatron_model_flops(cfg.global_batch, cfg.seq_len, cfg.layers, cfg.hidden, cfg.vocab)
     hw_flops = {"none": model_flops, "full": est.megatron_hardware_flops(

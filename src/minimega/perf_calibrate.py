@@ -139,9 +139,11 @@ def cpu_hardware(cal: dict) -> Hardware:
     per_op = tuple((op, c["alpha"], c["beta"]) for op, c in cal["collectives"].items())
     ar = cal["collectives"]["all_reduce"]
     link = Link(name="gloo (measured)", bandwidth=ar["beta"], alpha=ar["alpha"], efficiency=1.0, per_op=per_op)
+    stream = cal.get("stream_bandwidth", cal["memory_bandwidth"])
+    host = Link(name="memory copy (offload)", bandwidth=stream / 2, alpha=0.0, efficiency=1.0)  # read + write
     return Hardware(name="this CPU", peak_flops=cal["matmul_flops"], hbm_bandwidth=cal["memory_bandwidth"],
                     memory_bytes=float(1 << 40), gpus_per_node=1 << 20, intra=link, inter=link,
-                    matmul_efficiency=1.0, memory_efficiency=1.0)
+                    matmul_efficiency=1.0, memory_efficiency=1.0, host=host, host_memory_bandwidth=stream)
 
 
 def ops_per_step(cfg: perf.PerfConfig, blocks: int) -> float:
@@ -166,7 +168,10 @@ def predict_minimega(cal: dict, cfg: perf.PerfConfig) -> dict:
     slow = 1 / share
     blocks = -(-cfg.layers // cfg.pp)
     overhead = ops_per_step(cfg, blocks) * cal["op_overhead"] * slow
-    optimizer = r["optimizer"] * cal["memory_bandwidth"] / cal.get("stream_bandwidth", cal["memory_bandwidth"])
+    if cfg.offload == "none":            # Adam streams in place: the stream rate, not the element-wise one
+        optimizer = r["optimizer"] * cal["memory_bandwidth"] / cal.get("stream_bandwidth", cal["memory_bandwidth"])
+    else:                                # already at host (stream) bandwidth; the copies are CPU work too
+        optimizer = r["optimizer"] + r["offload"]
     busy = r["compute"] + r["bubble"] + optimizer
     total = busy * slow + overhead + r["tp_comm"] + r["p2p"] + r["dp_comm"]
     return {"total": total, "compute": busy * slow, "overhead": overhead, "comm": r["tp_comm"] + r["p2p"] + r["dp_comm"],

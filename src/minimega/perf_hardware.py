@@ -16,6 +16,12 @@ Spec sources (vendor datasheets; the "achievable" fractions are this model's ass
     DGX A100 node       8 GPUs, 8 HDR InfiniBand NICs at 200 Gb/s (25 GB/s) each: Narayanan et al. 2021
                         (arXiv:2104.04473) §5, the cluster behind Table 1, MT-NLG and BLOOM's Jean Zay nodes
     DGX H100 node       8 GPUs, 8 NDR InfiniBand NICs at 400 Gb/s (50 GB/s) each
+    Host side (offload) A100 SXM4: PCIe Gen4 x16, 64 GB/s both ways (A100 datasheet), 32 GB/s each way;
+                        H100/H200 SXM: PCIe Gen5, 128 GB/s both ways (H100, H200 datasheets), 64 GB/s each way.
+                        Host memory per GPU: DGX A100 has 2 AMD EPYC 7742 (DGX A100 datasheet), 8 channels of
+                        DDR4-3200 each, 204.8 GB/s per socket (AMD's specification): 51.2 GB/s per GPU;
+                        DGX H100/H200 have 2 Intel Xeon Platinum 8480C, 8 channels of DDR5-4800, 307.2 GB/s per
+                        socket: 76.8 GB/s per GPU. CPU Adam is memory-bound on it (ZeRO-Offload, Ren et al. 2021).
 
 Assumptions (not datasheet numbers; `minimega calibrate` measures the CPU equivalents on this machine):
     matmul_efficiency   the fraction of peak a large 16-bit GEMM sustains in a training step. 0.75 for A100
@@ -78,9 +84,13 @@ class Hardware:
     nics_per_node: int = 8
     matmul_efficiency: float = 0.75
     memory_efficiency: float = 0.8
+    host: Link = field(default_factory=lambda: PCIE4)
+    """GPU <-> CPU memory (PCIe), one way: what offload moves gradients and parameters over."""
+    host_memory_bandwidth: float = 51.2 * GB
+    """Bytes/s of CPU memory per GPU (the node's sockets shared by its GPUs): CPU Adam's roof."""
 
     def check(self) -> None:
-        for name in ("peak_flops", "hbm_bandwidth", "memory_bytes"):
+        for name in ("peak_flops", "hbm_bandwidth", "memory_bytes", "host_memory_bandwidth"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name}={getattr(self, name)!r}: must be > 0")
         for name in ("gpus_per_node", "nics_per_node"):
@@ -89,7 +99,7 @@ class Hardware:
         for name in ("matmul_efficiency", "memory_efficiency"):
             if not 0 < getattr(self, name) <= 1:
                 raise ValueError(f"{name}={getattr(self, name)!r}: must be in (0, 1]")
-        for link in (self.intra, self.inter):
+        for link in (self.intra, self.inter, self.host):
             if not (link.bandwidth > 0 and link.alpha >= 0 and 0 < link.efficiency <= 1):
                 raise ValueError(f"link {link.name}: bandwidth > 0, alpha >= 0, 0 < efficiency <= 1")
 
@@ -111,15 +121,17 @@ NVLINK3 = Link(name="NVLink 3 (A100)", bandwidth=300 * GB, alpha=5e-6)
 NVLINK4 = Link(name="NVLink 4 (H100/H200)", bandwidth=450 * GB, alpha=5e-6)
 IB_HDR = Link(name="InfiniBand HDR 200 Gb/s", bandwidth=25 * GB, alpha=10e-6)
 IB_NDR = Link(name="InfiniBand NDR 400 Gb/s", bandwidth=50 * GB, alpha=10e-6)
-LINKS = {"nvlink3": NVLINK3, "nvlink4": NVLINK4, "ib-hdr": IB_HDR, "ib-ndr": IB_NDR}
+PCIE4 = Link(name="PCIe Gen4 x16", bandwidth=32 * GB, alpha=10e-6)
+PCIE5 = Link(name="PCIe Gen5 x16", bandwidth=64 * GB, alpha=10e-6)
+LINKS = {"nvlink3": NVLINK3, "nvlink4": NVLINK4, "ib-hdr": IB_HDR, "ib-ndr": IB_NDR, "pcie4": PCIE4, "pcie5": PCIE5}
 
 HARDWARE = {
     "a100-40gb": Hardware(name="A100 SXM4 40GB", peak_flops=312e12, hbm_bandwidth=1555 * GB, memory_bytes=40 * GB),
     "a100-80gb": Hardware(name="A100 SXM4 80GB", peak_flops=312e12, hbm_bandwidth=2039 * GB, memory_bytes=80 * GB),
     "h100": Hardware(name="H100 SXM5 80GB", peak_flops=989e12, hbm_bandwidth=3350 * GB, memory_bytes=80 * GB,
-                     intra=NVLINK4, inter=IB_NDR),
+                     intra=NVLINK4, inter=IB_NDR, host=PCIE5, host_memory_bandwidth=76.8 * GB),
     "h200": Hardware(name="H200 SXM 141GB", peak_flops=989e12, hbm_bandwidth=4800 * GB, memory_bytes=141 * GB,
-                     intra=NVLINK4, inter=IB_NDR),
+                     intra=NVLINK4, inter=IB_NDR, host=PCIE5, host_memory_bandwidth=76.8 * GB),
 }
 
 
@@ -135,11 +147,12 @@ def parse_custom(spec: str) -> Hardware:
     """The ``--custom`` form: ``key=value`` pairs separated by commas, units in the names.
 
     Example: ``peak_tflops=312,hbm_gbs=2039,memory_gb=80,gpus_per_node=8,nvlink_gbs=300,ib_gbs=25,nics=8``.
-    Optional: ``nvlink_alpha_us``, ``ib_alpha_us``, ``matmul_eff``, ``memory_eff``, ``link_eff``. Unknown keys
+    Optional: ``nvlink_alpha_us``, ``ib_alpha_us``, ``matmul_eff``, ``memory_eff``, ``link_eff``, ``pcie_gbs`` (one
+    way, default 32), ``host_mem_gbs`` (CPU memory per GPU, default 51.2). Unknown keys
     are refused by name.
     """
     keys = {"peak_tflops", "hbm_gbs", "memory_gb", "gpus_per_node", "nvlink_gbs", "ib_gbs", "nics",
-            "nvlink_alpha_us", "ib_alpha_us", "matmul_eff", "memory_eff", "link_eff"}
+            "nvlink_alpha_us", "ib_alpha_us", "matmul_eff", "memory_eff", "link_eff", "pcie_gbs", "host_mem_gbs"}
     vals: dict[str, float] = {}
     for part in filter(None, (p.strip() for p in spec.split(","))):
         k, sep, v = part.partition("=")
@@ -161,7 +174,9 @@ def parse_custom(spec: str) -> Hardware:
         inter=Link(name="custom inter", bandwidth=vals["ib_gbs"] * GB,
                    alpha=vals.get("ib_alpha_us", 10) * 1e-6, efficiency=eff),
         nics_per_node=int(vals.get("nics", 8)), matmul_efficiency=vals.get("matmul_eff", 0.75),
-        memory_efficiency=vals.get("memory_eff", 0.8))
+        memory_efficiency=vals.get("memory_eff", 0.8),
+        host=Link(name="custom PCIe", bandwidth=vals.get("pcie_gbs", 32) * GB, alpha=10e-6, efficiency=eff),
+        host_memory_bandwidth=vals.get("host_mem_gbs", 51.2) * GB)
     hw.check()
     return hw
 

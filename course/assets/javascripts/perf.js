@@ -15,15 +15,17 @@
   function link(name, bandwidth, alpha) { return {name: name, bandwidth: bandwidth, alpha: alpha, efficiency: 0.8}; }
   var NVLINK3 = link("NVLink 3 (A100)", 300 * GB, 5e-6), NVLINK4 = link("NVLink 4 (H100/H200)", 450 * GB, 5e-6);
   var IB_HDR = link("InfiniBand HDR 200 Gb/s", 25 * GB, 10e-6), IB_NDR = link("InfiniBand NDR 400 Gb/s", 50 * GB, 10e-6);
-  function hw(name, peak, hbm, memory, intra, inter) {
+  var PCIE4 = link("PCIe Gen4 x16", 32 * GB, 10e-6), PCIE5 = link("PCIe Gen5 x16", 64 * GB, 10e-6);
+  function hw(name, peak, hbm, memory, intra, inter, host, hostMem) {
     return {name: name, peak_flops: peak, hbm_bandwidth: hbm, memory_bytes: memory, gpus_per_node: 8, intra: intra,
-            inter: inter, nics_per_node: 8, matmul_efficiency: 0.75, memory_efficiency: 0.8};
+            inter: inter, nics_per_node: 8, matmul_efficiency: 0.75, memory_efficiency: 0.8, host: host,
+            host_memory_bandwidth: hostMem};
   }
   var HARDWARE = {                                   // perf_hardware.HARDWARE
-    "a100-40gb": hw("A100 SXM4 40GB", 312e12, 1555 * GB, 40 * GB, NVLINK3, IB_HDR),
-    "a100-80gb": hw("A100 SXM4 80GB", 312e12, 2039 * GB, 80 * GB, NVLINK3, IB_HDR),
-    "h100": hw("H100 SXM5 80GB", 989e12, 3350 * GB, 80 * GB, NVLINK4, IB_NDR),
-    "h200": hw("H200 SXM 141GB", 989e12, 4800 * GB, 141 * GB, NVLINK4, IB_NDR)
+    "a100-40gb": hw("A100 SXM4 40GB", 312e12, 1555 * GB, 40 * GB, NVLINK3, IB_HDR, PCIE4, 51.2 * GB),
+    "a100-80gb": hw("A100 SXM4 80GB", 312e12, 2039 * GB, 80 * GB, NVLINK3, IB_HDR, PCIE4, 51.2 * GB),
+    "h100": hw("H100 SXM5 80GB", 989e12, 3350 * GB, 80 * GB, NVLINK4, IB_NDR, PCIE5, 76.8 * GB),
+    "h200": hw("H200 SXM 141GB", 989e12, 4800 * GB, 141 * GB, NVLINK4, IB_NDR, PCIE5, 76.8 * GB)
   };
 
   function hardware(h) {
@@ -81,7 +83,6 @@
       if (c.micro_batches % c.pp !== 0) throw new Error("interleaved: micro-batches must be a multiple of pp");
     } else if (c.virtual_stages !== 1) throw new Error("virtual_stages needs schedule='interleaved'");
     if (!(c.stack in STACKS)) throw new Error("stack " + c.stack);
-    if (c.offload !== "none") throw new Error("the time model does not cover offload");
     return c;
   }
 
@@ -198,7 +199,8 @@
       if (c.zero_stage === 3) {
         var lt = layerTimes(c, h);
         var layerBytes = (12 * c.hidden * c.hidden + 7 * c.hidden) / c.tp * e;
-        var ag = collectiveTime("all_gather", layerBytes, c.dp, l);
+        var fetch = c.offload === "optimizer+params" ? collectiveTime("send_recv", layerBytes / c.dp, 2, h.host) : 0;
+        var ag = fetch + collectiveTime("all_gather", layerBytes, c.dp, l);
         var rs = collectiveTime("reduce_scatter", layerBytes * gradB / e, c.dp, l);
         var perLayer = Math.max(0, ag - lt.forward) + Math.max(0, ag + rs - lt.backward - lt.recompute);
         dpComm = m * (mb.blocks * perLayer + 2 * ag + rs);
@@ -209,12 +211,18 @@
       }
     }
     var shard = nStage / (c.zero_stage >= 1 ? c.dp : 1);
-    var optimizer = shard * (4 * 6 + gradB + e) / (h.hbm_bandwidth * h.memory_efficiency);
+    var adamBytes = shard * (4 * 6 + gradB + e), optimizer, offload = 0;
+    if (c.offload === "none") optimizer = adamBytes / (h.hbm_bandwidth * h.memory_efficiency);
+    else {                                           // Adam on the CPU; gradients down, 16-bit parameters up
+      optimizer = adamBytes / (h.host_memory_bandwidth * h.memory_efficiency);
+      var down = collectiveTime("send_recv", shard * gradB, 2, h.host);
+      offload = (p === 1 ? Math.max(0, down - lastBwd) : down) + collectiveTime("send_recv", shard * e, 2, h.host);
+    }
     var compute = m * (mb.forward + mb.backward + mb.recompute);
     var out = {compute: compute, forward: m * mb.forward, backward: m * mb.backward, recompute: m * mb.recompute,
                tp_comm: m * mb.tp_comm, p2p: m * p2p, bubble: bubble, stack_overhead: stackOverhead, dp_comm: dpComm,
-               optimizer: optimizer};
-    out.total = compute + out.tp_comm + out.p2p + bubble + stackOverhead + dpComm + optimizer;
+               offload: offload, optimizer: optimizer};
+    out.total = compute + out.tp_comm + out.p2p + bubble + stackOverhead + dpComm + offload + optimizer;
     var tokens = c.global_batch * c.seq_len;
     var mf = modelFlops(c.global_batch, c.seq_len, c.layers, c.hidden, c.vocab);
     var hf = {none: mf, full: hardwareFlops(c.global_batch, c.seq_len, c.layers, c.hidden, c.vocab),
@@ -305,7 +313,8 @@
   /* ---------------------------------------------------------------- page half */
   var PARTS = [["forward", "forward"], ["backward", "backward"], ["recompute", "recompute"], ["tp_comm", "TP all-reduces"],
                ["p2p", "pipeline p2p"], ["bubble", "pipeline bubble"], ["stack_overhead", "stack overhead"],
-               ["dp_comm", "data-parallel (exposed)"], ["optimizer", "optimizer step"]];
+               ["dp_comm", "data-parallel (exposed)"], ["offload", "offload PCIe (exposed)"],
+               ["optimizer", "optimizer step"]];
 
   function readCalc(calc) {
     var f = calc.querySelector("form"), cfg = {};
