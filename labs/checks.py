@@ -1095,3 +1095,55 @@ def check_rank_grid(fn) -> None:
     if problems:
         _fail("group_ranks", problems[:8])
     print(f"✓ group_ranks matches minimega's mesh for every dimension of {len(GRID_LAYOUTS)} layouts")
+
+
+# ------------------------------------------------------------------------------------------------
+# Lab 13: the α-β time of a collective.
+
+ALPHA_BETA_OPS = ("all_reduce", "reduce_scatter", "all_gather", "send_recv")
+ALPHA_BETA_CASES = [(n, size, alpha, beta) for n in (1, 2, 8, 64) for size in (0.0, 4096.0, 1e9)
+                    for alpha, beta in ((5e-6, 240e9), (4.8e-4, 0.7e9))]
+
+
+def _alpha_beta_problem(op: str, got: float, n: int, size: float, alpha: float, beta: float, want: float) -> str:
+    where = f"{op}, n={n}, S={size:g} B, α={alpha:g} s, β={beta:g} B/s: got {got:.6g} s, want {want:.6g} s"
+    k = {"all_reduce": 2, "reduce_scatter": 1, "all_gather": 1}.get(op, 0)
+    if op == "send_recv":
+        return where + ": a send/recv is one message, α + S/β, whatever n is"
+    if n == 1:
+        return where + ": one rank has nobody to send to: 0 s"
+    if size and abs(got - (k * (n - 1) * alpha + k * size / beta)) <= 1e-9 * want:
+        return where + ": each rank sends (n-1)/n of the buffer per pass, not all of it: (n-1)/n · S/β"
+    if abs(got - (k * alpha + k * (n - 1) / n * size / beta)) <= 1e-9 * max(want, 1e-30) and n > 2:
+        return where + ": every ring step pays α, and there are n-1 steps per pass: (n-1)·α"
+    if op == "all_reduce" and abs(got - want / 2) <= 1e-9 * want:
+        return where + ": an all-reduce is a reduce-scatter then an all-gather: 2(n-1) steps and 2(n-1)/n · S"
+    if op != "all_reduce" and abs(got - 2 * want) <= 1e-9 * want:
+        return where + ": a reduce-scatter (or an all-gather) is one pass of the ring, half an all-reduce"
+    return where
+
+
+def check_collective_seconds(fn) -> None:
+    """Compare ``fn(op, size_bytes, n, alpha, beta)`` with `minimega.perf.collective_time` (ring)."""
+    from minimega import perf
+    from minimega.perf_hardware import Link
+    try:
+        fn("all_reduce", 1.0, 2, 1e-6, 1e9)
+    except Exception as exc:  # noqa: BLE001
+        if (msg := _not_done(exc, "collective_seconds")):
+            _fail("collective_seconds", [msg])
+    problems = []
+    for op in ALPHA_BETA_OPS:
+        for n, size, alpha, beta in ALPHA_BETA_CASES:
+            want = perf.collective_time(op, size, n, Link(name="check", bandwidth=beta, alpha=alpha, efficiency=1.0))
+            try:
+                got = float(fn(op, size, n, alpha, beta))
+            except Exception as exc:  # noqa: BLE001
+                problems.append(f"{op}, n={n}, S={size:g}: raised {type(exc).__name__}: {exc}")
+                continue
+            if abs(got - want) > 1e-9 * max(abs(want), 1e-12):
+                problems.append(_alpha_beta_problem(op, got, n, size, alpha, beta, want))
+    if problems:
+        _fail("collective_seconds", problems[:6])
+    print(f"✓ collective_seconds equals perf.collective_time for {len(ALPHA_BETA_OPS)} ops on "
+          f"{len(ALPHA_BETA_CASES)} (n, S, α, β) cases")

@@ -535,3 +535,41 @@ def grid_one_group(dp, tp, pp, dim):
 
 def grid_unsorted(dp, tp, pp, dim):
     return [list(reversed(g)) for g in _groups_on(("pp", "dp", "tp"), dp, tp, pp, dim)]
+
+
+# ------------------------------------------------------------------------------------------------
+# labs/exercises/alpha_beta.py: collective_seconds(op, size_bytes, n, alpha, beta)
+
+def _steps(op, n):
+    return {"all_reduce": 2 * (n - 1), "reduce_scatter": n - 1, "all_gather": n - 1}[op]
+
+
+def alpha_beta_whole_buffer(op, size, n, alpha, beta):
+    if op == "send_recv":
+        return alpha + size / beta
+    return 0.0 if n == 1 else _steps(op, n) * alpha + _steps(op, n) // (n - 1) * size / beta
+
+
+def alpha_beta_one_alpha(op, size, n, alpha, beta):
+    if op == "send_recv":
+        return alpha + size / beta
+    k = _steps(op, n) // max(n - 1, 1)
+    return 0.0 if n == 1 else k * alpha + k * (n - 1) / n * size / beta
+
+
+def alpha_beta_all_reduce_one_pass(op, size, n, alpha, beta):
+    if op == "send_recv":
+        return alpha + size / beta
+    return 0.0 if n == 1 else (n - 1) * alpha + (n - 1) / n * size / beta
+
+
+def alpha_beta_single_rank_pays(op, size, n, alpha, beta):
+    if op == "send_recv":
+        return alpha + size / beta
+    return _steps(op, max(n, 2)) * alpha + _steps(op, n) / n * size / beta
+
+
+def alpha_beta_send_recv_as_ring(op, size, n, alpha, beta):
+    if op == "send_recv":
+        op = "all_gather"
+    return 0.0 if n == 1 else _steps(op, n) * alpha + _steps(op, n) / n * size / beta

@@ -30,7 +30,8 @@ EXERCISES = {"memory": (["model_state_bytes"], checks.check_model_state_bytes),
              "loss_scaler": (["LossScaler"], checks.check_loss_scaler),
              "offload": (["bytes_by_location"], checks.check_offload),
              "fsdp_shard": (["fsdp_local_shard"], checks.check_fsdp_shard),
-             "rank_grid": (["group_ranks"], checks.check_rank_grid)}
+             "rank_grid": (["group_ranks"], checks.check_rank_grid),
+             "alpha_beta": (["collective_seconds"], checks.check_collective_seconds)}
 
 
 def _load(package, name):
@@ -249,4 +250,17 @@ def test_fsdp_shard_check_names_the_mistake(answer, says):
 def test_rank_grid_check_names_the_mistake(answer, says):
     with pytest.raises(checks.ExerciseError, match="group_ranks") as info:
         checks.check_rank_grid(answer)
+    assert says in str(info.value)
+
+
+@pytest.mark.parametrize("answer, says", [
+    (wrong.alpha_beta_whole_buffer, "(n-1)/n of the buffer per pass"),
+    (wrong.alpha_beta_one_alpha, "every ring step pays α"),
+    (wrong.alpha_beta_all_reduce_one_pass, "a reduce-scatter then an all-gather"),
+    (wrong.alpha_beta_single_rank_pays, "one rank has nobody to send to"),
+    (wrong.alpha_beta_send_recv_as_ring, "a send/recv is one message"),
+], ids=lambda v: v.__name__ if callable(v) else "")
+def test_alpha_beta_check_names_the_mistake(answer, says):
+    with pytest.raises(checks.ExerciseError, match="collective_seconds") as info:
+        checks.check_collective_seconds(answer)
     assert says in str(info.value)

@@ -13,6 +13,7 @@ from IPython.display import display
 import minimega as mm
 from minimega import perf, perf_plan
 from minimega.perf_calibrate import calibrate, predict_minimega
+import checks      # labs/checks.py: the exercise checks
 import workers     # labs/workers.py: the functions each rank runs
 
 # %% [markdown]
@@ -35,14 +36,36 @@ print(f"total {bloom['total']:.1f} s (log 104.70), {bloom['tflops_per_gpu']:.0f}
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-cal = calibrate(2, reps=3)
+cal = calibrate(2, reps=3, sizes=(4096, 1 << 22, 1 << 20))   # α, β fitted on the first two; the third is held out
 print(f"matmul {cal['matmul_flops'] / 1e9:.1f} GFLOP/s per thread, memory {cal['memory_bandwidth'] / 1e9:.1f} GB/s, "
       f"op {cal['op_overhead'] * 1e6:.1f} us, load {cal['load']:.1f} on {cal['cores']} cores")
 for op, c in cal["collectives"].items():
     print(f"  {op:<15} alpha {c['alpha'] * 1e6:8.1f} us   beta {c['beta'] / 1e9:6.2f} GB/s")
 
 # %% [markdown]
-# ## 3. Predict, then measure
+# ## 3. Exercise: the α-β formula
+# Write `collective_seconds(op, size_bytes, n, alpha, beta)` in `labs/exercises/alpha_beta.py`: steps × α plus the
+# bytes each rank sends over β (chapter 13, "The α-β model"). The check compares it with `perf.collective_time`.
+
+# %%
+mine = checks.exercise("alpha_beta")   # labs/exercises/ (labs/solutions/ if MINIMEGA_LAB_SOLUTIONS=1)
+checks.check_collective_seconds(mine.collective_seconds)
+
+# %% [markdown]
+# Your formula with this machine's α and β (fitted at 4 KB and 4 MB, where the first is mostly α and the second
+# mostly bytes over β) predicts the 1 MB message the fit never saw; the calibration timed it too.
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+size = cal["sizes"][2]
+for op in checks.ALPHA_BETA_OPS:
+    c = cal["collectives"][op]
+    pred = mine.collective_seconds(op, size, 2, c["alpha"], c["beta"])
+    print(f"{op:<15} {size / 1e6:.2f} MB: predicted {pred * 1e3:7.2f} ms, gloo took {c['times'][2] * 1e3:7.2f} ms "
+          f"({c['times'][2] / pred:.2f}x)")
+
+# %% [markdown]
+# ## 4. Predict, then measure
 # minimega's `small` GPT (6 layers, h = 384), a batch of 8 sequences of 32 tokens, fp32 on the CPU, on 2 ranks with
 # ZeRO stages 0 and 3 (one launch times both). The prediction is `perf.step_time` on the calibrated machine, plus the
 # per-op cost and the ranks' share of the cores.
@@ -70,7 +93,7 @@ fig.update_layout(title="minimega's step time on this machine", yaxis_title="sec
 fig
 
 # %% [markdown]
-# ## 4. Plan BLOOM
+# ## 5. Plan BLOOM
 # Every layout of BLOOM's shape on 48 nodes of 8 A100 80GB, with what Megatron-DeepSpeed offered in 2022: full
 # recomputation, 1F1B, ZeRO ≤ 1, no sequence parallelism. BLOOM's grid is dp8-tp4-pp12 with ZeRO-1 and micro-batch 2.
 
