@@ -58,7 +58,7 @@ def _worker(dims, overrides, steps, batch, seq):
         engine.train_step((x, y))
         dist.barrier()
         times.append(time.perf_counter() - t)
-    keys = ("matmul_flops", "memory_bandwidth", "stream_bandwidth", "op_overhead")
+    keys = ("matmul_flops", "memory_bandwidth", "stream_bandwidth", "op_overhead", "adam_rate")
     return statistics.median(times[1:]), {k: statistics.median(r[k] for r in rates[1:]) for k in keys}
 
 

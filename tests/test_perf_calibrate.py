@@ -16,7 +16,7 @@ def test_fit_recovers_alpha_and_beta_of_each_formula():
 
 def test_calibrate_and_predict_plumbing():
     cal = calibrate(2, reps=1, sizes=(4096, 65536))
-    assert cal["matmul_flops"] > 0 and cal["memory_bandwidth"] > 0 and cal["op_overhead"] > 0
+    assert cal["matmul_flops"] > 0 and cal["memory_bandwidth"] > 0 and cal["op_overhead"] > 0 and cal["adam_rate"] > 0
     assert set(cal["collectives"]) == {"all_reduce", "reduce_scatter", "all_gather", "all_to_all", "send_recv"}
     hw = cpu_hardware(cal)
     ag = cal["collectives"]["all_gather"]
@@ -29,3 +29,12 @@ def test_calibrate_and_predict_plumbing():
     assert four["share"] < one["share"]                       # four ranks share the same cores
     idle = predict_minimega({**cal, "load": 0.0, "cores": 2}, perf.replace(cfg, dp=4))
     assert idle["share"] == pytest.approx(0.5)                # 4 one-thread ranks on 2 idle cores
+
+    # torch's AdamW on the rank's shard at the measured rate: ZeRO-1 halves it, offload adds the copies
+    from minimega import estimate as est
+    n = est.stage_params(cfg.memory_config())
+    assert idle["optimizer"] == pytest.approx(n / cal["adam_rate"] / 0.5)
+    z1 = predict_minimega({**cal, "load": 0.0, "cores": 2}, perf.replace(cfg, zero_stage=1))
+    assert z1["optimizer"] == pytest.approx(n / 2 / cal["adam_rate"])
+    off = predict_minimega({**cal, "load": 0.0, "cores": 2}, perf.replace(cfg, zero_stage=1, offload="optimizer"))
+    assert off["optimizer"] > z1["optimizer"]

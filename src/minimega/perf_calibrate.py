@@ -6,7 +6,10 @@ What is measured (each a median of short repeats, a few seconds in all):
                       forward and backward through autograd (three matmuls), the MLP's shape
     memory_bandwidth  bytes/s of a GeLU over (N, 4D), forward and backward through autograd (five tensor passes,
                       fresh outputs as training allocates them): the roofline's slope for element-wise ops
-    stream_bandwidth  bytes/s of an in-place add over 16 MB: the optimizer's, which allocates nothing
+    stream_bandwidth  bytes/s of an in-place add over 16 MB (what an offload copy moves)
+    adam_rate         parameters/s of torch's AdamW step (foreach=False, as minimega's engine runs it) on 1M
+                      parameters: on a CPU the sqrt and division per element make it compute-bound, far from
+                      the streaming roof a fused GPU Adam reaches
     op_overhead       seconds to dispatch one small autograd op forward and backward (PyTorch's per-op
                       cost; on a GPU the launch queue hides it, on a CPU every op pays it)
     collectives       for all_reduce, reduce_scatter, all_gather, all_to_all, send_recv over gloo with
@@ -25,6 +28,7 @@ import os
 import statistics
 import time
 
+from . import estimate as est
 from . import perf
 from .perf_hardware import Hardware, Link
 
@@ -66,8 +70,13 @@ def measure_compute(d: int = 384, n: int = 1024, reps: int = 5) -> dict:
             y = y * 1.0001
         y.sum().backward()
     t_op = _median_time(tiny, reps) / 21
+    params = [torch.nn.Parameter(torch.randn(1 << 18)) for _ in range(4)]
+    for q in params:
+        q.grad = torch.randn_like(q)
+    t_adam = _median_time(torch.optim.AdamW(params, lr=1e-3, foreach=False).step, reps)
     return {"matmul_flops": 6 * n * d * 4 * d / t_mm, "memory_bandwidth": 5 * z.numel() * 4 / t_gelu,
-            "stream_bandwidth": 2 * s.numel() * 4 / t_stream, "op_overhead": t_op, "threads": torch.get_num_threads()}
+            "stream_bandwidth": 2 * s.numel() * 4 / t_stream, "op_overhead": t_op,
+            "adam_rate": 4 * (1 << 18) / t_adam, "threads": torch.get_num_threads()}
 
 
 def _collectives_worker(sizes, reps):
@@ -149,9 +158,9 @@ def cpu_hardware(cal: dict) -> Hardware:
 def ops_per_step(cfg: perf.PerfConfig, blocks: int) -> float:
     """Dispatched ops one rank runs per step, counted from minimega's block: 17 forward per block (two
     LayerNorms, q/k/v split and transposes, attention, projections, GELU, residual adds), twice that backward,
-    17 again when recomputed, and Adam's ~12 per parameter tensor (10 tensors per block, foreach=False)."""
+    17 again when recomputed (Adam's ops are inside the measured `adam_rate`)."""
     per_block = 17 * (3 + {"none": 0, "selective": 0.3, "full": 1}[cfg.recompute])
-    return cfg.micro_batches * blocks * per_block + 12 * 10 * blocks
+    return cfg.micro_batches * blocks * per_block
 
 
 def predict_minimega(cal: dict, cfg: perf.PerfConfig) -> dict:
@@ -168,14 +177,14 @@ def predict_minimega(cal: dict, cfg: perf.PerfConfig) -> dict:
     slow = 1 / share
     blocks = -(-cfg.layers // cfg.pp)
     overhead = ops_per_step(cfg, blocks) * cal["op_overhead"] * slow
-    if cfg.offload == "none":            # Adam streams in place: the stream rate, not the element-wise one
-        optimizer = r["optimizer"] * cal["memory_bandwidth"] / cal.get("stream_bandwidth", cal["memory_bandwidth"])
-    else:                                # already at host (stream) bandwidth; the copies are CPU work too
-        optimizer = r["optimizer"] + r["offload"]
+    # torch's AdamW on this rank's shard at the measured rate (offloaded or not: the CPU runs it either way),
+    # plus the offload copies, which are CPU work too
+    shard = est.stage_params(cfg.memory_config()) / (cfg.dp if cfg.zero_stage >= 1 else 1)
+    optimizer = shard / cal["adam_rate"] + r["offload"]
     busy = r["compute"] + r["bubble"] + optimizer
     total = busy * slow + overhead + r["tp_comm"] + r["p2p"] + r["dp_comm"]
-    return {"total": total, "compute": busy * slow, "overhead": overhead, "comm": r["tp_comm"] + r["p2p"] + r["dp_comm"],
-            "share": share}
+    return {"total": total, "compute": busy * slow, "optimizer": optimizer * slow, "overhead": overhead,
+            "comm": r["tp_comm"] + r["p2p"] + r["dp_comm"], "share": share}
 
 
 # ----------------------------------------------------------------------------------------------
