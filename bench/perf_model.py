@@ -51,15 +51,17 @@ def _worker(dims, overrides, steps, batch, seq):
     cfg = mm.TrainConfig(tp=tp, pp=pp, batch_size=batch, seq_len=seq, **overrides)
     engine = mm.initialize(mm.GPT(mm.GPTConfig.small()), cfg, mesh)
     times, rates = [], []
-    for x, y in data.batches(mesh, steps + 1, batch, seq):
-        rates.append(measure_compute(reps=3))
+    # steps 0 and 1 are instrumented (Engine samples peak memory on every op until step 2): not timed
+    for x, y in data.batches(mesh, steps + 2, batch, seq):
+        before = measure_compute(reps=3)
         dist.barrier()
         t = time.perf_counter()
         engine.train_step((x, y))
         dist.barrier()
         times.append(time.perf_counter() - t)
+        rates += [before, measure_compute(reps=3)]          # the load before and after the step
     keys = ("matmul_flops", "memory_bandwidth", "stream_bandwidth", "op_overhead", "adam_rate")
-    return statistics.median(times[1:]), {k: statistics.median(r[k] for r in rates[1:]) for k in keys}
+    return statistics.median(times[2:]), {k: statistics.median(r[k] for r in rates[4:]) for k in keys}
 
 
 def perf_config(dims, overrides, batch, seq) -> PerfConfig:

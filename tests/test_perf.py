@@ -170,3 +170,23 @@ def test_offload_moves_adam_to_host_memory_and_pays_pcie():
     assert perf.step_time(replace(z3, offload="optimizer+params"), A100)["dp_comm"] > perf.step_time(z3, A100)["dp_comm"]
     # H100's PCIe Gen5 halves the copies
     assert perf.step_time(off, "h100")["offload"] < ro["offload"]
+
+
+def test_overlap_comm_off_exposes_every_collective():
+    """DeepSpeed's overlap_comm=false (or a CPU with no core for gloo): the buckets no longer hide behind the
+    last backward, ZeRO-3's gathers no longer behind the neighbouring layer."""
+    c = _gpt3(tp=1, pp=1, dp=64, global_batch=64, layers=8, bucket_bytes=25e6)
+    on, off = perf.step_time(c, A100), perf.step_time(replace(c, overlap_comm=False), A100)
+    n = est.stage_params(c.memory_config())
+    total, _ = perf._bucketed("all_reduce", n * 2, 64, A100.link(64), 25e6)
+    assert off["dp_comm"] == pytest.approx(total) and on["dp_comm"] < total
+    z3 = replace(c, zero_stage=3)
+    lt = perf.layer_times(z3, A100)               # on: each gather hides behind its layer's compute
+    layer_bytes = (12 * 12288 ** 2 + 7 * 12288) * 2
+    ag = perf.collective_time("all_gather", layer_bytes, 64, A100.link(64))
+    rs = perf.collective_time("reduce_scatter", layer_bytes, 64, A100.link(64))
+    off3 = perf.step_time(replace(z3, overlap_comm=False), A100)["dp_comm"]
+    assert off3 == pytest.approx((8 + 1) * (2 * ag + rs))
+    assert perf.step_time(z3, A100)["dp_comm"] < off3 - 8 * min(ag, lt["forward"]) + 1e-9
+    with pytest.raises(ValueError, match="overlap_comm"):
+        perf.step_time(replace(c, overlap_comm="no"), A100)

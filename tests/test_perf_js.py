@@ -53,7 +53,8 @@ def _random_config(rng):
                 fp32_grads=rng.random() < 0.5 and precision != "fp32", pp_partition=rng.choice(est.PP_PARTITION),
                 global_batch=dp * b * m, dropout=rng.random() < 0.5, stack=rng.choice(sorted(perf.STACKS)),
                 bucket_bytes=rng.choice([25e6, 5e8]),
-                offload=rng.choice(["none", "optimizer"] + (["optimizer+params"] if stage == 3 else [])))
+                offload=rng.choice(["none", "optimizer"] + (["optimizer+params"] if stage == 3 else [])),
+                overlap_comm=rng.random() < 0.7)
 
 
 def test_step_time_js_matches_python_on_random_configs():

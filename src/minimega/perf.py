@@ -100,6 +100,10 @@ class PerfConfig(est.MemoryConfig):
     """Gradient bucket size for DDP/ZeRO-1/2 reductions (torch DDP's 25 MB)."""
     stack: str = "megatron"
     """Whose pipeline engine runs the step, one of `STACKS`."""
+    overlap_comm: bool = True
+    """False: nothing hides behind compute, every data-parallel collective and offload copy is exposed
+    (DeepSpeed's ``overlap_comm: false``, `TrainConfig.overlap_comm`; or a CPU with no core free for the
+    communication thread)."""
 
     def __post_init__(self):
         if not (isinstance(self.global_batch, int) and self.global_batch >= 1):
@@ -125,6 +129,8 @@ class PerfConfig(est.MemoryConfig):
                 raise ValueError(f"interleaved: micro-batches m={self.micro_batches} must be a multiple of pp={self.pp}")
         elif self.virtual_stages != 1:
             raise ValueError(f"virtual_stages={self.virtual_stages} needs schedule='interleaved'")
+        if not isinstance(self.overlap_comm, bool):
+            raise ValueError(f"overlap_comm={self.overlap_comm!r}: expected True or False")
         if self.stack not in STACKS:
             raise ValueError(f"stack={self.stack!r}: expected one of {sorted(STACKS)}")
 
@@ -307,12 +313,13 @@ def step_time(cfg: PerfConfig, hw: Hardware | str = "a100-80gb") -> dict:
             fetch = collective_time("send_recv", layer_bytes / cfg.dp, 2, hw.host) if params_up else 0.0
             ag = fetch + collective_time("all_gather", layer_bytes, cfg.dp, link)
             rs = collective_time("reduce_scatter", layer_bytes * grad_b / e, cfg.dp, link)
-            per_layer = max(0.0, ag - lt["forward"]) + max(0.0, ag + rs - lt["backward"] - lt["recompute"])
+            hide_f, hide_b = (lt["forward"], lt["backward"] + lt["recompute"]) if cfg.overlap_comm else (0.0, 0.0)
+            per_layer = max(0.0, ag - hide_f) + max(0.0, ag + rs - hide_b)
             dp_comm = m * (mb["blocks"] * per_layer + 2 * ag + rs)        # the first gathers and last reduce wait
         else:
             op = "all_reduce" if cfg.zero_stage == 0 else "reduce_scatter"
             total, last = _bucketed(op, n_stage * grad_b, cfg.dp, link, cfg.bucket_bytes)
-            dp_comm = max(last, total - last_bwd) if p == 1 else total
+            dp_comm = max(last, total - last_bwd) if p == 1 and cfg.overlap_comm else total
             if cfg.zero_stage in (1, 2):
                 dp_comm += collective_time("all_gather", n_stage * e, cfg.dp, link)
     # Adam: read p32, m, v, grad; write p32, m, v and the 16-bit copy; on this rank's shard
@@ -325,7 +332,7 @@ def step_time(cfg: PerfConfig, hw: Hardware | str = "a100-80gb") -> dict:
         optimizer = adam_bytes / (hw.host_memory_bandwidth * hw.memory_efficiency)
         down = collective_time("send_recv", shard * grad_b, 2, hw.host)
         up = collective_time("send_recv", shard * e, 2, hw.host)
-        offload = (max(0.0, down - last_bwd) if p == 1 else down) + up
+        offload = (max(0.0, down - last_bwd) if p == 1 and cfg.overlap_comm else down) + up
     compute = m * (mb["forward"] + mb["backward"] + mb["recompute"])
     out = {"compute": compute, "forward": m * mb["forward"], "backward": m * mb["backward"],
            "recompute": m * mb["recompute"], "tp_comm": m * mb["tp_comm"], "p2p": m * p2p,

@@ -17,8 +17,9 @@ What is measured (each a median of short repeats, a few seconds in all):
                       (``perf.collective_time``), so gloo's own algorithms are folded into the fit.
 
 Then `cpu_hardware` turns the numbers into a `Hardware` (efficiencies 1: the rates are measured), and
-`predict_minimega` runs ``perf.step_time`` on minimega's model with two CPU facts added: ranks share the
-cores (w ranks on c cores each get min(1, c/w) of their compute rate), and every op pays op_overhead.
+`predict_minimega` runs ``perf.step_time`` on minimega's model with three CPU facts added: ranks share the
+cores (w ranks on c cores each get min(1, c/w) of their compute rate), every op pays op_overhead, and with
+no core left over gloo's communication threads compete with compute, so nothing overlaps (overlap_comm off).
 """
 from __future__ import annotations
 
@@ -173,6 +174,9 @@ def predict_minimega(cal: dict, cfg: perf.PerfConfig) -> dict:
         t = max(1, cores // w)
         share = t * max(cores, load + 1) / max(cores, load + w * t)     # in units of one thread's rate
     hw = cpu_hardware(cal)
+    threads = cal.get("threads", 1) if w == 1 else max(1, cores // w)
+    if w * threads >= cores:           # no core left for gloo's threads: communication competes with compute
+        cfg = perf.replace(cfg, overlap_comm=False)
     r = perf.step_time(cfg, hw)
     slow = 1 / share
     blocks = -(-cfg.layers // cfg.pp)

@@ -65,7 +65,7 @@
   var DEFAULTS = {micro_batch: 1, precision: "mixed", zero_stage: 0, tp: 1, dp: 1, pp: 1, sp: false,
                   recompute: "none", schedule: "1f1b", virtual_stages: 1, offload: "none", attention: "unfused",
                   position_embedding: true, fp32_grads: false, pp_partition: "blocks", global_batch: 1,
-                  dropout: true, bucket_bytes: 25e6, stack: "megatron"};
+                  dropout: true, bucket_bytes: 25e6, stack: "megatron", overlap_comm: true};
 
   function perfConfig(input) {                       // perf.PerfConfig (+ check)
     var c = {}, k;
@@ -202,11 +202,12 @@
         var fetch = c.offload === "optimizer+params" ? collectiveTime("send_recv", layerBytes / c.dp, 2, h.host) : 0;
         var ag = fetch + collectiveTime("all_gather", layerBytes, c.dp, l);
         var rs = collectiveTime("reduce_scatter", layerBytes * gradB / e, c.dp, l);
-        var perLayer = Math.max(0, ag - lt.forward) + Math.max(0, ag + rs - lt.backward - lt.recompute);
+        var hideF = c.overlap_comm ? lt.forward : 0, hideB = c.overlap_comm ? lt.backward + lt.recompute : 0;
+        var perLayer = Math.max(0, ag - hideF) + Math.max(0, ag + rs - hideB);
         dpComm = m * (mb.blocks * perLayer + 2 * ag + rs);
       } else {
         var tl = bucketed(c.zero_stage === 0 ? "all_reduce" : "reduce_scatter", nStage * gradB, c.dp, l, c.bucket_bytes);
-        dpComm = p === 1 ? Math.max(tl[1], tl[0] - lastBwd) : tl[0];
+        dpComm = p === 1 && c.overlap_comm ? Math.max(tl[1], tl[0] - lastBwd) : tl[0];
         if (c.zero_stage === 1 || c.zero_stage === 2) dpComm += collectiveTime("all_gather", nStage * e, c.dp, l);
       }
     }
@@ -216,7 +217,7 @@
     else {                                           // Adam on the CPU; gradients down, 16-bit parameters up
       optimizer = adamBytes / (h.host_memory_bandwidth * h.memory_efficiency);
       var down = collectiveTime("send_recv", shard * gradB, 2, h.host);
-      offload = (p === 1 ? Math.max(0, down - lastBwd) : down) + collectiveTime("send_recv", shard * e, 2, h.host);
+      offload = (p === 1 && c.overlap_comm ? Math.max(0, down - lastBwd) : down) + collectiveTime("send_recv", shard * e, 2, h.host);
     }
     var compute = m * (mb.forward + mb.backward + mb.recompute);
     var out = {compute: compute, forward: m * mb.forward, backward: m * mb.backward, recompute: m * mb.recompute,
