@@ -10,7 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from minimega.classroom.store import MIGRATIONS, Conflict, Duplicate, Store, StoreError, open_store
+from minimega.classroom.store import MIGRATIONS, Conflict, Duplicate, OpenAttempt, Store, StoreError, open_store
 
 BACKENDS = ["sqlite", "postgresql"]
 
@@ -118,9 +118,16 @@ def test_answers_once_and_finish_once_across_instances(opener):
 
 def test_attempt_and_signin_limits_hold_across_instances(opener):
     stores = [opener() for _ in range(4)]
+    made = race(lambda i: new_attempt(stores[i % 4], learner="open"), 8)        # one open attempt per learner
+    (first,) = [r for r in made if isinstance(r, str)]
+    assert all(isinstance(r, OpenAttempt) and r.attempt_id == first for r in made if r != first), made
+    stores[0].finish_attempt(new_attempt(stores[0], learner="same", per_day=2), time.time(), 0.5)
     made = race(lambda i: new_attempt(stores[i % 4], learner="same", per_day=2), 8)
-    assert sum(isinstance(r, str) for r in made) == 2
-    assert all(isinstance(r, Conflict) and "2 of 2" in str(r) for r in made if not isinstance(r, str))
+    assert sum(isinstance(r, str) for r in made) == 1                         # the second of two today
+    assert all(isinstance(r, OpenAttempt) for r in made if not isinstance(r, str))
+    stores[0].finish_attempt(next(r for r in made if isinstance(r, str)), time.time(), 0.5)
+    refused = race(lambda i: new_attempt(stores[i % 4], learner="same", per_day=2), 4)
+    assert all(isinstance(r, Conflict) and "2 of 2" in str(r) for r in refused), refused
     now = time.time()
     sent = race(lambda i: stores[i % 4].create_signin(token_hash=f"t{i}", learner_key="same", email_id={},
                                                       now=now, ttl_s=900, per_hour=3), 8)

@@ -124,6 +124,14 @@ class Conflict(StoreError):
     """The write would break a rule: answered twice, finished twice, ..."""
 
 
+class OpenAttempt(Conflict):
+    """The learner already has an unfinished, unexpired attempt: resume it (`attempt_id`) instead."""
+
+    def __init__(self, attempt_id: str):
+        super().__init__(f"attempt {attempt_id} is still open")
+        self.attempt_id = attempt_id
+
+
 class Duplicate(Conflict):
     """A unique key is taken (a credential's code or status index, or its attempt already has one)."""
 
@@ -290,11 +298,16 @@ class Store:
     def create_attempt(self, *, learner_key: str, display_name: str, email_id: dict | None, ip: str,
                        day: str, now: float, ttl_s: float, items: list[tuple], per_day: int,
                        cooldown_s: float = 0.0, seed: str | None = None) -> str:
-        """Insert an attempt and its drawn items; `Conflict` if the learner used up today's attempts or
+        """Insert an attempt and its drawn items; `OpenAttempt` if the learner has one open (two clicks on
+        "start", perhaps on two instances, make one attempt), `Conflict` if they used up today's attempts or
         failed less than `cooldown_s` ago. Items are (chapter, item id, choice order[, params])."""
         attempt_id = secrets.token_urlsafe(16)
         with self.write() as c:
             self._serialize(c, "attempts", learner_key)
+            open_row = c.execute("SELECT id FROM attempts WHERE learner_key=? AND finished_at IS NULL AND expires_at>=? "
+                                 "ORDER BY created_at DESC LIMIT 1", (learner_key, now)).fetchone()
+            if open_row is not None:
+                raise OpenAttempt(open_row[0])
             used = c.execute("SELECT COUNT(*) FROM attempts WHERE learner_key=? AND day=?",
                              (learner_key, day)).fetchone()[0]
             if used >= per_day:
