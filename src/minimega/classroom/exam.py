@@ -1,7 +1,7 @@
 """The graded exam: sign-in by email link, a stratified random draw of parametric and conceptual items,
 answers recorded and locked without feedback, a score, then a review.
 
-Flow (each step one `Exam` method, each state change one SQLite transaction):
+Flow (each step one `Exam` method, each state change one database transaction):
 
 0. `request_signin` mails a one-time link; `redeem_signin` turns it into a session token. The learner
    is the keyed hash of that verified email: attempts, the daily limit and the cooldown after a fail

@@ -17,11 +17,11 @@
 Every attempt call needs the session of the learner who owns the attempt. Limits: per-learner
 attempts per UTC day and a cooldown after a fail (in the database, so they survive restarts), sign-in
 mails per address per hour, and per-IP sliding windows for sign-ins, starts and every other API call
-(in memory on SQLite; in the database on PostgreSQL, so that every instance counts them); a request that fails validation counts too. Bodies over `body_limit_bytes` get 413 before
-parsing; a 422 names the fields at fault and never echoes the input. The client address is the
-socket's: `minimega serve` trusts X-Forwarded-For only from `--forwarded-allow-ips`. Public
-documents (status lists, keys, credentials) allow cross-origin reads so verifiers elsewhere can
-fetch them.
+(in memory on SQLite; in the database on PostgreSQL, so that every instance counts them); a request
+that fails validation counts too. Bodies over `body_limit_bytes` get 413 before parsing; a 422 names
+the fields at fault and never echoes the input. The client address is the socket's: `minimega serve`
+trusts X-Forwarded-For only from `--forwarded-allow-ips`. Public documents (status lists, keys,
+credentials) allow cross-origin reads so verifiers elsewhere can fetch them.
 """
 from __future__ import annotations
 
