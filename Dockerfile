@@ -18,6 +18,11 @@
 # loudly). For real certificates pass -e MINIMEGA_SIGNING_KEY=z3u2… from a secret store and
 # -e MINIMEGA_ISSUER_DID=did:web:<your host>. On start the site is rebuilt when its pinned issuers
 # (/verify/trusted-issuers.json) are not this service's keys, so the verify page trusts them.
+#
+# The database: SQLite in /app/var by default (one instance). Several instances behind a load balancer share
+# one PostgreSQL database: -e MINIMEGA_DB=postgresql://minimega@db:5432/minimega -e PGPASSWORD=… (the
+# password only in PGPASSWORD, never in the URL of a command line), the same MINIMEGA_BASE_URL and the same
+# MINIMEGA_SIGNING_KEY on each. `docker compose up` (compose.yaml) runs the site this way.
 ARG BASE=python:3.11-slim-bookworm
 FROM ${BASE}
 

@@ -5,6 +5,11 @@ database: every answer acknowledged with 200 is stored exactly once, every ackno
 recorded, and no attempt holds an answer nobody was told was recorded.
 
     python bench/exam_load.py [--clients 20] [--seconds 60] [--questions-per-chapter 3]
+                              [--db postgresql://user@host/dbname] [--instances 2]
+
+``--db`` as for `minimega serve` (default: a SQLite file in a temp folder; a PostgreSQL database should be
+empty or one this script used before). ``--instances N`` starts N servers on the same database and one
+signing key; client k talks to server k mod N, as behind a round-robin load balancer.
 """
 from __future__ import annotations
 
@@ -13,7 +18,6 @@ import http.client
 import json
 import os
 import socket
-import sqlite3
 import statistics
 import subprocess
 import sys
@@ -98,34 +102,47 @@ def main(argv=None) -> int:
     ap.add_argument("--clients", type=int, default=20)
     ap.add_argument("--seconds", type=float, default=60)
     ap.add_argument("--questions-per-chapter", type=int, default=3)
+    ap.add_argument("--db", help="SQLite file or postgresql:// URL (default: SQLite in a temp folder)")
+    ap.add_argument("--instances", type=int, default=1, help="servers on the one database (default 1)")
     args = ap.parse_args(argv)
+    if not 1 <= args.instances <= 8:
+        raise SystemExit("--instances: 1 to 8")
 
     tmp = Path(tempfile.mkdtemp(prefix="exam-load-"))
-    port = free_port()
+    db = args.db or str(tmp / "var" / "classroom.sqlite3")
+    ports = [free_port() for _ in range(args.instances)]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT / "src"), os.environ.get("PYTHONPATH")]))}
-    cmd = [sys.executable, "-m", "minimega.classroom.cli", "serve", "--port", str(port), "--var-dir", str(tmp / "var"),
-           "--site-dir", str(tmp / "site"), "--banks-dir", str(ROOT / "quizzes" / "exam"), "--no-build", "--dev",
-           "--questions-per-chapter", str(args.questions_per_chapter), "--attempts-per-day", "1000000",
-           "--fail-cooldown-s", "0", "--ip-attempts-per-hour", "100000000", "--ip-requests-per-minute", "100000000",
-           "--ip-signins-per-hour", "100000000"]
-    server = subprocess.Popen(cmd, env=env, cwd=tmp, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    sys.path.insert(0, str(ROOT / "src"))
+    from minimega.classroom.keys import Keyring
+    from minimega.classroom.store import open_store
+    Keyring.open(tmp / "keys", create=True)        # one signing key for every instance, made before they start
+    servers = []
+    for k, port in enumerate(ports):
+        cmd = [sys.executable, "-m", "minimega.classroom.cli", "serve", "--port", str(port),
+               "--var-dir", str(tmp / f"var{k}"), "--keys-dir", str(tmp / "keys"), "--db", db,
+               "--site-dir", str(tmp / "site"), "--banks-dir", str(ROOT / "quizzes" / "exam"), "--no-build", "--dev",
+               "--questions-per-chapter", str(args.questions_per_chapter), "--attempts-per-day", "1000000",
+               "--fail-cooldown-s", "0", "--ip-attempts-per-hour", "100000000", "--ip-requests-per-minute", "100000000",
+               "--ip-signins-per-hour", "100000000"]
+        servers.append(subprocess.Popen(cmd, env=env, cwd=tmp, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
     try:
         deadline = time.monotonic() + 180
-        while True:
-            try:
-                c = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
-                c.request("GET", "/api/v1/health")
-                if c.getresponse().status == 200:
-                    break
-            except OSError:
-                if time.monotonic() > deadline or server.poll() is not None:
-                    raise SystemExit("the server did not start")
-                time.sleep(0.2)
+        for port, server in zip(ports, servers):
+            while True:
+                try:
+                    c = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
+                    c.request("GET", "/api/v1/health")
+                    if c.getresponse().status == 200:
+                        break
+                except OSError:
+                    if time.monotonic() > deadline or server.poll() is not None:
+                        raise SystemExit("a server did not start")
+                    time.sleep(0.2)
 
         log: list = []
         acked = {"answers": set(), "finished": set()}
         stop = threading.Event()
-        clients = [Client(port, log, acked, stop, n) for n in range(args.clients)]
+        clients = [Client(ports[n % len(ports)], log, acked, stop, n) for n in range(args.clients)]
         threads = [threading.Thread(target=c.run) for c in clients]
         t0 = time.perf_counter()
         for t in threads:
@@ -136,13 +153,17 @@ def main(argv=None) -> int:
             t.join()
         elapsed = time.perf_counter() - t0
     finally:
-        server.terminate()
-        server.wait(timeout=30)
+        for server in servers:
+            server.terminate()
+        for server in servers:
+            server.wait(timeout=30)
 
     by = defaultdict(list)
     for name, seconds, status in log:
         by[name].append((seconds, status))
-    print(f"{args.clients} clients, {elapsed:.1f} s, loopback, `minimega serve` (SQLite WAL, synchronous=FULL)")
+    store = open_store(db)
+    backend = "PostgreSQL" if store.shared else "SQLite WAL, synchronous=FULL"
+    print(f"{args.clients} clients, {elapsed:.1f} s, loopback, {args.instances} x `minimega serve` ({backend})")
     print(f"{'endpoint':<9} {'requests':>8} {'req/s':>7} {'p50 ms':>7} {'p95 ms':>7} {'p99 ms':>7}  statuses")
     for name in ("signin", "confirm", "start", "answer", "finish", "review"):
         rows = by.get(name, [])
@@ -155,13 +176,12 @@ def main(argv=None) -> int:
           f"{percentile(all_ms, 95):>7.1f} {percentile(all_ms, 99):>7.1f}  "
           f"errors (status 0 or 5xx): {sum(1 for _, _, c in log if c == 0 or c >= 500)}")
 
-    db = sqlite3.connect(tmp / "var" / "classroom.sqlite3")
-    rows = db.execute("SELECT attempt_id, number, COUNT(*) FROM answers GROUP BY attempt_id, number").fetchall()
+    rows = store.fetchall("SELECT attempt_id, number, COUNT(*) FROM answers GROUP BY attempt_id, number")
     stored = {(a, n) for a, n, _ in rows}
     duplicated = sum(1 for *_, k in rows if k != 1)
     lost = len(acked["answers"] - stored)
     unacked = len(stored - acked["answers"])        # stored, though the client never saw the 200 (cut off by stop)
-    finished = {r[0] for r in db.execute("SELECT id FROM attempts WHERE finished_at IS NOT NULL")}
+    finished = {r[0] for r in store.fetchall("SELECT id FROM attempts WHERE finished_at IS NOT NULL")}
     lost_finishes = len(acked["finished"] - finished)
     print(f"database: {len(stored)} answers stored, {len(acked['answers'])} acknowledged; lost {lost}, "
           f"duplicated {duplicated}, stored but unacknowledged {unacked}; finishes acknowledged "

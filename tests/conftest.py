@@ -13,3 +13,6 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(no_gpu)
         if "browser" in item.keywords and not os.path.exists("/usr/bin/chromium"):
             item.add_marker(no_browser)
+
+
+from postgres_support import postgres_server  # noqa: E402,F401  (one PostgreSQL server for the whole session)

@@ -142,3 +142,21 @@ def test_readme_documents_every_serve_mail_setting():
     assert all(re.search(rf"{flag}\b", serve_help) for flag in flags), serve_help
     for word in [*SERVE_ENV.values(), *flags, "MINIMEGA_SMTP_PASSWORD", "for local use only"]:
         assert word in readme, word
+
+
+def test_compose_runs_the_site_on_postgresql():
+    """compose.yaml: the image's service with MINIMEGA_DB pointing at its PostgreSQL service, the password only
+    from the environment, the port on loopback."""
+    import yaml
+
+    from minimega.classroom.cli import SERVE_ENV
+
+    compose = yaml.safe_load((ROOT / "compose.yaml").read_text())
+    web, db = compose["services"]["web"], compose["services"]["db"]
+    assert web["build"] == "." and db["image"].startswith("postgres:")
+    assert web["depends_on"]["db"]["condition"] == "service_healthy"
+    url = web["environment"][SERVE_ENV["db"]]
+    assert url == f"postgresql://{db['environment']['POSTGRES_USER']}@db:5432/{db['environment']['POSTGRES_DB']}"
+    assert web["environment"]["PGPASSWORD"].startswith("${") and ":" not in url.split("@")[0][len("postgresql://"):]
+    assert web["ports"] == ["127.0.0.1:8000:8000"]
+    assert "MINIMEGA_DB=postgresql://" in (ROOT / "Dockerfile").read_text()

@@ -308,7 +308,7 @@ def test_migrations_are_versioned_and_refuse_newer(tmp_path):
     con.commit()
     con.close()
     store = Store(db)
-    assert store.schema_version() == MIGRATIONS[-1][0] == 3
+    assert store.schema_version() == MIGRATIONS[-1][0] >= 4
     assert store.conn().execute("PRAGMA journal_mode").fetchone()[0] == "wal"
     indexes = {r[0] for r in store.conn().execute("SELECT name FROM sqlite_master WHERE type='index'")}
     assert {"attempts_by_learner_day", "attempts_by_learner_finished", "signins_by_learner_created"} <= indexes
@@ -495,3 +495,33 @@ def test_bare_exam_page_without_a_site(client):
     for id_ in ("mm-exam-signin-form", "mm-exam-start-form", "mm-exam-finish", "mm-exam-review"):
         assert f'id="{id_}"' in body
     assert client.get("/exam-app/exam.js").status_code == 200 and client.get("/favicon.ico").status_code == 204
+
+
+def test_two_apps_on_postgres_share_sessions_limits_and_credentials(tmp_path, postgres_server):
+    """Two service instances (apps) on one PostgreSQL database: a session made on one works on the other, the
+    per-address start limit and the learner's daily limit are counted across both, and a pass issued on one
+    verifies against the keys and the status list the other serves."""
+    db = postgres_server.new_database()
+    apps = [create_app(make_config(tmp_path, db=db, ip_attempts_per_hour=3, attempts_per_day=2))
+            for _ in range(2)]
+    with TestClient(apps[0]) as a, TestClient(apps[1]) as b:
+        fin = pass_exam(a, "Ada on A", "ada@example.org")                        # start 1 of 3 for this address
+        code = fin["credential"]["code"]
+        cred = b.get(f"/api/v1/credentials/{code}").json()
+        status = b.get(cred["credentialStatus"]["statusListCredential"].replace("http://127.0.0.1:8000", "")).json()
+        did = b.get("/.well-known/did.json").json()
+        result = credential.verify(cred, trusted_keys={m["publicKeyMultibase"] for m in did["verificationMethod"]},
+                                   status_list_credential=status)
+        assert result.valid and result.claims["name"] == "Ada on A", result.errors
+        auth = sign_in(a, "ada@example.org")
+        aid = start(b, auth, "Ada")["attempt_id"]                                 # start 2: daily limit 2 of 2
+        assert b.post(f"/api/v1/attempts/{aid}/finish", headers=auth).status_code == 200
+        r = a.post("/api/v1/attempts", json={"display_name": "Ada"}, headers=auth)  # start 3: learner limit
+        assert r.status_code == 429 and "2 of 2" in r.json()["detail"]
+        r = b.post("/api/v1/attempts", json={"display_name": "Bo"}, headers=sign_in(b))   # start 4: address limit
+        assert r.status_code == 429 and "too many requests" in r.json()["detail"]
+        assert apps[1].state.issuer.revoke(code, "test") is True                  # revoked on B, seen on A
+        status = a.get(cred["credentialStatus"]["statusListCredential"].replace("http://127.0.0.1:8000", "")).json()
+        assert credential.verify(cred, status_list_credential=status).revocation.startswith("revoked")
+    for app in apps:
+        app.state.store.close()

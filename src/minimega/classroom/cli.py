@@ -28,7 +28,7 @@ from . import trust
 from .settings import ClassroomConfig
 
 ISSUER_URL_ENV = "MINIMEGA_ISSUER_URL"
-SERVE_ENV = {"dev": "MINIMEGA_DEV", "base_url": "MINIMEGA_BASE_URL", "issuer_did": "MINIMEGA_ISSUER_DID",
+SERVE_ENV = {"db": "MINIMEGA_DB", "dev": "MINIMEGA_DEV", "base_url": "MINIMEGA_BASE_URL", "issuer_did": "MINIMEGA_ISSUER_DID",
              "smtp_host": "MINIMEGA_SMTP_HOST", "smtp_port": "MINIMEGA_SMTP_PORT", "smtp_user": "MINIMEGA_SMTP_USER",
              "smtp_from": "MINIMEGA_SMTP_FROM"}
 """`serve` settings also read from the environment (a container's way to configure); a flag overrides its variable.
@@ -46,7 +46,8 @@ def add_serve_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--base-url", help="public origin, used in mailed sign-in links (default http://HOST:PORT; "
                                       "env MINIMEGA_BASE_URL)")
     p.add_argument("--var-dir", type=Path, default=d.var_dir, help="database and development keys (default var/)")
-    p.add_argument("--db", type=Path, help="SQLite file (default VAR_DIR/classroom.sqlite3)")
+    p.add_argument("--db", help="SQLite file (default VAR_DIR/classroom.sqlite3), or a postgresql://user@host/dbname "
+                                "URL that several instances share (password: $PGPASSWORD; env MINIMEGA_DB)")
     p.add_argument("--keys-dir", type=Path, help="signing keys (default VAR_DIR/keys)")
     p.add_argument("--site-dir", type=Path, default=d.site_dir)
     p.add_argument("--banks-dir", type=Path, default=d.banks_dir)
@@ -111,7 +112,7 @@ def config_from_args(args, env=os.environ) -> ClassroomConfig:
         course_version = version("minimega")
     except PackageNotFoundError:
         course_version = ClassroomConfig().course_version
-    return ClassroomConfig(var_dir=args.var_dir, db=args.db, keys_dir=args.keys_dir, site_dir=args.site_dir,
+    return ClassroomConfig(var_dir=args.var_dir, db=s["db"], keys_dir=args.keys_dir, site_dir=args.site_dir,
                            banks_dir=args.banks_dir, base_url=base, issuer_did=s["issuer_did"],
                            course_version=course_version, questions_per_chapter=args.questions_per_chapter,
                            pass_fraction=args.pass_fraction, attempts_per_day=args.attempts_per_day,
@@ -223,7 +224,8 @@ def add_cert_parser(subparsers) -> argparse.ArgumentParser:
     r.add_argument("code")
     r.add_argument("--reason", default="")
     r.add_argument("--var-dir", type=Path, default=ClassroomConfig().var_dir)
-    r.add_argument("--db", type=Path)
+    r.add_argument("--db", default=os.environ.get("MINIMEGA_DB") or None,
+                   help="the service's SQLite file or postgresql:// URL (default $MINIMEGA_DB, else VAR_DIR/classroom.sqlite3)")
     r.set_defaults(func=run_revoke)
 
     s = sub.add_parser("keys", help="show the signing keys' fingerprints and did:key ids (to pin or publish)")
@@ -397,11 +399,11 @@ def run_verify(args) -> int:
 
 
 def run_revoke(args) -> int:
-    from .store import Store
+    from .store import StoreError, open_store
     from .verification_code import CodeError, normalize
 
     db = args.db or args.var_dir / "classroom.sqlite3"
-    if not db.exists():
+    if "://" not in str(db) and not Path(db).exists():
         raise SystemExit(f"no database at {db} (pass --db or --var-dir of the service)")
     try:
         code = normalize(args.code)
@@ -409,9 +411,12 @@ def run_revoke(args) -> int:
         raise SystemExit(f"{args.code!r}: {err}")
     import time
     try:
-        changed = Store(db).revoke(code, args.reason, time.time())
+        store = open_store(db)
+        changed = store.revoke(code, args.reason, time.time())
+    except StoreError as err:
+        raise SystemExit(f"minimega cert revoke: {err}")
     except KeyError:
-        raise SystemExit(f"no credential with code {code} in {db}")
+        raise SystemExit(f"no credential with code {code} in {store.where}")
     print(f"{code}: {'revoked' if changed else 'was already revoked'}; "
           "the signed status list shows it from its next fetch")
     return 0

@@ -1,7 +1,7 @@
 """The graded exam: sign-in by email link, a stratified random draw of parametric and conceptual items,
 answers recorded and locked without feedback, a score, then a review.
 
-Flow (each step one `Exam` method, each state change one SQLite transaction):
+Flow (each step one `Exam` method, each state change one database transaction):
 
 0. `request_signin` mails a one-time link; `redeem_signin` turns it into a session token. The learner
    is the keyed hash of that verified email: attempts, the daily limit and the cooldown after a fail
@@ -36,7 +36,7 @@ from pathlib import Path
 
 from . import quiz
 from .settings import ClassroomConfig
-from .store import Conflict, Store
+from .store import Conflict, OpenAttempt, Store
 
 CHAPTERS = range(1, 15)
 """Chapters that must have an exam bank; a bank for a later chapter is drawn from too."""
@@ -332,6 +332,8 @@ class Exam:
                 ip=ip, day=day, now=now, ttl_s=self.config.attempt_ttl_s, items=picks,
                 per_day=self.config.attempts_per_day, cooldown_s=self.config.fail_cooldown_s,
                 seed=f"{seed:016x}")
+        except OpenAttempt as err:          # started a moment ago by another request (another instance?)
+            return self.status(err.attempt_id, session, with_questions=True) | {"resumed": True}
         except Conflict as err:
             raise ExamError(str(err), 429) from None
         return self.status(attempt_id, session, with_questions=True) | {"resumed": False}

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import secrets
-import sqlite3
 import threading
 import time
 from datetime import datetime, timedelta, timezone
@@ -23,7 +22,7 @@ from . import credential, keys, status_list
 from .exam import CHAPTERS
 from .keys import Keyring, SigningKey
 from .settings import ClassroomConfig
-from .store import Store
+from .store import Duplicate, Store
 from .verification_code import new_code
 
 
@@ -117,7 +116,7 @@ class Issuer:
                                             status_list=key.fingerprint, status_index=index,
                                             document=signed, now=now)
                 return self.links(code)
-            except sqlite3.IntegrityError:
+            except Duplicate:
                 if self.store.credential_by_attempt(attempt_id) is not None:   # a concurrent finish won
                     return self.links(self.store.credential_by_attempt(attempt_id)["code"])
         raise RuntimeError("could not allocate a free status index and code in 20 tries")

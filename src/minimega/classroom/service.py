@@ -15,13 +15,13 @@
     GET  /.well-known/did.json                     the issuer's public keys
 
 Every attempt call needs the session of the learner who owns the attempt. Limits: per-learner
-attempts per UTC day and a cooldown after a fail (in SQLite, so they survive restarts), sign-in mails
-per address per hour, and per-IP sliding windows (in memory) for sign-ins, starts and every other API
-call; a request that fails validation counts too. Bodies over `body_limit_bytes` get 413 before
-parsing; a 422 names the fields at fault and never echoes the input. The client address is the
-socket's: `minimega serve` trusts X-Forwarded-For only from `--forwarded-allow-ips`. Public
-documents (status lists, keys, credentials) allow cross-origin reads so verifiers elsewhere can
-fetch them.
+attempts per UTC day and a cooldown after a fail (in the database, so they survive restarts), sign-in
+mails per address per hour, and per-IP sliding windows for sign-ins, starts and every other API call
+(in memory on SQLite; in the database on PostgreSQL, so that every instance counts them); a request
+that fails validation counts too. Bodies over `body_limit_bytes` get 413 before parsing; a 422 names
+the fields at fault and never echoes the input. The client address is the socket's: `minimega serve`
+trusts X-Forwarded-For only from `--forwarded-allow-ips`. Public documents (status lists, keys,
+credentials) allow cross-origin reads so verifiers elsewhere can fetch them.
 """
 from __future__ import annotations
 
@@ -46,7 +46,7 @@ from .mailer import mailer_for
 from .issuer import Issuer
 from .keys import Keyring
 from .settings import ClassroomConfig
-from .store import Store
+from .store import open_store
 from .verification_code import CodeError, normalize
 
 PUBLIC = {"Access-Control-Allow-Origin": "*", "Cache-Control": "no-cache"}
@@ -258,19 +258,39 @@ class RateLimiter:
                     del self.events[k]
 
 
+class SharedRateLimiter:
+    """`RateLimiter`'s sliding window kept in the store (`Store.rate_hit`), so that every service instance
+    on one PostgreSQL database counts the same events. Wall-clock time: instances on other hosts agree
+    on it to within their clock skew, which is small against these windows (a minute, an hour)."""
+
+    def __init__(self, store, bucket: str, limit: int, window_s: float, clock=time.time):
+        self.store, self.bucket, self.limit, self.window, self.clock = store, bucket, limit, window_s, clock
+
+    def hit(self, key: str, now: float | None = None) -> None:
+        retry = self.store.rate_hit(self.bucket, key, limit=self.limit, window_s=self.window,
+                                    now=self.clock() if now is None else now)
+        if retry is not None:
+            raise ExamError(f"too many requests from this address: retry in {int(retry) + 1} s", 429)
+
+
 # --- the app -------------------------------------------------------------------------------------
 
 def create_app(config: ClassroomConfig, *, keyring: Keyring | None = None, clock=time.time,
                mailer=None) -> FastAPI:
     banks = load_exam_banks(config.banks_dir, config.questions_per_chapter)    # fail before touching var/
     mailer = mailer if mailer is not None else mailer_for(config)
-    store = Store(config.db_path)
+    store = open_store(config.db_path)
     keyring = keyring or Keyring.open(config.keys_path, create=True)
     issuer = Issuer(config, keyring, store, clock=clock)
     exam = Exam(config, store, issuer, clock=clock, banks=banks, mailer=mailer)
-    signin_limit = RateLimiter(config.ip_signins_per_hour, 3600)
-    start_limit = RateLimiter(config.ip_attempts_per_hour, 3600)
-    api_limit = RateLimiter(config.ip_requests_per_minute, 60)
+    if store.shared:                            # several instances: count in the database they share
+        signin_limit = SharedRateLimiter(store, "signin", config.ip_signins_per_hour, 3600)
+        start_limit = SharedRateLimiter(store, "start", config.ip_attempts_per_hour, 3600)
+        api_limit = SharedRateLimiter(store, "api", config.ip_requests_per_minute, 60)
+    else:
+        signin_limit = RateLimiter(config.ip_signins_per_hour, 3600)
+        start_limit = RateLimiter(config.ip_attempts_per_hour, 3600)
+        api_limit = RateLimiter(config.ip_requests_per_minute, 60)
 
     app = FastAPI(title="minimega exam", version=config.course_version,
                   description="Graded exam and verifiable Open Badges 3.0 certificates.")

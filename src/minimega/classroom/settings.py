@@ -9,8 +9,9 @@ from pathlib import Path
 class ClassroomConfig:
     var_dir: Path = Path("var")
     """Where the database and the development keys live (created 0700)."""
-    db: Path | None = None
-    """SQLite file; default ``var_dir/classroom.sqlite3``."""
+    db: Path | str | None = None
+    """SQLite file (default ``var_dir/classroom.sqlite3``), or a ``postgresql://user@host/dbname`` URL: one
+    database that several service instances share."""
     keys_dir: Path | None = None
     """Folder of ``key-*.pem`` signing keys; default ``var_dir/keys``."""
     site_dir: Path = Path("site")
@@ -67,11 +68,17 @@ class ClassroomConfig:
             raise ValueError("fail_cooldown_s must be >= 0 and body_limit_bytes >= 1024")
         if not self.base_url.startswith(("http://", "https://")) or self.base_url.endswith("/"):
             raise ValueError(f"base_url={self.base_url!r}: an origin like https://course.example.org, no trailing /")
+        if isinstance(self.db, str):
+            if "://" not in self.db:
+                object.__setattr__(self, "db", Path(self.db))
+            elif not self.db.startswith(("postgresql://", "postgres://")):
+                raise ValueError(f"db={self.db.split('://')[0]}://…: use a postgresql:// URL or a SQLite file path")
         if self.issuer_did is not None and not self.issuer_did.startswith("did:web:"):
             raise ValueError(f"issuer_did={self.issuer_did!r}: use did:web:<host>, or leave unset for did:key")
 
     @property
-    def db_path(self) -> Path:
+    def db_path(self) -> Path | str:
+        """The SQLite file, or the PostgreSQL URL (`store.open_store` takes either)."""
         return self.db or self.var_dir / "classroom.sqlite3"
 
     @property

@@ -1,13 +1,27 @@
-"""SQLite storage for attempts, answers and credentials.
+"""Storage for attempts, answers and credentials: SQLite (the embedded default) or PostgreSQL.
 
-- WAL journal with ``synchronous=FULL``: a write acknowledged to a learner survives the process
-  being killed (and power loss); readers never block the writer.
-- Every write runs in ``BEGIN IMMEDIATE``, so two threads answering the same question cannot both
-  pass the "not answered yet" check: the primary key ``(attempt_id, number)`` of ``answers`` is
-  the lock, and the loser gets `Conflict`.
-- Migrations are numbered SQL scripts; ``PRAGMA user_version`` records the last one applied and
-  ``schema_migrations`` when. A database from a newer minimega is refused rather than guessed at.
-- One connection per thread (sqlite3 connections are not shared across threads).
+`Store` is the SQLite store and holds every query; `store_postgres.PostgresStore` overrides only what
+differs: connections (a pool), placeholders, column types, row locks and advisory locks. `open_store`
+picks one from ``--db``: a ``postgresql://`` URL, else a SQLite file.
+
+The guarantees, on both:
+
+- An answer is stored once: the primary key ``(attempt_id, number)`` of ``answers`` is the lock, and
+  the loser of a race gets `Conflict`. An answer and the finish of its attempt never interleave:
+  SQLite runs every write in ``BEGIN IMMEDIATE`` (one writer at a time); PostgreSQL takes the
+  attempt's row lock, shared by answers (``FOR SHARE``), exclusive for the finish (``FOR UPDATE``), so
+  an answer acknowledged as recorded is always in the score, and none lands after it.
+- A finish happens once (the row lock, then ``finished_at IS NULL`` is checked); a credential is stored
+  once per attempt (``credentials.attempt_id UNIQUE``): the loser gets `Duplicate`.
+- Limits are counted inside the transaction that spends them: attempts per day, sign-in mails per
+  hour and per-address request windows (`rate_hit`). PostgreSQL serializes each learner's (or
+  address's) check-and-insert with a transaction-scoped advisory lock, so several service
+  instances on one database hold the same limits.
+- SQLite: WAL journal with ``synchronous=FULL``: a write acknowledged to a learner survives the
+  process being killed (and power loss); readers never block the writer. One connection per thread.
+- Migrations are numbered SQL scripts, applied in order, each in its own transaction, by one
+  process at a time; ``schema_migrations`` records when (SQLite also keeps ``PRAGMA user_version``).
+  A database from a newer minimega is refused rather than guessed at.
 """
 from __future__ import annotations
 
@@ -91,6 +105,14 @@ MIGRATIONS: list[tuple[int, str, str]] = [
         ALTER TABLE attempt_items ADD COLUMN params TEXT;         -- JSON values of a parametric item
         CREATE INDEX attempts_by_learner_finished ON attempts(learner_key, finished_at);
     """),
+    (4, "per-address rate limits shared by every instance", """
+        CREATE TABLE rate_hits (
+            bucket       TEXT NOT NULL,             -- which limit: signin, start, api
+            key          TEXT NOT NULL,             -- the client address
+            hit_at       REAL NOT NULL              -- when (Unix seconds)
+        );
+        CREATE INDEX rate_hits_by_key ON rate_hits(bucket, key, hit_at);
+    """),
 ]
 
 
@@ -102,14 +124,78 @@ class Conflict(StoreError):
     """The write would break a rule: answered twice, finished twice, ..."""
 
 
+class OpenAttempt(Conflict):
+    """The learner already has an unfinished, unexpired attempt: resume it (`attempt_id`) instead."""
+
+    def __init__(self, attempt_id: str):
+        super().__init__(f"attempt {attempt_id} is still open")
+        self.attempt_id = attempt_id
+
+
+class Duplicate(Conflict):
+    """A unique key is taken (a credential's code or status index, or its attempt already has one)."""
+
+
+class Row:
+    """A result row read by column name (``row["score"]``) or position (``row[0]``), like `sqlite3.Row`."""
+
+    __slots__ = ("_index", "_values")
+
+    def __init__(self, index: dict[str, int], values):
+        self._index, self._values = index, tuple(values)
+
+    def __getitem__(self, key):
+        return self._values[self._index[key]] if isinstance(key, str) else self._values[key]
+
+    def __len__(self):
+        return len(self._values)
+
+    def __iter__(self):
+        return iter(self._values)
+
+    def keys(self) -> list[str]:
+        return list(self._index)
+
+    def __repr__(self):
+        return f"Row({dict(zip(self._index, self._values))!r})"
+
+
+def open_store(db: str | Path) -> "Store":
+    """The store ``--db`` names: a ``postgresql://`` URL (PostgreSQL), else the path of a SQLite file."""
+    text = str(db)
+    if text.startswith(("postgresql://", "postgres://")):
+        from .store_postgres import PostgresStore
+        return PostgresStore(text)
+    if "://" in text:
+        raise StoreError(f"--db {text.split('://')[0]}://…: use a postgresql://user@host/dbname URL or the "
+                         "path of a SQLite file")
+    return Store(db)
+
+
 class Store:
+    """SQLite. Subclasses change the dialect through the class attributes and the hooks marked below."""
+
+    FOR_UPDATE = ""
+    """Row lock of a read that is followed by a write (SQLite: ``BEGIN IMMEDIATE`` locks everything)."""
+    FOR_SHARE = ""
+    shared = False
+    """True when several processes (service instances) may use the database at once."""
+    RATE_PRUNE_EVERY = 1000
+    """Every so many `rate_hit` calls, drop the bucket's expired hits of every address."""
+
     def __init__(self, path: str | Path):
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)   # learner data: owner only
         self._local = threading.local()
+        self._rate_calls = 0
         self.migrate()
 
-    # --- connections -------------------------------------------------------------------------
+    @property
+    def where(self) -> str:
+        """The database, as errors name it (never a password)."""
+        return str(self.path)
+
+    # --- connections (hooks) -------------------------------------------------------------------
 
     def conn(self) -> sqlite3.Connection:
         c = getattr(self._local, "conn", None)
@@ -125,6 +211,7 @@ class Store:
 
     @contextmanager
     def write(self):
+        """One read-write transaction; yields an object with ``execute(sql, params)`` (``?`` placeholders)."""
         c = self.conn()
         c.execute("BEGIN IMMEDIATE")
         try:
@@ -134,48 +221,93 @@ class Store:
             raise
         c.execute("COMMIT")
 
-    def migrate(self) -> int:
+    @contextmanager
+    def snapshot(self):
+        """A read-only transaction: every query inside sees the same committed state."""
         c = self.conn()
-        with self.write():
-            c.execute("CREATE TABLE IF NOT EXISTS schema_migrations "
-                      "(version INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at REAL NOT NULL)")
-        current = c.execute("PRAGMA user_version").fetchone()[0]
+        c.execute("BEGIN")
+        try:
+            yield c
+        finally:
+            c.execute("COMMIT")
+
+    def fetchone(self, sql: str, params=()):
+        return self.conn().execute(sql, params).fetchone()
+
+    def fetchall(self, sql: str, params=()) -> list:
+        return self.conn().execute(sql, params).fetchall()
+
+    def close(self) -> None:
+        c = getattr(self._local, "conn", None)
+        if c is not None:
+            c.close()
+            self._local.conn = None
+
+    def _serialize(self, c, scope: str, key: str) -> None:
+        """Hold a lock on (scope, key) until the transaction ends (SQLite: BEGIN IMMEDIATE already does)."""
+
+    def _is_unique_violation(self, err: Exception) -> bool:
+        return isinstance(err, sqlite3.IntegrityError) and "UNIQUE" in str(err)
+
+    def _ddl(self, sql: str) -> str:
+        """A migration's SQL in this dialect."""
+        return sql
+
+    def _version(self, c) -> int:
+        return c.execute("PRAGMA user_version").fetchone()[0]
+
+    def _set_version(self, c, version: int) -> None:
+        c.execute(f"PRAGMA user_version={int(version)}")
+
+    # --- schema --------------------------------------------------------------------------------
+
+    def migrate(self) -> int:
         latest = MIGRATIONS[-1][0]
-        if current > latest:
-            raise StoreError(f"{self.path} has schema version {current}, newer than this minimega "
-                             f"({latest}); upgrade minimega or point --db elsewhere")
+        with self.write() as c:
+            self._serialize(c, "migrate", "")
+            c.execute(self._ddl("CREATE TABLE IF NOT EXISTS schema_migrations "
+                                "(version INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at REAL NOT NULL)"))
         for version, name, sql in MIGRATIONS:
-            if version <= current:
-                continue
-            with self.write():       # executescript would commit on its own: run statements one by one
-                for stmt in filter(str.strip, sql.split(";")):
+            with self.write() as c:  # executescript would commit on its own: run statements one by one
+                self._serialize(c, "migrate", "")          # two instances starting at once: one migrates
+                current = self._version(c)
+                if current > latest:
+                    raise StoreError(f"{self.where} has schema version {current}, newer than this minimega "
+                                     f"({latest}); upgrade minimega or point --db elsewhere")
+                if version <= current:
+                    continue
+                for stmt in filter(str.strip, self._ddl(sql).split(";")):
                     c.execute(stmt)
                 c.execute("INSERT INTO schema_migrations VALUES (?, ?, ?)", (version, name, time.time()))
-                c.execute(f"PRAGMA user_version={version}")
+                self._set_version(c, version)
         return latest
 
     def pepper(self) -> bytes:
-        """A random secret of this database, for keyed hashes of learner identities."""
+        """A random secret of this database, for keyed hashes of learner identities (one for all instances)."""
         with self.write() as c:
-            row = c.execute("SELECT value FROM meta WHERE key='pepper'").fetchone()
-            if row is None:
-                value = secrets.token_hex(32)
-                c.execute("INSERT INTO meta VALUES ('pepper', ?)", (value,))
-                return bytes.fromhex(value)
-        return bytes.fromhex(row[0])
+            c.execute("INSERT INTO meta VALUES ('pepper', ?) ON CONFLICT (key) DO NOTHING", (secrets.token_hex(32),))
+            value = c.execute("SELECT value FROM meta WHERE key='pepper'").fetchone()[0]
+        return bytes.fromhex(value)
 
     def schema_version(self) -> int:
-        return self.conn().execute("PRAGMA user_version").fetchone()[0]
+        with self.snapshot() as c:
+            return self._version(c)
 
     # --- attempts ----------------------------------------------------------------------------
 
     def create_attempt(self, *, learner_key: str, display_name: str, email_id: dict | None, ip: str,
                        day: str, now: float, ttl_s: float, items: list[tuple], per_day: int,
                        cooldown_s: float = 0.0, seed: str | None = None) -> str:
-        """Insert an attempt and its drawn items; `Conflict` if the learner used up today's attempts or
+        """Insert an attempt and its drawn items; `OpenAttempt` if the learner has one open (two clicks on
+        "start", perhaps on two instances, make one attempt), `Conflict` if they used up today's attempts or
         failed less than `cooldown_s` ago. Items are (chapter, item id, choice order[, params])."""
         attempt_id = secrets.token_urlsafe(16)
         with self.write() as c:
+            self._serialize(c, "attempts", learner_key)
+            open_row = c.execute("SELECT id FROM attempts WHERE learner_key=? AND finished_at IS NULL AND expires_at>=? "
+                                 "ORDER BY created_at DESC LIMIT 1", (learner_key, now)).fetchone()
+            if open_row is not None:
+                raise OpenAttempt(open_row[0])
             used = c.execute("SELECT COUNT(*) FROM attempts WHERE learner_key=? AND day=?",
                              (learner_key, day)).fetchone()[0]
             if used >= per_day:
@@ -196,19 +328,19 @@ class Store:
                            for n, pick in enumerate(items, start=1)])
         return attempt_id
 
-    def open_attempt(self, learner_key: str, now: float) -> sqlite3.Row | None:
+    def open_attempt(self, learner_key: str, now: float):
         """The learner's unfinished, unexpired attempt (the newest), if any."""
-        return self.conn().execute(
+        return self.fetchone(
             "SELECT * FROM attempts WHERE learner_key=? AND finished_at IS NULL AND expires_at>=? "
-            "ORDER BY created_at DESC LIMIT 1", (learner_key, now)).fetchone()
+            "ORDER BY created_at DESC LIMIT 1", (learner_key, now))
 
-    def last_attempt(self, learner_key: str) -> sqlite3.Row | None:
-        return self.conn().execute("SELECT * FROM attempts WHERE learner_key=? ORDER BY created_at DESC LIMIT 1",
-                                   (learner_key,)).fetchone()
+    def last_attempt(self, learner_key: str):
+        return self.fetchone("SELECT * FROM attempts WHERE learner_key=? ORDER BY created_at DESC LIMIT 1",
+                             (learner_key,))
 
     def cooldown_until(self, learner_key: str, cooldown_s: float) -> float | None:
-        last_fail = self.conn().execute("SELECT MAX(finished_at) FROM attempts WHERE learner_key=? AND passed=0",
-                                        (learner_key,)).fetchone()[0]
+        last_fail = self.fetchone("SELECT MAX(finished_at) FROM attempts WHERE learner_key=? AND passed=0",
+                                  (learner_key,))[0]
         return None if last_fail is None else last_fail + cooldown_s
 
     # --- sign-in and sessions ----------------------------------------------------------------
@@ -217,6 +349,7 @@ class Store:
                       per_hour: int) -> None:
         """Record a mailed one-time token; `Conflict` past `per_hour` links for this address."""
         with self.write() as c:
+            self._serialize(c, "signins", learner_key)
             sent = c.execute("SELECT COUNT(*) FROM signins WHERE learner_key=? AND created_at>?",
                              (learner_key, now - 3600)).fetchone()[0]
             if sent >= per_hour:
@@ -228,7 +361,7 @@ class Store:
     def redeem_signin(self, *, token_hash: str, session_hash: str, now: float, session_ttl_s: float) -> str:
         """Spend a one-time token and open a session; returns the learner key. `Conflict` if unusable."""
         with self.write() as c:
-            row = c.execute("SELECT * FROM signins WHERE token_hash=?", (token_hash,)).fetchone()
+            row = c.execute("SELECT * FROM signins WHERE token_hash=?" + self.FOR_UPDATE, (token_hash,)).fetchone()
             if row is None or row["used_at"] is not None or now > row["expires_at"]:
                 raise Conflict("this sign-in link is unknown, used or expired: ask for a new one")
             c.execute("UPDATE signins SET used_at=? WHERE token_hash=?", (now, token_hash))
@@ -236,37 +369,35 @@ class Store:
                       (session_hash, row["learner_key"], row["email_id"], now, now + session_ttl_s))
         return row["learner_key"]
 
-    def session(self, session_hash: str, now: float) -> sqlite3.Row | None:
-        return self.conn().execute("SELECT * FROM sessions WHERE token_hash=? AND expires_at>=?",
-                                   (session_hash, now)).fetchone()
+    def session(self, session_hash: str, now: float):
+        return self.fetchone("SELECT * FROM sessions WHERE token_hash=? AND expires_at>=?", (session_hash, now))
 
     def end_session(self, session_hash: str) -> None:
         with self.write() as c:
             c.execute("DELETE FROM sessions WHERE token_hash=?", (session_hash,))
 
     def attempts_today(self, learner_key: str, day: str) -> int:
-        return self.conn().execute("SELECT COUNT(*) FROM attempts WHERE learner_key=? AND day=?",
-                                   (learner_key, day)).fetchone()[0]
+        return self.fetchone("SELECT COUNT(*) FROM attempts WHERE learner_key=? AND day=?", (learner_key, day))[0]
 
-    def attempt(self, attempt_id: str) -> sqlite3.Row | None:
-        return self.conn().execute("SELECT * FROM attempts WHERE id=?", (attempt_id,)).fetchone()
+    def attempt(self, attempt_id: str):
+        return self.fetchone("SELECT * FROM attempts WHERE id=?", (attempt_id,))
 
-    def items(self, attempt_id: str) -> list[sqlite3.Row]:
-        return self.conn().execute("SELECT * FROM attempt_items WHERE attempt_id=? ORDER BY number",
-                                   (attempt_id,)).fetchall()
+    def items(self, attempt_id: str) -> list:
+        return self.fetchall("SELECT * FROM attempt_items WHERE attempt_id=? ORDER BY number", (attempt_id,))
 
-    def item(self, attempt_id: str, number: int) -> sqlite3.Row | None:
-        return self.conn().execute("SELECT * FROM attempt_items WHERE attempt_id=? AND number=?",
-                                   (attempt_id, number)).fetchone()
+    def item(self, attempt_id: str, number: int):
+        return self.fetchone("SELECT * FROM attempt_items WHERE attempt_id=? AND number=?", (attempt_id, number))
 
-    def answers(self, attempt_id: str) -> list[sqlite3.Row]:
-        return self.conn().execute("SELECT * FROM answers WHERE attempt_id=? ORDER BY number",
-                                   (attempt_id,)).fetchall()
+    def answers(self, attempt_id: str) -> list:
+        return self.fetchall("SELECT * FROM answers WHERE attempt_id=? ORDER BY number", (attempt_id,))
 
     def record_answer(self, attempt_id: str, number: int, response, correct: bool, now: float) -> int:
         """Store one answer; `Conflict` if answered already or the attempt is closed. Returns #answered."""
         with self.write() as c:
-            row = c.execute("SELECT finished_at, expires_at FROM attempts WHERE id=?", (attempt_id,)).fetchone()
+            row = c.execute("SELECT finished_at, expires_at FROM attempts WHERE id=?" + self.FOR_SHARE,
+                            (attempt_id,)).fetchone()
+            if row is None:
+                raise Conflict("no such attempt")
             if row["finished_at"] is not None:
                 raise Conflict("this attempt is finished; answers are locked")
             if now > row["expires_at"]:
@@ -274,66 +405,90 @@ class Store:
             try:
                 c.execute("INSERT INTO answers VALUES (?,?,?,?,?)",
                           (attempt_id, number, json.dumps(response), int(correct), now))
-            except sqlite3.IntegrityError:
-                raise Conflict(f"question {number} is already answered; answers are locked") from None
+            except Exception as err:
+                if self._is_unique_violation(err):
+                    raise Conflict(f"question {number} is already answered; answers are locked") from None
+                raise
             return c.execute("SELECT COUNT(*) FROM answers WHERE attempt_id=?", (attempt_id,)).fetchone()[0]
 
     def finish_attempt(self, attempt_id: str, now: float, pass_fraction: float) -> tuple[int, int, bool]:
         """Score and close the attempt exactly once; returns (score, total, passed)."""
         with self.write() as c:
-            row = c.execute("SELECT finished_at, expires_at, total FROM attempts WHERE id=?",
+            row = c.execute("SELECT finished_at, expires_at, total FROM attempts WHERE id=?" + self.FOR_UPDATE,
                             (attempt_id,)).fetchone()
+            if row is None:
+                raise Conflict("no such attempt")
             if row["finished_at"] is not None:
                 raise Conflict("this attempt is already finished")
             if now > row["expires_at"]:
                 raise Conflict("this attempt has expired")
-            score = c.execute("SELECT COALESCE(SUM(correct), 0) FROM answers WHERE attempt_id=?",
-                              (attempt_id,)).fetchone()[0]
+            score = int(c.execute("SELECT COALESCE(SUM(correct), 0) FROM answers WHERE attempt_id=?",
+                                  (attempt_id,)).fetchone()[0])
             passed = score >= pass_fraction * row["total"] - 1e-9
             c.execute("UPDATE attempts SET finished_at=?, score=?, passed=? WHERE id=?",
                       (now, score, int(passed), attempt_id))
         return score, row["total"], passed
 
+    # --- per-address limits --------------------------------------------------------------------
+
+    def rate_hit(self, bucket: str, key: str, *, limit: int, window_s: float, now: float) -> float | None:
+        """Count one event of `key` in a sliding window; None if allowed (and counted), else the seconds
+        until the oldest counted event leaves the window (nothing counted)."""
+        self._rate_calls += 1
+        with self.write() as c:
+            self._serialize(c, "rate", f"{bucket}|{key}")
+            if self._rate_calls % self.RATE_PRUNE_EVERY == 0:      # addresses that went quiet
+                c.execute("DELETE FROM rate_hits WHERE bucket=? AND hit_at<=?", (bucket, now - window_s))
+            else:
+                c.execute("DELETE FROM rate_hits WHERE bucket=? AND key=? AND hit_at<=?", (bucket, key, now - window_s))
+            count, oldest = c.execute("SELECT COUNT(*), MIN(hit_at) FROM rate_hits WHERE bucket=? AND key=?",
+                                      (bucket, key)).fetchone()
+            if count >= limit:
+                return oldest + window_s - now
+            c.execute("INSERT INTO rate_hits VALUES (?,?,?)", (bucket, key, now))
+        return None
+
     # --- credentials -------------------------------------------------------------------------
 
     def store_credential(self, *, credential_id: str, code: str, attempt_id: str, status_list: str,
                          status_index: int, document: dict, now: float) -> None:
-        """Insert an issued credential; sqlite3.IntegrityError if the code or index is taken (retry)."""
-        with self.write() as c:
-            c.execute("INSERT INTO credentials (id, code, attempt_id, status_list, status_index, issued_at, "
-                      "document) VALUES (?,?,?,?,?,?,?)",
-                      (credential_id, code, attempt_id, status_list, status_index, now, json.dumps(document)))
+        """Insert an issued credential; `Duplicate` if the code or index is taken (retry) or the attempt has one."""
+        try:
+            with self.write() as c:
+                c.execute("INSERT INTO credentials (id, code, attempt_id, status_list, status_index, issued_at, "
+                          "document) VALUES (?,?,?,?,?,?,?)",
+                          (credential_id, code, attempt_id, status_list, status_index, now, json.dumps(document)))
+        except Exception as err:
+            if self._is_unique_violation(err):
+                raise Duplicate(f"credential not stored: {str(err).splitlines()[0][:200]}") from None
+            raise
 
-    def credential_by_code(self, code: str) -> sqlite3.Row | None:
-        return self.conn().execute("SELECT * FROM credentials WHERE code=?", (code,)).fetchone()
+    def credential_by_code(self, code: str):
+        return self.fetchone("SELECT * FROM credentials WHERE code=?", (code,))
 
-    def credential_by_attempt(self, attempt_id: str) -> sqlite3.Row | None:
-        return self.conn().execute("SELECT * FROM credentials WHERE attempt_id=?", (attempt_id,)).fetchone()
+    def credential_by_attempt(self, attempt_id: str):
+        return self.fetchone("SELECT * FROM credentials WHERE attempt_id=?", (attempt_id,))
 
     def revoke(self, code: str, reason: str, now: float) -> bool:
         """Flip the credential's status bit; False if it was revoked already. KeyError if unknown."""
         with self.write() as c:
-            row = c.execute("SELECT revoked_at FROM credentials WHERE code=?", (code,)).fetchone()
+            row = c.execute("SELECT revoked_at FROM credentials WHERE code=?" + self.FOR_UPDATE, (code,)).fetchone()
             if row is None:
                 raise KeyError(code)
             if row["revoked_at"] is not None:
                 return False
             c.execute("UPDATE credentials SET revoked_at=?, revoked_why=? WHERE code=?", (now, reason, code))
-            c.execute("UPDATE meta SET value=CAST(value AS INTEGER)+1 WHERE key='status_version'")
+            c.execute("UPDATE meta SET value=CAST(CAST(value AS INTEGER)+1 AS TEXT) WHERE key='status_version'")
         return True
 
     def status_lists(self) -> set[str]:
-        return {r[0] for r in self.conn().execute("SELECT DISTINCT status_list FROM credentials")}
+        return {r[0] for r in self.fetchall("SELECT DISTINCT status_list FROM credentials")}
 
     def revocation_state(self, status_list: str) -> tuple[int, set[int]]:
         """(status version, revoked indices of one list), read in one snapshot."""
-        c = self.conn()
-        c.execute("BEGIN")
-        try:
+        with self.snapshot() as c:
             version = int(c.execute("SELECT value FROM meta WHERE key='status_version'").fetchone()[0])
             revoked = {r[0] for r in c.execute(
                 "SELECT status_index FROM credentials WHERE status_list=? AND revoked_at IS NOT NULL",
-                (status_list,))}
-        finally:
-            c.execute("COMMIT")
+                (status_list,)).fetchall()}
         return version, revoked
