@@ -128,7 +128,7 @@ def precision_note(item: Item) -> str:
         if item.tolerance == 0:
             return (f"Geef het antwoord{unit} exact (een waarde die niet geheel is, mag je afronden op "
                     f"{item.sig} significante cijfers).")
-        return (f"Geef het antwoord{unit} in {item.sig} significante cijfers; antwoorden die hooguit "
+        return (f"Geef het antwoord{unit}, in {item.sig} significante cijfers; antwoorden die hooguit "
                 f"{item.tolerance * 100:g}% van de exacte waarde afwijken, worden goed gerekend.")
     if item.tolerance == 0:
         return (f"Answer{unit} exactly (a value that is not whole may be rounded to {item.sig} significant "
