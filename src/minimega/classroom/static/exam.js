@@ -109,12 +109,18 @@
     last.onclick = () => review(me.last_attempt);
   }
 
+  /* The page's language (the Dutch site sets <html lang="nl">) picks the attempt's: questions, review
+     and certificate text. A resumed attempt keeps the language it was started in. */
+  function pageLang() {
+    return (document.documentElement.lang || "en").toLowerCase().startsWith("nl") ? "nl" : "en";
+  }
+
   async function start(ev) {
     ev.preventDefault();
     const status = $("mm-exam-start-status");
     status.textContent = "Starting…";
     try {
-      attempt = await call("POST", "/attempts", { display_name: $("mm-exam-name").value });
+      attempt = await call("POST", "/attempts", { display_name: $("mm-exam-name").value, lang: pageLang() });
     } catch (e) { status.textContent = `Could not start: ${e.message}`; return; }
     status.textContent = "";
     render();
