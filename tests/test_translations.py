@@ -246,3 +246,5 @@ def test_exam_languages_are_refused_by_name(client):
     assert info["languages"] == ["en", "nl"] and re.search(r"^\d+ vragen, \d+ uit elk", info["rules"])
     assert info["chapters"]["3"] == "ZeRO-stages 1, 2 en 3"
     assert client.get("/api/v1/exam", params={"lang": "xx"}).status_code == 422
+    en, nl = (client.get("/achievements/0.1.0", params={"lang": lang}).json() for lang in ("en", "nl"))
+    assert (en["inLanguage"], nl["inLanguage"]) == ("en", "nl") and en["id"] == nl["id"] and en["name"] != nl["name"]
