@@ -62,6 +62,7 @@ a key or a number: it can only be refused, with the item and the field named.
 from __future__ import annotations
 
 import ast
+import functools
 import math
 import random
 import string
@@ -129,7 +130,7 @@ def precision_note(item: Item) -> str:
             return (f"Geef het antwoord{unit} exact (een waarde die niet geheel is, mag je afronden op "
                     f"{item.sig} significante cijfers).")
         return (f"Geef het antwoord{unit}, in {item.sig} significante cijfers; antwoorden die hooguit "
-                f"{item.tolerance * 100:g}% van de exacte waarde afwijken, worden goed gerekend.")
+                f"{item.tolerance * 100:g}% van de exacte waarde afwijken, worden goedgerekend.")
     if item.tolerance == 0:
         return (f"Answer{unit} exactly (a value that is not whole may be rounded to {item.sig} significant "
                 "figures).")
@@ -342,13 +343,17 @@ TEXT_KEYS = ("question", "explain", "unit")
 """Item keys a twin supplies in its own language."""
 
 
-def _read(path: Path) -> dict:
+def _text(path: Path) -> str:
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise QuizError(f"{path}: no such bank") from None
     if len(text) > 1_000_000:
         raise QuizError(f"{path}: over 1 MB; a bank is a few kB")
+    return text
+
+
+def _parse(text: str, path: str) -> dict:
     raw = yaml.safe_load(text)
     if not isinstance(raw, dict) or not isinstance(raw.get("items"), list) or "chapter" not in raw:
         raise QuizError(f"{path}: a bank needs 'chapter', 'title' and 'items'")
@@ -442,18 +447,25 @@ def load_bank(path: str | Path, lang: str = "en") -> Bank:
         path: the English bank.
         lang: one of `LANGUAGES`; any other than "en" reads the words from `twin_path(path, lang)` and
             everything else from `path` (`merge_twin`).
+
+    A bank is parsed once per content: the result is cached on the files' text (banks are frozen), so
+    every service start and test after the first pays only for reading the files.
     """
     path = Path(path)
-    raw = _read(path)
-    source = path
-    if lang != "en":
-        source = twin_path(path, lang)
-        raw = merge_twin(raw, _read(source), str(source))
+    source = twin_path(path, lang)
+    return _load(str(path), str(source), lang, _text(path), _text(source) if lang != "en" else None)
+
+
+@functools.lru_cache(maxsize=256)
+def _load(path: str, source: str, lang: str, text: str, twin_text: str | None) -> Bank:
+    raw = _parse(text, path)
+    if twin_text is not None:
+        raw = merge_twin(raw, _parse(twin_text, source), source)
     items = tuple(_item(r, f"{source}, item {i}", lang) for i, r in enumerate(raw["items"]))
     ids = [it.id for it in items]
     if dupes := sorted({i for i in ids if ids.count(i) > 1}):
         raise QuizError(f"{path}: duplicate item ids {dupes}")
-    return Bank(chapter=int(raw["chapter"]), title=str(raw.get("title", "")), items=items, path=source)
+    return Bank(chapter=int(raw["chapter"]), title=str(raw.get("title", "")), items=items, path=Path(source))
 
 
 def load_banks(folder: str | Path, lang: str = "en") -> list[Bank]:

@@ -60,7 +60,7 @@
   /* --- rules from the server (the page's static text states the defaults) --- */
   async function rules() {
     try {
-      const info = await call("GET", "/exam");
+      const info = await call("GET", `/exam?lang=${pageLang()}`);
       const box = $("mm-exam-rules");
       if (box) box.textContent = info.rules;
     } catch (e) { /* the page keeps the built text */ }
