@@ -248,3 +248,20 @@ def test_exam_languages_are_refused_by_name(client):
     assert client.get("/api/v1/exam", params={"lang": "xx"}).status_code == 422
     en, nl = (client.get("/achievements/0.1.0", params={"lang": lang}).json() for lang in ("en", "nl"))
     assert (en["inLanguage"], nl["inLanguage"]) == ("en", "nl") and en["id"] == nl["id"] and en["name"] != nl["name"]
+
+
+def test_a_service_without_dutch_banks_refuses_dutch_and_a_half_translation_refuses_to_start(tmp_path):
+    import shutil
+
+    from minimega.classroom.exam import ExamError
+    banks = tmp_path / "quizzes" / "exam"
+    shutil.copytree(BANKS, banks)
+    app = create_app(make_config(tmp_path, banks_dir=banks))
+    with TestClient(app) as c:
+        r = c.post("/api/v1/attempts", json={"display_name": "Jan", "lang": "nl"}, headers=sign_in(c))
+        assert r.status_code == 422 and "offered in ['en']" in r.json()["detail"]
+    (tmp_path / "quizzes" / "nl").mkdir()
+    shutil.copytree(QUIZZES / "nl" / "exam", tmp_path / "quizzes" / "nl" / "exam")
+    (tmp_path / "quizzes" / "nl" / "exam" / "05-offload.yaml").unlink()
+    with pytest.raises((QuizError, ExamError), match="nl/exam/05-offload.yaml: no such bank"):
+        create_app(make_config(tmp_path / "b", banks_dir=banks))
