@@ -238,6 +238,20 @@ def dutch_title(chapter):
     return next(b.title for b in load_banks(BANKS, "nl") if b.chapter == chapter)
 
 
+def test_a_dutch_sign_in_mail_links_to_the_dutch_exam_page(client, tmp_path):
+    r = client.post("/api/v1/signin", json={"email": "jan@example.org", "lang": "nl"})
+    to, subject, body = client.app.state.mailer.outbox[-1]
+    assert to == "jan@example.org" and subject == "Je aanmeldlink voor het minimega-examen"
+    assert "minuten lang" in body and r.json()["dev_link"] in body and "/exam/#signin=" in body   # no Dutch site built
+    (tmp_path / "site" / "nl" / "exam").mkdir(parents=True)
+    (tmp_path / "site" / "nl" / "exam" / "index.html").write_text("<html lang=nl></html>")
+    link = client.post("/api/v1/signin", json={"email": "jan@example.org", "lang": "nl"}).json()["dev_link"]
+    assert link.startswith("http://127.0.0.1:8000/nl/exam/#signin=")
+    english = client.post("/api/v1/signin", json={"email": "jan@example.org"}).json()["dev_link"]
+    assert english.startswith("http://127.0.0.1:8000/exam/#signin=")
+    assert client.app.state.mailer.outbox[-1][1] == "Your minimega exam sign-in link"
+
+
 def test_exam_languages_are_refused_by_name(client):
     auth = sign_in(client)
     r = client.post("/api/v1/attempts", json={"display_name": "Jan", "lang": "fr"}, headers=auth)

@@ -277,8 +277,11 @@ class Exam:
         ident = f"email:{email.strip().lower()}"
         return hmac.new(self._pepper, ident.encode("utf-8"), hashlib.sha256).hexdigest()
 
-    def request_signin(self, email: str, next_path: str = "/exam/") -> dict:
-        """Mail a one-time sign-in link. In development (`config.dev`) the reply carries the link too."""
+    def request_signin(self, email: str, next_path: str = "/exam/", lang: str = "en") -> dict:
+        """Mail a one-time sign-in link, in `lang`. In development (`config.dev`) the reply carries the link too.
+
+        A Dutch mail links to the Dutch exam page (``/nl/exam/``) when the built site has one, so the
+        attempt the learner then starts is in Dutch too."""
         from .credential import email_identity
 
         email = clean_email(email)
@@ -290,8 +293,19 @@ class Exam:
                                      per_hour=self.config.signins_per_hour)
         except Conflict as err:
             raise ExamError(str(err), 429) from None
-        link = f"{self.config.base_url}{next_path}#signin={token}"
         minutes = int(self.config.signin_ttl_s // 60)
+        if lang == "nl":
+            localized = f"/nl{next_path}"
+            if (Path(self.config.site_dir) / localized.strip("/") / "index.html").is_file():
+                next_path = localized
+            link = f"{self.config.base_url}{next_path}#signin={token}"
+            self.mailer.send(email, "Je aanmeldlink voor het minimega-examen",
+                             f"Open deze link om je aan te melden voor het minimega-examen (hij werkt één keer, "
+                             f"{minutes} minuten lang):\n\n{link}\n\nHeb je er niet om gevraagd? Dan kun je deze mail "
+                             "negeren.")
+            out = {"sent": True, "expires_in_s": int(self.config.signin_ttl_s)}
+            return out | ({"dev_link": link} if self.config.dev else {})
+        link = f"{self.config.base_url}{next_path}#signin={token}"
         self.mailer.send(email, "Your minimega exam sign-in link",
                          f"Open this link to sign in to the minimega exam (it works once, for {minutes} minutes):\n\n"
                          f"{link}\n\nIf you did not ask for it, ignore this mail.")

@@ -62,6 +62,8 @@ class Strict(BaseModel):
 class SigninIn(Strict):
     email: str = Field(min_length=3, max_length=254, description="The link is mailed here; only a keyed hash "
                        "(attempts) and a salted hash (the credential) are stored.")
+    lang: Literal["en", "nl"] = Field(default="en", description="Language of the mail, and of the exam page "
+                                      "its link opens when the site has one in that language.")
 
 
 class SigninOut(BaseModel):
@@ -323,7 +325,7 @@ def create_app(config: ClassroomConfig, *, keyring: Keyring | None = None, clock
     @app.post("/api/v1/signin", response_model=SigninOut, responses=ERRORS)
     def signin(body: SigninIn, request: Request):
         signin_limit.hit(ip(request))
-        return exam.request_signin(body.email)
+        return exam.request_signin(body.email, lang=body.lang)
 
     @app.post("/api/v1/signin/confirm", response_model=SessionOut, responses=ERRORS)
     def confirm(body: ConfirmIn, request: Request):

@@ -72,7 +72,7 @@
     const status = $("mm-exam-signin-status");
     status.textContent = "Sending…";
     try {
-      const res = await call("POST", "/signin", { email: $("mm-exam-email").value.trim() });
+      const res = await call("POST", "/signin", { email: $("mm-exam-email").value.trim(), lang: pageLang() });
       status.replaceChildren(el("span", "Check your mail: the link signs you in once, within " +
         `${Math.round(res.expires_in_s / 60)} minutes.`));
       if (res.dev_link) {
