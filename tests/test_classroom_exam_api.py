@@ -308,11 +308,12 @@ def test_migrations_are_versioned_and_refuse_newer(tmp_path):
     con.commit()
     con.close()
     store = Store(db)
-    assert store.schema_version() == MIGRATIONS[-1][0] >= 4
+    assert store.schema_version() == MIGRATIONS[-1][0] >= 5
     assert store.conn().execute("PRAGMA journal_mode").fetchone()[0] == "wal"
     indexes = {r[0] for r in store.conn().execute("SELECT name FROM sqlite_master WHERE type='index'")}
     assert {"attempts_by_learner_day", "attempts_by_learner_finished", "signins_by_learner_created"} <= indexes
     assert store.attempt("old")["seed"] is None                         # old rows kept, new columns empty
+    assert store.attempt("old")["lang"] == "en"                         # an attempt from before languages: English
     store.conn().execute(f"PRAGMA user_version={MIGRATIONS[-1][0] + 1}")
     with pytest.raises(StoreError, match="newer"):
         Store(db)

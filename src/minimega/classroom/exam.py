@@ -18,6 +18,12 @@ Flow (each step one `Exam` method, each state change one database transaction):
 
 Options are shown shuffled; the learner answers in shown positions and `choice_order` maps them back
 to bank indices.
+
+Languages: an attempt is started in one of `quiz.LANGUAGES` that has exam banks (``lang``, kept with
+the attempt). The draw always runs on the English banks and a translation carries the English
+structure (`quiz.merge_twin`), so the same seed draws the same items, numbers and option order in
+every language, and an answer is graded identically; only the words served, the review and the
+certificate's human-readable text follow the attempt's language.
 """
 from __future__ import annotations
 
@@ -66,13 +72,15 @@ def chapter_plan(bank: quiz.Bank, per_chapter: int) -> tuple[int, int]:
     return n_par, per_chapter - n_par
 
 
-def load_exam_banks(folder: str | Path, per_chapter: int) -> dict[int, quiz.Bank]:
-    """Chapter -> bank; every chapter of `CHAPTERS` must have a bank that can fill `per_chapter` questions."""
+def load_exam_banks(folder: str | Path, per_chapter: int, lang: str = "en") -> dict[int, quiz.Bank]:
+    """Chapter -> bank; every chapter of `CHAPTERS` must have a bank that can fill `per_chapter` questions.
+
+    `folder` is the English one; another `lang` reads its words from the twins (`quiz.twin_path`)."""
     folder = Path(folder)
     if not folder.is_dir():
         raise ExamError(f"exam banks folder {folder} does not exist (expected quizzes/exam/NN-slug.yaml)")
     banks = {}
-    for b in quiz.load_banks(folder):
+    for b in quiz.load_banks(folder, lang):
         if b.chapter in banks:
             raise ExamError(f"{folder}: two exam banks for chapter {b.chapter}")
         banks[b.chapter] = b
@@ -83,6 +91,17 @@ def load_exam_banks(folder: str | Path, per_chapter: int) -> dict[int, quiz.Bank
     if small:
         raise ExamError(f"{folder}: banks with fewer than {per_chapter} items: {small}")
     return banks
+
+
+def load_translations(folder: str | Path, per_chapter: int) -> dict[str, dict[int, quiz.Bank]]:
+    """Language -> its exam banks, for every language but English whose twin folder exists
+    (``quizzes/nl/exam`` for ``quizzes/exam``). A twin folder that lacks a bank, or whose structure
+    differs from the English, raises: the service refuses to start rather than serve half a language."""
+    out = {}
+    for lang in quiz.LANGUAGES:
+        if lang != "en" and quiz.twin_path(Path(folder) / "x.yaml", lang).parent.is_dir():
+            out[lang] = load_exam_banks(folder, per_chapter, lang)
+    return out
 
 
 @dataclass(frozen=True)
@@ -198,12 +217,22 @@ def clean_email(email: str) -> str:
     return email
 
 
-def rules_text(config: ClassroomConfig, n_chapters: int) -> str:
+def rules_text(config: ClassroomConfig, n_chapters: int, lang: str = "en") -> str:
     """The exam's rules in one paragraph, from the configuration (the page and GET /api/v1/exam)."""
     k = config.questions_per_chapter
     total = n_chapters * k
     pass_mark = math.ceil(config.pass_fraction * total - 1e-9)
     cooldown = config.fail_cooldown_s / 3600
+    if lang == "nl":
+        cool = (f"na een mislukte poging gaat de volgende {cooldown:g} uur later open" if config.fail_cooldown_s
+                else "na een mislukte poging hoef je niet te wachten")
+        return (f"{total} vragen, {k} uit elk van de {n_chapters} hoofdstukken, minstens de helft met getallen "
+                f"die alleen voor jouw poging getrokken zijn. Met {pass_mark} goede antwoorden "
+                f"({config.pass_fraction:.0%}) ben je geslaagd en krijg je een verifieerbaar certificaat. Elk "
+                f"antwoord wordt vastgelegd en vergrendeld zodra je het opslaat; of het goed was, de uitgewerkte "
+                f"waarden en de uitleg krijg je in de nabespreking nadat je klaar bent. Log in met je e-mailadres: "
+                f"{config.attempts_per_day} pogingen per UTC-dag, {cool}; een poging blijft "
+                f"{config.attempt_ttl_s / 3600:g} uur open, en als je de pagina herlaadt, ga je verder waar je was.")
     cool = (f"after a failed attempt the next one opens {cooldown:g} hour{'s' if cooldown != 1 else ''} later"
             if config.fail_cooldown_s else "there is no wait after a failed attempt")
     return (f"{total} questions, {k} from each of the {n_chapters} chapters, at least half of them with numbers "
@@ -220,13 +249,27 @@ def _hash(token: str) -> str:
 
 class Exam:
     def __init__(self, config: ClassroomConfig, store: Store, issuer, rng: random.Random | None = None,
-                 clock=time.time, banks: dict[int, quiz.Bank] | None = None, mailer=None):
+                 clock=time.time, banks: dict[int, quiz.Bank] | None = None, mailer=None,
+                 translations: dict[str, dict[int, quiz.Bank]] | None = None):
         self.config, self.store, self.issuer, self.clock = config, store, issuer, clock
         self.banks = banks or load_exam_banks(config.banks_dir, config.questions_per_chapter)
+        if translations is None:
+            translations = {} if banks else load_translations(config.banks_dir, config.questions_per_chapter)
+        self.banks_by_lang = {"en": self.banks, **translations}
+        """Language -> chapter -> bank; every language has the English banks' structure."""
+        for lang, banks_l in translations.items():
+            if sorted(banks_l) != sorted(self.banks):
+                raise ExamError(f"the {lang} exam banks cover chapters {sorted(banks_l)}, the English {sorted(self.banks)}")
         self.rng = rng or random.SystemRandom()
         self.mailer = mailer
         self._pepper = store.pepper()
-        self._items = {(b.chapter, it.id): it for b in self.banks.values() for it in b.items}
+        self._items = {lang: {(b.chapter, it.id): it for b in bs.values() for it in b.items}
+                       for lang, bs in self.banks_by_lang.items()}
+
+    @property
+    def languages(self) -> list[str]:
+        """The languages an attempt can be taken in."""
+        return [lang for lang in quiz.LANGUAGES if lang in self.banks_by_lang]
 
     # --- identity ------------------------------------------------------------------------------
 
@@ -234,8 +277,11 @@ class Exam:
         ident = f"email:{email.strip().lower()}"
         return hmac.new(self._pepper, ident.encode("utf-8"), hashlib.sha256).hexdigest()
 
-    def request_signin(self, email: str, next_path: str = "/exam/") -> dict:
-        """Mail a one-time sign-in link. In development (`config.dev`) the reply carries the link too."""
+    def request_signin(self, email: str, next_path: str = "/exam/", lang: str = "en") -> dict:
+        """Mail a one-time sign-in link, in `lang`. In development (`config.dev`) the reply carries the link too.
+
+        A Dutch mail links to the Dutch exam page (``/nl/exam/``) when the built site has one, so the
+        attempt the learner then starts is in Dutch too."""
         from .credential import email_identity
 
         email = clean_email(email)
@@ -247,8 +293,19 @@ class Exam:
                                      per_hour=self.config.signins_per_hour)
         except Conflict as err:
             raise ExamError(str(err), 429) from None
-        link = f"{self.config.base_url}{next_path}#signin={token}"
         minutes = int(self.config.signin_ttl_s // 60)
+        if lang == "nl":
+            localized = f"/nl{next_path}"
+            if (Path(self.config.site_dir) / localized.strip("/") / "index.html").is_file():
+                next_path = localized
+            link = f"{self.config.base_url}{next_path}#signin={token}"
+            self.mailer.send(email, "Je aanmeldlink voor het minimega-examen",
+                             f"Open deze link om je aan te melden voor het minimega-examen (hij werkt één keer, "
+                             f"{minutes} minuten lang):\n\n{link}\n\nHeb je er niet om gevraagd? Dan kun je deze mail "
+                             "negeren.")
+            out = {"sent": True, "expires_in_s": int(self.config.signin_ttl_s)}
+            return out | ({"dev_link": link} if self.config.dev else {})
+        link = f"{self.config.base_url}{next_path}#signin={token}"
         self.mailer.send(email, "Your minimega exam sign-in link",
                          f"Open this link to sign in to the minimega exam (it works once, for {minutes} minutes):\n\n"
                          f"{link}\n\nIf you did not ask for it, ignore this mail.")
@@ -291,8 +348,8 @@ class Exam:
 
     # --- attempts ------------------------------------------------------------------------------
 
-    def _drawn_row(self, row) -> Drawn:
-        item = self._items.get((row["chapter"], row["item_id"]))
+    def _drawn_row(self, row, lang: str = "en") -> Drawn:
+        item = self._items[lang].get((row["chapter"], row["item_id"]))
         if item is None:
             raise ExamError(f"question {row['number']} refers to item {row['item_id']!r}, "
                             "no longer in the bank", 409)
@@ -306,8 +363,15 @@ class Exam:
                 raise ExamError(f"question {row['number']}: the bank changed under this attempt ({err})", 409) from None
         return Drawn(row["number"], row["chapter"], item, json.loads(row["choice_order"]), params)
 
-    def _drawn(self, attempt_id: str) -> list[Drawn]:
-        return [self._drawn_row(row) for row in self.store.items(attempt_id)]
+    def _lang(self, row) -> str:
+        """The attempt's language; 409 if this service no longer has its banks."""
+        lang = row["lang"] or "en"
+        if lang not in self.banks_by_lang:
+            raise ExamError(f"this attempt was taken in {lang!r}, which this service no longer offers", 409)
+        return lang
+
+    def _drawn(self, attempt_id: str, lang: str = "en") -> list[Drawn]:
+        return [self._drawn_row(row, lang) for row in self.store.items(attempt_id)]
 
     def _own_attempt(self, attempt_id: str, session: str | None):
         who = self.learner(session)
@@ -316,10 +380,13 @@ class Exam:
             raise ExamError("unknown attempt", 404)         # another learner's attempt is not even confirmed
         return row
 
-    def start(self, session: str | None, display_name: str, ip: str) -> dict:
-        """Resume the open attempt, or start a new one within the limits."""
+    def start(self, session: str | None, display_name: str, ip: str, lang: str = "en") -> dict:
+        """Resume the open attempt (in the language it was started in), or start a new one in `lang`
+        within the limits."""
         who = self.learner(session)
         name = clean_name(display_name)
+        if lang not in self.banks_by_lang:
+            raise ExamError(f"lang {str(lang)[:20]!r}: this exam is offered in {self.languages}", 422)
         now = self.clock()
         if (row := self.store.open_attempt(who["learner_key"], now)) is not None:
             return self.status(row["id"], session, with_questions=True) | {"resumed": True}
@@ -331,7 +398,7 @@ class Exam:
                 learner_key=who["learner_key"], display_name=name, email_id=json.loads(who["email_id"]),
                 ip=ip, day=day, now=now, ttl_s=self.config.attempt_ttl_s, items=picks,
                 per_day=self.config.attempts_per_day, cooldown_s=self.config.fail_cooldown_s,
-                seed=f"{seed:016x}")
+                seed=f"{seed:016x}", lang=lang)
         except OpenAttempt as err:          # started a moment ago by another request (another instance?)
             return self.status(err.attempt_id, session, with_questions=True) | {"resumed": True}
         except Conflict as err:
@@ -340,9 +407,10 @@ class Exam:
 
     def status(self, attempt_id: str, session: str | None, with_questions: bool = False) -> dict:
         row = self._own_attempt(attempt_id, session)
+        lang = self._lang(row)
         answers = self.store.answers(attempt_id)
         out = {
-            "attempt_id": attempt_id, "display_name": row["display_name"],
+            "attempt_id": attempt_id, "display_name": row["display_name"], "lang": lang,
             "expires_at": _iso(row["expires_at"]), "expired": self.clock() > row["expires_at"],
             "finished": row["finished_at"] is not None, "total": row["total"],
             "pass_mark": math.ceil(self.config.pass_fraction * row["total"] - 1e-9),
@@ -352,7 +420,8 @@ class Exam:
                                        - self.store.attempts_today(row["learner_key"], row["day"])),
         }
         if with_questions:
-            out["questions"] = [public_question(d, self.banks[d.chapter]) for d in self._drawn(attempt_id)]
+            out["questions"] = [public_question(d, self.banks_by_lang[lang][d.chapter])
+                                for d in self._drawn(attempt_id, lang)]
         return out
 
     def answer(self, attempt_id: str, number: int, payload: dict, session: str | None) -> dict:
@@ -364,7 +433,7 @@ class Exam:
             raise ExamError("this attempt is finished; answers are locked", 409)
         if self.clock() > row["expires_at"]:
             raise ExamError("this attempt has expired; start a new one", 410)
-        grade = grade_shown(self._drawn_row(item_row), payload)
+        grade = grade_shown(self._drawn_row(item_row, self._lang(row)), payload)
         try:
             count = self.store.record_answer(attempt_id, number, payload, grade.correct, self.clock())
         except Conflict as err:
@@ -395,10 +464,11 @@ class Exam:
         row = self._own_attempt(attempt_id, session)
         if row["finished_at"] is None and self.clock() <= row["expires_at"]:
             raise ExamError("the review opens when this attempt is finished", 409)
+        lang = self._lang(row)
         given = {a["number"]: a for a in self.store.answers(attempt_id)}
         items = []
-        for d in self._drawn(attempt_id):
-            q = public_question(d, self.banks[d.chapter])
+        for d in self._drawn(attempt_id, lang):
+            q = public_question(d, self.banks_by_lang[lang][d.chapter])
             a = given.get(d.number)
             entry = {**q, "response": json.loads(a["response"]) if a else None,
                      "correct": bool(a["correct"]) if a else False}
@@ -409,7 +479,7 @@ class Exam:
                 entry |= {"answer": None, "key": [s for s, i in enumerate(d.order) if d.item.choices[i].correct],
                           "explains": [d.item.choices[i].explain for i in d.order], "explain": d.item.explain or None}
             items.append(entry)
-        return {"attempt_id": attempt_id, "score": row["score"], "total": row["total"],
+        return {"attempt_id": attempt_id, "lang": lang, "score": row["score"], "total": row["total"],
                 "passed": bool(row["passed"]), "finished": row["finished_at"] is not None, "items": items}
 
 

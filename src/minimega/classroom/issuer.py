@@ -44,9 +44,33 @@ class Issuer:
         return {"id": self.did_for(key), "type": ["Profile"], "name": self.config.issuer_name,
                 "url": self.config.base_url + "/"}
 
-    def achievement(self) -> dict:
+    def achievement(self, lang: str = "en") -> dict:
+        """The OB 3.0 Achievement, its human-readable text in `lang` (``inLanguage``, BCP 47). The id, type,
+        version and every other machine-readable field are the same in every language: one achievement,
+        described in the learner's language."""
         c = self.config
         n = len(CHAPTERS) * c.questions_per_chapter
+        if lang == "nl":
+            return {
+                "id": f"{c.base_url}/achievements/{c.course_version}",
+                "type": ["Achievement"],
+                "achievementType": "Certificate",
+                "name": "minimega: frontiermodellen trainen over veel GPU's",
+                "description": ("Geslaagd voor het beoordeelde examen van minimega, een cursus die gedistribueerd "
+                                "trainen in het klein nabouwt: geheugenboekhouding, collectives en DDP, ZeRO-stages "
+                                "1-3, mixed precision, offload, activation checkpointing, tensor, pipeline en 3D "
+                                "parallelism, checkpoints en fouttolerantie, FSDP, een trainingsstack kiezen en "
+                                "begroten, staptijd voorspellen, en dezelfde run in DeepSpeed en Megatron-LM."),
+                "criteria": {"narrative": (
+                    f"Minstens {round(100 * c.pass_fraction)}% gehaald op een online examen zonder toezicht met "
+                    f"{n} willekeurig getrokken vragen, {c.questions_per_chapter} uit elk van de hoofdstukken "
+                    f"{CHAPTERS[0]}-{CHAPTERS[-1]}, elke vraag één keer beantwoord zonder herkansing. De naam is "
+                    "die welke de cursist zelf intypte; het examen bevestigt kennis, geen identiteit.")},
+                "inLanguage": "nl",
+                "version": c.course_version,
+            }
+        if lang != "en":
+            raise ValueError(f"no achievement text in {lang!r}; languages: en, nl")
         return {
             "id": f"{c.base_url}/achievements/{c.course_version}",
             "type": ["Achievement"],
@@ -64,6 +88,7 @@ class Issuer:
                 f"{CHAPTERS[0]}-{CHAPTERS[-1]}, each "
                 "answered once with no retry. The name is the one the learner typed; the exam attests "
                 "knowledge, not identity.")},
+            "inLanguage": "en",
             "version": c.course_version,
         }
 
@@ -108,7 +133,7 @@ class Issuer:
             code = new_code()
             doc = credential.build_credential(
                 issuer=self.profile(key), display_name=attempt["display_name"],
-                achievement=self.achievement(), status=status_list.entry(self.list_url(key.fingerprint), index),
+                achievement=self.achievement(attempt["lang"] or "en"), status=status_list.entry(self.list_url(key.fingerprint), index),
                 valid_from=valid_from, valid_until=until, email_id=email_id)
             signed = credential.add_proofs(doc, key.private, self.method_for(key), created=valid_from)
             try:

@@ -49,11 +49,23 @@ the values it may take, either explicitly or as a range, the question names them
 
 `draw_params` picks one value per parameter with the caller's random generator and `instantiate`
 turns the template and those values into a plain numeric `Item`.
+
+Translations. Every bank has a twin per language in `LANGUAGES` other than English, at the same
+relative path under ``quizzes/<lang>/`` (`twin_path`): ``quizzes/03-zero.yaml`` ->
+``quizzes/nl/03-zero.yaml``, ``quizzes/exam/03-zero.yaml`` -> ``quizzes/nl/exam/03-zero.yaml``.
+``load_bank(path, lang="nl")`` takes the *structure* from the English file (ids, types, which options
+are correct, answers, tolerances, parameters, formulas) and only the *words* from the twin (title,
+questions, explanations, option texts, units, and the string literals of ``given``), after checking
+that the twin repeats the structure exactly (`merge_twin`). A translation can therefore never change
+a key or a number: it can only be refused, with the item and the field named.
 """
 from __future__ import annotations
 
+import ast
+import functools
 import math
 import random
+import string
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -62,6 +74,8 @@ import yaml
 from minimega import estimate as est
 
 ITEM_TYPES = ("single", "multiple", "numeric")
+LANGUAGES = ("en", "nl")
+"""English is the source; every other language is a twin of it (`merge_twin`)."""
 
 
 class QuizError(ValueError):
@@ -93,6 +107,8 @@ class Item:
     """A template: parameter -> the values it may take (answer computed by `formula`)."""
     given: dict[str, str] | None = None
     """A template's derived quantities the question prints: name -> formula of the parameters."""
+    lang: str = "en"
+    """Language of the words (question, explanations, unit, the precision note and grading messages)."""
 
     @property
     def parametric(self) -> bool:
@@ -109,6 +125,12 @@ class Item:
 def precision_note(item: Item) -> str:
     """The sentence a numeric question ends with: how precise an answer must be to count."""
     unit = f" in {item.unit}" if item.unit else ""
+    if item.lang == "nl":
+        if item.tolerance == 0:
+            return (f"Geef het antwoord{unit} exact (een waarde die niet geheel is, mag je afronden op "
+                    f"{item.sig} significante cijfers).")
+        return (f"Geef het antwoord{unit}, in {item.sig} significante cijfers; antwoorden die hooguit "
+                f"{item.tolerance * 100:g}% van de exacte waarde afwijken, worden goedgerekend.")
     if item.tolerance == 0:
         return (f"Answer{unit} exactly (a value that is not whole may be rounded to {item.sig} significant "
                 "figures).")
@@ -146,7 +168,11 @@ class Grade:
     """Explanations for what was chosen (choice items) or the worked answer (numeric items)."""
 
 
-def _item(raw: dict, where: str) -> Item:
+def _item(raw: dict, where: str, lang: str = "en") -> Item:
+    return replace(_parse_item(raw, where), lang=lang)
+
+
+def _parse_item(raw: dict, where: str) -> Item:
     if not isinstance(raw, dict):
         raise QuizError(f"{where}: an item must be a mapping, got {type(raw).__name__}")
     for key in ("id", "type", "question"):
@@ -297,22 +323,154 @@ def instantiate(item: Item, values: dict[str, float]) -> Item:
                    explain=item.explain.format(**shown, answer=show(round_sig(answer, item.sig))))
 
 
-def load_bank(path: str | Path) -> Bank:
-    """Load and validate one bank; raises `QuizError` naming the file and item on any schema fault."""
+def twin_path(path: str | Path, lang: str) -> Path:
+    """Where `lang`'s twin of the English bank `path` lives: the same relative path under
+    ``quizzes/<lang>/`` (a bank in ``quizzes/exam/`` keeps its ``exam/`` folder)."""
+    if lang not in LANGUAGES:
+        raise QuizError(f"language {lang!r} is not one of {LANGUAGES}")
     path = Path(path)
-    raw = yaml.safe_load(path.read_text(encoding="utf-8"))
-    if not isinstance(raw, dict) or "items" not in raw or "chapter" not in raw:
+    if lang == "en":
+        return path
+    folder = path.parent
+    if folder.name == "exam":                       # quizzes/exam/X -> quizzes/nl/exam/X
+        return folder.parent / lang / "exam" / path.name
+    return folder / lang / path.name                # quizzes/X -> quizzes/nl/X
+
+
+STRUCTURE_KEYS = ("type", "answer", "tolerance", "sig", "params", "formula")
+"""Item keys a twin must repeat exactly: they decide what is graded as right."""
+TEXT_KEYS = ("question", "explain", "unit")
+"""Item keys a twin supplies in its own language."""
+
+
+def _text(path: Path) -> str:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise QuizError(f"{path}: no such bank") from None
+    if len(text) > 1_000_000:
+        raise QuizError(f"{path}: over 1 MB; a bank is a few kB")
+    return text
+
+
+def _parse(text: str, path: str) -> dict:
+    raw = yaml.safe_load(text)
+    if not isinstance(raw, dict) or not isinstance(raw.get("items"), list) or "chapter" not in raw:
         raise QuizError(f"{path}: a bank needs 'chapter', 'title' and 'items'")
-    items = tuple(_item(r, f"{path}, item {i}") for i, r in enumerate(raw["items"]))
+    return raw
+
+
+def _placeholders(text) -> set[str]:
+    """The ``{name}`` fields of a template string (``{{`` escapes excluded)."""
+    return {f for _, f, _, _ in string.Formatter().parse(str(text or "")) if f}
+
+
+def _code_shape(expr: str) -> str:
+    """A `given` expression with every string literal blanked: a twin may translate the words a
+    formula prints, never the arithmetic."""
+    tree = ast.parse(str(expr), mode="eval")
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):
+            node.value = ""
+    return ast.dump(tree)
+
+
+def merge_twin(en: dict, twin: dict, where: str) -> dict:
+    """The English bank `en` with its words replaced by the twin's; `QuizError` naming the item and the
+    field where the twin's structure differs (a missing or extra id, a changed key, answer, parameter,
+    formula, option count or correct flag, a dropped or added ``{placeholder}``)."""
+    if twin.get("chapter") != en.get("chapter"):
+        raise QuizError(f"{where}: chapter {twin.get('chapter')!r}, the English bank has {en.get('chapter')!r}")
+    if not str(twin.get("title") or "").strip():
+        raise QuizError(f"{where}: missing 'title'")
+    en_items = {str(r.get("id")): r for r in en["items"] if isinstance(r, dict)}
+    tw_items = {}
+    for r in twin["items"]:
+        if not isinstance(r, dict) or not r.get("id"):
+            raise QuizError(f"{where}: every item needs an 'id'")
+        if str(r["id"]) in tw_items:
+            raise QuizError(f"{where}: duplicate item id {r['id']!r}")
+        tw_items[str(r["id"])] = r
+    if missing := [i for i in en_items if i not in tw_items]:
+        raise QuizError(f"{where}: no translation of items {missing}")
+    if extra := [i for i in tw_items if i not in en_items]:
+        raise QuizError(f"{where}: items {extra} are not in the English bank")
+    items = []
+    for item_id, e in en_items.items():
+        t, at = tw_items[item_id], f"{where} (id {item_id!r})"
+        if set(t) != set(e):
+            raise QuizError(f"{at}: keys {sorted(t)} differ from the English {sorted(e)}")
+        for key in STRUCTURE_KEYS:
+            if t.get(key) != e.get(key):
+                raise QuizError(f"{at}: {key!r} is {t.get(key)!r}, the English has {e.get(key)!r}")
+        merged = dict(e)
+        for key in TEXT_KEYS:
+            if key in e:
+                if _placeholders(t[key]) != _placeholders(e[key]):
+                    raise QuizError(f"{at}: {key!r} has placeholders {sorted(_placeholders(t[key]))}, "
+                                    f"the English has {sorted(_placeholders(e[key]))}")
+                if str(e[key]).strip() and not str(t[key] or "").strip():
+                    raise QuizError(f"{at}: {key!r} is empty")
+                merged[key] = t[key]
+        if "given" in e:
+            eg, tg = e["given"] or {}, t["given"] or {}
+            if not isinstance(tg, dict) or set(tg) != set(eg):
+                raise QuizError(f"{at}: 'given' names {sorted(tg) if isinstance(tg, dict) else tg!r}, "
+                                f"the English has {sorted(eg)}")
+            for name, expr in eg.items():
+                try:
+                    same = _code_shape(tg[name]) == _code_shape(expr)
+                except SyntaxError:
+                    same = False
+                if not same:
+                    raise QuizError(f"{at}: given {name!r} differs from the English in more than its words")
+            merged["given"] = tg
+        if "choices" in e:
+            ec, tc = e["choices"] or [], t["choices"] or []
+            if not isinstance(tc, list) or len(tc) != len(ec):
+                raise QuizError(f"{at}: {len(tc) if isinstance(tc, list) else tc!r} options, the English has {len(ec)}")
+            choices = []
+            for j, (ce, ct) in enumerate(zip(ec, tc)):
+                if not isinstance(ct, dict) or set(ct) != set(ce) or ct.get("correct") != ce.get("correct"):
+                    raise QuizError(f"{at}, choice {j}: keys or 'correct' differ from the English option "
+                                    f"{ce.get('text')!r}")
+                choices.append({**ce, "text": ct["text"], "explain": ct["explain"]})
+            merged["choices"] = choices
+        items.append(merged)
+    return {**en, "title": twin["title"], "items": items}
+
+
+def load_bank(path: str | Path, lang: str = "en") -> Bank:
+    """Load and validate one bank; raises `QuizError` naming the file and item on any schema fault.
+
+    Args:
+        path: the English bank.
+        lang: one of `LANGUAGES`; any other than "en" reads the words from `twin_path(path, lang)` and
+            everything else from `path` (`merge_twin`).
+
+    A bank is parsed once per content: the result is cached on the files' text (banks are frozen), so
+    every service start and test after the first pays only for reading the files.
+    """
+    path = Path(path)
+    source = twin_path(path, lang)
+    return _load(str(path), str(source), lang, _text(path), _text(source) if lang != "en" else None)
+
+
+@functools.lru_cache(maxsize=256)
+def _load(path: str, source: str, lang: str, text: str, twin_text: str | None) -> Bank:
+    raw = _parse(text, path)
+    if twin_text is not None:
+        raw = merge_twin(raw, _parse(twin_text, source), source)
+    items = tuple(_item(r, f"{source}, item {i}", lang) for i, r in enumerate(raw["items"]))
     ids = [it.id for it in items]
     if dupes := sorted({i for i in ids if ids.count(i) > 1}):
         raise QuizError(f"{path}: duplicate item ids {dupes}")
-    return Bank(chapter=int(raw["chapter"]), title=str(raw.get("title", "")), items=items, path=path)
+    return Bank(chapter=int(raw["chapter"]), title=str(raw.get("title", "")), items=items, path=Path(source))
 
 
-def load_banks(folder: str | Path) -> list[Bank]:
-    """All `*.yaml` banks directly in `folder`, sorted by chapter."""
-    banks = [load_bank(p) for p in sorted(Path(folder).glob("*.yaml"))]
+def load_banks(folder: str | Path, lang: str = "en") -> list[Bank]:
+    """All `*.yaml` banks directly in `folder` (the English folder), sorted by chapter, in `lang`."""
+    banks = [load_bank(p, lang) for p in sorted(Path(folder).glob("*.yaml"))]
     return sorted(banks, key=lambda b: b.chapter)
 
 
@@ -336,12 +494,17 @@ def grade(item: Item, response) -> Grade:
         try:
             value = float(response)
         except (TypeError, ValueError):
+            if item.lang == "nl":
+                return Grade(False, (f"Verwacht: een getal in {item.unit or 'de gevraagde eenheid'}.",))
             return Grade(False, (f"Expected a number in {item.unit or 'the asked unit'}.",))
         if item.parametric:
             raise ValueError(f"item {item.id!r} is a template: instantiate it before grading")
         return Grade(numeric_ok(item, value), (item.explain,))
     picked = {response} if item.type == "single" else set(response)
     if not picked or any(not isinstance(i, int) or not 0 <= i < len(item.choices) for i in picked):
+        if item.lang == "nl":
+            return Grade(False, (f"Kies {'één' if item.type == 'single' else 'een of meer'} van de "
+                                 f"{len(item.choices)} opties.",))
         return Grade(False, (f"Pick {'one' if item.type == 'single' else 'one or more'} of the "
                              f"{len(item.choices)} options.",))
     right = {i for i, c in enumerate(item.choices) if c.correct}

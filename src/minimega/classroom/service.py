@@ -4,7 +4,7 @@
     POST /api/v1/signin/confirm                    {token} -> {session}: send it as "Authorization: Bearer"
     POST /api/v1/signout
     GET  /api/v1/me                                limits left, cooldown, the open and the last attempt
-    POST /api/v1/attempts                          start or resume: {display_name} -> questions, no key
+    POST /api/v1/attempts                          start or resume: {display_name[, lang]} -> questions, no key
     GET  /api/v1/attempts/{id}[?questions=true]    progress and the answers given so far (resume)
     POST /api/v1/attempts/{id}/answers/{number}    {choice} | {choices} | {value} -> "recorded"; locked
     POST /api/v1/attempts/{id}/finish              score; on a pass, the certificate's links
@@ -41,7 +41,7 @@ from fastapi.staticfiles import StaticFiles
 from pydantic import BaseModel, ConfigDict, Field
 
 from . import certificate
-from .exam import Exam, ExamError, load_exam_banks, rules_text
+from .exam import Exam, ExamError, load_exam_banks, load_translations, rules_text
 from .mailer import mailer_for
 from .issuer import Issuer
 from .keys import Keyring
@@ -62,6 +62,8 @@ class Strict(BaseModel):
 class SigninIn(Strict):
     email: str = Field(min_length=3, max_length=254, description="The link is mailed here; only a keyed hash "
                        "(attempts) and a salted hash (the credential) are stored.")
+    lang: Literal["en", "nl"] = Field(default="en", description="Language of the mail, and of the exam page "
+                                      "its link opens when the site has one in that language.")
 
 
 class SigninOut(BaseModel):
@@ -90,6 +92,8 @@ class MeOut(BaseModel):
 class StartIn(Strict):
     display_name: str = Field(min_length=1, max_length=400, description="Printed on the certificate as typed "
                               "(NFC, 1-100 visible characters).")
+    lang: Literal["en", "nl"] = Field(default="en", description="Language of the questions, the review and the "
+                                      "certificate's text; kept with the attempt (a resumed attempt keeps its own).")
 
 
 class QuestionOut(BaseModel):
@@ -105,6 +109,7 @@ class QuestionOut(BaseModel):
 class AttemptOut(BaseModel):
     attempt_id: str
     display_name: str
+    lang: str = "en"
     expires_at: str
     expired: bool
     finished: bool
@@ -144,6 +149,7 @@ class ReviewItem(QuestionOut):
 
 class ReviewOut(BaseModel):
     attempt_id: str
+    lang: str = "en"
     score: int | None
     total: int
     passed: bool
@@ -278,11 +284,12 @@ class SharedRateLimiter:
 def create_app(config: ClassroomConfig, *, keyring: Keyring | None = None, clock=time.time,
                mailer=None) -> FastAPI:
     banks = load_exam_banks(config.banks_dir, config.questions_per_chapter)    # fail before touching var/
+    translations = load_translations(config.banks_dir, config.questions_per_chapter)
     mailer = mailer if mailer is not None else mailer_for(config)
     store = open_store(config.db_path)
     keyring = keyring or Keyring.open(config.keys_path, create=True)
     issuer = Issuer(config, keyring, store, clock=clock)
-    exam = Exam(config, store, issuer, clock=clock, banks=banks, mailer=mailer)
+    exam = Exam(config, store, issuer, clock=clock, banks=banks, mailer=mailer, translations=translations)
     if store.shared:                            # several instances: count in the database they share
         signin_limit = SharedRateLimiter(store, "signin", config.ip_signins_per_hour, 3600)
         start_limit = SharedRateLimiter(store, "start", config.ip_attempts_per_hour, 3600)
@@ -324,18 +331,21 @@ def create_app(config: ClassroomConfig, *, keyring: Keyring | None = None, clock
     Auth = Header(default=None, max_length=200, description="Bearer <session> from /api/v1/signin/confirm")
 
     @app.get("/api/v1/exam")
-    def exam_info() -> dict:
-        """Public facts the exam page states: sizes, pass mark, limits, chapters."""
+    def exam_info(lang: Literal["en", "nl"] = "en") -> dict:
+        """Public facts the exam page states: sizes, pass mark, limits, chapters (in `lang`), languages."""
+        if lang not in exam.banks_by_lang:
+            raise ExamError(f"lang {lang!r}: this exam is offered in {exam.languages}", 422)
         total = len(exam.banks) * config.questions_per_chapter
         return {"questions": total, "pass_mark": math.ceil(config.pass_fraction * total - 1e-9),
                 "attempts_per_day": config.attempts_per_day, "fail_cooldown_s": config.fail_cooldown_s,
-                "attempt_ttl_s": config.attempt_ttl_s, "rules": rules_text(config, len(exam.banks)),
-                "chapters": {str(c): b.title for c, b in sorted(exam.banks.items())}}
+                "attempt_ttl_s": config.attempt_ttl_s, "rules": rules_text(config, len(exam.banks), lang),
+                "chapters": {str(c): b.title for c, b in sorted(exam.banks_by_lang[lang].items())},
+                "languages": exam.languages}
 
     @app.post("/api/v1/signin", response_model=SigninOut, responses=ERRORS)
     def signin(body: SigninIn, request: Request):
         signin_limit.hit(ip(request))
-        return exam.request_signin(body.email)
+        return exam.request_signin(body.email, lang=body.lang)
 
     @app.post("/api/v1/signin/confirm", response_model=SessionOut, responses=ERRORS)
     def confirm(body: ConfirmIn, request: Request):
@@ -358,7 +368,7 @@ def create_app(config: ClassroomConfig, *, keyring: Keyring | None = None, clock
     @app.post("/api/v1/attempts", response_model=AttemptOut, status_code=201, responses=ERRORS)
     def start_attempt(body: StartIn, request: Request, authorization: str | None = Auth):
         start_limit.hit(ip(request))
-        return exam.start(bearer(authorization), body.display_name, ip(request))
+        return exam.start(bearer(authorization), body.display_name, ip(request), body.lang)
 
     @app.get("/api/v1/attempts/{attempt_id}", response_model=AttemptOut, responses=ERRORS)
     def get_attempt(attempt_id: str, request: Request, questions: bool = False,
@@ -425,10 +435,10 @@ def create_app(config: ClassroomConfig, *, keyring: Keyring | None = None, clock
         return JSONResponse(issuer.did_document(), headers=PUBLIC)
 
     @app.get("/achievements/{version}")
-    def achievement(version: str) -> JSONResponse:
+    def achievement(version: str, lang: Literal["en", "nl"] = "en") -> JSONResponse:
         if version != config.course_version:
             raise HTTPException(404, f"this service issues course version {config.course_version}")
-        return JSONResponse(issuer.achievement(), headers=PUBLIC)
+        return JSONResponse(issuer.achievement(lang), headers=PUBLIC)
 
     @app.get("/api/v1/health")
     def health() -> dict:

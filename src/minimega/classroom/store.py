@@ -113,6 +113,9 @@ MIGRATIONS: list[tuple[int, str, str]] = [
         );
         CREATE INDEX rate_hits_by_key ON rate_hits(bucket, key, hit_at);
     """),
+    (5, "the language an attempt is taken in", """
+        ALTER TABLE attempts ADD COLUMN lang TEXT NOT NULL DEFAULT 'en';  -- items, review and certificate text
+    """),
 ]
 
 
@@ -297,10 +300,11 @@ class Store:
 
     def create_attempt(self, *, learner_key: str, display_name: str, email_id: dict | None, ip: str,
                        day: str, now: float, ttl_s: float, items: list[tuple], per_day: int,
-                       cooldown_s: float = 0.0, seed: str | None = None) -> str:
+                       cooldown_s: float = 0.0, seed: str | None = None, lang: str = "en") -> str:
         """Insert an attempt and its drawn items; `OpenAttempt` if the learner has one open (two clicks on
         "start", perhaps on two instances, make one attempt), `Conflict` if they used up today's attempts or
-        failed less than `cooldown_s` ago. Items are (chapter, item id, choice order[, params])."""
+        failed less than `cooldown_s` ago. Items are (chapter, item id, choice order[, params]); `lang` is
+        the language its items are served and its certificate is written in."""
         attempt_id = secrets.token_urlsafe(16)
         with self.write() as c:
             self._serialize(c, "attempts", learner_key)
@@ -318,9 +322,9 @@ class Store:
                 wait = int(last_fail + cooldown_s - now) + 1
                 raise Conflict(f"cooldown after a failed attempt: the next one can start in {wait // 60} min {wait % 60} s")
             c.execute("INSERT INTO attempts (id, learner_key, display_name, email_id, ip, day, created_at, "
-                      "expires_at, total, seed) VALUES (?,?,?,?,?,?,?,?,?,?)",
+                      "expires_at, total, seed, lang) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
                       (attempt_id, learner_key, display_name, json.dumps(email_id) if email_id else None,
-                       ip, day, now, now + ttl_s, len(items), seed))
+                       ip, day, now, now + ttl_s, len(items), seed, lang))
             c.executemany("INSERT INTO attempt_items (attempt_id, number, chapter, item_id, choice_order, params) "
                           "VALUES (?,?,?,?,?,?)",
                           [(attempt_id, n, pick[0], pick[1], json.dumps(pick[2]),

@@ -60,7 +60,7 @@
   /* --- rules from the server (the page's static text states the defaults) --- */
   async function rules() {
     try {
-      const info = await call("GET", "/exam");
+      const info = await call("GET", `/exam?lang=${pageLang()}`);
       const box = $("mm-exam-rules");
       if (box) box.textContent = info.rules;
     } catch (e) { /* the page keeps the built text */ }
@@ -72,7 +72,7 @@
     const status = $("mm-exam-signin-status");
     status.textContent = "Sending…";
     try {
-      const res = await call("POST", "/signin", { email: $("mm-exam-email").value.trim() });
+      const res = await call("POST", "/signin", { email: $("mm-exam-email").value.trim(), lang: pageLang() });
       status.replaceChildren(el("span", "Check your mail: the link signs you in once, within " +
         `${Math.round(res.expires_in_s / 60)} minutes.`));
       if (res.dev_link) {
@@ -109,12 +109,18 @@
     last.onclick = () => review(me.last_attempt);
   }
 
+  /* The page's language (the Dutch site sets <html lang="nl">) picks the attempt's: questions, review
+     and certificate text. A resumed attempt keeps the language it was started in. */
+  function pageLang() {
+    return (document.documentElement.lang || "en").toLowerCase().startsWith("nl") ? "nl" : "en";
+  }
+
   async function start(ev) {
     ev.preventDefault();
     const status = $("mm-exam-start-status");
     status.textContent = "Starting…";
     try {
-      attempt = await call("POST", "/attempts", { display_name: $("mm-exam-name").value });
+      attempt = await call("POST", "/attempts", { display_name: $("mm-exam-name").value, lang: pageLang() });
     } catch (e) { status.textContent = `Could not start: ${e.message}`; return; }
     status.textContent = "";
     render();
