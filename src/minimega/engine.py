@@ -22,7 +22,7 @@ steps the optimizer and returns the global mean loss.
 from __future__ import annotations
 
 import copy
-from contextlib import nullcontext
+from contextlib import ExitStack, nullcontext
 
 import torch
 
@@ -34,6 +34,7 @@ from .data_parallel import DataParallel
 from .grad_sync import clip_grad_norm_
 from .mesh import Mesh, ParallelDims
 from .model import GPT
+from . import moe as moe_
 from .pipeline import Pipeline, check as check_pipeline
 from .rng import RNGStream
 from .tensor_parallel import full_like_param, apply_tensor_parallel, check_divisible
@@ -45,11 +46,12 @@ _SUPPORTED = {"zero_stage": {0, 1, 2, 3}, "precision": {"fp32", "bf16", "fp16"},
 _PIPELINE_ONLY = {"schedule": "1f1b", "micro_batches": 1, "virtual_stages": 1}
 
 
-def validate(model_config: GPTConfig, config: TrainConfig, dims: ParallelDims) -> None:
+def validate(model_config: GPTConfig, config: TrainConfig, dims: ParallelDims, moe=None) -> None:
     """Every check that can fail, made before any rank starts (no process group needed), with the fix in the message.
 
     Together with `TrainConfig`'s own checks this decides, for any layout, whether the engine trains it;
-    `tests/test_composition.py` enumerates the whole space through it.
+    `tests/test_composition.py` enumerates the whole space through it. ``moe``: the model's
+    `moe.MoEConfig` when it is a mixture of experts (what composes with it: `moe.check`).
     """
     for name, allowed in _SUPPORTED.items():
         if getattr(config, name) not in allowed:
@@ -58,6 +60,10 @@ def validate(model_config: GPTConfig, config: TrainConfig, dims: ParallelDims) -
     if config.tp != dims.tp or config.pp != dims.pp:
         raise ValueError(f"TrainConfig(tp={config.tp}, pp={config.pp}) does not match the mesh "
                          f"(tp={dims.tp}, pp={dims.pp}); build the mesh from the same numbers")
+    if config.ep != dims.ep:
+        raise ValueError(f"TrainConfig(ep={config.ep}) does not match the mesh (ep={dims.ep}); build the mesh "
+                         f"from the same numbers")
+    moe_.check(moe, config, dims)
     config.rows_per_micro_step(dims.dp)
     if config.pp > 1:
         check_pipeline(config.schedule, config.pp, config.micro_batches, config.virtual_stages, model_config.n_layer)
@@ -94,7 +100,7 @@ class Engine:
     """Trains one rank's part of the model; see the module docstring for the order of wrapping."""
 
     def __init__(self, model: GPT, config: TrainConfig, mesh: Mesh):
-        validate(model.config, config, mesh.dims)
+        validate(model.config, config, mesh.dims, getattr(model, "moe_config", None))
         self.model_config = model.config
         self._keys = list(model.state_dict())
         self.pipeline: Pipeline | None = None
@@ -103,6 +109,11 @@ class Engine:
         model = (apply_tensor_parallel(model, mesh, config.sequence_parallel) if config.tp > 1
                  else copy.deepcopy(model)).to(mesh.device)
         apply_activation_checkpointing(model, config.activation_checkpointing, config.checkpoint_every)
+        # Mixture of experts: keep this rank's experts; they sync over edp, the rest over dp (see moe).
+        self.experts = None
+        if moe_.is_moe(model):
+            moe_.shard_experts(model, mesh.ep_group, mesh.ep_rank)
+            self.experts = moe_.ExpertGradSync(model, mesh.edp_group, mesh.dp_size)
         self.config, self.mesh, self.module = config, mesh, model
 
         def data_parallel(module):       # ZeRO shards the optimizer itself (the wrapper steps); DDP does not
@@ -127,6 +138,9 @@ class Engine:
             self.optimizer = make_optimizer(self.module.parameters(), config)
         else:
             self.optimizer = ChunkOptimizers(wrappers) if config.pp > 1 else self.model
+            if self.experts is not None:      # ZeRO shards the rest; the experts step replicated over edp
+                self.optimizer = moe_.WithExperts(self.optimizer, self.experts, make_optimizer(
+                    self.experts.params, config))
         self.memory_at_step: dict = {}
         self._peak = measure.PeakTracker(lambda: measure.state_tensors(wrappers, None if config.zero_stage else self.optimizer))
         self.comm_log = comm.CommLog()
@@ -159,7 +173,7 @@ class Engine:
             for i, (xm, ym) in enumerate(micro_steps):
                 # DDP and ZeRO-1 accumulate locally and reduce the sum once; ZeRO-2/3 reduce every micro-step.
                 sync = i == ga - 1 or self.model.reduce_every_micro_step
-                with (nullcontext() if sync else self.model.no_sync()):
+                with (nullcontext() if sync else self._no_sync()):
                     self._event("forward_start", micro=i)
                     _, loss = self.model(xm, ym)
                     self._event("backward_start", micro=i)
@@ -167,6 +181,8 @@ class Engine:
                     scaled.backward()
                     self._event("backward_end", micro=i)
                     self.model.finish_grad_sync()         # the end of this backward (see grad_sync)
+                    if self.experts is not None:
+                        self.experts.finish_grad_sync()
                 total += loss.detach()
             norm = self._clip()
             self.optimizer.step()
@@ -183,6 +199,12 @@ class Engine:
             self.grad_norms.append(norm)
         self.step += 1
         return loss
+
+    def _no_sync(self):
+        stack = ExitStack()
+        for part in [self.model] + ([self.experts] if self.experts is not None else []):
+            stack.enter_context(part.no_sync())
+        return stack
 
     def _clip(self) -> float | None:
         """Clip by the global gradient norm, whatever the layout (see `grad_sync.clip_grad_norm_`)."""
@@ -211,6 +233,8 @@ class Engine:
         for part, wrapper in self._holders():
             state = wrapper.full_state_dict() if self.config.zero_stage else part.state_dict()
             local.update({k: self._full(part, k, v).float() for k, v in state.items()})
+        if self.experts is not None:          # every expert whole: gathered over ep
+            local.update(self.experts.full_state_dict())
         return self._merge_stages(local)
 
     def _holders(self):
@@ -238,7 +262,7 @@ class Engine:
         return {
             "rank": self.mesh.rank,
             "layout": {"dp": self.mesh.dp_size, "tp": self.mesh.tp_size, "pp": self.mesh.pp_size,
-                       "zero_stage": self.config.zero_stage},
+                       "ep": self.mesh.ep_size, "zero_stage": self.config.zero_stage},
             "losses": list(self.losses),
             "grad_norms": list(self.grad_norms),
             "memory": self.memory(),
@@ -249,6 +273,7 @@ class Engine:
             "comm_events": self.comm_log.events(),
             "timeline": self._clock.resolve(self.timeline + self.model.timeline),
             **({"pipeline": self.pipeline.bubble()} if self.pipeline is not None else {}),
+            **({"moe": self.experts.counts()} if self.experts is not None else {}),
         }
 
 

@@ -1,0 +1,166 @@
+"""Mixture of experts and expert parallelism: the single-process MoE model is the oracle.
+
+One launch per world size (2 and 4 ranks), each running several layouts; every case trains STEPS steps
+and must end within 1e-5 (per-tensor norm-relative) of the single-process `MoEGPT` run on the same global
+batches, route and drop exactly the tokens it routes and drops, and send the closed-form all-to-all bytes.
+"""
+from __future__ import annotations
+
+import math
+import traceback
+
+import pytest
+import torch
+
+import minimega as mm
+from minimega import data, moe
+from minimega.engine import make_optimizer, validate
+from parity import max_rel_error, parity_config
+
+STEPS = 10
+TINY = mm.GPTConfig.tiny(block_size=32)
+MOE = moe.MoEConfig(n_experts=4, top_k=2, capacity_factor=1.25)     # C = ceil(1.25·2·32/4) = 20 of 32: drops
+
+
+def reference(model_config, moe_config, config, steps):
+    """Single-process MoEGPT, torch's AdamW: final state, losses and per-layer routed/dropped counts."""
+    torch.manual_seed(config.seed)
+    model = moe.MoEGPT(model_config, moe_config)
+    opt = make_optimizer(model.parameters(), config)
+    losses = []
+    for x, y in data.global_batches(steps, config.batch_size, model_config.block_size, seed=config.seed):
+        _, loss = model(x, y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        losses.append(loss.item())
+    counts = {"routed": [m.routed.tolist() for m in model.moe_layers()],
+              "dropped": [m.dropped.tolist() for m in model.moe_layers()]}
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}, losses, counts
+
+
+def _cases(cases):
+    """Rank function: train each (dp, ep, config) case on its own mesh; report state, losses, counts, bytes."""
+    out = []
+    for dp, ep, config in cases:
+        try:
+            mesh = mm.init_mesh(mm.ParallelDims(dp=dp, ep=ep))
+            torch.manual_seed(config.seed)
+            engine = mm.initialize(moe.MoEGPT(TINY, MOE), config, mesh)
+            for batch in data.batches(mesh, STEPS, config.batch_size, TINY.block_size, seed=config.seed):
+                engine.train_step(batch)
+            report = engine.report()
+            state = engine.full_state_dict()
+            a2a = [e for e in report["comm_events"] if e["op"] == "all_to_all"]
+            out.append({"state": state if mesh.rank == 0 else None, "losses": report["losses"],
+                        "moe": report["moe"], "a2a_sent": sum(e["sent_bytes"] for e in a2a),
+                        "a2a_calls": len(a2a), "a2a_group": sorted({e["group"] for e in a2a})})
+        except Exception:
+            out.append({"error": traceback.format_exc()})
+    return out
+
+
+CASES = {   # world size -> [(id, dp, ep, TrainConfig overrides)]
+    2: [("dp2-ep2-ga2", 2, 2, {"gradient_accumulation_steps": 2})],
+    4: [("dp4-ep4", 4, 4, {}), ("ep2xdp2-zero1", 4, 2, {"zero_stage": 1})],
+}
+
+
+@pytest.fixture(scope="module")
+def ref():
+    return reference(TINY, MOE, parity_config(ep=1), STEPS)
+
+
+@pytest.mark.parametrize("world", sorted(CASES), ids=lambda w: f"world{w}")
+def test_expert_parallel_matches_single_process(world, ref):
+    ref_state, ref_losses, ref_counts = ref
+    cases = CASES[world]
+    results = mm.launch(_cases, world, [(dp, ep, parity_config(ep=ep, **kw)) for _, dp, ep, kw in cases],
+                        timeout=600)
+    for i, (name, dp, ep, kw) in enumerate(cases):
+        per_rank = [r[i] for r in results]
+        for r in per_rank:
+            assert "error" not in r, f"{name}: {r.get('error')}"
+        got = per_rank[0]
+        err = max_rel_error(got["state"], ref_state)
+        assert err <= 1e-5, f"{name}: weights {err:.2e} off the single-process MoE after {STEPS} steps"
+        assert max(abs(a - b) / abs(b) for a, b in zip(got["losses"], ref_losses)) <= 1e-5, name
+        # Routing is per sequence, so the dp ranks together route and drop exactly what one process does.
+        for key in ("routed", "dropped"):
+            summed = torch.tensor([r["moe"][key] for r in per_rank]).sum(0).tolist()
+            assert summed == ref_counts[key], f"{name}: {key} {summed} != single process {ref_counts[key]}"
+        # CommLog: 4 all-to-alls per layer and step (dispatch, combine; forward, backward), closed form.
+        rows = 8 // dp
+        want = STEPS * moe.alltoall_bytes(MOE, TINY.n_layer, rows, TINY.block_size, TINY.n_embd, ep)
+        for r in per_rank:
+            assert r["a2a_calls"] == (4 * TINY.n_layer * STEPS * kw.get("gradient_accumulation_steps", 1)
+                                      if ep > 1 else 0), name
+            assert math.isclose(r["a2a_sent"], want, rel_tol=1e-12), f"{name}: {r['a2a_sent']} != {want}"
+    assert sum(ref_counts["dropped"][0]) > 0          # the capacity is tight enough to drop tokens
+
+
+def test_one_expert_is_the_dense_model():
+    """E = 1, k = 1, capacity ≥ T: the gate is softmax over one logit = 1 and every token is kept, so the MoE
+    block is `model.MLP`; logits, gradients and 10 AdamW steps match the dense GPT with the same weights."""
+    torch.manual_seed(3)
+    dense = mm.GPT(TINY)
+    one = moe.copy_dense_into(moe.MoEGPT(TINY, moe.MoEConfig(n_experts=1, top_k=1, capacity_factor=1.0)), dense)
+    x, y = data.global_batch(0, 4, TINY.block_size)
+    (ld, lossd), (lm, lossm) = dense(x, y), one(x, y)
+    assert torch.equal(ld, lm)
+    # aux = E · f · P = 1 · 1 · 1 for each of the 4 layers: a constant with zero gradient.
+    assert lossm.item() == pytest.approx(lossd.item() + 0.01 * TINY.n_layer, rel=1e-6)
+    lossd.backward()
+    lossm.backward()
+    grads = dict(one.named_parameters())
+    for n, p in dense.named_parameters():
+        q = grads[n.replace(".mlp.fc.weight", ".mlp.experts.fc").replace(".mlp.proj.weight", ".mlp.experts.proj")]
+        assert torch.allclose(q.grad.reshape(p.shape), p.grad, rtol=0, atol=1e-7), n
+    assert grads["blocks.0.mlp.router.weight"].grad.abs().max() == 0
+    config = parity_config()
+    opt_d, opt_m = make_optimizer(dense.parameters(), config), make_optimizer(one.parameters(), config)
+    for x, y in data.global_batches(STEPS, 8, TINY.block_size, seed=1):
+        for model, opt in ((dense, opt_d), (one, opt_m)):
+            opt.zero_grad(set_to_none=True)
+            model(x, y)[1].backward()
+            opt.step()
+    w = one.state_dict()
+    for k, v in dense.state_dict().items():
+        k2 = k.replace(".mlp.fc.weight", ".mlp.experts.fc").replace(".mlp.proj.weight", ".mlp.experts.proj")
+        assert torch.allclose(w[k2].reshape(v.shape), v, rtol=1e-5, atol=1e-7), k
+
+
+def test_capacity_and_dropping_follow_gshard_priority():
+    """Hand-built routing: 4 tokens all choose expert 0 first; capacity 2 keeps the first two in token order."""
+    cfg = moe.MoEConfig(n_experts=2, top_k=1, capacity_factor=1.0)      # C = ceil(1·1·4/2) = 2
+    layer = moe.MoELayer(mm.GPTConfig.tiny(n_embd=4, n_head=1), cfg)
+    with torch.no_grad():
+        layer.router.weight.copy_(torch.tensor([[1.0, 0, 0, 0], [-1.0, 0, 0, 0]]))
+    x = torch.ones(1, 4, 4)
+    dispatch, combine, aux, routed, dropped = layer.route(x)
+    assert cfg.capacity(4) == 2
+    assert routed.tolist() == [4, 0] and dropped.tolist() == [2, 0]
+    assert dispatch[0, :, 0].tolist() == [[1, 0], [0, 1], [0, 0], [0, 0]]     # token t -> slot t, then full
+    p0 = torch.softmax(torch.tensor([1.0, -1.0]), 0)
+    assert torch.allclose(combine[0, :2, 0].sum(-1), p0[0].expand(2))        # k = 1: the raw probability
+    assert aux.item() == pytest.approx(2 * (1.0 * p0[0].item()), rel=1e-6)    # E · f_0 · P_0 (f_1 = 0)
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"tp": 2}, "TrainConfig.tp=2 is not supported with a mixture-of-experts model"),
+    ({"zero_stage": 2}, "TrainConfig.zero_stage=2 is not supported"),
+    ({"gradient_clipping": 1.0}, "TrainConfig.gradient_clipping=1.0 is not supported"),
+    ({"ep": 3}, "ep is carved out of dp and must divide it"),
+], ids=["tp", "zero2", "clip", "ep-not-dividing-dp"])
+def test_refusals_name_the_setting(change, message):
+    config = parity_config(**change)
+    with pytest.raises(ValueError, match=message):
+        dims = mm.ParallelDims(dp=4 if "tp" not in change else 2, tp=config.tp, ep=config.ep)
+        validate(TINY, config, dims, MOE)
+
+
+def test_expert_parallel_needs_experts():
+    with pytest.raises(ValueError, match="ep=2 needs a mixture-of-experts model"):
+        validate(TINY, parity_config(ep=2), mm.ParallelDims(dp=2, ep=2))
+    with pytest.raises(ValueError, match="ep=4 does not divide n_experts=6"):
+        validate(TINY, parity_config(ep=4), mm.ParallelDims(dp=4, ep=4), moe.MoEConfig(n_experts=6))
