@@ -13,7 +13,8 @@ import pytest
 import torch
 
 import minimega as mm
-from minimega import data, moe
+from minimega import data, moe, perf
+from minimega import estimate as est
 from minimega.engine import make_optimizer, validate
 from parity import max_rel_error, parity_config
 
@@ -53,6 +54,7 @@ def _cases(cases):
             state = engine.full_state_dict()
             a2a = [e for e in report["comm_events"] if e["op"] == "all_to_all"]
             out.append({"state": state if mesh.rank == 0 else None, "losses": report["losses"],
+                        "memory": report["memory_at_step"],
                         "moe": report["moe"], "a2a_sent": sum(e["sent_bytes"] for e in a2a),
                         "a2a_calls": len(a2a), "a2a_group": sorted({e["group"] for e in a2a})})
         except Exception:
@@ -96,6 +98,13 @@ def test_expert_parallel_matches_single_process(world, ref):
             assert r["a2a_calls"] == (4 * TINY.n_layer * STEPS * kw.get("gradient_accumulation_steps", 1)
                                       if ep > 1 else 0), name
             assert math.isclose(r["a2a_sent"], want, rel_tol=1e-12), f"{name}: {r['a2a_sent']} != {want}"
+        # Memory: the estimator's model states (non-expert under ZeRO over dp, E/ep experts whole) = measured.
+        dense, experts = est.moe_params(TINY.n_layer, TINY.n_embd, TINY.vocab_size, TINY.block_size, MOE.n_experts)
+        want_mem = est.moe_model_state_bytes(dense, experts, dp, ep, kw.get("zero_stage", 0), "fp32")
+        for r in per_rank:
+            m = r["memory"]
+            got_mem = m["params"] + m["grads"] + m["optimizer_states"] + m.get("master", 0)
+            assert math.isclose(got_mem, want_mem, rel_tol=1e-3), f"{name}: measured {got_mem} != estimate {want_mem}"
     assert sum(ref_counts["dropped"][0]) > 0          # the capacity is tight enough to drop tokens
 
 
@@ -164,3 +173,21 @@ def test_expert_parallel_needs_experts():
         validate(TINY, parity_config(ep=2), mm.ParallelDims(dp=2, ep=2))
     with pytest.raises(ValueError, match="ep=4 does not divide n_experts=6"):
         validate(TINY, parity_config(ep=4), mm.ParallelDims(dp=4, ep=4), moe.MoEConfig(n_experts=6))
+
+
+def test_parameter_count_and_alltoall_time_formulas():
+    """`estimate.moe_params` counts `MoEGPT`'s tensors; `perf.moe_alltoall_time` is α-β over those bytes."""
+    model = moe.MoEGPT(TINY, MOE)
+    dense, experts = est.moe_params(TINY.n_layer, TINY.n_embd, TINY.vocab_size, TINY.block_size, MOE.n_experts)
+    assert experts == sum(p.numel() for _, p in moe.expert_params(model))
+    assert dense + experts == model.num_params()
+    link = perf.Link(name="test", bandwidth=100e9, alpha=5e-6, efficiency=1.0)
+    t = perf.moe_alltoall_time(24, 4, 4096, 4096, 8, 64, 2, 1.25, link)
+    sent = est.moe_alltoall_bytes(24, 4, 4096, 4096, 8, 64, 2, 1.25, bytes_per_elem=2)
+    assert t == pytest.approx(4 * 24 * 7 * 5e-6 + sent / 100e9, rel=1e-12)
+
+
+def test_moe_checkpoints_are_refused_by_name(tmp_path):
+    engine = mm.initialize(moe.MoEGPT(TINY, MOE), parity_config(), mm.init_mesh(mm.ParallelDims()))
+    with pytest.raises(NotImplementedError, match="mixture-of-experts"):
+        engine.save(tmp_path)

@@ -326,12 +326,19 @@ class Engine:
     def save(self, directory, keep: int = 3):
         """Atomic sharded checkpoint of everything needed to resume (see `minimega.checkpoint`)."""
         from . import checkpoint
+        self._refuse_moe_checkpoint("save")
         return checkpoint.save(self, directory, keep=keep)
 
     def load(self, directory) -> int:
         """Resume from a checkpoint saved under any layout; returns its step."""
         from . import checkpoint
+        self._refuse_moe_checkpoint("load")
         return checkpoint.load(self, directory)
+
+    def _refuse_moe_checkpoint(self, verb: str) -> None:
+        if self.experts is not None:
+            raise NotImplementedError(f"Engine.{verb}: sharded checkpoints of a mixture-of-experts model are not "
+                                      f"built yet; save Engine.full_state_dict() (every expert whole) instead")
 
 
 def initialize(model: GPT, config: TrainConfig, mesh: Mesh) -> Engine:

@@ -54,7 +54,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from . import comm
+from . import comm, estimate
 from .comm import Group
 from .config import GPTConfig, _is_int, _is_real
 from .grad_sync import GradSync
@@ -87,18 +87,32 @@ class MoEConfig:
 
     def capacity(self, seq_len: int) -> int:
         """C: slots per expert in one routing group (one sequence of ``seq_len`` tokens)."""
-        return max(1, min(seq_len, math.ceil(self.capacity_factor * self.top_k * seq_len / self.n_experts)))
+        return estimate.moe_capacity(seq_len, self.n_experts, self.top_k, self.capacity_factor)
 
 
 def alltoall_bytes(moe: MoEConfig, n_layer: int, rows: int, seq_len: int, n_embd: int, ep: int,
                    bytes_per_element: int = 4) -> float:
-    """Algorithmic bytes one rank sends in the all-to-alls of one training step (forward and backward).
+    """Algorithmic bytes one rank sends in the all-to-alls of one training step (`estimate.moe_alltoall_bytes`)."""
+    return estimate.moe_alltoall_bytes(n_layer, rows, seq_len, n_embd, ep, moe.n_experts, moe.top_k,
+                                       moe.capacity_factor, bytes_per_element)
 
-    Four all-to-alls per MoE layer (dispatch and combine, forward and backward), each sending (ep-1)/ep of
-    the (E, rows·C, D) slot buffer. ``rows``: this rank's sequences per step.
+
+# --8<-- [start:assign_slots]
+def assign_slots(top_i: torch.Tensor, n_experts: int, capacity: int):
+    """Each (token, choice)'s place in its expert's queue, and whether it fits (GShard's priority).
+
+    Every token's first choice is queued in token order, then every second choice, and so on; an expert
+    keeps the first ``capacity`` assignments of its queue and drops the rest.
+
+    Shapes: top_i (B, T, k) expert ids → choice, slot, kept, each (B, k·T, E), rows in priority order
+    (choice j of token t is row j·T + t): choice is one-hot, slot the 0-based place in expert e's queue
+    where choice is 1, kept = choice and slot < capacity.
     """
-    slots = moe.n_experts * rows * moe.capacity(seq_len) * n_embd
-    return 4 * n_layer * (ep - 1) / ep * slots * bytes_per_element
+    B, T, k = top_i.shape
+    choice = F.one_hot(top_i, n_experts).transpose(1, 2).reshape(B, k * T, n_experts)   # (B, kT, E)
+    slot = choice.cumsum(dim=1) - 1
+    return choice, slot, (choice == 1) & (slot < capacity)
+# --8<-- [end:assign_slots]
 
 
 # --8<-- [start:all_to_all]
@@ -170,10 +184,7 @@ class MoELayer(nn.Module):
         probs = F.softmax(self.router(x), dim=-1)                              # (B, T, E)
         top_p, top_i = probs.topk(k, dim=-1)                                   # (B, T, k)
         gates = top_p / top_p.sum(-1, keepdim=True) if k > 1 else top_p
-        # Priority: all first choices in token order, then all second choices (GShard).
-        choice = F.one_hot(top_i, E).transpose(1, 2).reshape(B, k * T, E)      # (B, kT, E)
-        slot = choice.cumsum(dim=1) - 1                                        # place in the expert's queue
-        kept = (choice == 1) & (slot < C)                                      # (B, kT, E)
+        choice, slot, kept = assign_slots(top_i, E, C)                        # (B, kT, E) each
         place = F.one_hot(slot.clamp(0, C - 1), C) * kept.unsqueeze(-1)       # (B, kT, E, C)
         place = place.view(B, k, T, E, C).to(x.dtype)
         dispatch = place.sum(1)                                                # (B, T, E, C): distinct experts
