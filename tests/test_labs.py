@@ -30,7 +30,8 @@ EXERCISES = {"memory": (["model_state_bytes"], checks.check_model_state_bytes),
              "loss_scaler": (["LossScaler"], checks.check_loss_scaler),
              "offload": (["bytes_by_location"], checks.check_offload),
              "fsdp_shard": (["fsdp_local_shard"], checks.check_fsdp_shard),
-             "rank_grid": (["group_ranks"], checks.check_rank_grid)}
+             "rank_grid": (["group_ranks"], checks.check_rank_grid),
+             "moe_slots": (["assign_slots"], checks.check_moe_slots)}
 
 
 def _load(package, name):
@@ -249,4 +250,14 @@ def test_fsdp_shard_check_names_the_mistake(answer, says):
 def test_rank_grid_check_names_the_mistake(answer, says):
     with pytest.raises(checks.ExerciseError, match="group_ranks") as info:
         checks.check_rank_grid(answer)
+    assert says in str(info.value)
+
+
+@pytest.mark.parametrize("answer, says", [
+    (wrong.slots_token_major, "every token's first choice"),
+    (wrong.slots_one_too_many, "slots run 0 .. capacity-1"),
+], ids=lambda v: v.__name__ if callable(v) else "")
+def test_moe_slots_check_names_the_mistake(answer, says):
+    with pytest.raises(checks.ExerciseError, match="assign_slots") as info:
+        checks.check_moe_slots(answer)
     assert says in str(info.value)
