@@ -23,27 +23,36 @@ TINY = mm.GPTConfig.tiny(block_size=32)
 MOE = moe.MoEConfig(n_experts=4, top_k=2, capacity_factor=1.25)     # C = ceil(1.25·2·32/4) = 20 of 32: drops
 
 
-def reference(model_config, moe_config, config, steps):
-    """Single-process MoEGPT, torch's AdamW: final state, losses and per-layer routed/dropped counts."""
+def reference(model_config, moe_config, config, steps, after=None):
+    """Single-process MoEGPT, torch's AdamW: final state, losses and per-layer routed/dropped counts
+    (of the first ``steps`` steps); ``after`` more steps give a second state (for the resumed run)."""
     torch.manual_seed(config.seed)
     model = moe.MoEGPT(model_config, moe_config)
     opt = make_optimizer(model.parameters(), config)
     losses = []
-    for x, y in data.global_batches(steps, config.batch_size, model_config.block_size, seed=config.seed):
+    for i, (x, y) in enumerate(data.global_batches(steps + (after or 0), config.batch_size, model_config.block_size,
+                                                   seed=config.seed)):
+        if i == steps:
+            state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+            counts = {"routed": [m.routed.tolist() for m in model.moe_layers()],
+                      "dropped": [m.dropped.tolist() for m in model.moe_layers()]}
         _, loss = model(x, y)
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
         losses.append(loss.item())
-    counts = {"routed": [m.routed.tolist() for m in model.moe_layers()],
-              "dropped": [m.dropped.tolist() for m in model.moe_layers()]}
-    return {k: v.detach().clone() for k, v in model.state_dict().items()}, losses, counts
+    final = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    if not after:
+        return final, losses, {"routed": [m.routed.tolist() for m in model.moe_layers()],
+                               "dropped": [m.dropped.tolist() for m in model.moe_layers()]}
+    return state, losses[:steps], counts, final
 
 
-def _cases(cases):
-    """Rank function: train each (dp, ep, config) case on its own mesh; report state, losses, counts, bytes."""
+def _cases(cases, save_dir=None):
+    """Rank function: train each (dp, ep, config) case on its own mesh; report state, losses, counts, bytes.
+    The first case saves a sharded checkpoint into ``save_dir`` when given."""
     out = []
-    for dp, ep, config in cases:
+    for i, (dp, ep, config) in enumerate(cases):
         try:
             mesh = mm.init_mesh(mm.ParallelDims(dp=dp, ep=ep))
             torch.manual_seed(config.seed)
@@ -52,6 +61,8 @@ def _cases(cases):
                 engine.train_step(batch)
             report = engine.report()
             state = engine.full_state_dict()
+            if save_dir and i == 0:
+                engine.save(save_dir)
             a2a = [e for e in report["comm_events"] if e["op"] == "all_to_all"]
             out.append({"state": state if mesh.rank == 0 else None, "losses": report["losses"],
                         "memory": report["memory_at_step"],
@@ -68,17 +79,20 @@ CASES = {   # world size -> [(id, dp, ep, TrainConfig overrides)]
 }
 
 
+RESUMED = 2      # steps trained after loading the ep2 checkpoint at ep1
+
+
 @pytest.fixture(scope="module")
 def ref():
-    return reference(TINY, MOE, parity_config(ep=1), STEPS)
+    return reference(TINY, MOE, parity_config(ep=1), STEPS, after=RESUMED)
 
 
 @pytest.mark.parametrize("world", sorted(CASES), ids=lambda w: f"world{w}")
-def test_expert_parallel_matches_single_process(world, ref):
-    ref_state, ref_losses, ref_counts = ref
+def test_expert_parallel_matches_single_process(world, ref, tmp_path):
+    ref_state, ref_losses, ref_counts, ref_resumed = ref
     cases = CASES[world]
     results = mm.launch(_cases, world, [(dp, ep, parity_config(ep=ep, **kw)) for _, dp, ep, kw in cases],
-                        timeout=600)
+                        str(tmp_path / "ckpt") if world == 2 else None, timeout=600)
     for i, (name, dp, ep, kw) in enumerate(cases):
         per_rank = [r[i] for r in results]
         for r in per_rank:
@@ -106,6 +120,11 @@ def test_expert_parallel_matches_single_process(world, ref):
             got_mem = m["params"] + m["grads"] + m["optimizer_states"] + m.get("master", 0)
             assert math.isclose(got_mem, want_mem, rel_tol=1e-3), f"{name}: measured {got_mem} != estimate {want_mem}"
     assert sum(ref_counts["dropped"][0]) > 0          # the capacity is tight enough to drop tokens
+    if world == 2:    # the ep2 checkpoint, resharded onto ep1: same weights, and Adam resumes where it was
+        loaded, resumed = _resume_at_ep1(str(tmp_path / "ckpt"), parity_config(ep=1))
+        assert max_rel_error(loaded, results[0][0]["state"]) == 0.0
+        err = max_rel_error(resumed, ref_resumed)
+        assert err <= 1e-5, f"resumed at ep1: {err:.2e} off the single-process run after {STEPS + RESUMED} steps"
 
 
 def test_one_expert_is_the_dense_model():
@@ -187,7 +206,12 @@ def test_parameter_count_and_alltoall_time_formulas():
     assert t == pytest.approx(4 * 24 * 7 * 5e-6 + sent / 100e9, rel=1e-12)
 
 
-def test_moe_checkpoints_are_refused_by_name(tmp_path):
-    engine = mm.initialize(moe.MoEGPT(TINY, MOE), parity_config(), mm.init_mesh(mm.ParallelDims()))
-    with pytest.raises(NotImplementedError, match="mixture-of-experts"):
-        engine.save(tmp_path)
+
+def _resume_at_ep1(directory: str, config: mm.TrainConfig) -> tuple[dict, dict]:
+    """Load an ep2 checkpoint on one process (ep1: every expert here) and train RESUMED more steps."""
+    engine = mm.initialize(moe.MoEGPT(TINY, MOE), config, mm.init_mesh(mm.ParallelDims()))
+    assert engine.load(directory) == STEPS
+    loaded = engine.full_state_dict()
+    for batch in data.global_batches(RESUMED, config.batch_size, TINY.block_size, start=STEPS, seed=config.seed):
+        engine.train_step(batch)
+    return loaded, engine.full_state_dict()

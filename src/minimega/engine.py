@@ -101,7 +101,7 @@ class Engine:
 
     def __init__(self, model: GPT, config: TrainConfig, mesh: Mesh):
         validate(model.config, config, mesh.dims, getattr(model, "moe_config", None))
-        self.model_config = model.config
+        self.model_config = moe_.MoEGPTConfig.of(model) if moe_.is_moe(model) else model.config
         self._keys = list(model.state_dict())
         self.pipeline: Pipeline | None = None
         # --8<-- [start:compose_order]
@@ -281,7 +281,8 @@ class Engine:
 
     def layout(self) -> dict:
         return {"world": self.mesh.world_size, "dp": self.mesh.dp_size, "tp": self.mesh.tp_size,
-                "pp": self.mesh.pp_size, "zero_stage": self.config.zero_stage}
+                "pp": self.mesh.pp_size, "zero_stage": self.config.zero_stage,
+                **({"ep": self.mesh.ep_size} if self.experts is not None else {})}
 
     def rng_state(self) -> dict[str, torch.Tensor]:
         """This rank's random states as uint8 tensors: the default CPU generator, the tp dropout stream
@@ -326,19 +327,13 @@ class Engine:
     def save(self, directory, keep: int = 3):
         """Atomic sharded checkpoint of everything needed to resume (see `minimega.checkpoint`)."""
         from . import checkpoint
-        self._refuse_moe_checkpoint("save")
         return checkpoint.save(self, directory, keep=keep)
 
     def load(self, directory) -> int:
         """Resume from a checkpoint saved under any layout; returns its step."""
         from . import checkpoint
-        self._refuse_moe_checkpoint("load")
         return checkpoint.load(self, directory)
 
-    def _refuse_moe_checkpoint(self, verb: str) -> None:
-        if self.experts is not None:
-            raise NotImplementedError(f"Engine.{verb}: sharded checkpoints of a mixture-of-experts model are not "
-                                      f"built yet; save Engine.full_state_dict() (every expert whole) instead")
 
 
 def initialize(model: GPT, config: TrainConfig, mesh: Mesh) -> Engine:

@@ -48,7 +48,7 @@ from __future__ import annotations
 
 import copy
 import math
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, fields
 
 import torch
 import torch.nn as nn
@@ -88,6 +88,33 @@ class MoEConfig:
     def capacity(self, seq_len: int) -> int:
         """C: slots per expert in one routing group (one sequence of ``seq_len`` tokens)."""
         return estimate.moe_capacity(seq_len, self.n_experts, self.top_k, self.capacity_factor)
+
+
+@dataclass(frozen=True, kw_only=True)
+class MoEGPTConfig(GPTConfig):
+    """A `GPTConfig` and a `MoEConfig` in one record: what a checkpoint's manifest stores for a MoE model."""
+
+    n_experts: int = 4
+    top_k: int = 2
+    capacity_factor: float = 1.25
+    aux_loss_coef: float = 0.01
+
+    def __post_init__(self):
+        super().__post_init__()
+        self.parts()
+
+    def parts(self) -> tuple[GPTConfig, MoEConfig]:
+        names = {f.name for f in fields(MoEConfig)}
+        values = asdict(self)
+        return (GPTConfig(**{k: v for k, v in values.items() if k not in names}),
+                MoEConfig(**{k: v for k, v in values.items() if k in names}))
+
+    @classmethod
+    def of(cls, model: "MoEGPT") -> "MoEGPTConfig":
+        return cls(**asdict(model.config), **asdict(model.moe_config))
+
+    def build(self) -> "MoEGPT":
+        return MoEGPT(*self.parts())
 
 
 def alltoall_bytes(moe: MoEConfig, n_layer: int, rows: int, seq_len: int, n_embd: int, ep: int,
@@ -144,6 +171,7 @@ class Experts(nn.Module):
 
     def __init__(self, n: int, n_embd: int, hidden: int):
         super().__init__()
+        self.offset = 0
         self.fc = nn.Parameter(torch.empty(n, hidden, n_embd))
         self.proj = nn.Parameter(torch.empty(n, n_embd, hidden))
 
@@ -284,6 +312,7 @@ def shard_experts(model: MoEGPT, ep_group: Group, ep_rank: int) -> None:
     for layer in model.moe_layers():
         local = layer.moe.n_experts // ep_group.size
         keep = slice(ep_rank * local, (ep_rank + 1) * local)
+        layer.experts.offset = keep.start            # its first expert's index: where its rows sit globally
         layer.experts.fc = nn.Parameter(layer.experts.fc.data[keep].clone())
         layer.experts.proj = nn.Parameter(layer.experts.proj.data[keep].clone())
         layer.ep_group = ep_group
