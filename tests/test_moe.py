@@ -172,6 +172,12 @@ def test_capacity_and_dropping_follow_gshard_priority():
     p0 = torch.softmax(torch.tensor([1.0, -1.0]), 0)
     assert torch.allclose(combine[0, :2, 0].sum(-1), p0[0].expand(2))        # k = 1: the raw probability
     assert aux.item() == pytest.approx(2 * (1.0 * p0[0].item()), rel=1e-6)    # E · f_0 · P_0 (f_1 = 0)
+    # Top-2: first choices queue before second ones. Tokens 0, 1, 2 pick (0, 1), (0, 1), (0, 2), capacity 2:
+    # expert 0 keeps tokens 0, 1 (token 2's first choice is third); expert 1 keeps tokens 0, 1; expert 2 token 2.
+    top_i = torch.tensor([[[0, 1], [0, 1], [0, 2]]])                        # (B=1, T=3, k=2)
+    choice, slot, kept = moe.assign_slots(top_i, 3, 2)                      # rows: choice j of token t = j·T + t
+    assert kept[0].nonzero().tolist() == [[0, 0], [1, 0], [3, 1], [4, 1], [5, 2]]
+    assert [int(slot[0, r, e]) for r, e in kept[0].nonzero().tolist()] == [0, 1, 0, 1, 0]
 
 
 @pytest.mark.parametrize("change, message", [
