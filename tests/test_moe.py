@@ -6,6 +6,7 @@ batches, route and drop exactly the tokens it routes and drops, and send the clo
 """
 from __future__ import annotations
 
+import json
 import math
 import traceback
 
@@ -221,3 +222,17 @@ def _resume_at_ep1(directory: str, config: mm.TrainConfig) -> tuple[dict, dict]:
     for batch in data.global_batches(RESUMED, config.batch_size, TINY.block_size, start=STEPS, seed=config.seed):
         engine.train_step(batch)
     return loaded, engine.full_state_dict()
+
+
+def test_cli_trains_a_mixture_of_experts(capsys):
+    """`minimega train --experts 4 --ep 2`: every token makes top_k assignments in every layer and step."""
+    from minimega.cli import main
+    steps = 2
+    assert main(["train", "--nproc", "2", "--ep", "2", "--experts", "4", "--top-k", "2", "--steps", str(steps),
+                 "--json"]) == 0
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    tokens = 8 * mm.GPTConfig.tiny().block_size * steps                     # batch 8, block 64
+    assert [sum(layer) for layer in out["moe"]["routed"]] == [2 * tokens] * 4
+    assert all(0 <= d <= r for lr, ld in zip(out["moe"]["routed"], out["moe"]["dropped"]) for r, d in zip(lr, ld))
+    assert main(["train", "--nproc", "2", "--ep", "2", "--steps", "1"]) == 2
+    assert "ep=2 needs a mixture-of-experts model" in capsys.readouterr().err

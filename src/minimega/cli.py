@@ -188,6 +188,7 @@ def train_worker(preset: str, config: TrainConfig, steps: int, show: bool, ckpt:
             "tokens_per_s": tokens_per_step * steps / wall if steps else 0.0,
             "sent_bytes_rank": sent, "sent_bytes_all_ranks": total_sent,
             "params": model.num_params(), "memory": engine.memory(),
+            "moe": engine.experts.counts() if engine.experts is not None else None,
             "pipeline_timeline": engine.pipeline.events if show_schedule and engine.pipeline and mesh.dp_rank == 0
             and mesh.tp_rank == 0 else None}
 
@@ -308,6 +309,9 @@ def _cmd_train(args: argparse.Namespace) -> int:
                "wall_s": round(r0["wall_s"], 3), "tokens_per_s": round(r0["tokens_per_s"], 1),
                "params": r0["params"], "algorithmic_bytes_sent_all_ranks": r0["sent_bytes_all_ranks"],
                "losses": r0["losses"]}
+    if r0.get("moe") is not None:      # tokens routed to and dropped by each expert, per layer, all ranks together
+        summary["moe"] = {k: [[sum(c) for c in zip(*per_layer)] for per_layer in zip(*(r["moe"][k] for r in results))]
+                          for k in ("routed", "dropped")}
     if args.json:
         print(json.dumps(summary))
     else:
