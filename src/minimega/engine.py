@@ -106,8 +106,9 @@ class Engine:
         self.pipeline: Pipeline | None = None
         # --8<-- [start:compose_order]
         # The caller's model is never modified: TP builds new layers from it, otherwise the engine takes a copy.
-        model = (apply_tensor_parallel(model, mesh, config.sequence_parallel) if config.tp > 1
-                 else copy.deepcopy(model)).to(mesh.device)
+        tensor_parallel = moe_.apply_tensor_parallel if moe_.is_moe(model) else (
+            lambda m, mesh: apply_tensor_parallel(m, mesh, config.sequence_parallel))
+        model = (tensor_parallel(model, mesh) if config.tp > 1 else copy.deepcopy(model)).to(mesh.device)
         apply_activation_checkpointing(model, config.activation_checkpointing, config.checkpoint_every)
         # Mixture of experts: keep this rank's experts; they sync over edp, the rest over dp (see moe).
         self.experts = None

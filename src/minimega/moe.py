@@ -41,8 +41,9 @@ brought them), so they are summed over edp and divided by dp (`ExpertGradSync`).
 Per rank and MoE layer, every all-to-all sends (ep-1)/ep of an (E, B_local·C, D) buffer; forward and
 backward run two each: 4 · (ep-1)/ep · E · B_local · C · D · bytes per layer and step (`alltoall_bytes`).
 
-Not built, and refused by name (`check`): tensor or pipeline parallelism, ZeRO-2/3, bf16/fp16, activation
-checkpointing and gradient clipping with a MoE model.
+Tensor parallelism splits attention, embeddings and head; the MoE layers stay whole on every tp rank
+(`apply_tensor_parallel`). Not built, and refused by name (`check`): sequence or pipeline parallelism,
+ZeRO-2/3, bf16/fp16, activation checkpointing and gradient clipping with a MoE model.
 """
 from __future__ import annotations
 
@@ -281,6 +282,22 @@ class MoEGPT(GPT):
         return logits, self.loss(logits, targets) + self.moe_config.aux_loss_coef * aux
 
 
+def apply_tensor_parallel(model: MoEGPT, mesh) -> "nn.Module":
+    """Attention, embeddings and head split over tp as in `tensor_parallel.ParallelGPT`; the MoE layers stay
+    whole on every tp rank. Their input (the residual stream after attention's all-reduce) is the same on
+    every tp rank, so each runs the same routing, all-to-alls (within its own ep group: ep is carved out
+    of dp, whose groups hold one tp rank) and experts; their gradients are tp replicas, like a LayerNorm's."""
+    from .tensor_parallel import ParallelGPT
+
+    class ParallelMoEGPT(ParallelGPT):
+        forward = MoEGPT.forward
+        moe_layers = MoEGPT.moe_layers
+
+    out = ParallelMoEGPT(model, mesh.tp_group, False)
+    out.moe_config = model.moe_config
+    return out
+
+
 def is_moe(model: nn.Module) -> bool:
     return isinstance(getattr(model, "moe_config", None), MoEConfig)
 
@@ -294,7 +311,8 @@ def check(moe: MoEConfig | None, config, dims) -> None:
         return
     if moe.n_experts % dims.ep:
         raise ValueError(f"ep={dims.ep} does not divide n_experts={moe.n_experts}: each ep rank holds E/ep experts")
-    refused = [("tp", config.tp != 1, "tp=1 (experts are not split over tp here)"),
+    refused = [("sequence_parallel", config.sequence_parallel,
+                "sequence_parallel=False (routing groups are whole sequences; sp would cut them over tp)"),
                ("pp", config.pp != 1, "pp=1"),
                ("zero_stage", config.zero_stage > 1, "zero_stage 0 or 1 (ZeRO-1 shards the non-expert states)"),
                ("precision", config.precision != "fp32", "precision='fp32'"),

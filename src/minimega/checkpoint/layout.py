@@ -196,7 +196,8 @@ def engine_locals(engine) -> list[Local]:
         experts = {}                                   # MoE: expert tensors, held by the edp replicas
         if engine.experts is not None:
             experts = {n: m for n, m in part.named_modules() if getattr(m, "own_grad_sync", False)}
-            edp_rep = (mesh.dp_rank // mesh.ep_size, mesh.dp_size // mesh.ep_size)
+            edp = mesh.dp_size // mesh.ep_size           # replicas: the edp group, times tp (experts stay whole)
+            edp_rep = (mesh.tp_rank * edp + mesh.dp_rank // mesh.ep_size, edp * mesh.tp_size)
             opt = getattr(engine.optimizer, "expert_optimizer", engine.optimizer)
             for key, p in part.named_parameters():
                 module = experts.get(key.rsplit(".", 1)[0])
