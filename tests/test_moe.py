@@ -49,9 +49,9 @@ def reference(model_config, moe_config, config, steps, after=None):
     return state, losses[:steps], counts, final
 
 
-def _cases(cases, save_dir=None):
+def _cases(cases, save_dir=None, save_case=0):
     """Rank function: train each (dp, ep, config) case on its own mesh; report state, losses, counts, bytes.
-    The first case saves a sharded checkpoint into ``save_dir`` when given."""
+    Case ``save_case`` saves a sharded checkpoint into ``save_dir`` when given."""
     out = []
     for i, (dp, ep, config) in enumerate(cases):
         try:
@@ -62,7 +62,7 @@ def _cases(cases, save_dir=None):
                 engine.train_step(batch)
             report = engine.report()
             state = engine.full_state_dict()
-            if save_dir and i == 0:
+            if save_dir and i == save_case:
                 engine.save(save_dir)
             a2a = [e for e in report["comm_events"] if e["op"] == "all_to_all"]
             out.append({"state": state if mesh.rank == 0 else None, "losses": report["losses"],
@@ -81,6 +81,7 @@ CASES = {   # world size -> [(id, dp, ep, TrainConfig overrides)]
 
 
 RESUMED = 2      # steps trained after loading the ep2 checkpoint at ep1
+SAVED = {2: 0, 4: 2}     # the case whose checkpoint is loaded at ep1: dp2-ep2 and tp2-dp2-ep2
 
 
 @pytest.fixture(scope="module")
@@ -93,7 +94,7 @@ def test_expert_parallel_matches_single_process(world, ref, tmp_path):
     ref_state, ref_losses, ref_counts, ref_resumed = ref
     cases = CASES[world]
     results = mm.launch(_cases, world, [(dp, ep, parity_config(ep=ep, **kw)) for _, dp, ep, kw in cases],
-                        str(tmp_path / "ckpt") if world == 2 else None, timeout=600)
+                        str(tmp_path / "ckpt"), SAVED[world], timeout=600)
     for i, (name, dp, ep, kw) in enumerate(cases):
         per_rank = [r[i] for r in results]
         for r in per_rank:
@@ -123,11 +124,11 @@ def test_expert_parallel_matches_single_process(world, ref, tmp_path):
             got_mem = m["params"] + m["grads"] + m["optimizer_states"] + m.get("master", 0)
             assert math.isclose(got_mem, want_mem, rel_tol=1e-3), f"{name}: measured {got_mem} != estimate {want_mem}"
     assert sum(ref_counts["dropped"][0]) > 0          # the capacity is tight enough to drop tokens
-    if world == 2:    # the ep2 checkpoint, resharded onto ep1: same weights, and Adam resumes where it was
-        loaded, resumed = _resume_at_ep1(str(tmp_path / "ckpt"), parity_config(ep=1))
-        assert max_rel_error(loaded, results[0][0]["state"]) == 0.0
-        err = max_rel_error(resumed, ref_resumed)
-        assert err <= 1e-5, f"resumed at ep1: {err:.2e} off the single-process run after {STEPS + RESUMED} steps"
+    # The ep2 checkpoint (and the tp2 × ep2 one), resharded onto one process: same weights, Adam resumes.
+    loaded, resumed = _resume_at_ep1(str(tmp_path / "ckpt"), parity_config(ep=1))
+    assert max_rel_error(loaded, results[0][SAVED[world]]["state"]) == 0.0
+    err = max_rel_error(resumed, ref_resumed)
+    assert err <= 1e-5, f"resumed at ep1: {err:.2e} off the single-process run after {STEPS + RESUMED} steps"
 
 
 def test_one_expert_is_the_dense_model():
