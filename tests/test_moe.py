@@ -239,3 +239,14 @@ def test_cli_trains_a_mixture_of_experts(capsys):
     assert all(0 <= d <= r for lr, ld in zip(out["moe"]["routed"], out["moe"]["dropped"]) for r, d in zip(lr, ld))
     assert main(["train", "--nproc", "2", "--ep", "2", "--steps", "1"]) == 2
     assert "ep=2 needs a mixture-of-experts model" in capsys.readouterr().err
+
+
+def test_ep_groups_are_carved_out_of_dp():
+    """dp 4 × tp 2 (world 8), ep 2: each dp group splits into runs of 2; edp joins the same place in each run."""
+    dims = mm.ParallelDims(dp=4, tp=2, ep=2)
+    assert dims.world_size == 8
+    assert dims.group_ranks("dp") == [[0, 2, 4, 6], [1, 3, 5, 7]]
+    assert dims.group_ranks("ep") == [[0, 2], [4, 6], [1, 3], [5, 7]]
+    assert dims.group_ranks("edp") == [[0, 4], [2, 6], [1, 5], [3, 7]]
+    with pytest.raises(ValueError, match="ep is carved out of dp and must divide it"):
+        mm.ParallelDims(dp=4, ep=3)
