@@ -6,6 +6,7 @@ seed) and wraps it, in this order:
     1. pipeline split   (pp > 1)  keep only this stage's blocks
     2. tensor parallel  (tp > 1)  split attention heads and the MLP across the tp group
     3. activation checkpointing
+    3b. mixture of experts (ep)   keep this rank's experts; they sync over the edp group (`moe`)
     4. precision        (bf16 / fp16 storage, fp32 master weights)
     5. data parallel    (DDP at zero_stage 0, ZeRO stages 1-3 otherwise) over the dp group
 
