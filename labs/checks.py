@@ -1147,3 +1147,70 @@ def check_collective_seconds(fn) -> None:
         _fail("collective_seconds", problems[:6])
     print(f"✓ collective_seconds equals perf.collective_time for {len(ALPHA_BETA_OPS)} ops on "
           f"{len(ALPHA_BETA_CASES)} (n, S, α, β) cases")
+
+# Lab 16: expert capacity.
+
+def _reference_slots(choices: list[list[int]], n_experts: int, capacity: int) -> list[list[int | None]]:
+    """`minimega.moe.assign_slots` on one sequence, as nested lists."""
+    from minimega import moe
+    top_i = torch.tensor(choices).unsqueeze(0)                       # (1, T, k)
+    T, k = top_i.shape[1:]
+    choice, slot, kept = moe.assign_slots(top_i, n_experts, capacity)
+    out = [[None] * k for _ in range(T)]
+    for j in range(k):
+        for t in range(T):
+            e = choices[t][j]
+            if kept[0, j * T + t, e]:
+                out[t][j] = int(slot[0, j * T + t, e])
+    return out
+
+
+def check_moe_slots(fn) -> None:
+    """Compare ``fn(choices, n_experts, capacity)`` with minimega's routing on hand-made and random cases."""
+    cases = [([[0, 1], [0, 1], [0, 2]], 3, 2), ([[1], [1], [1], [0]], 2, 2), ([[0, 1], [1, 0]], 2, 1)]
+    gen = torch.Generator().manual_seed(16)
+    for _ in range(30):
+        E = int(torch.randint(2, 6, (1,), generator=gen))
+        k = int(torch.randint(1, min(3, E) + 1, (1,), generator=gen))
+        T = int(torch.randint(1, 12, (1,), generator=gen))
+        choices = [torch.randperm(E, generator=gen)[:k].tolist() for _ in range(T)]
+        cases.append((choices, E, int(torch.randint(1, T + 1, (1,), generator=gen))))
+    try:
+        fn([[0]], 1, 1)
+    except Exception as exc:  # noqa: BLE001
+        if (msg := _not_done(exc, "assign_slots")):
+            _fail("assign_slots", [msg])
+    problems = []
+    for choices, E, C in cases:
+        want = _reference_slots(choices, E, C)
+        try:
+            got = fn(choices, E, C)
+        except Exception as exc:  # noqa: BLE001
+            problems.append(f"choices={choices}, capacity={C}: raised {type(exc).__name__}: {exc}")
+            continue
+        if got == want:
+            continue
+        where = f"choices={choices}, E={E}, capacity={C}: got {got}, minimega routes {want}"
+        flat = [s for row in got for s in row] if isinstance(got, list) else []
+        if any(s is not None and s >= C for s in flat):
+            problems.append(where + ": a slot number reaches the capacity; slots run 0 .. capacity-1, the rest drop")
+        elif _token_major(choices, E, C) == got:
+            problems.append(where + ": second choices are queued only after every token's first choice "
+                                    "(GShard's priority), not token by token")
+        else:
+            problems.append(where)
+    if problems:
+        _fail("assign_slots", problems[:6])
+    print(f"✓ assign_slots matches minimega's routing on {len(cases)} sequences, drops included")
+
+
+def _token_major(choices, n_experts, capacity):
+    """The common mistake: queue token 0's choices, then token 1's, ..."""
+    filled, out = [0] * n_experts, []
+    for c in choices:
+        row = []
+        for e in c:
+            row.append(filled[e] if filled[e] < capacity else None)
+            filled[e] += 1
+        out.append(row)
+    return out

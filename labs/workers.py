@@ -159,3 +159,23 @@ def timed_train(model: str, configs: list, steps: int = 4, seq_len: int = 32) ->
             times.append(time.perf_counter() - t)
         out.append(statistics.median(times[1:]))
     return out
+
+
+def train_moe(config: mm.TrainConfig, n_experts: int = 4, top_k: int = 2, capacity_factor: float = 1.25,
+              steps: int = 3, seq_len: int = 32) -> dict:
+    """Train the tiny mixture-of-experts GPT (`minimega.moe`) with ``config.ep`` expert parallelism.
+
+    Returns ``Engine.report()`` (its ``"moe"`` entry: this rank's tokens routed to and dropped by each
+    expert, per layer) plus ``"model"``, ``"moe_config"`` and ``"n_params"``.
+    """
+    from minimega import moe
+    world = dist.get_world_size() if dist.is_initialized() else 1
+    mesh = mm.init_mesh(mm.ParallelDims(dp=world, ep=config.ep))
+    model_config = mm.GPTConfig.tiny(block_size=seq_len)
+    moe_config = moe.MoEConfig(n_experts=n_experts, top_k=top_k, capacity_factor=capacity_factor)
+    torch.manual_seed(config.seed)
+    full = moe.MoEGPT(model_config, moe_config)
+    engine = mm.initialize(full, config, mesh)
+    for batch in data.batches(mesh, steps, config.batch_size, seq_len, seed=config.seed):
+        engine.train_step(batch)
+    return {"n_params": full.num_params(), "model": model_config, "moe_config": moe_config, **engine.report()}

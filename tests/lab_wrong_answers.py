@@ -573,3 +573,24 @@ def alpha_beta_send_recv_as_ring(op, size, n, alpha, beta):
     if op == "send_recv":
         op = "all_gather"
     return 0.0 if n == 1 else _steps(op, n) * alpha + _steps(op, n) / n * size / beta
+
+def slots_token_major(choices, n_experts, capacity):
+    """Queues token by token (both of token 0's choices, then token 1's): not GShard's priority."""
+    filled, out = [0] * n_experts, []
+    for c in choices:
+        out.append([filled[e] if filled[e] < capacity else None for e in c])
+        for e in c:
+            filled[e] += 1
+    return out
+
+
+def slots_one_too_many(choices, n_experts, capacity):
+    """Keeps capacity + 1 tokens per expert (slot <= capacity)."""
+    filled = [0] * n_experts
+    out = [[None] * len(c) for c in choices]
+    for j in range(max(len(c) for c in choices)):
+        for t, c in enumerate(choices):
+            if filled[c[j]] <= capacity:
+                out[t][j] = filled[c[j]]
+            filled[c[j]] += 1
+    return out

@@ -31,7 +31,8 @@ EXERCISES = {"memory": (["model_state_bytes"], checks.check_model_state_bytes),
              "offload": (["bytes_by_location"], checks.check_offload),
              "fsdp_shard": (["fsdp_local_shard"], checks.check_fsdp_shard),
              "rank_grid": (["group_ranks"], checks.check_rank_grid),
-             "alpha_beta": (["collective_seconds"], checks.check_collective_seconds)}
+             "alpha_beta": (["collective_seconds"], checks.check_collective_seconds),
+             "moe_slots": (["assign_slots"], checks.check_moe_slots)}
 
 
 def _load(package, name):
@@ -263,4 +264,14 @@ def test_rank_grid_check_names_the_mistake(answer, says):
 def test_alpha_beta_check_names_the_mistake(answer, says):
     with pytest.raises(checks.ExerciseError, match="collective_seconds") as info:
         checks.check_collective_seconds(answer)
+    assert says in str(info.value)
+
+
+@pytest.mark.parametrize("answer, says", [
+    (wrong.slots_token_major, "every token's first choice"),
+    (wrong.slots_one_too_many, "slots run 0 .. capacity-1"),
+], ids=lambda v: v.__name__ if callable(v) else "")
+def test_moe_slots_check_names_the_mistake(answer, says):
+    with pytest.raises(checks.ExerciseError, match="assign_slots") as info:
+        checks.check_moe_slots(answer)
     assert says in str(info.value)

@@ -192,6 +192,9 @@ REFERENCE = {
     "checkpoint-shard-gb": lambda psi, n: 14 * psi / n,
     "checkpoint-seconds": lambda psi, bw: 14 * psi / bw,
     "fsdp-full-shard-gb": lambda psi, n: 16 * psi / n,
+    "expert-capacity-slots": lambda t, e, k, cf: min(t, math.ceil(cf * k * t / e)),
+    "ep-alltoall-gb-per-step": lambda layers, d, ep, e, b: (4 * layers * (ep - 1) / ep * e * b
+                                                           * math.ceil(1.25 * 2 * 4096 / e) * d * 2 / 1e9),
     "hsdp-gb": lambda psi, g, nodes: 16 * psi / g,
     "gathered-block-mb": lambda h, r, k: k * 2 * (4 * h * h + 2 * r * h * h) / 1e6,
     # chapter 12: Narayanan et al. (2021) Eq. 3 and Eq. 4, and GPU-hours x price, written out again

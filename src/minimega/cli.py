@@ -83,8 +83,23 @@ def _train_parser(sub) -> None:
     p.add_argument("--min-nproc", type=int, default=None,
                    help="let a restart drop the failed ranks and continue on as few as M ranks, resharding on "
                         "load (default: --nproc, i.e. always restart at full size)")
+    p.add_argument("--experts", type=int, default=None,
+                   help="make every MLP a mixture of N experts (minimega.moe; default: dense)")
+    p.add_argument("--top-k", type=int, default=None, help="with --experts: experts per token (default: 2)")
+    p.add_argument("--capacity-factor", type=float, default=None,
+                   help="with --experts: slots per expert = factor * top_k * T / E per sequence (default: 1.25)")
     _add_config_flags(p)
     p.set_defaults(func=_cmd_train)
+
+
+def _moe_config(args: argparse.Namespace):
+    """The MoEConfig the --experts/--top-k/--capacity-factor flags ask for, or None (a dense model)."""
+    from .moe import MoEConfig
+    given = {k: v for k, v in (("n_experts", args.experts), ("top_k", args.top_k),
+                               ("capacity_factor", args.capacity_factor)) if v is not None}
+    if given and "n_experts" not in given:
+        raise ValueError("--top-k and --capacity-factor need --experts N (they shape a mixture of experts)")
+    return MoEConfig(**given) if given else None
 
 
 def build_train_config(args: argparse.Namespace, dp: int) -> TrainConfig:
@@ -119,7 +134,7 @@ def _maybe_fault(rank: int, step: int) -> None:
 
 
 def train_worker(preset: str, config: TrainConfig, steps: int, show: bool, ckpt: dict | None = None,
-                 show_schedule: bool = False) -> dict:
+                 show_schedule: bool = False, moe=None) -> dict:
     """What every rank of ``minimega train`` runs; rank 0 draws the progress bar.
 
     ``steps`` more steps are run from wherever the job starts, unless ``ckpt["until"]`` names the step to
@@ -133,10 +148,14 @@ def train_worker(preset: str, config: TrainConfig, steps: int, show: bool, ckpt:
     from .launch import current_world_size, report_step
     from .model import GPT
 
-    dims = ParallelDims.infer(current_world_size(), tp=config.tp, pp=config.pp)
+    dims = dataclasses.replace(ParallelDims.infer(current_world_size(), tp=config.tp, pp=config.pp), ep=config.ep)
     mesh = init_mesh(dims)
     torch.manual_seed(config.seed)
-    model = GPT(GPTConfig.preset(preset))
+    if moe is not None:
+        from .moe import MoEGPT
+        model = MoEGPT(GPTConfig.preset(preset), moe)
+    else:
+        model = GPT(GPTConfig.preset(preset))
     engine = initialize(model, config, mesh)
     ckpt = ckpt or {}
     if ckpt.get("resume"):
@@ -169,6 +188,7 @@ def train_worker(preset: str, config: TrainConfig, steps: int, show: bool, ckpt:
             "tokens_per_s": tokens_per_step * steps / wall if steps else 0.0,
             "sent_bytes_rank": sent, "sent_bytes_all_ranks": total_sent,
             "params": model.num_params(), "memory": engine.memory(),
+            "moe": engine.experts.counts() if engine.experts is not None else None,
             "pipeline_timeline": engine.pipeline.events if show_schedule and engine.pipeline and mesh.dp_rank == 0
             and mesh.tp_rank == 0 else None}
 
@@ -206,7 +226,7 @@ def _run_elastic(args: argparse.Namespace, config: TrainConfig, ckpt: dict, min_
         os.environ[RESTART_ENV] = str(attempt)        # the ranks get the launcher's environment as it is now
         try:
             return launch(train_worker, nproc, args.preset, config, args.steps, not args.json, ckpt,
-                          args.show_schedule, backend=args.backend, timeout=args.timeout)
+                          args.show_schedule, _moe_config(args), backend=args.backend, timeout=args.timeout)
         except WorkerError as err:
             if attempt >= args.max_restarts:
                 raise
@@ -247,12 +267,13 @@ def _cmd_train(args: argparse.Namespace) -> int:
         raise SystemExit(f"minimega train: --nproc must be >= 1, got {args.nproc}")
     tp, pp = args.tp or 1, args.pp or 1
     dims = ParallelDims.infer(args.nproc, tp=tp, pp=pp)
+    dims = dataclasses.replace(dims, ep=args.ep or 1)
     if args.dp is not None:
         ParallelDims(dp=args.dp, tp=tp, pp=pp).check(args.nproc)
     config = build_train_config(args, dims.dp)
     from .engine import validate
-    validate(GPTConfig.preset(args.preset), config, dims)     # before any rank starts
-    print(f"minimega train: {args.nproc} rank(s), dp={dims.dp} tp={dims.tp} pp={dims.pp}, zero_stage="
+    validate(GPTConfig.preset(args.preset), config, dims, _moe_config(args))     # before any rank starts
+    print(f"minimega train: {args.nproc} rank(s), dp={dims.dp} tp={dims.tp} pp={dims.pp} ep={dims.ep}, zero_stage="
           f"{config.zero_stage}, preset {args.preset}, {args.steps} steps", file=sys.stderr)
     if args.resume:
         from . import checkpoint
@@ -288,6 +309,9 @@ def _cmd_train(args: argparse.Namespace) -> int:
                "wall_s": round(r0["wall_s"], 3), "tokens_per_s": round(r0["tokens_per_s"], 1),
                "params": r0["params"], "algorithmic_bytes_sent_all_ranks": r0["sent_bytes_all_ranks"],
                "losses": r0["losses"]}
+    if r0.get("moe") is not None:      # tokens routed to and dropped by each expert, per layer, all ranks together
+        summary["moe"] = {k: [[sum(c) for c in zip(*per_layer)] for per_layer in zip(*(r["moe"][k] for r in results))]
+                          for k in ("routed", "dropped")}
     if args.json:
         print(json.dumps(summary))
     else:

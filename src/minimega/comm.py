@@ -389,6 +389,9 @@ def broadcast(tensor: torch.Tensor, src: int, group: Group, *, async_op: bool = 
 
 def all_to_all(output: torch.Tensor, input: torch.Tensor, group: Group, *, tag: str = "") -> torch.Tensor:
     """Rank i sends chunk j of ``input`` (n equal chunks) to rank j and receives rank j's chunk i in ``output``."""
+    if not (input.is_contiguous() and output.is_contiguous()):
+        raise ValueError("all_to_all: input and output must be contiguous (the chunks are read and written as "
+                         "flat memory); pass tensor.contiguous() and torch.empty(shape) buffers")
     if group.size == 1:
         return output.copy_(input)
     rec = _record("all_to_all", group, input, input.numel(), tag)

@@ -20,7 +20,7 @@ import torch
 import torch.nn as nn
 
 from . import clock, comm
-from .grad_sync import GradSync
+from .grad_sync import GradSync, dp_named_parameters
 
 
 class _Bucket:
@@ -46,7 +46,7 @@ class DataParallel(GradSync, nn.Module):
         self.module, self.group = module, group
         self.timeline: list[dict] = []
         self.clock = clock.HostClock()           # the engine lends its own (CUDA events on a GPU)
-        params = [p for p in module.parameters() if p.requires_grad]
+        params = [p for _, p in dp_named_parameters(module) if p.requires_grad]
         if broadcast_init:
             with torch.no_grad():
                 for p in params:
@@ -99,12 +99,12 @@ class DataParallel(GradSync, nn.Module):
         """Σ weight(name)·‖g‖² over the module's gradients (float64, not reduced over any group)."""
         device = next(self.module.parameters()).device
         sq = torch.zeros((), dtype=torch.float64, device=device)
-        for name, p in self.module.named_parameters():
+        for name, p in dp_named_parameters(self.module):
             if p.grad is not None:
                 sq += (weight(name) if weight else 1.0) * p.grad.detach().double().pow(2).sum()
         return sq
 
     def scale_grads_(self, coef: float) -> None:
-        for p in self.module.parameters():
+        for _, p in dp_named_parameters(self.module):
             if p.grad is not None:
                 p.grad.mul_(coef)

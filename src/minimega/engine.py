@@ -6,6 +6,7 @@ seed) and wraps it, in this order:
     1. pipeline split   (pp > 1)  keep only this stage's blocks
     2. tensor parallel  (tp > 1)  split attention heads and the MLP across the tp group
     3. activation checkpointing
+    3b. mixture of experts (ep)   keep this rank's experts; they sync over the edp group (`moe`)
     4. precision        (bf16 / fp16 storage, fp32 master weights)
     5. data parallel    (DDP at zero_stage 0, ZeRO stages 1-3 otherwise) over the dp group
 
@@ -22,7 +23,7 @@ steps the optimizer and returns the global mean loss.
 from __future__ import annotations
 
 import copy
-from contextlib import nullcontext
+from contextlib import ExitStack, nullcontext
 
 import torch
 
@@ -34,6 +35,7 @@ from .data_parallel import DataParallel
 from .grad_sync import clip_grad_norm_
 from .mesh import Mesh, ParallelDims
 from .model import GPT
+from . import moe as moe_
 from .pipeline import Pipeline, check as check_pipeline
 from .rng import RNGStream
 from .tensor_parallel import full_like_param, apply_tensor_parallel, check_divisible
@@ -45,11 +47,12 @@ _SUPPORTED = {"zero_stage": {0, 1, 2, 3}, "precision": {"fp32", "bf16", "fp16"},
 _PIPELINE_ONLY = {"schedule": "1f1b", "micro_batches": 1, "virtual_stages": 1}
 
 
-def validate(model_config: GPTConfig, config: TrainConfig, dims: ParallelDims) -> None:
+def validate(model_config: GPTConfig, config: TrainConfig, dims: ParallelDims, moe=None) -> None:
     """Every check that can fail, made before any rank starts (no process group needed), with the fix in the message.
 
     Together with `TrainConfig`'s own checks this decides, for any layout, whether the engine trains it;
-    `tests/test_composition.py` enumerates the whole space through it.
+    `tests/test_composition.py` enumerates the whole space through it. ``moe``: the model's
+    `moe.MoEConfig` when it is a mixture of experts (what composes with it: `moe.check`).
     """
     for name, allowed in _SUPPORTED.items():
         if getattr(config, name) not in allowed:
@@ -58,6 +61,10 @@ def validate(model_config: GPTConfig, config: TrainConfig, dims: ParallelDims) -
     if config.tp != dims.tp or config.pp != dims.pp:
         raise ValueError(f"TrainConfig(tp={config.tp}, pp={config.pp}) does not match the mesh "
                          f"(tp={dims.tp}, pp={dims.pp}); build the mesh from the same numbers")
+    if config.ep != dims.ep:
+        raise ValueError(f"TrainConfig(ep={config.ep}) does not match the mesh (ep={dims.ep}); build the mesh "
+                         f"from the same numbers")
+    moe_.check(moe, config, dims)
     config.rows_per_micro_step(dims.dp)
     if config.pp > 1:
         check_pipeline(config.schedule, config.pp, config.micro_batches, config.virtual_stages, model_config.n_layer)
@@ -94,15 +101,21 @@ class Engine:
     """Trains one rank's part of the model; see the module docstring for the order of wrapping."""
 
     def __init__(self, model: GPT, config: TrainConfig, mesh: Mesh):
-        validate(model.config, config, mesh.dims)
-        self.model_config = model.config
+        validate(model.config, config, mesh.dims, getattr(model, "moe_config", None))
+        self.model_config = moe_.MoEGPTConfig.of(model) if moe_.is_moe(model) else model.config
         self._keys = list(model.state_dict())
         self.pipeline: Pipeline | None = None
         # --8<-- [start:compose_order]
         # The caller's model is never modified: TP builds new layers from it, otherwise the engine takes a copy.
-        model = (apply_tensor_parallel(model, mesh, config.sequence_parallel) if config.tp > 1
-                 else copy.deepcopy(model)).to(mesh.device)
+        tensor_parallel = moe_.apply_tensor_parallel if moe_.is_moe(model) else (
+            lambda m, mesh: apply_tensor_parallel(m, mesh, config.sequence_parallel))
+        model = (tensor_parallel(model, mesh) if config.tp > 1 else copy.deepcopy(model)).to(mesh.device)
         apply_activation_checkpointing(model, config.activation_checkpointing, config.checkpoint_every)
+        # Mixture of experts: keep this rank's experts; they sync over edp, the rest over dp (see moe).
+        self.experts = None
+        if moe_.is_moe(model):
+            moe_.shard_experts(model, mesh.ep_group, mesh.ep_rank)
+            self.experts = moe_.ExpertGradSync(model, mesh.edp_group, mesh.dp_size)
         self.config, self.mesh, self.module = config, mesh, model
 
         def data_parallel(module):       # ZeRO shards the optimizer itself (the wrapper steps); DDP does not
@@ -127,6 +140,9 @@ class Engine:
             self.optimizer = make_optimizer(self.module.parameters(), config)
         else:
             self.optimizer = ChunkOptimizers(wrappers) if config.pp > 1 else self.model
+            if self.experts is not None:      # ZeRO shards the rest; the experts step replicated over edp
+                self.optimizer = moe_.WithExperts(self.optimizer, self.experts, make_optimizer(
+                    self.experts.params, config))
         self.memory_at_step: dict = {}
         self._peak = measure.PeakTracker(lambda: measure.state_tensors(wrappers, None if config.zero_stage else self.optimizer))
         self.comm_log = comm.CommLog()
@@ -159,7 +175,7 @@ class Engine:
             for i, (xm, ym) in enumerate(micro_steps):
                 # DDP and ZeRO-1 accumulate locally and reduce the sum once; ZeRO-2/3 reduce every micro-step.
                 sync = i == ga - 1 or self.model.reduce_every_micro_step
-                with (nullcontext() if sync else self.model.no_sync()):
+                with (nullcontext() if sync else self._no_sync()):
                     self._event("forward_start", micro=i)
                     _, loss = self.model(xm, ym)
                     self._event("backward_start", micro=i)
@@ -167,6 +183,8 @@ class Engine:
                     scaled.backward()
                     self._event("backward_end", micro=i)
                     self.model.finish_grad_sync()         # the end of this backward (see grad_sync)
+                    if self.experts is not None:
+                        self.experts.finish_grad_sync()
                 total += loss.detach()
             norm = self._clip()
             self.optimizer.step()
@@ -183,6 +201,12 @@ class Engine:
             self.grad_norms.append(norm)
         self.step += 1
         return loss
+
+    def _no_sync(self):
+        stack = ExitStack()
+        for part in [self.model] + ([self.experts] if self.experts is not None else []):
+            stack.enter_context(part.no_sync())
+        return stack
 
     def _clip(self) -> float | None:
         """Clip by the global gradient norm, whatever the layout (see `grad_sync.clip_grad_norm_`)."""
@@ -211,6 +235,8 @@ class Engine:
         for part, wrapper in self._holders():
             state = wrapper.full_state_dict() if self.config.zero_stage else part.state_dict()
             local.update({k: self._full(part, k, v).float() for k, v in state.items()})
+        if self.experts is not None:          # every expert whole: gathered over ep
+            local.update(self.experts.full_state_dict())
         return self._merge_stages(local)
 
     def _holders(self):
@@ -238,7 +264,7 @@ class Engine:
         return {
             "rank": self.mesh.rank,
             "layout": {"dp": self.mesh.dp_size, "tp": self.mesh.tp_size, "pp": self.mesh.pp_size,
-                       "zero_stage": self.config.zero_stage},
+                       "ep": self.mesh.ep_size, "zero_stage": self.config.zero_stage},
             "losses": list(self.losses),
             "grad_norms": list(self.grad_norms),
             "memory": self.memory(),
@@ -249,6 +275,7 @@ class Engine:
             "comm_events": self.comm_log.events(),
             "timeline": self._clock.resolve(self.timeline + self.model.timeline),
             **({"pipeline": self.pipeline.bubble()} if self.pipeline is not None else {}),
+            **({"moe": self.experts.counts()} if self.experts is not None else {}),
         }
 
 
@@ -256,7 +283,8 @@ class Engine:
 
     def layout(self) -> dict:
         return {"world": self.mesh.world_size, "dp": self.mesh.dp_size, "tp": self.mesh.tp_size,
-                "pp": self.mesh.pp_size, "zero_stage": self.config.zero_stage}
+                "pp": self.mesh.pp_size, "zero_stage": self.config.zero_stage,
+                **({"ep": self.mesh.ep_size} if self.experts is not None else {})}
 
     def rng_state(self) -> dict[str, torch.Tensor]:
         """This rank's random states as uint8 tensors: the default CPU generator, the tp dropout stream
@@ -307,6 +335,7 @@ class Engine:
         """Resume from a checkpoint saved under any layout; returns its step."""
         from . import checkpoint
         return checkpoint.load(self, directory)
+
 
 
 def initialize(model: GPT, config: TrainConfig, mesh: Mesh) -> Engine:

@@ -256,6 +256,43 @@ def gpt_params(n_layer: int, d_model: int, vocab: int, seq_len: int, *, tied: bo
     return n_layer * per_block + vocab * h + seq_len * h + final_ln + (0 if tied else vocab * h)
 
 
+# --8<-- [start:moe_estimate]
+def moe_capacity(seq_len: int, n_experts: int, top_k: int, capacity_factor: float) -> int:
+    """Slots per expert in one sequence: min(T, ceil(capacity_factor · k · T / E)) (`minimega.moe`)."""
+    return max(1, min(seq_len, math.ceil(capacity_factor * top_k * seq_len / n_experts)))
+
+
+def moe_params(n_layer: int, d_model: int, vocab: int, seq_len: int, n_experts: int) -> tuple[int, int]:
+    """(non-expert, expert) parameters of minimega's `MoEGPT` (no biases, untied head).
+
+    Each block's 8D² MLP becomes E experts of 8D² and a D·E router; the rest is `gpt_params`'s GPT.
+    """
+    dense = gpt_params(n_layer, d_model, vocab, seq_len, tied=False, bias=False)
+    experts = n_layer * n_experts * 8 * d_model * d_model
+    return dense - n_layer * 8 * d_model * d_model + n_layer * d_model * n_experts, experts
+
+
+def moe_model_state_bytes(n_dense: float, n_expert: float, dp: int, ep: int, stage: int,
+                          precision: str = "mixed") -> float:
+    """Model-state bytes per rank with expert parallelism carved out of dp.
+
+    The non-expert parameters follow ZeRO over dp (`model_state_bytes`); a rank holds E/ep of the experts,
+    whole (replicated over the dp/ep ranks of its edp group, reduced there by an all-reduce as in DDP).
+    """
+    if dp % ep:
+        raise ValueError(f"ep={ep} must divide dp={dp}")
+    return model_state_bytes(n_dense, dp, stage, precision) + model_state_bytes(n_expert / ep, 1, 0, precision)
+
+
+def moe_alltoall_bytes(n_layer: int, rows: int, seq_len: int, d_model: int, ep: int, n_experts: int,
+                       top_k: int, capacity_factor: float, bytes_per_elem: int = 4) -> float:
+    """Bytes one rank sends in a training step's all-to-alls: 4 per MoE layer (dispatch and combine, forward
+    and backward), each (ep-1)/ep of the (E, rows · C, D) slot buffer; ``rows``: this rank's sequences."""
+    slots = n_experts * rows * moe_capacity(seq_len, n_experts, top_k, capacity_factor) * d_model
+    return 4 * n_layer * (ep - 1) / ep * slots * bytes_per_elem
+# --8<-- [end:moe_estimate]
+
+
 # --8<-- [start:flops]
 def flops_per_token(n_params: float, n_layer: int, n_head: int, head_dim: int, seq_len: int) -> float:
     """Training FLOPs per token, PaLM App. B: 6N + 12·L·H·Q·T (forward 1/3, backward 2/3).

@@ -69,6 +69,9 @@ TABLE: tuple[tuple[str, str, str, str], ...] = (
      "parallelism.tensor_parallel_degree"),
     ("pp", "— on Megatron-DeepSpeed's command line", "--pipeline-model-parallel-size",
      "parallelism.pipeline_parallel_degree"),
+    ("ep", "— expert parallelism is set in DeepSpeed-MoE's model code (MoE(ep_size=…)), not ds_config.json",
+     "— the exported model is dense (minimega.moe models are not exported)",
+     "— the exported model is dense (minimega.moe models are not exported)"),
     ("zero_stage", "zero_optimization.stage",
      "1: --use-distributed-optimizer; 2, 3: + --use-megatron-fsdp --data-parallel-sharding-strategy "
      "optim_grads|optim_grads_params",
@@ -155,6 +158,9 @@ def to_deepspeed(cfg: TrainConfig, dp: int, *, megatron: bool = False) -> dict:
         ExportError: a setting ds_config.json cannot hold, named.
     """
     target = "deepspeed"
+    if _get(cfg, "ep") != 1:
+        raise _refuse(target, "ep", _get(cfg, "ep"), "the exported model is dense; minimega.moe models are not "
+                      "exported (set ep=1)")
     if not megatron and (set_here := [n for n in _MEGATRON_SIDE if _get(cfg, n) != _default(n)]):
         named = ", ".join(f"{n}={_get(cfg, n)!r}" for n in set_here)
         raise ExportError(f"export to deepspeed: {named} cannot be expressed: ds_config.json has no such keys; "
@@ -335,6 +341,9 @@ def to_megatron(cfg: TrainConfig, dp: int, model: GPTConfig) -> list[str]:
     weight decay 0.01, beta2 0.999, linear lr decay, dropout 0.1, seed 1234).
     """
     target = "megatron"
+    if _get(cfg, "ep") != 1:
+        raise _refuse(target, "ep", _get(cfg, "ep"), "the exported model is dense; minimega.moe models are not "
+                      "exported (set ep=1)")
     a: list[tuple[str, object]] = [("--tensor-model-parallel-size", cfg.tp), ("--pipeline-model-parallel-size", cfg.pp)]
     if cfg.pp > 1:
         if cfg.schedule == "gpipe":
@@ -427,6 +436,9 @@ TORCHTITAN_KEYS = {
 def torchtitan_sections(cfg: TrainConfig, dp: int, model: GPTConfig) -> dict[str, dict]:
     """torchtitan's job config for the run, as {section: {key: value}}."""
     target = "torchtitan"
+    if _get(cfg, "ep") != 1:
+        raise _refuse(target, "ep", _get(cfg, "ep"), "the exported model is dense; minimega.moe models are not "
+                      "exported (set ep=1)")
 
     def refuse_unless_default(name, why):
         if _get(cfg, name) != _default(name):

@@ -39,6 +39,16 @@ from .comm import Group
 from .tensor_parallel import sharded_params
 
 
+def dp_named_parameters(module: nn.Module) -> list[tuple[str, nn.Parameter]]:
+    """The parameters a dp wrapper (DDP, ZeRO) owns: all but those of submodules marked ``own_grad_sync``.
+
+    The experts of a mixture-of-experts layer (`minimega.moe.Experts`) differ between the ranks of an ep
+    group and are reduced over their own replica group, so the dp wrappers neither broadcast nor reduce them.
+    """
+    own = {id(p) for m in module.modules() if getattr(m, "own_grad_sync", False) for p in m.parameters()}
+    return [(n, p) for n, p in module.named_parameters() if id(p) not in own]
+
+
 # --8<-- [start:protocol]
 class GradSync(ABC):
     """Mixin for the wrappers that reduce gradients over dp: buckets, hooks, ``no_sync`` and ``finish_grad_sync``.

@@ -27,12 +27,18 @@ class ParallelDims:
     dp: int = 1
     tp: int = 1
     pp: int = 1
+    ep: int = 1
+    """Expert parallelism: carved out of dp (not a factor of the world): each group of ep consecutive dp
+    ranks splits a mixture-of-experts layer's experts; see `minimega.moe`."""
 
     def __post_init__(self):
-        for name in ("dp", "tp", "pp"):
+        for name in ("dp", "tp", "pp", "ep"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"ParallelDims: {name} must be a positive integer, got {value!r}")
+        if self.dp % self.ep:
+            raise ValueError(f"ParallelDims(dp={self.dp}, ep={self.ep}): ep is carved out of dp and must divide it "
+                             f"(dp % ep = {self.dp % self.ep})")
 
     @property
     def world_size(self) -> int:
@@ -59,7 +65,16 @@ class ParallelDims:
         return (pp_rank * self.dp + dp_rank) * self.tp + tp_rank
 
     def group_ranks(self, dim: str) -> list[list[int]]:
-        """Every group along one mesh dimension ('dp', 'tp' or 'pp'), as lists of global ranks."""
+        """Every group along one mesh dimension ('dp', 'tp' or 'pp'), as lists of global ranks.
+
+        'ep' cuts each dp group into runs of ep consecutive members; 'edp' (expert data parallel) joins the
+        members with the same place in their run: dp group [0, 2, 4, 6], ep 2 -> ep [0, 2], [4, 6]; edp [0, 4], [2, 6].
+        """
+        if dim in ("ep", "edp"):
+            rows, ep = self.group_ranks("dp"), self.ep
+            if dim == "ep":
+                return [r[i:i + ep] for r in rows for i in range(0, len(r), ep)]
+            return [r[j::ep] for r in rows for j in range(ep)]
         grid = torch.arange(self.world_size).view(self.pp, self.dp, self.tp)
         axis = {"pp": 0, "dp": 1, "tp": 2}[dim]
         moved = grid.movedim(axis, -1).reshape(-1, grid.shape[axis])    # (groups, size of dim)
@@ -78,6 +93,10 @@ class Mesh:
     dp_group: Group
     tp_group: Group
     pp_group: Group
+    ep_group: Group | None = None
+    """Expert parallel: this rank's run of ep dp ranks (see `ParallelDims.group_ranks`); None: size one."""
+    edp_group: Group | None = None
+    """Expert data parallel: the dp ranks holding the same experts; None: the dp group (ep = 1)."""
 
     @property
     def world_size(self) -> int:
@@ -89,6 +108,8 @@ class Mesh:
     dp_rank = property(lambda self: self.dims.coords(self.rank)[1])
     tp_rank = property(lambda self: self.dims.coords(self.rank)[2])
     pp_rank = property(lambda self: self.dims.coords(self.rank)[0])
+    ep_size = property(lambda self: self.dims.ep)
+    ep_rank = property(lambda self: self.dp_rank % self.dims.ep)
 
     @property
     def is_first_stage(self) -> bool:
@@ -125,7 +146,7 @@ def init_mesh(dims: ParallelDims | None = None) -> Mesh:
         device = torch.device("cpu")
         solo = Group(None, [0], "world")
         return Mesh(dims, 0, "none", device, solo, Group(None, [0], "dp"), Group(None, [0], "tp"),
-                    Group(None, [0], "pp"))
+                    Group(None, [0], "pp"), Group(None, [0], "ep"), Group(None, [0], "edp"))
     world, rank = dist.get_world_size(), dist.get_rank()
     dims.check(world)
     backend = dist.get_backend()
@@ -135,11 +156,13 @@ def init_mesh(dims: ParallelDims | None = None) -> Mesh:
         device = torch.device("cuda", local_device_index(rank))
         torch.cuda.set_device(device)
     groups = {}
-    for dim in ("dp", "tp", "pp"):
+    for dim in ("dp", "tp", "pp") + (("ep", "edp") if dims.ep > 1 else ()):
         for ranks in dims.group_ranks(dim):
             # Every rank creates every group in the same order; size-one groups need no process group.
             pg = dist.new_group(ranks) if len(ranks) > 1 else None
             if rank in ranks:
                 groups[dim] = Group(pg, ranks, dim)
     world_group = Group(dist.group.WORLD if world > 1 else None, list(range(world)), "world")
-    return Mesh(dims, rank, backend, device, world_group, groups["dp"], groups["tp"], groups["pp"])
+    ep = groups.get("ep", Group(None, [rank], "ep"))
+    edp = groups.get("edp", Group(groups["dp"].pg, groups["dp"].ranks, "edp"))
+    return Mesh(dims, rank, backend, device, world_group, groups["dp"], groups["tp"], groups["pp"], ep, edp)

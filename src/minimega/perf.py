@@ -365,6 +365,14 @@ def days_and_cost(result: dict, tokens: float, price_per_gpu_hour: float, global
     return {"days": seconds / 86400, "gpu_hours": hours, "cost": est.run_cost(hours, price_per_gpu_hour)}
 
 
+def moe_alltoall_time(n_layer: int, rows: int, seq_len: int, d_model: int, ep: int, n_experts: int, top_k: int,
+                      capacity_factor: float, link: Link, bytes_per_elem: int = 2) -> float:
+    """Seconds of one step's expert-parallel all-to-alls: 4 per MoE layer (dispatch and combine, forward and
+    backward), each over the (E, rows · C, D) slot buffer (`estimate.moe_alltoall_bytes`), α-β pairwise."""
+    size = n_experts * rows * est.moe_capacity(seq_len, n_experts, top_k, capacity_factor) * d_model * bytes_per_elem
+    return 4 * n_layer * collective_time("all_to_all", size, ep, link)
+
+
 def preset_config(name: str, **overrides) -> PerfConfig:
     """A `PerfConfig` from an `estimate.PRESETS` shape (its layout too), global batch from its m, plus overrides."""
     if name not in est.PRESETS:

@@ -374,8 +374,9 @@ class ParallelGPT(GPT):
             if sequence_parallel:
                 block.attn.resid_dropout = _StreamDropout(block.attn.resid_dropout, self.rng)
                 block.mlp.dropout = _StreamDropout(block.mlp.dropout, self.rng)
-            block.mlp.fc = ColumnParallelLinear(block.mlp.fc, group, sequence_parallel=sequence_parallel)
-            block.mlp.proj = RowParallelLinear(block.mlp.proj, group, sequence_parallel=sequence_parallel)
+            if not hasattr(block.mlp, "experts"):          # a mixture of experts stays whole (`minimega.moe`)
+                block.mlp.fc = ColumnParallelLinear(block.mlp.fc, group, sequence_parallel=sequence_parallel)
+                block.mlp.proj = RowParallelLinear(block.mlp.proj, group, sequence_parallel=sequence_parallel)
         self.lm_head = ColumnParallelLinear(model.lm_head, group, sequence_parallel=sequence_parallel, pad=True)
         if sequence_parallel:
             self.drop = _StreamDropout(self.drop, self.rng)

@@ -102,6 +102,9 @@ def _dim_maps(module, local_shape: tuple[int, ...]):
     maps = [same] * len(local_shape)
     if module is None:
         return maps
+    if getattr(module, "own_grad_sync", False):              # MoE experts: rows [offset, offset + E/ep) of E
+        maps[0] = lambda lo, hi: [(lo, hi, lo + module.offset)]
+        return maps
     rank = group_rank(module.group)
     if isinstance(module, ColumnParallelLinear):           # rows; per stacked block ([q; k; v]); padded vocab
         q = local_shape[0] // module.partitions            # this rank's rows of one block
@@ -190,6 +193,20 @@ def engine_locals(engine) -> list[Local]:
     for part, wrapper in engine._holders():
         tp_of = sharded_params(part)
         tp_rep = (mesh.tp_rank, mesh.tp_size)
+        experts = {}                                   # MoE: expert tensors, held by the edp replicas
+        if engine.experts is not None:
+            experts = {n: m for n, m in part.named_modules() if getattr(m, "own_grad_sync", False)}
+            edp = mesh.dp_size // mesh.ep_size           # replicas: the edp group, times tp (experts stay whole)
+            edp_rep = (mesh.tp_rank * edp + mesh.dp_rank // mesh.ep_size, edp * mesh.tp_size)
+            opt = getattr(engine.optimizer, "expert_optimizer", engine.optimizer)
+            for key, p in part.named_parameters():
+                module = experts.get(key.rsplit(".", 1)[0])
+                if module is None:
+                    continue
+                for kind, t in [("param", p.detach())] + sorted(opt.state.get(p, {}).items()):
+                    shape = () if t.dim() == 0 else tuple(p.shape)
+                    out.append(Local(kind, key, t.detach().reshape(-1) if shape else t.detach(), shape, 0,
+                                     p.numel() if shape else 1, module, edp_rep))
         if wrapper is not None:
             for e in zero_state.local_entries(wrapper):
                 module = tp_of.get(e.key)
@@ -198,6 +215,8 @@ def engine_locals(engine) -> list[Local]:
             continue
         dp_rep = (mesh.dp_rank, mesh.dp_size)
         for key, p in part.named_parameters():
+            if key.rsplit(".", 1)[0] in experts:
+                continue
             module = tp_of.get(key)
             rep = dp_rep if module is not None else (mesh.tp_rank * mesh.dp_size + mesh.dp_rank,
                                                      mesh.dp_size * mesh.tp_size)

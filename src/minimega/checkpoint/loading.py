@@ -150,20 +150,25 @@ def _prepare(engine, manifest: dict, kinds: dict) -> None:
     """Empty optimizer states of the saved kinds, for the plan to fill (none if the checkpoint has none)."""
     for wrapper in engine.zero_stages:
         zero_state.prepare_load(wrapper, kinds)
-    if engine.zero_stages:
-        return
-    state = engine.optimizer.state
-    for part in engine.parts:
-        for key, p in part.named_parameters():
-            mine = {k: v for k, v in kinds.items() if f"{k}/{key}" in manifest["tensors"]}
-            old = state.get(p, {})
-            if mine and set(old) == set(mine) and all(
-                    t.dtype == mine[k][0] and t.shape == (() if mine[k][1] else p.shape) for k, t in old.items()):
-                continue                                     # the plan overwrites every element: reuse them
-            state.pop(p, None)
-            if mine:
-                state[p] = {k: torch.zeros((), dtype=dt) if scalar else torch.zeros_like(p, dtype=dt)
-                            for k, (dt, scalar) in mine.items()}
+    if engine.zero_stages:                  # ZeRO holds all but the experts (MoE), which its own optimizer steps
+        if engine.experts is None:
+            return
+        named = [(k, p) for part in engine.parts for k, p in part.named_parameters()
+                 if id(p) in {id(q) for q in engine.experts.params}]
+        state = engine.optimizer.expert_optimizer.state
+    else:
+        named = [(k, p) for part in engine.parts for k, p in part.named_parameters()]
+        state = engine.optimizer.state
+    for key, p in named:
+        mine = {k: v for k, v in kinds.items() if f"{k}/{key}" in manifest["tensors"]}
+        old = state.get(p, {})
+        if mine and set(old) == set(mine) and all(
+                t.dtype == mine[k][0] and t.shape == (() if mine[k][1] else p.shape) for k, t in old.items()):
+            continue                                     # the plan overwrites every element: reuse them
+        state.pop(p, None)
+        if mine:
+            state[p] = {k: torch.zeros((), dtype=dt) if scalar else torch.zeros_like(p, dtype=dt)
+                        for k, (dt, scalar) in mine.items()}
 
 
 def _restore_rng(engine, manifest: dict, path: Path, reader: Reader, checked: set) -> None:

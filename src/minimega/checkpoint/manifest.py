@@ -69,7 +69,8 @@ def param_shapes(model_config) -> dict[str, tuple[int, ...]]:
     """`model.py`'s parameters and their shapes, computed on the meta device (no memory)."""
     from ..model import GPT
     with torch.device("meta"):
-        return {k: tuple(v.shape) for k, v in GPT(model_config).state_dict().items()}
+        model = model_config.build() if hasattr(model_config, "build") else GPT(model_config)   # MoE: moe.MoEGPTConfig
+        return {k: tuple(v.shape) for k, v in model.state_dict().items()}
 
 
 def _int(v) -> bool:
@@ -96,7 +97,10 @@ def check(path: Path, manifest: dict, model_config=None) -> None:
         _fail(path, "step", f"= {step!r} does not match the directory name {path.name!r}")
     if model_config is None:
         try:
-            model_config = GPTConfig(**manifest.get("model_config", {}))
+            saved = manifest.get("model_config", {})
+            if isinstance(saved, dict) and "n_experts" in saved:      # a mixture of experts (minimega.moe)
+                from ..moe import MoEGPTConfig as GPTConfig          # noqa: N814
+            model_config = GPTConfig(**saved)
         except (TypeError, ValueError) as exc:
             _fail(path, "model_config", f"is not a valid GPTConfig ({exc})")
     check_compatible(manifest, model_config, path)

@@ -44,8 +44,8 @@ from . import quiz
 from .settings import ClassroomConfig
 from .store import Conflict, OpenAttempt, Store
 
-CHAPTERS = range(1, 15)
-"""Chapters that must have an exam bank; a bank for a later chapter is drawn from too."""
+CHAPTERS = (*range(1, 15), 16)
+"""Chapters that must have an exam bank (and that each attempt draws from)."""
 
 
 class ExamError(Exception):

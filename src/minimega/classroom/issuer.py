@@ -80,12 +80,12 @@ class Issuer:
                             "training small: memory accounting, collectives and DDP, ZeRO stages 1-3, "
                             "mixed precision, offload, activation checkpointing, tensor, pipeline and 3D "
                             "parallelism, checkpoints and fault tolerance, FSDP, choosing and costing a "
-                            "training stack, predicting step time, and the same run in DeepSpeed and "
-                            "Megatron-LM."),
+                            "training stack, predicting step time, the same run in DeepSpeed and "
+                            "Megatron-LM, and mixtures of experts with expert parallelism."),
             "criteria": {"narrative": (
                 f"Scored at least {round(100 * c.pass_fraction)}% on an unproctored online exam of {n} "
                 f"questions drawn at random, {c.questions_per_chapter} from each of chapters "
-                f"{CHAPTERS[0]}-{CHAPTERS[-1]}, each "
+                f"{_chapter_list(CHAPTERS)}, each "
                 "answered once with no retry. The name is the one the learner typed; the exam attests "
                 "knowledge, not identity.")},
             "inLanguage": "en",
@@ -172,3 +172,16 @@ class Issuer:
         with self._lock:
             self._lists.clear()
         return changed
+
+
+def _chapter_list(chapters) -> str:
+    """'1-14, 16': runs of consecutive chapters as ranges (a chapter may land before the one it follows)."""
+    runs, out = [], []
+    for c in sorted(chapters):
+        if runs and c == runs[-1][1] + 1:
+            runs[-1][1] = c
+        else:
+            runs.append([c, c])
+    for a, b in runs:
+        out.append(f"{a}-{b}" if b > a else f"{a}")
+    return ", ".join(out)

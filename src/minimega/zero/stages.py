@@ -34,7 +34,7 @@ import torch
 import torch.nn as nn
 
 from .. import clock, comm, measure, precision
-from ..grad_sync import GradSync
+from ..grad_sync import GradSync, dp_named_parameters
 from ..model import GPT
 from .flat import FlatUnit
 from .offload import CPUOffloadStore, MasterStore
@@ -46,9 +46,10 @@ def model_units(module: nn.Module) -> list[tuple[str, list[tuple[str, nn.Paramet
     ``module`` may be a pipeline chunk: its blocks are keyed by their index in the full model, and the
     embed and head units exist only on the chunks that hold them.
     """
-    named = list(module.named_parameters())
+    named = dp_named_parameters(module)             # experts sync themselves (see `minimega.moe`)
+    owned = {id(p) for _, p in named}
     embed = [(n, p) for n, p in named if n.startswith(("wte.", "wpe."))]
-    blocks = [(f"blocks.{i}", [(f"blocks.{i}.{n}", p) for n, p in b.named_parameters()])
+    blocks = [(f"blocks.{i}", [(f"blocks.{i}.{n}", p) for n, p in b.named_parameters() if id(p) in owned])
               for i, b in module.blocks.named_children()]
     taken = {n for n, _ in embed} | {n for _, ps in blocks for n, _ in ps}
     head = [(n, p) for n, p in named if n not in taken]
@@ -81,7 +82,7 @@ class Zero1(GradSync, nn.Module):
         self.clock = clock.HostClock()           # the engine lends its own (CUDA events on a GPU)
         self._prepared, self._overflow = False, False
         with torch.no_grad():
-            for p in module.parameters():
+            for _, p in dp_named_parameters(module):
                 comm.broadcast(p.data, group.ranks[0], group, tag="init")
         module.to(self.policy.param_dtype)
         self.units = [FlatUnit(name, params, group.size, rank, self.policy.param_dtype)
@@ -218,7 +219,7 @@ class Zero1(GradSync, nn.Module):
             full = torch.empty(u.padded, dtype=torch.float32, device=u.flat.device)
             comm.all_gather(full, m.detach().to(u.flat.device), self.group, tag="state_dict")
             out.update({n: v.cpu().clone() for n, v in zip(u.names, u.views(full))})
-        return {n: out[n] for n, _ in self.module.named_parameters()}
+        return {n: out[n] for n, _ in dp_named_parameters(self.module)}
 
     def memory(self) -> dict:
         """Bytes this rank holds by category (storages shared by views are counted once)."""

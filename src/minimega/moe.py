@@ -1,0 +1,441 @@
+"""Mixture of experts: a GPT whose MLPs are routed experts, and expert parallelism over an ep group.
+
+Each block's MLP becomes E experts (each a D → F → D GELU MLP) and a router (a D → E linear). A token
+goes to its top-k experts; the layer's output is their outputs weighted by the gates (GShard's top-2,
+Lepikhin et al. 2020, arXiv:2006.16668; Switch's top-1, Fedus et al. 2021, arXiv:2101.03961):
+
+    p = softmax(x W_r)                          (B, T, E) router probabilities
+    gates = top-k of p, renormalised to sum to 1 when k > 1 (GShard); k = 1 keeps p_i (Switch), so the
+            router still gets a gradient from the loss
+    y = Σ_{j ≤ k} gate_j · expert_{i_j}(x)      tokens over capacity skip the expert (y = 0: the
+                                                residual stream carries them past the layer)
+
+Capacity. An expert takes at most C = min(T, ceil(capacity_factor · k · T / E)) tokens of each
+*routing group*; the rest are dropped. The routing group is one sequence (GShard's groups): the
+dropping then depends on nothing but the sequence, so every layout (any dp, any ep) drops exactly the
+tokens the single-process model drops. Priority follows GShard: every token's first choice in token
+order, then every second choice.
+
+Load balancing (Switch eq. 4, GShard's l_aux with the top-1 fractions): per routing group
+
+    aux = E · Σ_e f_e · P_e,   f_e = share of tokens whose first choice is e,  P_e = mean of p_e,
+
+averaged over the sequences; 1 when the router is uniform, up to E when it collapses onto one expert.
+The model's loss is cross-entropy + ``aux_loss_coef`` · Σ_layers aux (Switch uses α = 10⁻²).
+
+Expert parallelism (ep). The E experts are split over the ep group, E/ep per rank. ep is carved out of
+dp, as in DeepSpeed-MoE (Rajbhandari et al. 2022, arXiv:2201.05596) and Megatron-core: the world stays
+pp · dp · tp, each run of ep consecutive dp ranks shares one copy of the experts, and the ranks holding
+the same experts form the expert-data-parallel group (edp, dp/ep ranks). Per MoE layer:
+
+    Phase 1 (dispatch): each rank lays its tokens out as (E, B·C, D), capacity slots per expert, and an
+        all-to-all over ep sends expert e's slots to the rank holding e.
+    Phase 2 (experts): each rank runs its E/ep experts on the slots of every rank, (E/ep, ep·B·C, D).
+    Phase 3 (combine): the reverse all-to-all brings the outputs home; the gates weight them.
+
+Backward runs the same two all-to-alls on the gradients (an all-to-all with equal splits is its own
+adjoint). Gradients: the non-expert parameters are averaged over dp by DDP or ZeRO-1 as usual; the
+experts' gradients already hold the contributions of every token of their ep group (the all-to-all
+brought them), so they are summed over edp and divided by dp (`ExpertGradSync`).
+
+Per rank and MoE layer, every all-to-all sends (ep-1)/ep of an (E, B_local·C, D) buffer; forward and
+backward run two each: 4 · (ep-1)/ep · E · B_local · C · D · bytes per layer and step (`alltoall_bytes`).
+
+Tensor parallelism splits attention, embeddings and head; the MoE layers stay whole on every tp rank
+(`apply_tensor_parallel`). Not built, and refused by name (`check`): sequence or pipeline parallelism,
+ZeRO-2/3, bf16/fp16, activation checkpointing and gradient clipping with a MoE model.
+"""
+from __future__ import annotations
+
+import copy
+import math
+from dataclasses import asdict, dataclass, fields
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from . import comm, estimate
+from .comm import Group
+from .config import GPTConfig, _is_int, _is_real
+from .grad_sync import GradSync
+from .model import GPT
+
+
+@dataclass(frozen=True, kw_only=True)
+class MoEConfig:
+    """The mixture-of-experts MLP: how many experts, how many each token uses, how many tokens each takes."""
+
+    n_experts: int = 4
+    """E experts per MoE layer (every block's MLP is one)."""
+    top_k: int = 2
+    """Experts per token (GShard: 2, Switch: 1)."""
+    capacity_factor: float = 1.25
+    """Slots per expert and sequence = capacity_factor · top_k · T / E (rounded up, at most T)."""
+    aux_loss_coef: float = 0.01
+    """α, the weight of the load-balancing loss (Switch Transformer: 10⁻²)."""
+
+    def __post_init__(self):
+        for name in ("n_experts", "top_k"):
+            if not _is_int(getattr(self, name)) or getattr(self, name) < 1:
+                raise ValueError(f"MoEConfig.{name} must be a positive integer, got {getattr(self, name)!r}")
+        if self.top_k > self.n_experts:
+            raise ValueError(f"MoEConfig: top_k={self.top_k} > n_experts={self.n_experts}; a token picks distinct experts")
+        if not _is_real(self.capacity_factor) or self.capacity_factor <= 0:
+            raise ValueError(f"MoEConfig.capacity_factor must be a finite number > 0, got {self.capacity_factor!r}")
+        if not _is_real(self.aux_loss_coef) or self.aux_loss_coef < 0:
+            raise ValueError(f"MoEConfig.aux_loss_coef must be a finite number >= 0, got {self.aux_loss_coef!r}")
+
+    def capacity(self, seq_len: int) -> int:
+        """C: slots per expert in one routing group (one sequence of ``seq_len`` tokens)."""
+        return estimate.moe_capacity(seq_len, self.n_experts, self.top_k, self.capacity_factor)
+
+
+@dataclass(frozen=True, kw_only=True)
+class MoEGPTConfig(GPTConfig):
+    """A `GPTConfig` and a `MoEConfig` in one record: what a checkpoint's manifest stores for a MoE model."""
+
+    n_experts: int = 4
+    top_k: int = 2
+    capacity_factor: float = 1.25
+    aux_loss_coef: float = 0.01
+
+    def __post_init__(self):
+        super().__post_init__()
+        self.parts()
+
+    def parts(self) -> tuple[GPTConfig, MoEConfig]:
+        names = {f.name for f in fields(MoEConfig)}
+        values = asdict(self)
+        return (GPTConfig(**{k: v for k, v in values.items() if k not in names}),
+                MoEConfig(**{k: v for k, v in values.items() if k in names}))
+
+    @classmethod
+    def of(cls, model: "MoEGPT") -> "MoEGPTConfig":
+        return cls(**asdict(model.config), **asdict(model.moe_config))
+
+    def build(self) -> "MoEGPT":
+        return MoEGPT(*self.parts())
+
+
+def alltoall_bytes(moe: MoEConfig, n_layer: int, rows: int, seq_len: int, n_embd: int, ep: int,
+                   bytes_per_element: int = 4) -> float:
+    """Algorithmic bytes one rank sends in the all-to-alls of one training step (`estimate.moe_alltoall_bytes`)."""
+    return estimate.moe_alltoall_bytes(n_layer, rows, seq_len, n_embd, ep, moe.n_experts, moe.top_k,
+                                       moe.capacity_factor, bytes_per_element)
+
+
+# --8<-- [start:assign_slots]
+def assign_slots(top_i: torch.Tensor, n_experts: int, capacity: int):
+    """Each (token, choice)'s place in its expert's queue, and whether it fits (GShard's priority).
+
+    Every token's first choice is queued in token order, then every second choice, and so on; an expert
+    keeps the first ``capacity`` assignments of its queue and drops the rest.
+
+    Shapes: top_i (B, T, k) expert ids → choice, slot, kept, each (B, k·T, E), rows in priority order
+    (choice j of token t is row j·T + t): choice is one-hot, slot the 0-based place in expert e's queue
+    where choice is 1, kept = choice and slot < capacity.
+    """
+    B, T, k = top_i.shape
+    choice = F.one_hot(top_i, n_experts).transpose(1, 2).reshape(B, k * T, n_experts)   # (B, kT, E)
+    slot = choice.cumsum(dim=1) - 1
+    return choice, slot, (choice == 1) & (slot < capacity)
+# --8<-- [end:assign_slots]
+
+
+# --8<-- [start:all_to_all]
+class _AllToAll(torch.autograd.Function):
+    """Forward: all-to-all over ep (chunk j of dim 0 goes to rank j). Backward: the same all-to-all of the
+    gradient: the exchange is a permutation of equal chunks, and its transpose is the exchange itself."""
+
+    @staticmethod
+    def forward(ctx, x, group, tag):             # x: (E, N, D), E split into ep chunks of E/ep experts
+        ctx.group, ctx.tag = group, tag
+        x = x.contiguous()                       # the wire reads and writes flat memory: no strided views
+        return comm.all_to_all(torch.empty_like(x), x, group, tag=tag)
+
+    @staticmethod
+    def backward(ctx, grad):                     # grad: (E, N, D), often a strided view of the einsum's
+        grad = grad.contiguous()
+        return comm.all_to_all(torch.empty_like(grad), grad, ctx.group, tag=ctx.tag), None, None
+# --8<-- [end:all_to_all]
+
+
+class Experts(nn.Module):
+    """``n`` GELU MLPs stored stacked: fc (n, F, D) and proj (n, D, F), each expert's slice laid out as an
+    ``nn.Linear`` weight, so expert e of a one-expert layer is the dense `model.MLP` weight for weight.
+
+    ``own_grad_sync``: the dp wrappers leave these parameters alone (`grad_sync.dp_named_parameters`).
+    """
+
+    own_grad_sync = True
+
+    def __init__(self, n: int, n_embd: int, hidden: int):
+        super().__init__()
+        self.offset = 0
+        self.fc = nn.Parameter(torch.empty(n, hidden, n_embd))
+        self.proj = nn.Parameter(torch.empty(n, n_embd, hidden))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:      # x: (n, N, D), N tokens per expert
+        h = F.gelu(x @ self.fc.transpose(1, 2))              # (n, N, F)
+        return h @ self.proj.transpose(1, 2)                 # (n, N, D)
+
+
+class MoELayer(nn.Module):
+    """Router + experts in place of a block's MLP; see the module docstring for routing and capacity.
+
+    ``ep_group``: the ranks the experts are split over (`shard_experts` sets it; size one on one process).
+    Counters (this rank's tokens, training forwards only): ``routed[e]`` token-to-expert assignments made,
+    ``dropped[e]`` those over capacity.
+    """
+
+    def __init__(self, config: GPTConfig, moe: MoEConfig):
+        super().__init__()
+        self.moe = moe
+        self.router = nn.Linear(config.n_embd, moe.n_experts, bias=False)
+        self.experts = Experts(moe.n_experts, config.n_embd, config.mlp_hidden)
+        self.ep_group = Group(None, [0], "ep")
+        self.register_buffer("routed", torch.zeros(moe.n_experts, dtype=torch.int64), persistent=False)
+        self.register_buffer("dropped", torch.zeros(moe.n_experts, dtype=torch.int64), persistent=False)
+        self.aux_loss: torch.Tensor | None = None
+
+    def take_aux_loss(self) -> torch.Tensor:
+        """The last forward's load-balancing loss, cleared here: the module never keeps a graph alive."""
+        aux, self.aux_loss = self.aux_loss, None
+        return aux
+
+    # --8<-- [start:route]
+    def route(self, x: torch.Tensor):
+        """Top-k routing with capacity. Returns dispatch (B, T, E, C) in {0, 1}, combine (B, T, E, C) = gate
+        where dispatched, the load-balancing loss, and per expert the assignments made and dropped."""
+        B, T, _ = x.shape
+        E, k, C = self.moe.n_experts, self.moe.top_k, self.moe.capacity(T)
+        probs = F.softmax(self.router(x), dim=-1)                              # (B, T, E)
+        top_p, top_i = probs.topk(k, dim=-1)                                   # (B, T, k)
+        gates = top_p / top_p.sum(-1, keepdim=True) if k > 1 else top_p
+        choice, slot, kept = assign_slots(top_i, E, C)                        # (B, kT, E) each
+        place = F.one_hot(slot.clamp(0, C - 1), C) * kept.unsqueeze(-1)       # (B, kT, E, C)
+        place = place.view(B, k, T, E, C).to(x.dtype)
+        dispatch = place.sum(1)                                                # (B, T, E, C): distinct experts
+        combine = torch.einsum("bktec,btk->btec", place, gates)               # (B, T, E, C)
+        first = F.one_hot(top_i[..., 0], E).to(probs.dtype)                   # (B, T, E)
+        aux = E * (first.mean(1) * probs.mean(1)).sum(-1).mean()              # per sequence, then mean
+        return dispatch, combine, aux, choice.sum((0, 1)), (choice.sum((0, 1)) - kept.sum((0, 1)))
+    # --8<-- [end:route]
+
+    # --8<-- [start:moe_forward]
+    def forward(self, x: torch.Tensor) -> torch.Tensor:                       # x: (B, T, D)
+        B, T, D = x.shape
+        E, C = self.moe.n_experts, self.moe.capacity(T)
+        dispatch, combine, self.aux_loss, routed, dropped = self.route(x)
+        if self.training:
+            self.routed += routed
+            self.dropped += dropped
+        slots = torch.einsum("btec,btd->ebcd", dispatch, x).reshape(E, B * C, D)   # (E, B·C, D)
+        out = self.run_experts(slots)                                              # (E, B·C, D)
+        return torch.einsum("btec,ebcd->btd", combine, out.view(E, B, C, D))      # (B, T, D)
+
+    def run_experts(self, slots: torch.Tensor) -> torch.Tensor:
+        """(E, N, D) slots of this rank's tokens → the experts' outputs, same shape; all-to-all under ep."""
+        ep = self.ep_group.size
+        if ep == 1:
+            return self.experts(slots)
+        E, N, D = slots.shape
+        local = E // ep
+        got = _AllToAll.apply(slots, self.ep_group, "moe_dispatch")           # chunk i: rank i's slots
+        got = got.view(ep, local, N, D).transpose(0, 1).reshape(local, ep * N, D)  # (E/ep, ep·N, D)
+        out = self.experts(got).view(local, ep, N, D).transpose(0, 1).reshape(E, N, D)
+        return _AllToAll.apply(out, self.ep_group, "moe_combine")             # (E, N, D), home again
+    # --8<-- [end:moe_forward]
+
+
+class MoEGPT(GPT):
+    """`model.GPT` with every block's MLP a `MoELayer`; the loss adds α · Σ_layers aux.
+
+    Parameters (bias=False): GPT's, with each block's 8D² MLP replaced by E · 8D² experts + E·D router.
+    ``torch.manual_seed(s)`` before construction fixes the initialisation (the experts are drawn after
+    the dense model, in block order: router, fc, proj).
+    """
+
+    def __init__(self, config: GPTConfig, moe: MoEConfig | None = None):
+        if config.bias:
+            raise ValueError("MoEGPT: the experts carry no biases; use GPTConfig(bias=False)")
+        super().__init__(config)
+        self.moe_config = moe = moe or MoEConfig()
+        for block in self.blocks:
+            block.mlp = MoELayer(config, moe)
+            nn.init.normal_(block.mlp.router.weight, mean=0.0, std=0.02)
+            nn.init.normal_(block.mlp.experts.fc, mean=0.0, std=0.02)
+            nn.init.normal_(block.mlp.experts.proj, mean=0.0, std=0.02 / math.sqrt(2 * config.n_layer))
+
+    def moe_layers(self) -> list[MoELayer]:
+        return [m for m in self.modules() if isinstance(m, MoELayer)]
+
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None):
+        x = self.embed(idx)
+        for block in self.blocks:
+            x = block(x)
+        logits = self.head(x)                                                  # (B, T, V)
+        aux = sum(layer.take_aux_loss() for layer in self.moe_layers())
+        if targets is None:
+            return logits, None
+        return logits, self.loss(logits, targets) + self.moe_config.aux_loss_coef * aux
+
+
+def apply_tensor_parallel(model: MoEGPT, mesh) -> "nn.Module":
+    """Attention, embeddings and head split over tp as in `tensor_parallel.ParallelGPT`; the MoE layers stay
+    whole on every tp rank. Their input (the residual stream after attention's all-reduce) is the same on
+    every tp rank, so each runs the same routing, all-to-alls (within its own ep group: ep is carved out
+    of dp, whose groups hold one tp rank) and experts; their gradients are tp replicas, like a LayerNorm's."""
+    from .tensor_parallel import ParallelGPT
+
+    class ParallelMoEGPT(ParallelGPT):
+        forward = MoEGPT.forward
+        moe_layers = MoEGPT.moe_layers
+
+    out = ParallelMoEGPT(model, mesh.tp_group, False)
+    out.moe_config = model.moe_config
+    return out
+
+
+def is_moe(model: nn.Module) -> bool:
+    return isinstance(getattr(model, "moe_config", None), MoEConfig)
+
+
+def check(moe: MoEConfig | None, config, dims) -> None:
+    """What the engine builds with a MoE model (or with ep > 1); everything else is refused by name."""
+    if moe is None:
+        if dims.ep > 1:
+            raise ValueError(f"ep={dims.ep} needs a mixture-of-experts model (minimega.moe.MoEGPT, or "
+                             f"`minimega train --experts N`); a dense model has no experts to split")
+        return
+    if moe.n_experts % dims.ep:
+        raise ValueError(f"ep={dims.ep} does not divide n_experts={moe.n_experts}: each ep rank holds E/ep experts")
+    refused = [("sequence_parallel", config.sequence_parallel,
+                "sequence_parallel=False (routing groups are whole sequences; sp would cut them over tp)"),
+               ("pp", config.pp != 1, "pp=1"),
+               ("zero_stage", config.zero_stage > 1, "zero_stage 0 or 1 (ZeRO-1 shards the non-expert states)"),
+               ("precision", config.precision != "fp32", "precision='fp32'"),
+               ("activation_checkpointing", config.activation_checkpointing != "none",
+                "activation_checkpointing='none' (recomputation would repeat the all-to-alls and the counts)"),
+               ("gradient_clipping", config.gradient_clipping != 0, "gradient_clipping=0")]
+    for name, bad, fix in refused:
+        if bad:
+            raise ValueError(f"TrainConfig.{name}={getattr(config, name)!r} is not supported with a "
+                             f"mixture-of-experts model; use {fix}")
+
+
+def shard_experts(model: MoEGPT, ep_group: Group, ep_rank: int) -> None:
+    """Keep this rank's E/ep experts of every layer (in place: the engine's own copy) and set the ep group."""
+    for layer in model.moe_layers():
+        local = layer.moe.n_experts // ep_group.size
+        keep = slice(ep_rank * local, (ep_rank + 1) * local)
+        layer.experts.offset = keep.start            # its first expert's index: where its rows sit globally
+        layer.experts.fc = nn.Parameter(layer.experts.fc.data[keep].clone())
+        layer.experts.proj = nn.Parameter(layer.experts.proj.data[keep].clone())
+        layer.ep_group = ep_group
+
+
+def expert_params(model: nn.Module) -> list[tuple[str, nn.Parameter]]:
+    """(name, parameter) of every expert tensor, under `model.py`-style keys."""
+    return [(n, p) for n, p in model.named_parameters() if ".experts." in f".{n}"]
+
+
+class ExpertGradSync(GradSync):
+    """The experts' gradient sync: sum over edp, divide by dp (one bucket: all expert tensors).
+
+    After backward a rank's expert gradients hold Σ over its ep group's tokens of ∂L_r/∂θ (the all-to-all
+    brought them); the global loss is the mean of the dp ranks' losses, so the gradient is the sum over
+    the edp replicas divided by dp (not by edp's size).
+    """
+
+    def __init__(self, model: nn.Module, edp_group: Group, dp: int):
+        self.module, self.group, self.dp = model, edp_group, dp
+        self.params = [p for _, p in expert_params(model)]
+        self._handle = self._flat = None
+        for p in self.params:
+            comm.broadcast(p.data, edp_group.ranks[0], edp_group, tag="init")
+        self._watch([self.params])
+
+    def _start(self, i: int) -> None:
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
+        self._flat = torch.cat([g.reshape(-1) for g in grads])
+        self._handle = comm.all_reduce(self._flat, self.group, async_op=True, tag="experts")
+
+    def _complete(self) -> None:
+        self._handle.wait()
+        self._flat.div_(self.dp)
+        offset = 0
+        for p in self.params:
+            view = self._flat[offset:offset + p.numel()].view_as(p)
+            if p.grad is None:
+                p.grad = view.clone()
+            else:
+                p.grad.copy_(view)
+            offset += p.numel()
+        self._handle = self._flat = None
+
+    @torch.no_grad()
+    def full_state_dict(self) -> dict[str, torch.Tensor]:
+        """Every expert tensor whole (E, ...) on every rank: all-gather the ep ranks' slices (a collective)."""
+        out = {}
+        for name, p in expert_params(self.module):
+            ep = self.module_ep_group(name)
+            full = torch.empty((ep.size * p.shape[0], *p.shape[1:]), dtype=p.dtype, device=p.device)
+            comm.all_gather(full, p.detach().contiguous(), ep, tag="state_dict")
+            out[name] = full.float().cpu().clone()
+        return out
+
+    def module_ep_group(self, name: str) -> Group:
+        layer = self.module.get_submodule(name.rsplit(".experts.", 1)[0])
+        return layer.ep_group
+
+    def counts(self) -> dict:
+        """Per layer, this rank's token-to-expert assignments and drops over all training steps so far."""
+        layers = [m for m in self.module.modules() if isinstance(m, MoELayer)]
+        return {"routed": [layer.routed.tolist() for layer in layers],
+                "dropped": [layer.dropped.tolist() for layer in layers]}
+
+
+def copy_dense_into(moe_model: MoEGPT, dense: GPT) -> MoEGPT:
+    """A one-expert ``moe_model`` given ``dense``'s weights (each MLP becomes expert 0): the dense-equality check."""
+    if moe_model.moe_config.n_experts != 1:
+        raise ValueError("copy_dense_into: needs n_experts=1")
+    out = copy.deepcopy(moe_model)
+    state = dict(dense.state_dict())
+    with torch.no_grad():
+        for name, t in out.state_dict().items():
+            if ".mlp.experts." in name:
+                src = name.replace(".experts.fc", ".fc.weight").replace(".experts.proj", ".proj.weight")
+                t.copy_(state[src].unsqueeze(0))
+            elif ".mlp.router." not in name:
+                t.copy_(state[name])
+    return out
+
+
+class WithExperts:
+    """The optimizer when ZeRO steps the non-expert shards: steps the ZeRO wrapper and the experts' optimizer."""
+
+    def __init__(self, main, experts: ExpertGradSync, optimizer: torch.optim.Optimizer):
+        self.main, self.experts, self.expert_optimizer = main, experts, optimizer
+
+    def step(self) -> bool:
+        ok = self.main.step()
+        self.expert_optimizer.step()
+        return ok
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self.main.zero_grad(set_to_none)
+        self.expert_optimizer.zero_grad(set_to_none=True)
+
+    def memory(self) -> dict:
+        """The ZeRO wrapper's bytes by category plus the experts' parameters, gradients and Adam states."""
+        from . import measure
+        out = dict(self.main.memory())
+        params = self.experts.params
+        extra = {"params": measure.tensor_bytes(params), "grads": measure.tensor_bytes(p.grad for p in params),
+                 "optimizer_states": measure.tensor_bytes(
+                     t for t in measure.optimizer_state_tensors(self.expert_optimizer) if t.dim() > 0)}
+        for k, v in extra.items():
+            out[k] = out.get(k, 0) + v
+        return out
