@@ -60,11 +60,12 @@ class Issuer:
                                 "trainen in het klein nabouwt: geheugenboekhouding, collectives en DDP, ZeRO-stages "
                                 "1-3, mixed precision, offload, activation checkpointing, tensor, pipeline en 3D "
                                 "parallelism, checkpoints en fouttolerantie, FSDP, een trainingsstack kiezen en "
-                                "begroten, staptijd voorspellen, en dezelfde run in DeepSpeed en Megatron-LM."),
+                                "begroten, staptijd voorspellen, dezelfde run in DeepSpeed en Megatron-LM, en "
+                                "mixtures of experts met expert parallelism."),
                 "criteria": {"narrative": (
                     f"Minstens {round(100 * c.pass_fraction)}% gehaald op een online examen zonder toezicht met "
                     f"{n} willekeurig getrokken vragen, {c.questions_per_chapter} uit elk van de hoofdstukken "
-                    f"{CHAPTERS[0]}-{CHAPTERS[-1]}, elke vraag één keer beantwoord zonder herkansing. De naam is "
+                    f"{_chapter_list(CHAPTERS)}, elke vraag één keer beantwoord zonder herkansing. De naam is "
                     "die welke de cursist zelf intypte; het examen bevestigt kennis, geen identiteit.")},
                 "inLanguage": "nl",
                 "version": c.course_version,
