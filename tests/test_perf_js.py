@@ -22,7 +22,7 @@ const out = jobs.map(j => { try {
 process.stdout.write(JSON.stringify(out));
 """
 pytestmark = pytest.mark.skipif(NODE is None, reason="needs node")
-KEYS = ("compute", "forward", "backward", "recompute", "tp_comm", "p2p", "bubble", "stack_overhead", "dp_comm",
+KEYS = ("compute", "forward", "backward", "recompute", "tp_comm", "ep_comm", "p2p", "bubble", "stack_overhead", "dp_comm",
         "offload", "optimizer", "total", "tokens_per_s", "tflops_per_gpu", "mfu", "hfu", "micro_batches", "n_gpus", "fits")
 
 
@@ -46,7 +46,7 @@ def _random_config(rng):
         schedule, v = "interleaved", 2
         layers = 2 * layers
     precision = rng.choice(est.PRECISIONS)
-    return dict(layers=layers, hidden=heads * rng.choice([64, 128]), heads=heads, vocab=rng.randint(1000, 260000),
+    cfg = dict(layers=layers, hidden=heads * rng.choice([64, 128]), heads=heads, vocab=rng.randint(1000, 260000),
                 seq_len=rng.choice([512, 2048, 8192]), micro_batch=b, precision=precision, zero_stage=stage, tp=tp,
                 dp=dp, pp=pp, sp=rng.random() < 0.5, recompute=rng.choice(est.RECOMPUTE), schedule=schedule,
                 virtual_stages=v, attention=rng.choice(est.ATTENTION), position_embedding=rng.random() < 0.5,
@@ -55,6 +55,17 @@ def _random_config(rng):
                 bucket_bytes=rng.choice([25e6, 5e8]),
                 offload=rng.choice(["none", "optimizer"] + (["optimizer+params"] if stage == 3 else [])),
                 overlap_comm=rng.random() < 0.7)
+    return {**cfg, **_random_experts(rng, dp, tp)}
+
+
+def _random_experts(rng, dp, tp):
+    """A mixture of experts in about a third of the configurations (sp off then: refused with experts)."""
+    experts = rng.choice([0, 0, 1, 4, 8, 64])
+    if not experts:
+        return {}
+    return dict(experts=experts, top_k=rng.randint(1, min(experts, 4)), sp=False,
+                capacity_factor=rng.choice([0.5, 1.0, 1.25, 2.0]),
+                ep=rng.choice([e for e in (1, 2, 4, 8) if experts % e == 0 and dp % e == 0]))
 
 
 def test_step_time_js_matches_python_on_random_configs():
@@ -88,6 +99,8 @@ def test_planner_js_ranks_like_python():
         heads = rng.choice([16, 32, 64])
         model = dict(layers=rng.choice([24, 32, 48]), hidden=heads * 128, heads=heads, vocab=50257, seq_len=2048)
         jobs.append((model, rng.choice([16, 64, 128]), rng.choice([256, 512]), rng.choice(sorted(perf.HARDWARE)), {}))
+    moe = dict(layers=24, hidden=2048, heads=16, vocab=50257, seq_len=2048, experts=8, top_k=2, capacity_factor=1.25)
+    jobs.append((moe, 64, 256, "h100", dict(recompute=("none", "full"), micro_batches=(1, 2))))
     shapes = [perf_plan.preset_shape(m) if isinstance(m, str) else m for m, *_ in jobs]
     got = _run([{"kind": "plan", "model": s, "n": n, "B": B, "hw": hw, "opts": {k: list(v) for k, v in o.items()}}
                 for s, (_, n, B, hw, o) in zip(shapes, jobs)])

@@ -289,7 +289,7 @@ def _random_config(rng: random.Random) -> dict:
     tp = rng.choice([t for t in (1, 2, 4, 8, 16) if heads % t == 0])
     stage = rng.randrange(4)
     precision = rng.choice(est.PRECISIONS)
-    return dict(layers=rng.randint(1, 128), hidden=heads * rng.choice([16, 64, 128, 160]), heads=heads,
+    cfg = dict(layers=rng.randint(1, 128), hidden=heads * rng.choice([16, 64, 128, 160]), heads=heads,
                 vocab=rng.randint(100, 260000), seq_len=rng.choice([128, 512, 1024, 2048, 4096, 8192, 32768]),
                 micro_batch=rng.randint(1, 16), precision=precision, zero_stage=stage, tp=tp,
                 dp=rng.choice([1, 2, 3, 8, 64, 1000]), pp=rng.choice([1, 2, 3, 4, 12, 35]),
@@ -298,6 +298,18 @@ def _random_config(rng: random.Random) -> dict:
                 offload=rng.choice(est.OFFLOAD if stage == 3 else est.OFFLOAD[:2]),
                 attention=rng.choice(est.ATTENTION), position_embedding=rng.random() < 0.5,
                 fp32_grads=rng.random() < 0.5 and precision != "fp32", pp_partition=rng.choice(est.PP_PARTITION))
+    return {**cfg, **_random_experts(rng)}
+
+
+def _random_experts(rng: random.Random) -> dict:
+    """A mixture of experts in about a third of the configurations (no sp then: `MemoryConfig` refuses it)."""
+    experts = rng.choice([0, 0, 1, 4, 8, 64])
+    if not experts:
+        return {}
+    dp = rng.choice([1, 2, 4, 8, 64])
+    return dict(experts=experts, top_k=rng.randint(1, min(experts, 4)), dp=dp, sp=False,
+                capacity_factor=rng.choice([0.5, 1.0, 1.25, 2.0]),
+                ep=rng.choice([e for e in (1, 2, 4, 8) if experts % e == 0 and dp % e == 0]))
 
 
 def _run_js(cfgs):
@@ -326,7 +338,9 @@ def test_calculator_js_rejects_what_python_rejects():
     bad = [{**base, "tp": 5}, {**base, "offload": "optimizer+params", "zero_stage": 2}, {**base, "dp": 0},
            {**base, "recompute": "half"}, {**base, "layers": 2.5}, {**base, "attention": "flash"},
            {**base, "pp_partition": "uniform"}, {**base, "fp32_grads": True, "precision": "fp32"},
-           {**base, "position_embedding": 1}]
+           {**base, "position_embedding": 1}, {**base, "ep": 2}, {**base, "experts": 4, "ep": 3, "dp": 3},
+           {**base, "experts": 4, "top_k": 5}, {**base, "experts": 4, "capacity_factor": 0},
+           {**base, "experts": 4, "sp": True, "tp": 2}, {**base, "experts": -1}]
     for cfg, js in zip(bad, _run_js(bad)):
         with pytest.raises(ValueError):
             est.memory_per_gpu(est.MemoryConfig(**cfg))

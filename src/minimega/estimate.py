@@ -293,6 +293,41 @@ def moe_alltoall_bytes(n_layer: int, rows: int, seq_len: int, d_model: int, ep: 
 # --8<-- [end:moe_estimate]
 
 
+def moe_mlp_activation_bytes(seq_len: int, micro_batch: int, hidden: int, n_experts: int, top_k: int,
+                             capacity_factor: float, *, act_bytes: int = 4) -> float:
+    """Bytes one `moe.MoELayer` keeps for backward, one micro-batch, any ep (measured exactly in the tests).
+
+    With N = s·b tokens, R = b·E·C slots (C = `moe_capacity`), e = `act_bytes`:
+
+        router      its input N·h, the softmax output N·E, the top-k indices 8·N·k (int64); for k > 1 the
+                    chosen probabilities and their sum N·(k + 1) (the gates are renormalised)
+        aux loss    the per-sequence top-1 fractions b·E
+        one-hot     the (token, choice) → slot map N·k·E·C for the combine weights, the dispatch mask and the
+                    combine weights N·E·C each: N·E·C·(k + 2), GShard's dense dispatch, quadratic in s
+        experts     their input R·h, the fc output and GELU output 2·R·4h, their output R·h for the combine
+
+    The slot buffers hold b·E·C rows on every rank whatever ep is: the all-to-all moves rows, it does not
+    change how many there are. Against a dense MLP's s·b·h·(1 + 8/t) (input, fc and GELU outputs) this
+    is roughly (1 + 10·k·capacity_factor)·sbh plus the one-hot term.
+    """
+    s, b, h, E, k = seq_len, micro_batch, hidden, n_experts, top_k
+    N, C = s * b, moe_capacity(seq_len, n_experts, top_k, capacity_factor)
+    R = b * E * C
+    routing = N * h + N * E + (N * (k + 1) if k > 1 else 0) + b * E + N * E * C * (k + 2)
+    return act_bytes * (routing + 10 * R * h) + 8 * N * k
+
+
+def moe_activation_delta(seq_len: int, micro_batch: int, hidden: int, n_experts: int, top_k: int,
+                         capacity_factor: float, *, tp: int = 1, act_bytes: int = 4) -> float:
+    """What a block's activations gain when its MLP becomes minimega's MoE layer: `moe_mlp_activation_bytes`
+    (the layer runs whole on every tp rank) less the dense MLP's input (kept whole) and fc and GELU outputs
+    (split over tp). The dense MLP's dropout mask stays: the MoE output is dropped out the same way."""
+    sbh = seq_len * micro_batch * hidden
+    dense = act_bytes * sbh * (1 + 8 / tp)
+    return moe_mlp_activation_bytes(seq_len, micro_batch, hidden, n_experts, top_k, capacity_factor,
+                                    act_bytes=act_bytes) - dense
+
+
 # --8<-- [start:flops]
 def flops_per_token(n_params: float, n_layer: int, n_head: int, head_dim: int, seq_len: int) -> float:
     """Training FLOPs per token, PaLM App. B: 6N + 12·L·H·Q·T (forward 1/3, backward 2/3).
@@ -544,6 +579,16 @@ class MemoryConfig:
     """'blocks': every stage holds ceil(L/p) blocks, the first one also the embedding.
     'blocks+embedding': the embedding counts as one more layer to balance (Megatron-DeepSpeed's
     `type:transformer|embedding`), so the first stage holds ceil((L+2)/p) - 1 blocks."""
+    experts: int = 0
+    """E experts in every block's MLP, as minimega's `moe.MoEGPT` builds them (no biases, a D·E router); 0: a dense
+    MLP. The experts run whole on every tp rank, E/ep of them per rank, and their states are never ZeRO-sharded:
+    each is replicated over the dp/ep ranks of its expert-data-parallel group."""
+    top_k: int = 2
+    """Experts each token is sent to (with experts > 0)."""
+    capacity_factor: float = 1.25
+    """Slots per expert and sequence = capacity_factor · top_k · s / E, rounded up (`moe_capacity`)."""
+    ep: int = 1
+    """Expert parallelism, carved out of dp: E/ep experts per rank, all-to-all dispatch and combine."""
 
     def check(self) -> None:
         for name in ("layers", "hidden", "heads", "vocab", "seq_len", "micro_batch", "tp", "dp", "pp",
@@ -566,6 +611,28 @@ class MemoryConfig:
                              "heads must divide hidden and tp must divide heads")
         if self.offload == "optimizer+params" and self.zero_stage != 3:
             raise ValueError("offload='optimizer+params' needs zero_stage=3 (parameters are offloaded as shards)")
+        self._check_experts()
+
+    def _check_experts(self) -> None:
+        if not (isinstance(self.experts, int) and not isinstance(self.experts, bool) and self.experts >= 0):
+            raise ValueError(f"experts={self.experts!r}: expected an integer >= 0 (0 for a dense MLP)")
+        if not (isinstance(self.ep, int) and not isinstance(self.ep, bool) and self.ep >= 1):
+            raise ValueError(f"ep={self.ep!r}: expected an integer >= 1")
+        if self.experts == 0:
+            if self.ep > 1:
+                raise ValueError(f"ep={self.ep} needs experts > 0: a dense MLP has no experts to split")
+            return
+        if not (isinstance(self.top_k, int) and 1 <= self.top_k <= self.experts):
+            raise ValueError(f"top_k={self.top_k!r}: expected an integer from 1 to experts={self.experts}")
+        if not (isinstance(self.capacity_factor, (int, float)) and math.isfinite(self.capacity_factor)
+                and self.capacity_factor > 0):
+            raise ValueError(f"capacity_factor={self.capacity_factor!r}: expected a finite number > 0")
+        if self.experts % self.ep or self.dp % self.ep:
+            raise ValueError(f"ep={self.ep} must divide experts={self.experts} and dp={self.dp} "
+                             "(expert parallelism is carved out of data parallelism)")
+        if self.sp and self.tp > 1:
+            raise ValueError("sp=True with experts: sequence parallelism would cut the routing groups (whole "
+                             "sequences) over tp; use sp=False")
 
 
 # --8<-- [start:memory_per_gpu]
@@ -584,13 +651,27 @@ def stage_params(cfg: MemoryConfig) -> float:
     The first stage holds `stage_blocks` blocks and the embeddings. TP splits every weight matrix, the
     column-parallel biases (QKV 3h, MLP up 4h) and the vocabulary; LayerNorms (4h), the two
     row-parallel biases (2h) and the position embedding (if the model learns one) stay whole on
-    each TP rank.
+    each TP rank. With experts: `stage_param_split`.
     """
+    return sum(stage_param_split(cfg))
+
+
+def block_params(cfg: MemoryConfig) -> tuple[float, float]:
+    """(non-expert, expert) parameters of one block on one GPU. A MoE block has attention's (4h² + 3h)/t + 5h
+    (its LayerNorms and the projection bias whole), an h·E router, and E/ep experts of 8h² each, whole over tp."""
     h, t = cfg.hidden, cfg.tp
-    block = (12 * h * h + 7 * h) / t + 6 * h
+    if not cfg.experts:
+        return (12 * h * h + 7 * h) / t + 6 * h, 0.0
+    return (4 * h * h + 3 * h) / t + 5 * h + h * cfg.experts, cfg.experts / cfg.ep * 8 * h * h
+
+
+def stage_param_split(cfg: MemoryConfig) -> tuple[float, float]:
+    """(non-expert, expert) parameters on one GPU of the first pipeline stage; expert is 0 for a dense model."""
+    h, t = cfg.hidden, cfg.tp
+    dense, expert = block_params(cfg)
     positions = cfg.seq_len * h if cfg.position_embedding else 0
     embed = cfg.vocab * h / t + positions + (2 * h if cfg.pp == 1 else 0)  # final LayerNorm
-    return stage_blocks(cfg) * block + embed
+    return stage_blocks(cfg) * dense + embed, stage_blocks(cfg) * expert
 
 
 def memory_per_gpu(cfg: MemoryConfig) -> dict:
@@ -600,13 +681,18 @@ def memory_per_gpu(cfg: MemoryConfig) -> dict:
     `activation_bytes_per_layer` × the first stage's blocks × `in_flight_microbatches`, plus the
     recomputation working set (`recompute_working_bytes`, one layer of one micro-batch).
     ZeRO-3 also holds, one block at a time, the parameters it gathers from the other ranks
-    ("gathered": a block's 16-bit parameters times (1 - 1/N_d)). Not counted:
+    ("gathered": a block's 16-bit parameters times (1 - 1/N_d)). With experts the expert states are
+    whole on every rank (`stage_param_split`) and each block's activations change by `moe_activation_delta`
+    (minimega's MoE layer; with full recomputation only in the working set). Not counted:
     communication buckets, allocator fragmentation, the embedding/loss activations and logits.
     """
     cfg.check()
-    n = stage_params(cfg)
-    states = model_state_breakdown(n, cfg.dp, cfg.zero_stage, cfg.precision,
-                                   grad_bytes=4 if cfg.fp32_grads else None)
+    n_dense, n_expert = stage_param_split(cfg)
+    grad_bytes = 4 if cfg.fp32_grads else None
+    states = model_state_breakdown(n_dense, cfg.dp, cfg.zero_stage, cfg.precision, grad_bytes=grad_bytes)
+    if n_expert:                            # experts: whole on each rank of their expert-data-parallel group
+        for k, v in model_state_breakdown(n_expert, 1, 0, cfg.precision, grad_bytes=grad_bytes).items():
+            states[k] += v
     cpu = 0.0
     if cfg.offload in ("optimizer", "optimizer+params"):
         cpu += states["optimizer"] + states["grads"]
@@ -616,18 +702,20 @@ def memory_per_gpu(cfg: MemoryConfig) -> dict:
         states["params"] = 0.0
     p_bytes = state_bytes_per_param(cfg.precision)[0]
     h, t = cfg.hidden, cfg.tp
-    gathered = p_bytes * ((12 * h * h + 7 * h) / t + 6 * h) * (1 - 1 / cfg.dp) if cfg.zero_stage == 3 else 0.0
+    gathered = p_bytes * block_params(cfg)[0] * (1 - 1 / cfg.dp) if cfg.zero_stage == 3 else 0.0
     act = dict(tp=t, sp=cfg.sp and t > 1, recompute=cfg.recompute, attention=cfg.attention,
                act_bytes=4 if cfg.precision == "fp32" else 2)
     shape = (cfg.seq_len, cfg.micro_batch, h, cfg.heads)
-    per_layer = activation_bytes_per_layer(*shape, **act)
+    moe = moe_activation_delta(*shape[:3], cfg.experts, cfg.top_k, cfg.capacity_factor, tp=t,
+                               act_bytes=act["act_bytes"]) if cfg.experts else 0.0
+    per_layer = activation_bytes_per_layer(*shape, **act) + (0.0 if cfg.recompute == "full" else moe)
     in_flight = in_flight_microbatches(cfg.pp, cfg.micro_batches, cfg.schedule, cfg.virtual_stages) \
         if cfg.pp > 1 else 1.0
     out = {**states, "gathered": gathered, "activations": per_layer * stage_blocks(cfg) * in_flight,
-           "recompute": recompute_working_bytes(*shape, **act)}
+           "recompute": recompute_working_bytes(*shape, **act) + (moe if cfg.recompute == "full" else 0.0)}
     out["total"] = sum(out.values())
     out["cpu"] = cpu
-    out["stage_params"] = n
+    out["stage_params"] = n_dense + n_expert
     return out
 # --8<-- [end:memory_per_gpu]
 

@@ -26,6 +26,11 @@ The model, phase by phase, for the slowest pipeline stage of one step:
        on the CPU at host memory bandwidth, and the updated 16-bit shard comes back up, exposed, before
        the all-gather. With 'optimizer+params' (ZeRO-3) each layer's parameter shard also comes up PCIe
        before its gather, forward and backward, hidden behind compute like the gathers themselves.
+    7. Mixture of experts (``experts > 0``, minimega's `moe.MoELayer`): the MLP's ops become the router,
+       the dense dispatch and combine and the experts' GEMMs over their capacity slots (``moe_ops``); the
+       layer runs whole on every tp rank (one tp all-reduce per pass, not two); its four all-to-alls per
+       layer and micro-batch sit on the critical path (``ep_comm``); expert gradients are all-reduced over
+       the dp/ep ranks holding the same experts, bucketed like DDP's.
 
 Collectives use the α-β model (Thakur, Rabenseifner and Gropp 2005) on the link tier the group spans.
 """
@@ -174,13 +179,38 @@ def layer_ops(cfg: PerfConfig) -> list[tuple[str, float, float]]:
         ops.append(("scores·v", 2 * N * s * ht, e * (scores + 2 * N * ht)))
     ops += [("proj", 2 * N * ht * h, e * (N * ht + ht * h + N * h)),
             ("dropout+residual", 3 * N * h / rep, (3 * e + drop) * N * h / rep),
-            ("layernorm", 8 * N * h / rep, 2 * N * h * e / rep),
-            ("fc1", 2 * N * h * 4 * ht, e * (N * h + 4 * h * ht + 4 * N * ht)),
-            ("gelu", 8 * N * ht * 4, 2 * e * 4 * N * ht),
-            ("fc2", 2 * N * 4 * ht * h, e * (4 * N * ht + 4 * ht * h + N * h)),
-            ("dropout+residual", 3 * N * h / rep, (3 * e + drop) * N * h / rep)]
+            ("layernorm", 8 * N * h / rep, 2 * N * h * e / rep)]
+    if cfg.experts:
+        ops += moe_ops(cfg)
+    else:
+        ops += [("fc1", 2 * N * h * 4 * ht, e * (N * h + 4 * h * ht + 4 * N * ht)),
+                ("gelu", 8 * N * ht * 4, 2 * e * 4 * N * ht),
+                ("fc2", 2 * N * 4 * ht * h, e * (4 * N * ht + 4 * ht * h + N * h))]
+    ops.append(("dropout+residual", 3 * N * h / rep, (3 * e + drop) * N * h / rep))
     return ops
 # --8<-- [end:layer_ops]
+
+
+def moe_ops(cfg: PerfConfig) -> list[tuple[str, float, float]]:
+    """The MLP's ops when it is minimega's MoE layer (`moe.MoELayer`), whole on every tp rank.
+
+    The router's GEMM and softmax over N tokens; GShard's dense dispatch and combine, each an N × E·C by h
+    contraction per sequence; the experts' GEMMs and GELU over the R = b·E·C slots (rows this rank's
+    experts receive after the all-to-all: E/ep experts × ep·b·C rows), their weights read once per expert.
+    Capacity, not top-k alone, sets the expert FLOPs: a slot is computed whether a token filled it or not.
+    """
+    s, b, h, E = cfg.seq_len, cfg.micro_batch, cfg.hidden, cfg.experts
+    e = 4 if cfg.precision == "fp32" else 2
+    N, EC = s * b, E * est.moe_capacity(s, E, cfg.top_k, cfg.capacity_factor)
+    R, local = b * EC, E / cfg.ep
+    mix = (2 * N * EC * h, e * (N * EC + N * h + b * EC * h))          # (b, s, E·C) × (b, s, h) per sequence
+    return [("router", 2 * N * h * E, e * (N * h + h * E + N * E)),
+            ("router softmax", 5 * N * E, 2 * e * N * E),
+            ("dispatch", *mix),
+            ("expert fc1", 2 * R * h * 4 * h, e * (R * h + local * 4 * h * h + 4 * R * h)),
+            ("expert gelu", 8 * R * 4 * h, 2 * e * 4 * R * h),
+            ("expert fc2", 2 * R * 4 * h * h, e * (4 * R * h + local * 4 * h * h + R * h)),
+            ("combine", *mix)]
 
 
 ATTENTION_CORE = ("scores q·kᵀ", "softmax", "attention dropout", "scores·v", "attention (fused)")
@@ -235,8 +265,15 @@ def layer_times(cfg: PerfConfig, hw: Hardware | str) -> dict:
     e = 4 if cfg.precision == "fp32" else 2
     tp_link = hw.link(cfg.tp)
     ar = collective_time("all_reduce", cfg.seq_len * cfg.micro_batch * cfg.hidden * e, cfg.tp, tp_link)
-    n_ar = 4 + (2 if cfg.recompute == "full" else 0)
-    return {"forward": fwd, "backward": 2 * fwd, "recompute": recompute, "tp_comm": n_ar * ar}
+    per_pass = 1 if cfg.experts else 2                 # a MoE MLP is whole on every tp rank: no all-reduce of its own
+    n_ar = 2 * per_pass + (per_pass if cfg.recompute == "full" else 0)
+    ep_comm = 0.0
+    if cfg.experts and cfg.ep > 1:                     # dispatch + combine, forward and backward (and the recompute)
+        size = cfg.micro_batch * cfg.experts * est.moe_capacity(cfg.seq_len, cfg.experts, cfg.top_k,
+                                                                cfg.capacity_factor) * cfg.hidden * e
+        a2a = collective_time("all_to_all", size, cfg.ep, hw.link(cfg.tp * cfg.ep))
+        ep_comm = (4 + (2 if cfg.recompute == "full" else 0)) * a2a
+    return {"forward": fwd, "backward": 2 * fwd, "recompute": recompute, "tp_comm": n_ar * ar, "ep_comm": ep_comm}
 
 
 def microbatch_time(cfg: PerfConfig, hw: Hardware | str) -> dict:
@@ -257,7 +294,7 @@ def microbatch_time(cfg: PerfConfig, hw: Hardware | str) -> dict:
             "backward": blocks * lt["backward"] + (2 * head / 3 if with_head else 0),
             "recompute": blocks * lt["recompute"],
             "tp_comm": blocks * lt["tp_comm"] + (head_tp if with_head else 0),
-            "blocks": blocks}
+            "ep_comm": blocks * lt["ep_comm"], "blocks": blocks}
 
 
 # ----------------------------------------------------------------------------------------------
@@ -279,7 +316,7 @@ def step_time(cfg: PerfConfig, hw: Hardware | str = "a100-80gb") -> dict:
     """Predicted seconds of one optimizer step, by part, with tokens/s, MFU and memory per GPU.
 
     Returns a dict: ``compute`` (forward + backward + recompute over all micro-batches), ``tp_comm``,
-    ``p2p``, ``bubble``, ``stack_overhead`` (see `STACKS`), ``dp_comm`` (exposed), ``offload`` (exposed PCIe
+    ``ep_comm`` (the expert all-to-alls, on the critical path), ``p2p``, ``bubble``, ``stack_overhead`` (see `STACKS`), ``dp_comm`` (exposed), ``offload`` (exposed PCIe
     transfers), ``optimizer`` (on the CPU when offloaded), ``total``, and ``tokens_per_s``,
     ``tflops_per_gpu`` (Narayanan's Eq. 3 hardware FLOPs with full recomputation, what Megatron logs),
     ``mfu`` (model FLOPs, Korthikanti App. A), ``hfu``, ``memory`` (`estimate.memory_per_gpu`), ``fits``.
@@ -296,11 +333,11 @@ def step_time(cfg: PerfConfig, hw: Hardware | str = "a100-80gb") -> dict:
     if p > 1:
         msg = cfg.seq_len * cfg.micro_batch * cfg.hidden * e / cfg.tp
         p2p = 2 * v * collective_time("send_recv", msg, 2, hw.link(cfg.n_gpus))
-    slot = mb["forward"] + mb["backward"] + mb["recompute"] + mb["tp_comm"] + p2p
+    slot = mb["forward"] + mb["backward"] + mb["recompute"] + mb["tp_comm"] + mb["ep_comm"] + p2p
     bubble = (p - 1) / v * slot if p > 1 else 0.0
     stack_overhead = (m + (p - 1) / v) * slot * (1 / STACKS[cfg.stack] - 1)
     # data parallelism
-    n_stage = est.stage_params(cfg.memory_config())
+    n_stage, n_expert = est.stage_param_split(cfg.memory_config())
     grad_b = 4 if cfg.fp32_grads or cfg.precision == "fp32" else 2
     link = hw.link(_dp_group_span(cfg))
     last_bwd = mb["backward"] + mb["recompute"]
@@ -309,7 +346,9 @@ def step_time(cfg: PerfConfig, hw: Hardware | str = "a100-80gb") -> dict:
     if cfg.dp > 1:
         if cfg.zero_stage == 3:
             lt = layer_times(cfg, hw)
-            layer_bytes = (12 * cfg.hidden ** 2 + 7 * cfg.hidden) / cfg.tp * e
+            h = cfg.hidden
+            layer_bytes = ((4 * h * h + 3 * h) / cfg.tp + h * cfg.experts if cfg.experts
+                           else (12 * h * h + 7 * h) / cfg.tp) * e
             fetch = collective_time("send_recv", layer_bytes / cfg.dp, 2, hw.host) if params_up else 0.0
             ag = fetch + collective_time("all_gather", layer_bytes, cfg.dp, link)
             rs = collective_time("reduce_scatter", layer_bytes * grad_b / e, cfg.dp, link)
@@ -322,8 +361,12 @@ def step_time(cfg: PerfConfig, hw: Hardware | str = "a100-80gb") -> dict:
             dp_comm = max(last, total - last_bwd) if p == 1 and cfg.overlap_comm else total
             if cfg.zero_stage in (1, 2):
                 dp_comm += collective_time("all_gather", n_stage * e, cfg.dp, link)
+    edp = cfg.dp // cfg.ep
+    if n_expert and edp > 1:               # expert gradients: an all-reduce over the expert-data-parallel group
+        total, last = _bucketed("all_reduce", n_expert * grad_b, edp, link, cfg.bucket_bytes)
+        dp_comm += max(last, total - last_bwd) if p == 1 and cfg.overlap_comm else total
     # Adam: read p32, m, v, grad; write p32, m, v and the 16-bit copy; on this rank's shard
-    shard = n_stage / (cfg.dp if cfg.zero_stage >= 1 else 1)
+    shard = n_stage / (cfg.dp if cfg.zero_stage >= 1 else 1) + n_expert
     adam_bytes = shard * (4 * 6 + grad_b + e)
     offload = 0.0
     if cfg.offload == "none":
@@ -335,26 +378,38 @@ def step_time(cfg: PerfConfig, hw: Hardware | str = "a100-80gb") -> dict:
         offload = (max(0.0, down - last_bwd) if p == 1 and cfg.overlap_comm else down) + up
     compute = m * (mb["forward"] + mb["backward"] + mb["recompute"])
     out = {"compute": compute, "forward": m * mb["forward"], "backward": m * mb["backward"],
-           "recompute": m * mb["recompute"], "tp_comm": m * mb["tp_comm"], "p2p": m * p2p,
+           "recompute": m * mb["recompute"], "tp_comm": m * mb["tp_comm"], "ep_comm": m * mb["ep_comm"],
+           "p2p": m * p2p,
            "bubble": bubble, "stack_overhead": stack_overhead, "dp_comm": dp_comm, "offload": offload,
            "optimizer": optimizer}
-    out["total"] = compute + out["tp_comm"] + out["p2p"] + bubble + stack_overhead + dp_comm + offload + optimizer
+    out["total"] = (compute + out["tp_comm"] + out["ep_comm"] + out["p2p"] + bubble + stack_overhead + dp_comm
+                    + offload + optimizer)
     tokens = cfg.global_batch * cfg.seq_len
-    model_flops = est.megatron_model_flops(cfg.global_batch, cfg.seq_len, cfg.layers, cfg.hidden, cfg.vocab)
-    hw_flops = {"none": model_flops, "full": est.megatron_hardware_flops(
-        cfg.global_batch, cfg.seq_len, cfg.layers, cfg.hidden, cfg.vocab),
-        "selective": 72 * cfg.global_batch * cfg.layers * cfg.seq_len * cfg.hidden ** 2 * (
-            1 + cfg.seq_len / (3 * cfg.hidden) + cfg.vocab / (12 * cfg.hidden * cfg.layers))}[cfg.recompute]
+    moe = moe_extra_flops(cfg)
+    model_flops = est.megatron_model_flops(cfg.global_batch, cfg.seq_len, cfg.layers, cfg.hidden, cfg.vocab) + moe
+    logged = est.megatron_hardware_flops(cfg.global_batch, cfg.seq_len, cfg.layers, cfg.hidden, cfg.vocab) + moe * 4 / 3
+    hw_flops = {"none": model_flops, "full": logged,
+                "selective": 72 * cfg.global_batch * cfg.layers * cfg.seq_len * cfg.hidden ** 2 * (
+                    1 + cfg.seq_len / (3 * cfg.hidden) + cfg.vocab / (12 * cfg.hidden * cfg.layers)) + moe}[cfg.recompute]
     n = cfg.n_gpus
     mem = est.memory_per_gpu(cfg.memory_config())
     out.update(tokens_per_s=tokens / out["total"], micro_batches=m, n_gpus=n,
-               tflops_per_gpu=est.megatron_hardware_flops(cfg.global_batch, cfg.seq_len, cfg.layers, cfg.hidden,
-                                                          cfg.vocab) / out["total"] / n / 1e12,
+               tflops_per_gpu=logged / out["total"] / n / 1e12,
                mfu=model_flops / out["total"] / n / hw.peak_flops,
                hfu=hw_flops / out["total"] / n / hw.peak_flops,
                memory=mem, fits=mem["total"] <= hw.memory_bytes)
     return out
 # --8<-- [end:step_time]
+
+
+def moe_extra_flops(cfg: PerfConfig) -> float:
+    """Model FLOPs a MoE step adds to the dense formula (`estimate.megatron_model_flops`): each token's MLP runs
+    in k experts instead of one (48·B·s·L·h² per extra expert, forward and backward) and through the router
+    (6·B·s·L·h·E). Useful work only: empty capacity slots and the dense dispatch are not counted."""
+    if not cfg.experts:
+        return 0.0
+    tokens_layers = cfg.global_batch * cfg.seq_len * cfg.layers
+    return 48 * tokens_layers * cfg.hidden ** 2 * (cfg.top_k - 1) + 6 * tokens_layers * cfg.hidden * cfg.experts
 
 
 def days_and_cost(result: dict, tokens: float, price_per_gpu_hour: float, global_batch: int, seq_len: int) -> dict:

@@ -6,7 +6,8 @@ Rules of the search (each one a constraint the stacks themselves impose):
     pp ≤ layers; dp = GPUs / (tp·pp) divides the global batch, and micro-batches divide the rest;
     ZeRO-2/3 only without pp (``compose.py``: they would reduce or gather every micro-batch);
     interleaved 1F1B with v chunks only when pp·v divides the layers and pp divides m (Megatron's rule);
-    sequence parallelism only with tp > 1. GPipe is searched only when asked for (``schedules``): it times
+    sequence parallelism only with tp > 1 (and never with experts); with experts, ep runs over the
+    divisors of dp that also divide the experts (ep is carved out of dp). GPipe is searched only when asked for (``schedules``): it times
     like 1F1B and holds m micro-batches instead of p, so it never beats it.
 """
 from __future__ import annotations
@@ -40,8 +41,11 @@ def layouts(model: dict, n_gpus: int, global_batch: int, hw: Hardware, *, zero_s
             dp = n_gpus // (tp * pp)
             if pp > model["layers"] or global_batch % dp:
                 continue
-            for z, rc, b, s in itertools.product(zero_stages, recompute, micro_batches, sp):
-                if (z >= 2 and pp > 1) or (z > 0 and dp == 1) or (s and tp == 1) or (global_batch // dp) % b:
+            experts = model.get("experts", 0)
+            eps = [e for e in _divisors(dp) if experts % e == 0] if experts else [1]
+            for z, rc, b, s, ep in itertools.product(zero_stages, recompute, micro_batches, sp, eps):
+                if (z >= 2 and pp > 1) or (z > 0 and dp == 1) or (s and (tp == 1 or experts)) \
+                        or (global_batch // dp) % b:
                     continue
                 m = global_batch // (dp * b)
                 scheds = [("1f1b", 1)] if pp == 1 else \
@@ -51,7 +55,8 @@ def layouts(model: dict, n_gpus: int, global_batch: int, hw: Hardware, *, zero_s
                     if pp > 1 and sched not in schedules:
                         continue
                     yield PerfConfig(**model, **fixed, tp=tp, pp=pp, dp=dp, zero_stage=z, recompute=rc,
-                                     micro_batch=b, sp=s, schedule=sched, virtual_stages=v, global_batch=global_batch)
+                                     micro_batch=b, sp=s, schedule=sched, virtual_stages=v, global_batch=global_batch,
+                                     **({"ep": ep} if experts else {}))
 
 
 # --8<-- [start:plan]
@@ -96,7 +101,7 @@ def plan(model: dict, n_gpus: int, global_batch: int, hw: Hardware | str = "a100
 
 
 SHAPE_KEYS = ("layers", "hidden", "heads", "vocab", "seq_len", "precision", "fp32_grads", "position_embedding",
-              "pp_partition", "attention")
+              "pp_partition", "attention", "experts", "top_k", "capacity_factor")
 
 
 def preset_shape(name: str) -> dict:
@@ -117,8 +122,9 @@ def plan_rank(preset: str, n_gpus: int, global_batch: int, layout: str, hw: str 
 
 
 def layout_name(cfg: PerfConfig) -> str:
-    """dp8-tp4-pp12 z1 full b2 1f1b (+sp, +v2)."""
-    s = f"dp{cfg.dp}-tp{cfg.tp}-pp{cfg.pp} z{cfg.zero_stage} {cfg.recompute} b{cfg.micro_batch}"
+    """dp8-tp4-pp12 z1 full b2 1f1b (+sp, +v2; dp8-ep4-tp1-pp1 with experts)."""
+    ep = f"-ep{cfg.ep}" if cfg.experts else ""
+    s = f"dp{cfg.dp}{ep}-tp{cfg.tp}-pp{cfg.pp} z{cfg.zero_stage} {cfg.recompute} b{cfg.micro_batch}"
     if cfg.pp > 1:
         s += f" {cfg.schedule}" + (f" v{cfg.virtual_stages}" if cfg.schedule == "interleaved" else "")
     return s + (" sp" if cfg.sp else "")

@@ -19,7 +19,8 @@
               "micro_batches", "virtual_stages"];
   var DEFAULTS = {micro_batch: 1, precision: "mixed", zero_stage: 0, tp: 1, dp: 1, pp: 1, sp: false,
                   recompute: "none", schedule: "1f1b", micro_batches: 1, virtual_stages: 1, offload: "none",
-                  attention: "unfused", position_embedding: true, fp32_grads: false, pp_partition: "blocks"};
+                  attention: "unfused", position_embedding: true, fp32_grads: false, pp_partition: "blocks",
+                  experts: 0, top_k: 2, capacity_factor: 1.25, ep: 1};
 
   function stateBytesPerParam(precision) {          // estimate.state_bytes_per_param
     if (precision === "mixed" || precision === "bf16" || precision === "fp16") return [2, 2, 12];
@@ -56,6 +57,16 @@
     return full - activationBytesPerLayer(s, b, h, a, t, sp, "selective", attention, actBytes, maskBytes);
   }
 
+  function moeCapacity(s, E, k, cf) {                 // estimate.moe_capacity
+    return Math.max(1, Math.min(s, Math.ceil(cf * k * s / E)));
+  }
+
+  function moeActivationDelta(s, b, h, E, k, cf, t, e) {   // estimate.moe_activation_delta
+    var N = s * b, C = moeCapacity(s, E, k, cf), R = b * E * C;
+    var routing = N * h + N * E + (k > 1 ? N * (k + 1) : 0) + b * E + N * E * C * (k + 2);
+    return e * (routing + 10 * R * h) + 8 * N * k - e * s * b * h * (1 + 8 / t);
+  }
+
   function inFlightMicrobatches(p, m, schedule, v) {  // estimate.in_flight_microbatches
     if (schedule === "gpipe") return m;
     if (schedule === "1f1b") return Math.min(p, m);
@@ -82,6 +93,19 @@
                       ": heads must divide hidden and tp must divide heads");
     if (cfg.offload === "optimizer+params" && cfg.zero_stage !== 3)
       throw new Error("offloading parameters needs ZeRO stage 3 (they are offloaded as shards)");
+    if (!(Number.isInteger(cfg.experts) && cfg.experts >= 0)) throw new Error("experts = " + cfg.experts + ": expected an integer >= 0");
+    if (!(Number.isInteger(cfg.ep) && cfg.ep >= 1)) throw new Error("ep = " + cfg.ep + ": expected an integer >= 1");
+    if (cfg.experts === 0) {
+      if (cfg.ep > 1) throw new Error("ep = " + cfg.ep + " needs experts > 0");
+      return;
+    }
+    if (!(Number.isInteger(cfg.top_k) && cfg.top_k >= 1 && cfg.top_k <= cfg.experts))
+      throw new Error("top_k = " + cfg.top_k + ": expected an integer from 1 to experts = " + cfg.experts);
+    if (!(typeof cfg.capacity_factor === "number" && isFinite(cfg.capacity_factor) && cfg.capacity_factor > 0))
+      throw new Error("capacity factor = " + cfg.capacity_factor + ": expected a number > 0");
+    if (cfg.experts % cfg.ep !== 0 || cfg.dp % cfg.ep !== 0)
+      throw new Error("ep = " + cfg.ep + " must divide experts = " + cfg.experts + " and dp = " + cfg.dp);
+    if (cfg.sp && cfg.tp > 1) throw new Error("sequence parallelism with experts: use sp = false");
   }
 
   function stageBlocks(cfg) {                         // estimate.stage_blocks
@@ -90,12 +114,22 @@
     return Math.ceil(cfg.layers / cfg.pp);
   }
 
-  function stageParams(cfg) {                         // estimate.stage_params
+  function blockParams(cfg) {                         // estimate.block_params
     var h = cfg.hidden, t = cfg.tp;
-    var block = (12 * h * h + 7 * h) / t + 6 * h;
+    if (!cfg.experts) return [(12 * h * h + 7 * h) / t + 6 * h, 0];
+    return [(4 * h * h + 3 * h) / t + 5 * h + h * cfg.experts, cfg.experts / cfg.ep * 8 * h * h];
+  }
+
+  function stageParamSplit(cfg) {                     // estimate.stage_param_split
+    var h = cfg.hidden, t = cfg.tp, bp = blockParams(cfg);
     var positions = cfg.position_embedding ? cfg.seq_len * h : 0;
     var embed = cfg.vocab * h / t + positions + (cfg.pp === 1 ? 2 * h : 0);
-    return stageBlocks(cfg) * block + embed;
+    return [stageBlocks(cfg) * bp[0] + embed, stageBlocks(cfg) * bp[1]];
+  }
+
+  function stageParams(cfg) {                         // estimate.stage_params
+    var sp = stageParamSplit(cfg);
+    return sp[0] + sp[1];
   }
 
   function memoryPerGpu(input) {                      // estimate.memory_per_gpu
@@ -103,8 +137,12 @@
     for (k in DEFAULTS) cfg[k] = DEFAULTS[k];
     for (k in input) cfg[k] = input[k];
     check(cfg);
-    var n = stageParams(cfg);
-    var st = modelStateBreakdown(n, cfg.dp, cfg.zero_stage, cfg.precision, cfg.fp32_grads ? 4 : null);
+    var split = stageParamSplit(cfg), n = split[0] + split[1];
+    var st = modelStateBreakdown(split[0], cfg.dp, cfg.zero_stage, cfg.precision, cfg.fp32_grads ? 4 : null);
+    if (split[1]) {                                   // experts: whole on each rank of their group
+      var ex = modelStateBreakdown(split[1], 1, 0, cfg.precision, cfg.fp32_grads ? 4 : null);
+      st.params += ex.params; st.grads += ex.grads; st.optimizer += ex.optimizer;
+    }
     var cpu = 0;
     if (cfg.offload === "optimizer" || cfg.offload === "optimizer+params") {
       cpu += st.optimizer + st.grads;
@@ -113,16 +151,18 @@
     if (cfg.offload === "optimizer+params") { cpu += st.params; st.params = 0; }
     var pBytes = stateBytesPerParam(cfg.precision)[0];
     var h = cfg.hidden, t = cfg.tp;
-    var gathered = cfg.zero_stage === 3 ? pBytes * ((12 * h * h + 7 * h) / t + 6 * h) * (1 - 1 / cfg.dp) : 0;
+    var gathered = cfg.zero_stage === 3 ? pBytes * blockParams(cfg)[0] * (1 - 1 / cfg.dp) : 0;
     var actBytes = cfg.precision === "fp32" ? 4 : 2;
     var sp = cfg.sp && t > 1;
+    var moe = cfg.experts ? moeActivationDelta(cfg.seq_len, cfg.micro_batch, h, cfg.experts, cfg.top_k,
+                                               cfg.capacity_factor, t, actBytes) : 0;
     var perLayer = activationBytesPerLayer(cfg.seq_len, cfg.micro_batch, h, cfg.heads, t, sp,
-                                           cfg.recompute, cfg.attention, actBytes, 1);
+                                           cfg.recompute, cfg.attention, actBytes, 1) + (cfg.recompute === "full" ? 0 : moe);
     var inFlight = cfg.pp > 1 ? inFlightMicrobatches(cfg.pp, cfg.micro_batches, cfg.schedule, cfg.virtual_stages) : 1;
     var out = {params: st.params, grads: st.grads, optimizer: st.optimizer, gathered: gathered,
                activations: perLayer * stageBlocks(cfg) * inFlight,
                recompute: recomputeWorkingBytes(cfg.seq_len, cfg.micro_batch, h, cfg.heads, t, sp,
-                                                cfg.recompute, cfg.attention, actBytes, 1)};
+                                                cfg.recompute, cfg.attention, actBytes, 1) + (cfg.recompute === "full" ? moe : 0)};
     out.total = out.params + out.grads + out.optimizer + out.gathered + out.activations + out.recompute;
     out.cpu = cpu;
     out.stage_params = n;
@@ -130,6 +170,7 @@
   }
 
   var api = {memoryPerGpu: memoryPerGpu, stageParams: stageParams, stageBlocks: stageBlocks,
+             stageParamSplit: stageParamSplit, blockParams: blockParams, moeCapacity: moeCapacity,
              modelStateBreakdown: modelStateBreakdown, activationBytesPerLayer: activationBytesPerLayer,
              recomputeWorkingBytes: recomputeWorkingBytes, inFlightMicrobatches: inFlightMicrobatches};
   if (typeof module !== "undefined" && module.exports) { module.exports = api; return; }

@@ -65,7 +65,8 @@
   var DEFAULTS = {micro_batch: 1, precision: "mixed", zero_stage: 0, tp: 1, dp: 1, pp: 1, sp: false,
                   recompute: "none", schedule: "1f1b", virtual_stages: 1, offload: "none", attention: "unfused",
                   position_embedding: true, fp32_grads: false, pp_partition: "blocks", global_batch: 1,
-                  dropout: true, bucket_bytes: 25e6, stack: "megatron", overlap_comm: true};
+                  dropout: true, bucket_bytes: 25e6, stack: "megatron", overlap_comm: true,
+                  experts: 0, top_k: 2, capacity_factor: 1.25, ep: 1};
 
   function perfConfig(input) {                       // perf.PerfConfig (+ check)
     var c = {}, k;
@@ -90,7 +91,7 @@
     var out = {}, k;
     ["layers", "hidden", "heads", "vocab", "seq_len", "micro_batch", "precision", "zero_stage", "tp", "dp", "pp", "sp",
      "recompute", "schedule", "micro_batches", "virtual_stages", "offload", "attention", "position_embedding",
-     "fp32_grads", "pp_partition"].forEach(function (k2) { out[k2] = c[k2]; });
+     "fp32_grads", "pp_partition", "experts", "top_k", "capacity_factor", "ep"].forEach(function (k2) { out[k2] = c[k2]; });
     return out;
   }
 
@@ -111,12 +112,26 @@
     }
     ops.push(["proj", 2 * N * ht * h, e * (N * ht + ht * h + N * h)],
              ["dropout+residual", 3 * N * h / rep, (3 * e + drop) * N * h / rep],
-             ["layernorm", 8 * N * h / rep, 2 * N * h * e / rep],
-             ["fc1", 2 * N * h * 4 * ht, e * (N * h + 4 * h * ht + 4 * N * ht)],
-             ["gelu", 8 * N * ht * 4, 2 * e * 4 * N * ht],
-             ["fc2", 2 * N * 4 * ht * h, e * (4 * N * ht + 4 * ht * h + N * h)],
-             ["dropout+residual", 3 * N * h / rep, (3 * e + drop) * N * h / rep]);
+             ["layernorm", 8 * N * h / rep, 2 * N * h * e / rep]);
+    if (c.experts) ops = ops.concat(moeOps(c));
+    else ops.push(["fc1", 2 * N * h * 4 * ht, e * (N * h + 4 * h * ht + 4 * N * ht)],
+                  ["gelu", 8 * N * ht * 4, 2 * e * 4 * N * ht],
+                  ["fc2", 2 * N * 4 * ht * h, e * (4 * N * ht + 4 * ht * h + N * h)]);
+    ops.push(["dropout+residual", 3 * N * h / rep, (3 * e + drop) * N * h / rep]);
     return ops;
+  }
+
+  function moeOps(c) {                               // perf.moe_ops
+    var s = c.seq_len, b = c.micro_batch, h = c.hidden, E = c.experts, e = c.precision === "fp32" ? 4 : 2;
+    var N = s * b, EC = E * mem.moeCapacity(s, E, c.top_k, c.capacity_factor), R = b * EC, local = E / c.ep;
+    var mixF = 2 * N * EC * h, mixB = e * (N * EC + N * h + b * EC * h);
+    return [["router", 2 * N * h * E, e * (N * h + h * E + N * E)],
+            ["router softmax", 5 * N * E, 2 * e * N * E],
+            ["dispatch", mixF, mixB],
+            ["expert fc1", 2 * R * h * 4 * h, e * (R * h + local * 4 * h * h + 4 * R * h)],
+            ["expert gelu", 8 * R * 4 * h, 2 * e * 4 * R * h],
+            ["expert fc2", 2 * R * 4 * h * h, e * (4 * R * h + local * 4 * h * h + R * h)],
+            ["combine", mixF, mixB]];
   }
   var CORE = ["scores q·kᵀ", "softmax", "attention dropout", "scores·v", "attention (fused)"];
 
@@ -140,8 +155,14 @@
     var recompute = {none: 0, selective: core, full: fwd}[c.recompute];
     var e = c.precision === "fp32" ? 4 : 2;
     var ar = collectiveTime("all_reduce", c.seq_len * c.micro_batch * c.hidden * e, c.tp, linkFor(h, c.tp));
-    var nAr = 4 + (c.recompute === "full" ? 2 : 0);
-    return {forward: fwd, backward: 2 * fwd, recompute: recompute, tp_comm: nAr * ar};
+    var perPass = c.experts ? 1 : 2;
+    var nAr = 2 * perPass + (c.recompute === "full" ? perPass : 0);
+    var epComm = 0;
+    if (c.experts && c.ep > 1) {
+      var size = c.micro_batch * c.experts * mem.moeCapacity(c.seq_len, c.experts, c.top_k, c.capacity_factor) * c.hidden * e;
+      epComm = (4 + (c.recompute === "full" ? 2 : 0)) * collectiveTime("all_to_all", size, c.ep, linkFor(h, c.tp * c.ep));
+    }
+    return {forward: fwd, backward: 2 * fwd, recompute: recompute, tp_comm: nAr * ar, ep_comm: epComm};
   }
 
   function stageLayers(c) {
@@ -168,7 +189,8 @@
     var withHead = slow === "last" || c.pp === 1;
     return {forward: blocks * lt.forward + (withHead ? head / 3 : 0),
             backward: blocks * lt.backward + (withHead ? 2 * head / 3 : 0),
-            recompute: blocks * lt.recompute, tp_comm: blocks * lt.tp_comm + (withHead ? headTp : 0), blocks: blocks};
+            recompute: blocks * lt.recompute, tp_comm: blocks * lt.tp_comm + (withHead ? headTp : 0),
+            ep_comm: blocks * lt.ep_comm, blocks: blocks};
   }
 
   function bucketed(op, size, n, l, bucket) {
@@ -187,10 +209,10 @@
     var nGpus = c.dp * c.tp * c.pp;
     var p2p = 0;
     if (p > 1) p2p = 2 * v * collectiveTime("send_recv", c.seq_len * c.micro_batch * c.hidden * e / c.tp, 2, linkFor(h, nGpus));
-    var slot = mb.forward + mb.backward + mb.recompute + mb.tp_comm + p2p;
+    var slot = mb.forward + mb.backward + mb.recompute + mb.tp_comm + mb.ep_comm + p2p;
     var bubble = p > 1 ? (p - 1) / v * slot : 0;
     var stackOverhead = (m + (p - 1) / v) * slot * (1 / STACKS[c.stack] - 1);
-    var nStage = mem.stageParams(memCfg(c));
+    var split = mem.stageParamSplit(memCfg(c)), nStage = split[0], nExpert = split[1];
     var gradB = (c.fp32_grads || c.precision === "fp32") ? 4 : 2;
     var l = linkFor(h, c.tp * c.dp);
     var lastBwd = mb.backward + mb.recompute;
@@ -198,7 +220,8 @@
     if (c.dp > 1) {
       if (c.zero_stage === 3) {
         var lt = layerTimes(c, h);
-        var layerBytes = (12 * c.hidden * c.hidden + 7 * c.hidden) / c.tp * e;
+        var hh = c.hidden;
+        var layerBytes = (c.experts ? (4 * hh * hh + 3 * hh) / c.tp + hh * c.experts : (12 * hh * hh + 7 * hh) / c.tp) * e;
         var fetch = c.offload === "optimizer+params" ? collectiveTime("send_recv", layerBytes / c.dp, 2, h.host) : 0;
         var ag = fetch + collectiveTime("all_gather", layerBytes, c.dp, l);
         var rs = collectiveTime("reduce_scatter", layerBytes * gradB / e, c.dp, l);
@@ -211,7 +234,12 @@
         if (c.zero_stage === 1 || c.zero_stage === 2) dpComm += collectiveTime("all_gather", nStage * e, c.dp, l);
       }
     }
-    var shard = nStage / (c.zero_stage >= 1 ? c.dp : 1);
+    var edp = c.dp / c.ep;
+    if (nExpert && edp > 1) {
+      var xl = bucketed("all_reduce", nExpert * gradB, edp, l, c.bucket_bytes);
+      dpComm += p === 1 && c.overlap_comm ? Math.max(xl[1], xl[0] - lastBwd) : xl[0];
+    }
+    var shard = nStage / (c.zero_stage >= 1 ? c.dp : 1) + nExpert;
     var adamBytes = shard * (4 * 6 + gradB + e), optimizer, offload = 0;
     if (c.offload === "none") optimizer = adamBytes / (h.hbm_bandwidth * h.memory_efficiency);
     else {                                           // Adam on the CPU; gradients down, 16-bit parameters up
@@ -221,19 +249,21 @@
     }
     var compute = m * (mb.forward + mb.backward + mb.recompute);
     var out = {compute: compute, forward: m * mb.forward, backward: m * mb.backward, recompute: m * mb.recompute,
-               tp_comm: m * mb.tp_comm, p2p: m * p2p, bubble: bubble, stack_overhead: stackOverhead, dp_comm: dpComm,
+               tp_comm: m * mb.tp_comm, ep_comm: m * mb.ep_comm, p2p: m * p2p, bubble: bubble, stack_overhead: stackOverhead, dp_comm: dpComm,
                offload: offload, optimizer: optimizer};
-    out.total = compute + out.tp_comm + out.p2p + bubble + stackOverhead + dpComm + offload + optimizer;
+    out.total = compute + out.tp_comm + out.ep_comm + out.p2p + bubble + stackOverhead + dpComm + offload + optimizer;
     var tokens = c.global_batch * c.seq_len;
-    var mf = modelFlops(c.global_batch, c.seq_len, c.layers, c.hidden, c.vocab);
-    var hf = {none: mf, full: hardwareFlops(c.global_batch, c.seq_len, c.layers, c.hidden, c.vocab),
+    var moe = moeExtraFlops(c);
+    var mf = modelFlops(c.global_batch, c.seq_len, c.layers, c.hidden, c.vocab) + moe;
+    var logged = hardwareFlops(c.global_batch, c.seq_len, c.layers, c.hidden, c.vocab) + moe * 4 / 3;
+    var hf = {none: mf, full: logged,
               selective: 72 * c.global_batch * c.layers * c.seq_len * c.hidden * c.hidden *
-                         (1 + c.seq_len / (3 * c.hidden) + c.vocab / (12 * c.hidden * c.layers))}[c.recompute];
+                         (1 + c.seq_len / (3 * c.hidden) + c.vocab / (12 * c.hidden * c.layers)) + moe}[c.recompute];
     var memory = mem.memoryPerGpu(memCfg(c));
     out.tokens_per_s = tokens / out.total;
     out.micro_batches = m;
     out.n_gpus = nGpus;
-    out.tflops_per_gpu = hardwareFlops(c.global_batch, c.seq_len, c.layers, c.hidden, c.vocab) / out.total / nGpus / 1e12;
+    out.tflops_per_gpu = logged / out.total / nGpus / 1e12;
     out.mfu = mf / out.total / nGpus / h.peak_flops;
     out.hfu = hf / out.total / nGpus / h.peak_flops;
     out.memory = memory;
@@ -241,10 +271,16 @@
     return out;
   }
 
+  function moeExtraFlops(c) {                        // perf.moe_extra_flops
+    if (!c.experts) return 0;
+    var tl = c.global_batch * c.seq_len * c.layers;
+    return 48 * tl * c.hidden * c.hidden * (c.top_k - 1) + 6 * tl * c.hidden * c.experts;
+  }
+
   function divisors(n) { var d = []; for (var i = 1; i <= n; i++) if (n % i === 0) d.push(i); return d; }
 
   function layoutName(c) {                           // perf_plan.layout_name
-    var s = "dp" + c.dp + "-tp" + c.tp + "-pp" + c.pp + " z" + c.zero_stage + " " + c.recompute + " b" + c.micro_batch;
+    var s = "dp" + c.dp + (c.experts ? "-ep" + c.ep : "") + "-tp" + c.tp + "-pp" + c.pp + " z" + c.zero_stage + " " + c.recompute + " b" + c.micro_batch;
     if (c.pp > 1) s += " " + c.schedule + (c.schedule === "interleaved" ? " v" + c.virtual_stages : "");
     return s + (c.sp ? " sp" : "");
   }
@@ -256,9 +292,11 @@
       divisors(n / tp).forEach(function (pp) {
         var dp = n / (tp * pp);
         if (pp > model.layers || B % dp !== 0) return;
+        var experts = model.experts || 0;
+        var eps = experts ? divisors(dp).filter(function (e) { return experts % e === 0; }) : [1];
         o.zero_stages.forEach(function (z) { o.recompute.forEach(function (rc) {
-          o.micro_batches.forEach(function (b) { o.sp.forEach(function (sp) {
-            if ((z >= 2 && pp > 1) || (z > 0 && dp === 1) || (sp && tp === 1) || (B / dp) % b !== 0) return;
+          o.micro_batches.forEach(function (b) { o.sp.forEach(function (sp) { eps.forEach(function (ep) {
+            if ((z >= 2 && pp > 1) || (z > 0 && dp === 1) || (sp && (tp === 1 || experts)) || (B / dp) % b !== 0) return;
             var m = B / (dp * b), scheds = [];
             if (pp === 1) scheds = [["1f1b", 1]];
             else o.schedules.forEach(function (sc) {
@@ -271,9 +309,10 @@
               for (k in model) c[k] = model[k];
               c.tp = tp; c.pp = pp; c.dp = dp; c.zero_stage = z; c.recompute = rc; c.micro_batch = b; c.sp = sp;
               c.schedule = sv[0]; c.virtual_stages = sv[1]; c.global_batch = B;
+              if (experts) c.ep = ep;
               out.push(c);
             });
-          }); });
+          }); }); });
         }); });
       });
     });
