@@ -171,6 +171,7 @@
 
   var api = {memoryPerGpu: memoryPerGpu, stageParams: stageParams, stageBlocks: stageBlocks,
              stageParamSplit: stageParamSplit, blockParams: blockParams, moeCapacity: moeCapacity,
+             readExperts: function (form, cfg) { return readExperts(form, cfg); },
              modelStateBreakdown: modelStateBreakdown, activationBytesPerLayer: activationBytesPerLayer,
              recomputeWorkingBytes: recomputeWorkingBytes, inFlightMicrobatches: inFlightMicrobatches};
   if (typeof module !== "undefined" && module.exports) { module.exports = api; return; }
@@ -204,6 +205,14 @@
       cfg[k] = form.elements[k].value;
     });
     BOOLS.forEach(function (k) { cfg[k] = form.elements[k].checked; });
+    readExperts(form, cfg);
+    return cfg;
+  }
+
+  function readExperts(form, cfg) {                   // experts 0: a dense MLP, the other three ignored
+    ["experts", "top_k", "ep"].forEach(function (k) { cfg[k] = Number(form.elements[k].value); });
+    cfg.capacity_factor = Number(form.elements.capacity_factor.value);
+    if (!cfg.experts) { cfg.ep = 1; cfg.top_k = DEFAULTS.top_k; cfg.capacity_factor = DEFAULTS.capacity_factor; }
     return cfg;
   }
 
@@ -211,7 +220,8 @@
     var cfg = {}, k;
     for (k in DEFAULTS) cfg[k] = DEFAULTS[k];
     for (k in preset) cfg[k] = preset[k];
-    INTS.concat(["zero_stage", "precision", "recompute", "schedule", "offload", "attention", "pp_partition"])
+    INTS.concat(["zero_stage", "precision", "recompute", "schedule", "offload", "attention", "pp_partition",
+                 "experts", "top_k", "ep", "capacity_factor"])
       .forEach(function (k) { form.elements[k].value = String(cfg[k]); });
     BOOLS.forEach(function (k) { form.elements[k].checked = !!cfg[k]; });
   }

@@ -364,6 +364,7 @@
     ["precision", "recompute", "schedule", "offload", "attention", "pp_partition"].forEach(function (k) { cfg[k] = f.elements[k].value; });
     ["sp", "position_embedding", "fp32_grads"].forEach(function (k) { cfg[k] = f.elements[k].checked; });
     cfg.global_batch = cfg.dp * cfg.micro_batch * Number(f.elements.micro_batches.value);
+    mem.readExperts(f, cfg);
     return cfg;
   }
 
