@@ -123,3 +123,17 @@ def test_expert_gradients_reduce_over_the_expert_data_parallel_group():
     dense_only = perf.step_time(perf.PerfConfig(layers=8, hidden=2048, heads=16, vocab=50257, seq_len=2048,
                                                 micro_batch=2, dp=16, global_batch=128, overlap_comm=False), "h100")
     assert dense_only["dp_comm"] > _step(ep=16, **no_overlap)["dp_comm"] > 0        # the MLP left the dense reduction
+
+
+def test_plan_searches_expert_parallelism(capsys):
+    from minimega.cli import main
+    from minimega.perf_plan import plan
+    moe = dict(layers=24, hidden=2048, heads=16, vocab=50257, seq_len=2048, experts=8)
+    res = plan(moe, 64, 256, "h100", top=3, recompute=("none",), micro_batches=(2,))
+    eps = {c.split("-")[1] for c in res["ranked"]}
+    assert eps == {"ep1", "ep2", "ep4", "ep8"}           # every divisor of 8 that divides dp
+    assert not any(" sp" in c for c in res["ranked"])    # sequence parallelism cuts routing groups: not searched
+    assert main(["plan", "--layers", "24", "--hidden", "2048", "--heads", "16", "--vocab", "50257", "--seq-len", "2048",
+                 "--experts", "8", "--gpus", "64", "--global-batch", "256", "--gpu", "h100", "--top", "3"]) == 0
+    out = capsys.readouterr().out
+    assert res["top"][0]["layout"] in out and " ep" in out.splitlines()[1]

@@ -154,6 +154,9 @@ def add_plan_parser(subparsers) -> argparse.ArgumentParser:
     g.add_argument("--fp32-grads", action="store_true", default=None, help="grads accumulate in fp32 (4 B/param)")
     g.add_argument("--no-dropout", action="store_true", help="the model has no dropout (BLOOM)")
     g.add_argument("--attention", choices=est.ATTENTION, default=None)
+    g.add_argument("--experts", type=int, default=None, help="experts per MoE layer (the search adds ep)")
+    g.add_argument("--top-k", type=int, default=None, help="experts per token (with --experts; default 2)")
+    g.add_argument("--capacity-factor", type=float, default=None, help="with --experts; default 1.25")
     c = p.add_argument_group("cluster")
     add_hardware_args(c)
     c.add_argument("--nodes", type=int, default=None, help="nodes (GPUs = nodes x GPUs per node)")
@@ -177,7 +180,8 @@ def add_plan_parser(subparsers) -> argparse.ArgumentParser:
 
 def _model_from_args(args) -> dict:
     model = preset_shape(args.model) if args.model else {}
-    for k in ("layers", "hidden", "heads", "vocab", "seq_len", "precision", "fp32_grads", "attention", "stack"):
+    for k in ("layers", "hidden", "heads", "vocab", "seq_len", "precision", "fp32_grads", "attention", "stack",
+              "experts", "top_k", "capacity_factor"):
         if getattr(args, k) is not None:
             model[k] = getattr(args, k)
     if args.no_dropout:
@@ -206,7 +210,8 @@ def run_plan(args: argparse.Namespace) -> int:
     print(f"{res['hardware']} x {n}: {res['searched']} layouts searched, {res['fit']} fit "
           f"{args.memory_fraction:.0%} of {hw.memory_bytes / GB:.0f} GB")
     head = f"{'#':>2} {'layout':<38} {'s/step':>8} {'tok/s':>9} {'TF/s':>6} {'MFU':>5} {'GB':>5}  " \
-           f"{'compute':>7} {'tp':>6} {'p2p':>6} {'bubble':>6} {'stack':>6} {'dp':>6}"
+           f"{'compute':>7} {'tp':>6} {'p2p':>6} {'bubble':>6} {'stack':>6} {'dp':>6}" + \
+           (f" {'ep':>6}" if any(r["ep_comm"] for r in res["top"]) else "")
     if args.tokens:
         head += f" {'days':>7} {'cost $':>11}"
     print(head)
@@ -214,6 +219,8 @@ def run_plan(args: argparse.Namespace) -> int:
         line = (f"{i:>2} {r['layout']:<38} {r['total']:>8.2f} {r['tokens_per_s']:>9.0f} {r['tflops_per_gpu']:>6.1f} "
                 f"{r['mfu']:>5.1%} {r['memory_gb']:>5.1f}  {r['compute']:>7.2f} {r['tp_comm']:>6.2f} {r['p2p']:>6.2f} "
                 f"{r['bubble']:>6.2f} {r['stack_overhead']:>6.2f} {r['dp_comm']:>6.2f}")
+        if any(x["ep_comm"] for x in res["top"]):
+            line += f" {r['ep_comm']:>6.2f}"
         if args.tokens:
             line += f" {r['days']:>7.1f} {r['cost']:>11,.0f}"
         print(line)
