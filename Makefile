@@ -4,6 +4,7 @@
 # adds JupyterLab. tools/setup_venv.py installs with uv where it can (pip is the fallback) and says
 # what it is doing at each step.
 PY      ?= python3
+PORT    ?= 8000
 VENV    := .venv
 BIN     := $(VENV)/bin
 # Pinned in every install: an unpinned torch resolves to a multi-GB CUDA build.
@@ -36,8 +37,8 @@ site: install
 	$(BIN)/mkdocs build --strict
 
 serve: install
-	@echo "==> starting the course site and the exam on http://127.0.0.1:8000 (a first start builds the site, ~10 s)"
-	$(BIN)/minimega serve --host 127.0.0.1 --port 8000 --dev
+	@echo "==> starting the course site and the exam on http://127.0.0.1:$(PORT)/ (a first start builds the site, ~10 s)"
+	$(BIN)/minimega serve --host 127.0.0.1 --port $(PORT) --dev
 
 test: install-test
 	$(BIN)/python -m pytest -q

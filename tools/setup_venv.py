@@ -146,8 +146,9 @@ def bootstrap_uv(venv: Path) -> str | None:
     """uv into the venv with its own pip (a single wheel, about 20 MB), or None if the index has none."""
     say(f"installing {UV} into {venv} (a fast installer; pip is the fallback)")
     done = subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet",
-                           "--disable-pip-version-check", UV])
-    if done.returncode != 0:
+                           "--disable-pip-version-check", UV], capture_output=True, text=True)
+    if done.returncode != 0:                     # pip's warnings are shown only when it fails
+        print(done.stdout + done.stderr, file=sys.stderr)
         say("could not install uv; installing with pip instead (slower, the same result)")
         return None
     return str(venv / "bin" / "uv")
