@@ -126,9 +126,7 @@ def uv_env(python: str) -> dict[str, str]:
     mapped = uv_environment(pip_settings(pip_config_listing(python)), os.environ)
     if mapped:
         say("uv takes pip's index settings: " + ", ".join(sorted(mapped)))
-    env = {**os.environ, **mapped}
-    env.setdefault("UV_LINK_MODE", "copy")       # no hardlink warning when the cache is on another disk
-    return env
+    return {**os.environ, **mapped}
 
 
 def create_venv(venv: Path, python: str, uv: str | None, env: dict[str, str]) -> None:
