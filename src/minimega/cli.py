@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import os
 import signal
@@ -42,10 +43,16 @@ def _add_config_flags(parser: argparse.ArgumentParser) -> None:
                                 help=f"{doc} (default: {f.default})")
 
 
+@functools.lru_cache(maxsize=1)
+def _config_source() -> tuple[str, ...]:
+    """TrainConfig's source lines, read once (parsing them per field cost seconds on every command)."""
+    import inspect
+    return tuple(inspect.getsource(TrainConfig).splitlines())
+
+
 def _field_doc(name: str) -> str:
     """The docstring under a TrainConfig field (read from the source, shown in --help)."""
-    import inspect
-    lines = inspect.getsource(TrainConfig).splitlines()
+    lines = _config_source()
     for i, line in enumerate(lines):
         if line.strip().startswith(f"{name}:") and i + 1 < len(lines) and lines[i + 1].strip().startswith('"""'):
             return lines[i + 1].strip().strip('"')

@@ -6,6 +6,8 @@ terminal (ranks may not see it), and the ranks draw whichever it chose.
 """
 from __future__ import annotations
 
+import io
+import os
 import sys
 from typing import TextIO
 
@@ -16,6 +18,14 @@ def mode_for(stream: TextIO) -> str:
     """``"bar"`` when `stream` is a terminal, else ``"lines"``."""
     isatty = getattr(stream, "isatty", None)
     return BAR if isatty is not None and isatty() else LINES
+
+
+def _columns(stream: TextIO) -> int:
+    """The terminal's width, 0 if `stream` is no terminal or the terminal does not say."""
+    try:
+        return os.get_terminal_size(stream.fileno()).columns
+    except (AttributeError, OSError, ValueError, io.UnsupportedOperation):
+        return 0
 
 
 class StepProgress:
@@ -36,8 +46,10 @@ class StepProgress:
         self.bar = None
         if mode == BAR:
             from tqdm import tqdm
-            self.bar = tqdm(total=total, file=self.stream, unit="step", dynamic_ncols=True, leave=True,
-                            bar_format="{l_bar}{bar}| {n_fmt}/{total_fmt} [{elapsed}<{remaining}] {postfix}")
+            resizes = _columns(self.stream) > 0           # a terminal that reports no size gets 80 columns
+            self.bar = tqdm(total=total, file=self.stream, unit="step", dynamic_ncols=resizes,
+                            ncols=None if resizes else 80, leave=True,
+                            bar_format="{l_bar}{bar}| {n_fmt}/{total_fmt} [{elapsed}<{remaining}{postfix}]")
 
     def update(self, done: int, loss: float, tokens_per_s: float) -> None:
         """`done` steps finished (1-based), the last one's loss and the mean throughput so far."""
