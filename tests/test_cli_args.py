@@ -12,10 +12,7 @@ from minimega.progress import StepProgress, mode_for
 
 def refusal(argv, capsys) -> str:
     """The stderr of a refused command line (argparse exits 2; the train checks return 2)."""
-    try:
-        code = main(argv)
-    except SystemExit as exit_:
-        code = exit_.code
+    code = main(argv)
     assert code == 2, f"{argv} was accepted"
     captured = capsys.readouterr()
     assert captured.out == ""

@@ -446,7 +446,10 @@ def main(argv: list[str] | None = None) -> int:
     from .checkpoint import CheckpointError
     from .launch import WorkerError
 
-    args = build_parser().parse_args(argv)
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit as exit_:      # --help, or a refused command line (already explained on stderr)
+        return exit_.code
     try:
         return args.func(args)
     except WorkerError as exc:       # a rank failed: its message already names it and carries its traceback
