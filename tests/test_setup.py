@@ -50,7 +50,10 @@ def test_uv_gets_pips_indexes_in_its_own_syntax():
         "UV_CONSTRAINT": "/etc/pip/constraints.txt",
         "SSL_CERT_FILE": "/etc/ssl/certs/ca.crt",
         "UV_HTTP_TIMEOUT": "180",
+        "UV_INDEX_STRATEGY": "unsafe-best-match",   # pip's choice among several indexes: the best version on any
     }                                                                     # no-index=false sets nothing
+    one_index = sv.uv_environment({"index-url": "https://files.example/simple"}, environ={})
+    assert one_index == {"UV_DEFAULT_INDEX": "https://files.example/simple"}
 
 
 def test_a_uv_variable_already_set_wins():

@@ -86,6 +86,11 @@ def uv_environment(settings: dict[str, str], environ: dict[str, str]) -> dict[st
                 out[name] = "1"
             continue
         out[name] = sep.join(value.split()) if sep else value
+    # pip takes the best version found on any of its indexes; uv by default only looks at the first index
+    # that has the package at all. With several indexes, ask uv for pip's behaviour (uv calls it "unsafe":
+    # it is as open to a look-alike package on another index as pip is with the same settings).
+    if settings.get("extra-index-url") and "UV_INDEX_STRATEGY" not in environ:
+        out["UV_INDEX_STRATEGY"] = "unsafe-best-match"
     return out
 
 
