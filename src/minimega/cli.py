@@ -283,7 +283,7 @@ def _given_flags(args: argparse.Namespace) -> dict[str, str]:
 
 
 def _check_train_args(args: argparse.Namespace):
-    """Every refusal that needs no rank, before the job is announced: (dims, config, moe, save_dir, min_nproc)."""
+    """Every refusal that needs no rank, before the job is announced: (dims, config, save_dir, min_nproc)."""
     from .engine import validate
     from .mesh import ParallelDims
 
@@ -294,8 +294,7 @@ def _check_train_args(args: argparse.Namespace):
         if args.dp is not None:
             ParallelDims(dp=args.dp, tp=tp, pp=pp).check(args.nproc)
         config = build_train_config(args, dims.dp)
-        moe = _moe_config(args)
-        validate(GPTConfig.preset(args.preset), config, dims, moe)
+        validate(GPTConfig.preset(args.preset), config, dims, _moe_config(args))
     except ValueError as err:
         raise ValueError(flag_names(str(err), _given_flags(args))) from None
     save_dir = args.save_dir or args.resume
@@ -312,11 +311,11 @@ def _check_train_args(args: argparse.Namespace):
     if args.resume:
         from . import checkpoint
         checkpoint.resolve(args.resume)          # fail here, before any rank starts, if there is none
-    return dims, config, moe, save_dir, min_nproc
+    return dims, config, save_dir, min_nproc
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
-    dims, config, moe, save_dir, min_nproc = _check_train_args(args)
+    dims, config, save_dir, min_nproc = _check_train_args(args)
     pp = dims.pp
     print(f"minimega train: {args.nproc} rank(s), dp={dims.dp} tp={dims.tp} pp={dims.pp} ep={dims.ep}, zero_stage="
           f"{config.zero_stage}, preset {args.preset}, {args.steps} steps", file=sys.stderr)
