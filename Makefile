@@ -1,45 +1,50 @@
 # Two commands on a fresh clone: `make serve` (the course) and `make test` (everything).
-# Each creates or refreshes .venv when the dependency files change (a stamp keyed on their hash).
+# Each creates or refreshes .venv with what it needs when the dependency files change (stamps keyed on
+# their hash): serving installs the site and the exam service; testing adds the test tools; `make lab`
+# adds JupyterLab. tools/setup_venv.py installs with uv where it can (pip is the fallback) and says
+# what it is doing at each step.
 PY      ?= python3
+PORT    ?= 8000
 VENV    := .venv
 BIN     := $(VENV)/bin
+# Pinned in every install: an unpinned torch resolves to a multi-GB CUDA build.
 TORCH   := torch==2.13.0
-DEPHASH := $(shell cat pyproject.toml Makefile | sha1sum | cut -c1-12)
-STAMP   := $(VENV)/.stamp-$(DEPHASH)
-LABSTAMP := $(VENV)/.lab-$(DEPHASH)
+SETUP   := $(PY) tools/setup_venv.py --venv $(VENV) --torch "$(TORCH)"
+DEPHASH := $(shell cat pyproject.toml Makefile tools/setup_venv.py | sha1sum | cut -c1-12)
+SERVESTAMP := $(VENV)/.serve-$(DEPHASH)
+TESTSTAMP  := $(VENV)/.test-$(DEPHASH)
+LABSTAMP   := $(VENV)/.lab-$(DEPHASH)
 export NO_MKDOCS_2_WARNING := 1
 
-.PHONY: install serve test test-fast lab site bench clean
+.PHONY: install install-test serve test test-fast lab site bench clean
 
-install: $(STAMP)
+install: $(SERVESTAMP)
 
-$(STAMP):
-	test -x $(BIN)/python || $(PY) -m venv $(VENV)
-	$(BIN)/pip install -q --upgrade pip
-	# Pin the CPU wheel first: an unpinned torch resolves to a multi-GB CUDA build.
-	$(BIN)/pip install -q "$(TORCH)"
-	# DeepSpeed (an sdist, ~40 s to build) for the side-by-side parity tests; torch optimizers avoid its JIT kernels.
-	$(BIN)/pip install -q -e ".[test,site,serve,deepspeed]" "$(TORCH)"
-	rm -f $(VENV)/.stamp-*
-	touch $@
+install-test: $(TESTSTAMP)
+
+$(SERVESTAMP):
+	@$(SETUP) --extras site,serve --stamp $@
+
+# DeepSpeed (an sdist, ~40 s to build) for the side-by-side parity tests; torch optimizers avoid its JIT kernels.
+$(TESTSTAMP): $(SERVESTAMP)
+	@$(SETUP) --extras test,site,serve,deepspeed --stamp $@
+
+# JupyterLab is kept out of the test install: it pulls rfc3987-syntax, which slows every nbformat import.
+$(LABSTAMP): $(SERVESTAMP)
+	@$(SETUP) --extras lab,site,serve --stamp $@
 
 site: install
 	$(BIN)/mkdocs build --strict
 
 serve: install
-	$(BIN)/minimega serve --host 127.0.0.1 --port 8000 --dev
+	@echo "==> starting the course site and the exam on http://127.0.0.1:$(PORT)/ (a first start builds the site, ~10 s)"
+	$(BIN)/minimega serve --host 127.0.0.1 --port $(PORT) --dev
 
-test: install
+test: install-test
 	$(BIN)/python -m pytest -q
 
-test-fast: install
+test-fast: install-test
 	$(BIN)/python -m pytest -q -m "not slow and not browser"
-
-# JupyterLab is kept out of the test install: it pulls rfc3987-syntax, which slows every nbformat import.
-$(LABSTAMP): $(STAMP)
-	$(BIN)/pip install -q -e ".[lab]" "$(TORCH)"
-	rm -f $(VENV)/.lab-*
-	touch $@
 
 lab: $(LABSTAMP)
 	$(BIN)/python -m ipykernel install --sys-prefix --name minimega --display-name "minimega"

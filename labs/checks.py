@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import re
 from functools import lru_cache
 
 import torch
@@ -25,7 +26,25 @@ SOLUTIONS_ENV = "MINIMEGA_LAB_SOLUTIONS"
 
 
 class ExerciseError(AssertionError):
-    """Your exercise does not match minimega yet; the message says where and what to change."""
+    """Your exercise does not match minimega yet; the message says where and what to change.
+
+    ``detail``: the traceback of the rank where your code raised, if it did (shown after the explanation).
+    """
+
+    def __init__(self, message: str, detail: str = ""):
+        super().__init__(message)
+        self.detail = detail
+
+    def _render_traceback_(self) -> list[str]:
+        """What Jupyter shows when a check cell fails (IPython's hook): the explanation first, once.
+
+        Not the frames of checks.py and minimega.launch the check ran through, nor the rank's exception
+        chained in front of the explanation; the rank's traceback, when there is one, comes after it.
+        """
+        lines = [f"{type(self).__name__}: {self}"]
+        if self.detail:
+            lines += ["", "Where your code raised (for reference):", self.detail.rstrip()]
+        return lines
 
 
 def exercise(name: str):
@@ -34,10 +53,49 @@ def exercise(name: str):
     return importlib.reload(importlib.import_module(f"{package}.{name}"))
 
 
-def _fail(what: str, problems: list[str]) -> None:
-    unique = list(dict.fromkeys(problems))
-    head = f"{what}: {len(unique)} problem{'s' if len(unique) > 1 else ''}"
-    raise ExerciseError("\n".join([head] + [f"  - {p}" for p in unique]))
+MAX_PROBLEMS = 8
+"""A check lists at most this many distinct problems (the rest are counted)."""
+
+
+def _fail(what: str, problems: list[str], detail: str = "") -> None:
+    """Raise the `ExerciseError` listing `problems`, each explanation once; never chained to the error that
+    led here (a rank's exception is passed as ``detail`` instead, and shown after the explanation)."""
+    merged = _merge(problems)
+    head = f"{what}: {len(merged)} problem{'s' if len(merged) > 1 else ''}"
+    lines = [head] + [f"  - {p}" for p in merged[:MAX_PROBLEMS]]
+    if len(merged) > MAX_PROBLEMS:
+        lines.append(f"  ... and {len(merged) - MAX_PROBLEMS} more; fix these first")
+    raise ExerciseError("\n".join(lines), detail) from None
+
+
+def _merge(problems: list[str]) -> list[str]:
+    """One entry per distinct explanation.
+
+    Problems read ``"<where>: <what to change>"``. A check that runs on several ranks and several units finds
+    the same mistake at each (3 ranks x 3 units: 9 times); it is said once, followed by where it was seen.
+    """
+    groups: dict[str, list[str]] = {}
+    for problem in dict.fromkeys(problems):
+        where, sep, what = problem.partition(": ")
+        groups.setdefault(what if sep else problem, []).append(where if sep else "")
+    merged = []
+    for what, wheres in groups.items():
+        if len(wheres) == 1:
+            merged.append(f"{wheres[0]}: {what}" if wheres[0] else what)
+        else:
+            merged.append(f"{what}\n      (seen at {_places(wheres)})")
+    return merged
+
+
+def _places(wheres: list[str]) -> str:
+    """``"unit A, rank 0"``, ``"unit A, rank 1"``, ``"unit B, rank 0"`` … as ``"ranks 0, 1; unit A; unit B"``."""
+    parsed = [re.fullmatch(r"(?:(.*), )?rank (\d+)", w) for w in wheres]
+    if not all(parsed):
+        return "; ".join(wheres)
+    ranks = sorted({int(m.group(2)) for m in parsed})
+    rest = [m.group(1) for m in parsed if m.group(1)]
+    return "; ".join([f"rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}",
+                      *dict.fromkeys(rest)])
 
 
 def _not_done(exc: BaseException, where: str) -> str | None:
@@ -222,7 +280,7 @@ def check_ring_all_reduce(fn, world: int = 3, timeout: float = 60) -> None:
             head += ": pad the flat tensor with zeros to a multiple of group.size before the reduce-scatter"
         elif not exc.exc_type:       # gloo aborts a rank whose peers sent messages of another size
             head += f" (gloo aborts a rank when its peers run different collectives): {_SAME_COLLECTIVES}"
-        _fail("ring_all_reduce", [head])
+        _fail("ring_all_reduce", [head], exc.remote_traceback)
     problems = [p for rank, cases in enumerate(results) for case in cases
                 for p in [_ring_value_problem(case, rank, world)] if p]
     problems += [p for case in results[0] for p in [_ring_traffic_problem(case, world)] if p]
@@ -340,7 +398,7 @@ def check_tp_regions(f, g, world: int = 2, timeout: float = 60) -> None:
     except mm.LaunchTimeout:
         _fail("tp_regions", [f"the {world} ranks hung for {timeout:g} s: {_SAME_COLLECTIVES}"])
     except mm.WorkerError as exc:
-        _fail("tp_regions", [str(exc).splitlines()[0]])
+        _fail("tp_regions", [str(exc).splitlines()[0]], exc.remote_traceback)
     problems = [p for rank, res in enumerate(results) for p in _tp_problems(res, rank, world)]
     if problems:
         _fail("tp_regions", problems)
@@ -444,7 +502,7 @@ def _run_ranks(name: str, worker, world: int, *args, timeout: float = 60) -> lis
                      "padded = ceil(numel / n) · n before the collective")
         elif not exc.exc_type:
             head += f" (gloo aborts a rank when its peers run different collectives): {_SAME_COLLECTIVES}"
-        _fail(name, [head])
+        _fail(name, [head], exc.remote_traceback)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -1024,7 +1082,7 @@ def check_fsdp_shard(fn, world: int = 3, timeout: float = 90) -> None:
     problems = [p for rank, cases in enumerate(results) for case in cases
                 for p in [_fsdp_shard_problem(case, rank, world)] if p]
     if problems:
-        _fail("fsdp_local_shard", problems[:8])
+        _fail("fsdp_local_shard", problems)
     print(f"✓ fsdp_local_shard equals FSDP2's to_local() on every one of {world} ranks for shapes {FSDP_SHAPES}")
 
 

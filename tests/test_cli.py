@@ -92,3 +92,50 @@ def test_a_stopped_rank_ends_the_job_naming_it_and_its_collective(tmp_path):
     gone = [not Path(f"/proc/{p}").exists() or Path(f"/proc/{p}/stat").read_text().split()[2] == "Z"
             for p in ranks.values()]
     assert all(gone), "a rank outlived its job"
+
+
+def _train_output(tmp_path, steps: int, nproc: int, terminal: bool) -> str:
+    """stderr of `python -m minimega train` written to a log file, or to a pseudo-terminal as a shell gives it."""
+    import fcntl
+    import pty
+    import struct
+    import termios
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path), "COLUMNS": "100"}
+    argv = [sys.executable, "-m", "minimega", "train", "--nproc", str(nproc), "--steps", str(steps)]
+    if not terminal:
+        log = tmp_path / "train.log"
+        with open(log, "w") as err:
+            done = subprocess.run(argv, env=env, stdout=subprocess.DEVNULL, stderr=err, timeout=180)
+        assert done.returncode == 0, log.read_text()
+        return log.read_text()
+    leader, follower = pty.openpty()
+    fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 100, 0, 0))     # 40 rows, 100 columns
+    job = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=follower)
+    os.close(follower)
+    chunks = []
+    while True:
+        try:
+            chunk = os.read(leader, 65536)
+        except OSError:              # the terminal closed: every rank and the launcher have exited
+            break
+        if not chunk:
+            break
+        chunks.append(chunk)
+    os.close(leader)
+    assert job.wait(timeout=180) == 0
+    return b"".join(chunks).decode()
+
+
+def test_progress_in_a_log_file_is_plain_lines(tmp_path):
+    text = _train_output(tmp_path, steps=30, nproc=2, terminal=False)
+    assert "\r" not in text
+    steps = [ln for ln in text.splitlines() if ln.startswith("step ")]
+    assert [ln.split()[1] for ln in steps] == [f"{i}/30" for i in range(3, 31, 3)]      # a tenth of the run each
+    assert all(len(ln) < 80 for ln in steps) and "loss" in steps[-1] and "tok/s" in steps[-1]
+    assert max(map(len, text.splitlines())) < 200
+
+
+def test_progress_on_a_terminal_is_a_bar(tmp_path):
+    text = _train_output(tmp_path, steps=6, nproc=1, terminal=True)
+    assert "\r" in text and "100%|" in text and "6/6 [" in text and "tok/s]" in text, text
+    assert not any(ln.startswith("step ") for ln in text.splitlines())

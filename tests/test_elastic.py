@@ -102,4 +102,4 @@ def test_elastic_flags_are_checked_before_any_rank_starts(capsys):
                  "--save-every", "1"]) == 2
     assert "--min-nproc must lie in [1, --nproc=2], got 3" in capsys.readouterr().err
     assert main(["train", "--timeout", "0"]) == 2
-    assert "--timeout must be positive seconds" in capsys.readouterr().err
+    assert "--timeout: 0 is not allowed; give a finite number > 0" in capsys.readouterr().err

@@ -275,3 +275,74 @@ def test_moe_slots_check_names_the_mistake(answer, says):
     with pytest.raises(checks.ExerciseError, match="assign_slots") as info:
         checks.check_moe_slots(answer)
     assert says in str(info.value)
+
+
+# ------------------------------------------------------------------------------------------------
+# What a learner sees when a check fails: the explanation first, once.
+
+def _in_a_kernel(cells: list[str]) -> list[str]:
+    """Run `cells` one by one in a Jupyter kernel, as a notebook does; the text each cell shows (ANSI stripped)."""
+    import re
+
+    from jupyter_client.manager import start_new_kernel
+
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    km, kc = start_new_kernel(kernel_name="python3", cwd=str(LABS), env=env, startup_timeout=120)
+    shown = []
+    try:
+        for code in cells:
+            parts = []
+            def keep(msg, parts=parts):
+                kind, content = msg["msg_type"], msg["content"]
+                if kind == "error":
+                    parts.append("\n".join(content["traceback"]) + "\n")
+                elif kind == "stream":
+                    parts.append(content["text"])
+            kc.execute_interactive(code, timeout=240, output_hook=keep)
+            shown.append(re.sub(r"\x1b\[[0-9;]*m", "", "".join(parts)))
+    finally:
+        kc.stop_channels()
+        km.shutdown_kernel(now=True)
+    return shown
+
+
+def test_a_failed_check_in_a_notebook_shows_its_explanation_first_and_once():
+    setup, same_mistake_everywhere, raises_in_a_rank = _in_a_kernel([
+        f"import sys; sys.path[:0] = [{str(LABS)!r}, {str(ROOT / 'tests')!r}]\n"
+        "import checks, lab_wrong_answers as wrong",
+        "checks.check_zero_reduce_scatter(wrong.rs_mean)",           # wrong on 3 ranks x 3 units
+        "checks.check_zero_reduce_scatter(wrong.rs_no_padding)",     # raises inside the ranks
+    ])
+    assert setup == ""
+    text = same_mistake_everywhere
+    assert text.startswith("ExerciseError: reduce_scatter_grads: 1 problem\n  - the shard is the mean over ranks"), text
+    assert text.count("the shard is the mean over ranks") == 1
+    assert "(seen at ranks 0, 1, 2; unit [(4, 6), (6,)]" in text and "Traceback" not in text
+    text = raises_in_a_rank
+    assert text.startswith("ExerciseError: reduce_scatter_grads: 1 problem\n  - rank "), text
+    assert text.count("pad it with zeros") == 1 and "During handling" not in text and "WorkerError" not in text
+    explanation, _, reference = text.partition("Where your code raised (for reference):")
+    assert "pad it with zeros" in explanation and "in rs_no_padding" in reference     # the learner's frame, after
+
+
+def test_a_failed_check_outside_a_notebook_is_not_chained_to_the_ranks_error():
+    script = (f"import sys; sys.path[:0] = [{str(LABS)!r}, {str(ROOT / 'tests')!r}]\n"
+              "import checks, lab_wrong_answers as wrong\n"
+              "checks.check_zero_reduce_scatter(wrong.rs_no_padding)\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    done = subprocess.run([sys.executable, "-c", script], cwd=LABS, env=env, capture_output=True, text=True,
+                          timeout=240)
+    assert done.returncode == 1
+    assert "During handling of the above exception" not in done.stderr and "WorkerError" not in done.stderr
+    assert done.stderr.count("pad it with zeros") == 1, done.stderr
+
+
+def test_the_same_mistake_at_many_places_is_said_once():
+    problems = [f"unit {u}, rank {r}: the shard is the mean" for u in ("A", "B") for r in (0, 1, 2)]
+    problems += ["unit A, rank 1: returned 3 elements", "not done yet: still raises NotImplementedError"]
+    assert checks._merge(problems) == ["the shard is the mean\n      (seen at ranks 0, 1, 2; unit A; unit B)",
+                                       "unit A, rank 1: returned 3 elements",
+                                       "not done yet: still raises NotImplementedError"]
+    with pytest.raises(checks.ExerciseError) as info:
+        checks._fail("x", [f"p {i}: mistake {i}" for i in range(12)])
+    assert str(info.value).splitlines()[-1] == "  ... and 4 more; fix these first"

@@ -97,3 +97,6 @@ def test_cli_trains_a_pipeline_and_prints_its_schedule(capsys):
     summary = json.loads(out.out.strip().splitlines()[-1])
     assert summary["steps"] == 3 and summary["final_loss"] < summary["first_loss"]
     assert "rank 0 | F0 F1 .  B0 F2 B1 F3 B2 .  B3 | idle 2/10 = 0.200" in out.err
+    grid_and_legend = out.err[out.err.index("rank 0 |"):].splitlines()
+    assert grid_and_legend[1].startswith("rank 1 |") and grid_and_legend[2].startswith("legend: one row per pipeline rank")
+    assert "F<m>  forward of micro-batch m" in out.err and ".     idle" in out.err

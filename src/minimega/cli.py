@@ -1,5 +1,7 @@
 """The `minimega` command: ``train``, ``checkpoint``, ``export-config``, ``serve`` (course site + exam), ``cert``.
 
+Bad input is refused before any rank starts, in one line naming the flag (cli_args.py says how).
+
 ``minimega train`` maps its flags one-to-one onto `TrainConfig` fields (``--zero-stage``, ``--tp``,
 ``--sp`` …), generated from the dataclass so the two never drift apart.
 """
@@ -7,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import os
 import signal
@@ -15,6 +18,7 @@ import threading
 import time
 import typing
 
+from .cli_args import Parser, flag_names, nonnegative_int, positive_float, positive_int
 from .config import GPTConfig, TrainConfig
 
 
@@ -39,21 +43,16 @@ def _add_config_flags(parser: argparse.ArgumentParser) -> None:
                                 help=f"{doc} (default: {f.default})")
 
 
-def _positive_int(text: str) -> int:
-    """argparse type: an integer >= 1 (``--steps 0`` would train nothing and report nothing)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{value} must be >= 1")
-    return value
+@functools.lru_cache(maxsize=1)
+def _config_source() -> tuple[str, ...]:
+    """TrainConfig's source lines, read once (parsing them per field cost seconds on every command)."""
+    import inspect
+    return tuple(inspect.getsource(TrainConfig).splitlines())
 
 
 def _field_doc(name: str) -> str:
     """The docstring under a TrainConfig field (read from the source, shown in --help)."""
-    import inspect
-    lines = inspect.getsource(TrainConfig).splitlines()
+    lines = _config_source()
     for i, line in enumerate(lines):
         if line.strip().startswith(f"{name}:") and i + 1 < len(lines) and lines[i + 1].strip().startswith('"""'):
             return lines[i + 1].strip().strip('"')
@@ -63,30 +62,30 @@ def _field_doc(name: str) -> str:
 def _train_parser(sub) -> None:
     p = sub.add_parser("train", help="train the GPT on the shipped corpus across N local ranks",
                        description="Train on N local ranks (gloo on CPU, NCCL with one GPU per rank).")
-    p.add_argument("--nproc", type=int, default=1, help="number of ranks (processes) (default: 1)")
-    p.add_argument("--dp", type=int, default=None, help="data-parallel degree (default: nproc / (tp*pp))")
-    p.add_argument("--steps", type=_positive_int, default=20, help="optimizer steps (default: 20)")
+    p.add_argument("--nproc", type=positive_int, default=1, help="number of ranks (processes) (default: 1)")
+    p.add_argument("--dp", type=positive_int, default=None, help="data-parallel degree (default: nproc / (tp*pp))")
+    p.add_argument("--steps", type=positive_int, default=20, help="optimizer steps (default: 20)")
     p.add_argument("--preset", default="tiny", choices=["tiny", "small", "gpt2"], help="model size (default: tiny)")
     p.add_argument("--config", default=None, help="a DeepSpeed-style JSON config; flags override it")
     p.add_argument("--backend", default="auto", choices=["auto", "gloo", "nccl"])
     p.add_argument("--json", action="store_true", help="print the final summary as JSON")
     p.add_argument("--save-dir", default=None, help="checkpoint directory (default: the --resume directory)")
-    p.add_argument("--save-every", type=int, default=0, help="save a checkpoint every N steps (0: never)")
+    p.add_argument("--save-every", type=nonnegative_int, default=0, help="save a checkpoint every N steps (0: never)")
     p.add_argument("--resume", default=None, help="continue from the latest checkpoint in this directory")
     p.add_argument("--show-schedule", action="store_true", help="print the pipeline's rank x time grid of the last step")
-    p.add_argument("--timeout", type=float, default=300.0,
+    p.add_argument("--timeout", type=positive_float, default=300.0,
                    help="watchdog: seconds a collective may wait, or a rank stay silent, before the job is ended "
                         "naming the stuck rank (default: 300)")
-    p.add_argument("--max-restarts", type=int, default=0,
+    p.add_argument("--max-restarts", type=nonnegative_int, default=0,
                    help="when a rank dies, restart the job from the latest checkpoint in --save-dir up to N "
                         "times (default: 0)")
-    p.add_argument("--min-nproc", type=int, default=None,
+    p.add_argument("--min-nproc", type=positive_int, default=None,
                    help="let a restart drop the failed ranks and continue on as few as M ranks, resharding on "
                         "load (default: --nproc, i.e. always restart at full size)")
-    p.add_argument("--experts", type=int, default=None,
+    p.add_argument("--experts", type=positive_int, default=None,
                    help="make every MLP a mixture of N experts (minimega.moe; default: dense)")
-    p.add_argument("--top-k", type=int, default=None, help="with --experts: experts per token (default: 2)")
-    p.add_argument("--capacity-factor", type=float, default=None,
+    p.add_argument("--top-k", type=positive_int, default=None, help="with --experts: experts per token (default: 2)")
+    p.add_argument("--capacity-factor", type=positive_float, default=None,
                    help="with --experts: slots per expert = factor * top_k * T / E per sequence (default: 1.25)")
     _add_config_flags(p)
     p.set_defaults(func=_cmd_train)
@@ -133,9 +132,12 @@ def _maybe_fault(rank: int, step: int) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
-def train_worker(preset: str, config: TrainConfig, steps: int, show: bool, ckpt: dict | None = None,
+def train_worker(preset: str, config: TrainConfig, steps: int, show: bool | str, ckpt: dict | None = None,
                  show_schedule: bool = False, moe=None) -> dict:
-    """What every rank of ``minimega train`` runs; rank 0 draws the progress bar.
+    """What every rank of ``minimega train`` runs; rank 0 shows the progress.
+
+    ``show``: False for none, ``"bar"`` for a tqdm bar, ``"lines"`` (or True) for plain lines (progress.py);
+    the launcher chooses, as it alone knows whether its output is a terminal.
 
     ``steps`` more steps are run from wherever the job starts, unless ``ckpt["until"]`` names the step to
     end at (an elastic restart resumes part-way and runs only what is left).
@@ -166,6 +168,10 @@ def train_worker(preset: str, config: TrainConfig, steps: int, show: bool, ckpt:
         steps = ckpt["until"] - first
     seq = config.seq_len or model.config.block_size
     tokens_per_step = config.batch_size * seq
+    progress = None
+    if show and mesh.rank == 0:
+        from .progress import LINES, StepProgress
+        progress = StepProgress(steps, LINES if show is True else show)
     start = time.perf_counter()
     for step, batch in enumerate(data.batches(mesh, steps, config.batch_size, seq, seed=config.seed, start=first)):
         loss = engine.train_step(batch)
@@ -173,15 +179,11 @@ def train_worker(preset: str, config: TrainConfig, steps: int, show: bool, ckpt:
             engine.save(ckpt["dir"])
         report_step(engine.step)
         _maybe_fault(mesh.rank, engine.step)
-        if show and mesh.rank == 0:
-            elapsed = time.perf_counter() - start
-            done = (step + 1) / steps
-            bar = "#" * int(24 * done) + "." * (24 - int(24 * done))
-            print(f"\rstep {step + 1:>4}/{steps} [{bar}] loss {loss:7.4f} | "
-                  f"{tokens_per_step * (step + 1) / elapsed:9.0f} tok/s", end="", file=sys.stderr, flush=True)
+        if progress is not None:
+            progress.update(step + 1, loss, tokens_per_step * (step + 1) / (time.perf_counter() - start))
     wall = time.perf_counter() - start
-    if show and mesh.rank == 0:
-        print(file=sys.stderr)
+    if progress is not None:
+        progress.close()
     sent = engine.comm_log.total_sent()
     total_sent = comm.all_reduce(torch.tensor([sent], dtype=torch.float64), mesh.world).item()
     return {"losses": engine.losses, "first_step": first, "wall_s": wall,
@@ -208,6 +210,12 @@ def _shrink(nproc: int, lost: int, min_nproc: int, config: TrainConfig) -> int |
     return None
 
 
+def _progress(args: argparse.Namespace) -> bool | str:
+    """What rank 0 shows: nothing under --json, a bar on a terminal, plain lines in a log or a pipe."""
+    from .progress import mode_for
+    return False if args.json else mode_for(sys.stderr)
+
+
 # --8<-- [start:elastic]
 def _run_elastic(args: argparse.Namespace, config: TrainConfig, ckpt: dict, min_nproc: int) -> list:
     """Launch; when a rank dies, relaunch from the latest complete checkpoint, as torchrun's elastic agent does.
@@ -225,7 +233,7 @@ def _run_elastic(args: argparse.Namespace, config: TrainConfig, ckpt: dict, min_
     while True:
         os.environ[RESTART_ENV] = str(attempt)        # the ranks get the launcher's environment as it is now
         try:
-            return launch(train_worker, nproc, args.preset, config, args.steps, not args.json, ckpt,
+            return launch(train_worker, nproc, args.preset, config, args.steps, _progress(args), ckpt,
                           args.show_schedule, _moe_config(args), backend=args.backend, timeout=args.timeout)
         except WorkerError as err:
             if attempt >= args.max_restarts:
@@ -260,48 +268,67 @@ def _terminated(signum, frame):
     raise SystemExit(128 + signum)
 
 
-def _cmd_train(args: argparse.Namespace) -> int:
+MOE_FLAGS = {"n_experts": "--experts", "top_k": "--top-k", "capacity_factor": "--capacity-factor"}
+
+
+def _given_flags(args: argparse.Namespace) -> dict[str, str]:
+    """{config field: the flag that set it} for the fields given on the command line (not from --config)."""
+    fields = {f.name: f"--{f.name.replace('_', '-')}" for f in dataclasses.fields(TrainConfig)
+              if getattr(args, f.name, None) is not None}
+    moe = {"n_experts": args.experts, "top_k": args.top_k, "capacity_factor": args.capacity_factor}
+    fields.update({name: flag for name, flag in MOE_FLAGS.items() if moe[name] is not None})
+    if args.dp is not None:
+        fields["dp"] = "--dp"
+    return fields
+
+
+def _check_train_args(args: argparse.Namespace):
+    """Every refusal that needs no rank, before the job is announced: (dims, config, save_dir, min_nproc)."""
+    from .engine import validate
     from .mesh import ParallelDims
 
-    if args.nproc < 1:
-        raise SystemExit(f"minimega train: --nproc must be >= 1, got {args.nproc}")
-    tp, pp = args.tp or 1, args.pp or 1
-    dims = ParallelDims.infer(args.nproc, tp=tp, pp=pp)
-    dims = dataclasses.replace(dims, ep=args.ep or 1)
-    if args.dp is not None:
-        ParallelDims(dp=args.dp, tp=tp, pp=pp).check(args.nproc)
-    config = build_train_config(args, dims.dp)
-    from .engine import validate
-    validate(GPTConfig.preset(args.preset), config, dims, _moe_config(args))     # before any rank starts
-    print(f"minimega train: {args.nproc} rank(s), dp={dims.dp} tp={dims.tp} pp={dims.pp} ep={dims.ep}, zero_stage="
-          f"{config.zero_stage}, preset {args.preset}, {args.steps} steps", file=sys.stderr)
-    if args.resume:
-        from . import checkpoint
-        checkpoint.resolve(args.resume)          # fail here, before any rank starts, if there is none
+    try:
+        tp, pp = args.tp or 1, args.pp or 1
+        dims = ParallelDims.infer(args.nproc, tp=tp, pp=pp)
+        dims = dataclasses.replace(dims, ep=args.ep or 1)
+        if args.dp is not None:
+            ParallelDims(dp=args.dp, tp=tp, pp=pp).check(args.nproc)
+        config = build_train_config(args, dims.dp)
+        validate(GPTConfig.preset(args.preset), config, dims, _moe_config(args))
+    except ValueError as err:
+        raise ValueError(flag_names(str(err), _given_flags(args))) from None
     save_dir = args.save_dir or args.resume
     if args.save_every and not save_dir:
         raise ValueError("--save-every needs --save-dir (or --resume) to know where to write")
-    if args.timeout <= 0:
-        raise ValueError(f"--timeout must be positive seconds, got {args.timeout:g}")
-    if args.max_restarts < 0:
-        raise ValueError(f"--max-restarts must be >= 0, got {args.max_restarts}")
     if args.max_restarts and not args.save_every:
         raise ValueError("--max-restarts needs --save-dir and --save-every: a restart resumes from the latest "
                          "checkpoint (without one it would start over from step 0)")
     min_nproc = args.nproc if args.min_nproc is None else args.min_nproc
-    if not 1 <= min_nproc <= args.nproc:
+    if min_nproc > args.nproc:
         raise ValueError(f"--min-nproc must lie in [1, --nproc={args.nproc}], got {min_nproc}")
     if min_nproc < args.nproc and not args.max_restarts:
         raise ValueError("--min-nproc only matters with --max-restarts: a job that never restarts never shrinks")
+    if args.resume:
+        from . import checkpoint
+        checkpoint.resolve(args.resume)          # fail here, before any rank starts, if there is none
+    return dims, config, save_dir, min_nproc
+
+
+def _cmd_train(args: argparse.Namespace) -> int:
+    dims, config, save_dir, min_nproc = _check_train_args(args)
+    pp = dims.pp
+    print(f"minimega train: {args.nproc} rank(s), dp={dims.dp} tp={dims.tp} pp={dims.pp} ep={dims.ep}, zero_stage="
+          f"{config.zero_stage}, preset {args.preset}, {args.steps} steps", file=sys.stderr)
     start = _checkpoint_step(args.resume) if args.resume else 0
     ckpt = {"resume": args.resume, "every": args.save_every, "dir": save_dir, "until": start + args.steps}
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, _terminated)
     results = _run_elastic(args, config, ckpt, min_nproc)
     if args.show_schedule and pp > 1:
-        from .pipeline.printer import grid_from_timelines, render
+        from .pipeline.printer import grid_from_timelines, legend, render
         rows = [r["pipeline_timeline"] for r in results if r["pipeline_timeline"] is not None]
-        print(render(grid_from_timelines(rows, step=args.steps - 1)), file=sys.stderr)
+        grid = grid_from_timelines(rows, step=args.steps - 1)
+        print(render(grid), legend(grid), sep="\n", file=sys.stderr)
     r0 = results[0]
     losses = r0["losses"] or [float("nan")]           # a restart at the very end has no step left to run
     summary = {"first_loss": losses[0], "final_loss": losses[-1], "steps": args.steps,
@@ -394,7 +421,7 @@ def _cmd_info(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="minimega", description=__doc__.splitlines()[0])
+    parser = Parser(prog="minimega", description="minimega: train, estimate, plan, export-config, checkpoint; serve the course and its exam; verify certificates.")
     sub = parser.add_subparsers(dest="command", required=True)
     _train_parser(sub)
     _checkpoint_parser(sub)
@@ -418,7 +445,10 @@ def main(argv: list[str] | None = None) -> int:
     from .checkpoint import CheckpointError
     from .launch import WorkerError
 
-    args = build_parser().parse_args(argv)
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit as exit_:      # --help, or a refused command line (already explained on stderr)
+        return exit_.code
     try:
         return args.func(args)
     except WorkerError as exc:       # a rank failed: its message already names it and carries its traceback

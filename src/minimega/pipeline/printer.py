@@ -43,3 +43,16 @@ def render(rows: list[list[str]]) -> str:
         lines.append(f"rank {r} | " + " ".join(c.ljust(width) for c in row)
                      + f" | idle {idle}/{len(row)} = {idle / len(row):.3f}")
     return "\n".join(lines)
+
+
+def legend(rows: list[list[str]]) -> str:
+    """What the grid's cells and columns mean, printed under it (only the cell kinds it holds)."""
+    cells = {c for row in rows for c in row}
+    chunked = any(":" in c for c in cells)
+    lines = ["legend: one row per pipeline rank, one column per time slot (tick), left to right",
+             "  F<m>  forward of micro-batch m" + (" on model chunk :<c>" if chunked else ""),
+             "  B<m>  backward of micro-batch m" + (" on model chunk :<c>" if chunked else ""),
+             "  .     idle: the rank waits for its neighbour (the pipeline bubble)",
+             "  idle  a rank's idle slots / all its slots; with p stages and m micro-batches GPipe and 1F1B "
+             "idle (p-1)/(m+p-1)"]
+    return "\n".join(lines)
