@@ -6,21 +6,36 @@ in an iframe) that loads a self-hosted plotly.js and follows the parent page's l
 """
 from __future__ import annotations
 
+import html
 import math
+from pathlib import Path
 
 import plotly.graph_objects as go
 
 from minimega import estimate as est
+from minimega.palette import COLOURS, REFERENCE, SERIES, label
 
 STAGE_NAMES = {0: "DDP (stage 0)", 1: "ZeRO-1 (P_os)", 2: "ZeRO-2 (P_os+g)", 3: "ZeRO-3 (P_os+g+p)"}
-PALETTE = ("#4c6ef5", "#12b886", "#f59f00", "#e64980", "#7950f2", "#868e96")
+PALETTE = SERIES
 
 
 def _layout(fig: go.Figure, title: str, x: str, y: str, **kw) -> go.Figure:
-    fig.update_layout(title=dict(text=title, x=0.01, xanchor="left"), xaxis_title=x, yaxis_title=y,
-                      margin=dict(l=70, r=20, t=60, b=60), legend=dict(orientation="h", y=-0.22),
+    """The house layout, legible from a 390 px phone to a wide screen.
+
+    The title and every axis push the margins out as far as they need (automargin), the legend sits
+    below everything else, and nothing depends on a fixed pixel margin. On the site the figure's page
+    rewraps the title and the category labels to the width it has (figure_page.js); `title` is kept
+    whole in ``layout.meta`` for that.
+    """
+    fig.update_layout(title=dict(text=title, x=0, xref="container", xanchor="left", y=1, yref="paper",
+                                 yanchor="bottom", automargin=True, pad=dict(l=10, b=12), font=dict(size=15)),
+                      meta=dict(title=title), margin=dict(l=10, r=10, t=10, b=10),
+                      legend=dict(orientation="h", x=0, xanchor="left", xref="container", y=0, yanchor="bottom",
+                                  yref="container"),
                       font=dict(family="system-ui, sans-serif", size=13), colorway=PALETTE,
                       paper_bgcolor="rgba(0,0,0,0)", plot_bgcolor="rgba(0,0,0,0)", **kw)
+    fig.update_xaxes(title_text=x, automargin=True)
+    fig.update_yaxes(title_text=y, automargin=True)
     return fig
 
 
@@ -202,42 +217,21 @@ FIGURES = {
     "offload-split": offload_split,
 }
 
-# Runs inside the figure's iframe: follow the course page's palette (mkdocs-material sets
-# data-md-color-scheme on <body>: "default" or "slate") and keep the plot sized to the frame.
-THEME_SCRIPT = """
-var gd = document.getElementById('{plot_id}');
-function mmScheme() {
-  try { var s = window.parent.document.body.getAttribute('data-md-color-scheme'); if (s) return s; } catch (e) {}
-  return window.matchMedia('(prefers-color-scheme: dark)').matches ? 'slate' : 'default';
-}
-function mmTheme() {
-  var dark = mmScheme() === 'slate';
-  var fg = dark ? '#e3e5ea' : '#1f2430', grid = dark ? 'rgba(227,229,234,0.16)' : 'rgba(31,36,48,0.12)';
-  var upd = {'font.color': fg, 'title.font.color': fg, 'legend.font.color': fg};
-  Object.keys(gd.layout).forEach(function (k) {
-    if (/^[xy]axis[0-9]*$/.test(k)) { upd[k + '.gridcolor'] = grid; upd[k + '.zerolinecolor'] = grid; upd[k + '.linecolor'] = grid; }
-  });
-  document.documentElement.style.colorScheme = dark ? 'dark' : 'light';
-  Plotly.relayout(gd, upd);
-}
-mmTheme();
-try {
-  new MutationObserver(mmTheme).observe(window.parent.document.body,
-    {attributes: true, attributeFilter: ['data-md-color-scheme']});
-} catch (e) {}
-window.addEventListener('resize', function () { Plotly.Plots.resize(gd); });
-"""
+# Runs inside the figure's page: theme, fitting to the width, and the frame's height (see the file).
+PAGE_SCRIPT = Path(__file__).with_name("figure_page.js")
 
 
 def figure_html(fig: go.Figure, div_id: str, plotly_src: str, title: str = "") -> str:
     """A standalone HTML page for one figure: self-hosted plotly.js, deterministic div id, theme-aware."""
-    html = fig.to_html(full_html=True, include_plotlyjs=plotly_src, div_id=div_id, post_script=THEME_SCRIPT,
+    page = fig.to_html(full_html=True, include_plotlyjs=plotly_src, div_id=div_id,
+                       post_script=PAGE_SCRIPT.read_text(encoding="utf-8"),
                        config={"displaylogo": False, "responsive": True,
                                "modeBarButtonsToRemove": ["sendDataToCloud", "select2d", "lasso2d"]},
                        default_width="100%", default_height="100%")
-    head = ("<title>" + (title or div_id) + "</title><style>html,body{margin:0;height:100%;"
-            "background:transparent}</style>")
-    return html.replace("<head>", "<head>" + head, 1)
+    head = ('<meta name="viewport" content="width=device-width, initial-scale=1"><title>'
+            + html.escape(title or div_id) + "</title><style>html,body{margin:0;height:100%;"
+            "background:transparent;overflow:hidden}</style>")
+    return page.replace("<head>", "<head>" + head, 1)
 
 
 # ---- the pipeline schedule, from the ranks' recorded timelines ------------------------------------
@@ -376,8 +370,7 @@ def tp_comm_per_layer() -> go.Figure:
     _layout(fig, f"Bytes each rank sends per step, by layer: tiny GPT, t = {tr['layouts'][0]['tp']}, "
                  f"b = {sh['b']}, s = {sh['s']}, h = {sh['h']} (recorded)", "", "kB sent per rank per step",
             barmode="stack")
-    fig.update_xaxes(tickangle=-35)
-    fig.update_layout(legend=dict(orientation="h", y=-0.42), margin=dict(b=150))
+    fig.update_xaxes(tickangle=-90)        # 14 bars: upright labels never run into their neighbours
     return fig
 
 
@@ -484,7 +477,7 @@ def pipeline_recorded(step: int = -1) -> go.Figure:
     for sch in tr["schedules"]:
         for r in sch["ranks"]:
             b = r["bubble"]
-            row = f"{names[sch['schedule']]} rank {r['rank']} ({b['idle']}/{b['ticks']} slots idle)"
+            row = f"{names[sch['schedule']]} rank {r['rank']}<br>({b['idle']}/{b['ticks']} slots idle)"
             rows.append(row)
             spans = r["steps"][step]["spans"]
             for kind in ("forward", "backward", "send", "recv", "send_recv"):
@@ -504,7 +497,6 @@ def pipeline_recorded(step: int = -1) -> go.Figure:
                  f"{est.bubble_fraction(p, m, '1f1b'):.0%} of slots",
             "time from the start of the step (ms)", "", barmode="overlay")
     fig.update_yaxes(categoryorder="array", categoryarray=rows[::-1])
-    fig.update_layout(margin=dict(l=230))
     return fig
 
 

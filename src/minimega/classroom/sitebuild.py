@@ -216,6 +216,6 @@ def on_post_build(config) -> None:
     out.mkdir(parents=True, exist_ok=True)
     for name, build in plots.FIGURES.items():
         fig = build()
-        title = fig.layout.title.text or name
+        title = (fig.layout.meta or {}).get("title") or fig.layout.title.text or name
         (out / f"{name}.html").write_text(plots.figure_html(fig, f"fig-{name}-plot", "../vendor/plotly/plotly-basic.min.js", title),
                                           encoding="utf-8")
