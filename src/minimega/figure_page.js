@@ -40,16 +40,20 @@
     return ctx.measureText(text).width;
   }
 
-  /* Greedy word wrap of `text` into lines at most `width` px wide; an authored <br> stays a break. */
+  /* Greedy word wrap of `text` into lines at most `width` px wide; an authored <br> stays a break, and
+   * a label that does not fit on one line breaks before its parenthesis first ("DDP / (stage 0)"). */
   function wrap(text, width, font) {
     return String(text).split(/<br\s*\/?>/i).map(function (part) {
-      var lines = [], line = "";
-      part.split(/\s+/).filter(Boolean).forEach(function (w) {
-        var next = line ? line + " " + w : w;
-        if (line && textWidth(next, font) > width) { lines.push(line); line = w; } else line = next;
-      });
-      if (line) lines.push(line);
-      return lines.join("<br>");
+      var pieces = textWidth(part, font) > width ? part.split(/ (?=\()/) : [part];
+      return pieces.map(function (piece) {
+        var lines = [], line = "";
+        piece.split(/\s+/).filter(Boolean).forEach(function (w) {
+          var next = line ? line + " " + w : w;
+          if (line && textWidth(next, font) > width) { lines.push(line); line = w; } else line = next;
+        });
+        if (line) lines.push(line);
+        return lines.join("<br>");
+      }).join("<br>");
     }).join("<br>");
   }
 
@@ -57,7 +61,9 @@
     return String(text).split(/<br\s*\/?>/i).some(function (l) { return textWidth(l, font) > width; });
   }
 
-  /* The relayout that fits the current width, or null when the figure already fits. */
+  var names = gd.data.map(function (t) { return t.name; });    // legend entries as Python wrote them
+
+  /* The update that fits the current width ({data, layout}), or null when the figure already fits. */
   function fitting() {
     var fl = gd._fullLayout, size = fl._size, upd = {}, changed = false;
     var title = wrap(fullTitle, Math.max(120, fl.width - 24), fl.title.font);
@@ -67,9 +73,9 @@
       if (!ax) return;
       var span = (ax.domain[1] - ax.domain[0]) * (k[0] === "x" ? size.w : size.h);
       var axisTitle = ax.title && ax.title.text;
-      if (axisTitle) {                                  // an axis title is centred on its axis: fit it there
+      if (axisTitle) {            // centred on its axis; a y title wraps at the plot's least height, not its current one
         if (!(k in titles)) titles[k] = axisTitle;
-        var t = wrap(titles[k], Math.max(80, span), ax.title.font);
+        var t = wrap(titles[k], k[0] === "x" ? Math.max(80, span) : Math.max(200, span), ax.title.font);
         if (t !== axisTitle) { upd[k + ".title.text"] = t; changed = true; }
       }
       if (ax.type !== "category") return;
@@ -96,27 +102,43 @@
         changed = true;
       }
     });
-    return changed ? upd : null;
+    // a legend entry is its symbol (~50 px) and its text: wrap the text to the figure's width
+    var legendFont = fl.showlegend && fl.legend ? fl.legend.font : fl.font;
+    var wrapped = names.map(function (n) { return n ? wrap(n, Math.max(120, fl.width - 70), legendFont) : n; });
+    var data = {name: [], idx: []};
+    wrapped.forEach(function (n, i) { if (n !== gd.data[i].name) { data.name.push(n); data.idx.push(i); } });
+    if (data.idx.length) changed = true;
+    return changed ? {data: data, layout: upd} : null;
   }
 
   function reportHeight() {
-    if (window.parent === window) return;
     var fl = gd._fullLayout;
     // the plot area keeps at least ~0.6 of the width (220 to 320 px) below the title, above ticks and legend
     var plot = Math.min(320, Math.max(220, 0.6 * fl.width));
     var need = Math.ceil(fl._size.t + fl._size.b + plot);
-    window.parent.postMessage({type: "mm-figure-height", height: need}, window.location.origin);
+    document.body.setAttribute("data-mm-height", need);
+    // settled: this page fits its width and already has the height it asks for (tests wait for this)
+    document.body.setAttribute("data-mm-fit", Math.abs(window.innerHeight - need) <= 1 ? "settled" : "asking");
+    if (window.parent !== window)
+      window.parent.postMessage({type: "mm-figure-height", height: need}, window.location.origin);
   }
 
-  var busy = null;
+  var busy = null, again = false;
   function fit() {
-    if (busy) return busy;
+    if (busy) { again = true; return busy; }         // a resize while fitting: fit once more after
     var passes = 0;
     function step() {
-      var upd = passes++ < 3 ? fitting() : null;      // margins follow the labels: settle in a few passes
-      return upd ? Plotly.relayout(gd, upd).then(step) : null;
+      var upd = passes++ < 4 ? fitting() : null;      // margins follow the labels: settle in a few passes
+      if (!upd) return null;
+      var done = upd.data.idx.length ? Plotly.update(gd, {name: upd.data.name}, upd.layout, upd.data.idx)
+                                     : Plotly.relayout(gd, upd.layout);
+      return done.then(step);
     }
-    busy = Promise.resolve(step()).then(function () { busy = null; reportHeight(); });
+    busy = Promise.resolve(step()).then(function () {
+      busy = null;
+      if (again) { again = false; return fit(); }
+      reportHeight();
+    });
     return busy;
   }
 

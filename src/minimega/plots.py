@@ -34,8 +34,12 @@ def _layout(fig: go.Figure, title: str, x: str, y: str, **kw) -> go.Figure:
                                   yref="container"),
                       font=dict(family="system-ui, sans-serif", size=13), colorway=PALETTE,
                       paper_bgcolor="rgba(0,0,0,0)", plot_bgcolor="rgba(0,0,0,0)", **kw)
-    fig.update_xaxes(title_text=x, automargin=True)
-    fig.update_yaxes(title_text=y, automargin=True)
+    if x:
+        fig.update_layout(xaxis_title_text=x)
+    if y:
+        fig.update_layout(yaxis_title_text=y)
+    fig.update_xaxes(automargin=True)
+    fig.update_yaxes(automargin=True)
     return fig
 
 
@@ -48,21 +52,21 @@ def zero_memory_vs_dp(n_params: float = 7.5e9, dps=(1, 2, 4, 8, 16, 32, 64, 128,
                         hovertemplate="N_d=%{x}<br>%{y:.3g} GB<extra>" + STAGE_NAMES[st] + "</extra>")
     _layout(fig, f"Model states per GPU, Ψ = {n_params / 1e9:g}B, mixed-precision Adam (K = 12)",
             "data-parallel degree N_d (log scale)", "GB per GPU (log scale)")
-    fig.update_xaxes(type="log")
-    fig.update_yaxes(type="log")
+    fig.update_xaxes(type="log", tickvals=list(dps)[::2])
+    fig.update_yaxes(type="log", dtick=1)           # decades only: no small 2…9 labels to crowd each other
     return fig
 
 
 def zero_breakdown(n_params: float = 7.5e9, dp: int = 64) -> go.Figure:
     """Stacked params / grads / optimizer GB per stage: the ZeRO paper's Figure 1 as bars."""
-    cats = [("params", "parameters (2 B/param)"), ("grads", "gradients (2 B/param)"),
-            ("optimizer", "optimizer states (K = 12 B/param)")]
+    cats = [("params", label("params", "2 B/param")), ("grads", label("grads", "2 B/param")),
+            ("optimizer", label("optimizer", "K = 12 B/param"))]
     xs = [STAGE_NAMES[s] for s in est.STAGES]
     parts = [est.model_state_breakdown(n_params, dp, s) for s in est.STAGES]
     fig = go.Figure()
-    for key, label in cats:
-        fig.add_bar(x=xs, y=[p[key] / est.GB for p in parts], name=label,
-                    hovertemplate="%{y:.3g} GB<extra>" + label + "</extra>")
+    for key, name in cats:
+        fig.add_bar(x=xs, y=[p[key] / est.GB for p in parts], name=name, marker_color=COLOURS[key],
+                    hovertemplate="%{y:.3g} GB<extra>" + name + "</extra>")
     totals = [sum(p.values()) / est.GB for p in parts]
     fig.add_scatter(x=xs, y=totals, mode="text", text=[f"{t:.3g} GB" for t in totals], textposition="top center",
                     showlegend=False, hoverinfo="skip")
@@ -93,7 +97,7 @@ def comm_vs_dp(n_params: float = 7.5e9, bytes_per_elem: int = 2, dps=(2, 4, 8, 1
                         hovertemplate="N_d=%{x}<br>%{y:.4g} GB<extra>" + STAGE_NAMES[st] + "</extra>")
     _layout(fig, f"Sent per rank per step, Ψ = {n_params / 1e9:g}B in {8 * bytes_per_elem}-bit (ring model)",
             "data-parallel degree N_d (log scale)", "GB sent per rank per step")
-    fig.update_xaxes(type="log")
+    fig.update_xaxes(type="log", tickvals=list(dps)[::2])
     return fig
 
 
@@ -124,11 +128,12 @@ def activations_gpt3() -> go.Figure:
     """Per-layer activation MB for GPT-3 175B (s=2048, h=12288, a=96, b=1): Korthikanti Table 2."""
     xs = [name for name, _ in ACT_CASES]
     ys = [est.activation_bytes_per_layer(2048, 1, 12288, 96, **kw) / 1e6 for _, kw in ACT_CASES]
-    fig = go.Figure(go.Bar(x=xs, y=ys, texttemplate="%{y:.1f}", textposition="outside", marker_color=PALETTE[0],
+    fig = go.Figure(go.Bar(x=xs, y=ys, texttemplate="%{y:.1f}", textposition="outside", marker_color=COLOURS["activations"],
                            hovertemplate="%{y:.1f} MB per layer<extra></extra>"))
+    fig.update_traces(name="activations")
     _layout(fig, "Activations one GPT-3 layer keeps for backward (s = 2048, b = 1)", "",
             "MB per layer per GPU (log scale)")
-    fig.update_yaxes(type="log")
+    fig.update_yaxes(type="log", dtick=1)
     return fig
 
 
@@ -151,8 +156,8 @@ def activations_vs_seq(hidden: int = 4096, heads: int = 32, layers: int = 36,
                         hovertemplate="s=%{x}<br>%{y:.3g} GB<extra>" + name + "</extra>")
     _layout(fig, f"Activations of {layers} layers, h = {hidden}, a = {heads}, b = 1, one GPU (with the recomputed layer)",
             "sequence length s (tokens, log scale)", "GB (log scale)")
-    fig.update_xaxes(type="log")
-    fig.update_yaxes(type="log")
+    fig.update_xaxes(type="log", tickvals=list(seqs), ticktext=[f"{s // 1024}k" if s >= 1024 else str(s) for s in seqs])
+    fig.update_yaxes(type="log", dtick=1)
     return fig
 
 
@@ -176,11 +181,9 @@ def presets_memory() -> go.Figure:
     names = list(est.PRESETS)
     outs = [est.memory_per_gpu(est.MemoryConfig(**est.PRESETS[n])) for n in names]
     fig = go.Figure()
-    for key, label in (("params", "parameters"), ("grads", "gradients"), ("optimizer", "optimizer states"),
-                       ("gathered", "gathered block (ZeRO-3)"), ("activations", "activations"),
-                       ("recompute", "recomputed layer (backward)")):
-        fig.add_bar(x=names, y=[o[key] / est.GB for o in outs], name=label,
-                    hovertemplate="%{y:.3g} GB<extra>" + label + "</extra>")
+    for key in ("params", "grads", "optimizer", "gathered", "activations", "recompute"):
+        fig.add_bar(x=names, y=[o[key] / est.GB for o in outs], name=label(key), marker_color=COLOURS[key],
+                    hovertemplate="%{y:.3g} GB<extra>" + label(key) + "</extra>")
     _layout(fig, "Memory per GPU for the calculator presets", "", "GB per GPU", barmode="stack")
     return fig
 
@@ -188,17 +191,17 @@ def presets_memory() -> go.Figure:
 def offload_split(n_params: float = 7.5e9, dp: int = 1) -> go.Figure:
     """GPU vs CPU GB of model states without offload, with optimizer offload, with parameter offload."""
     rows = []
-    for label, stage, off in (("stage 2", 2, "none"), ("stage 2 + offload optimizer", 2, "optimizer"),
-                              ("stage 3 + offload optimizer + params", 3, "optimizer+params")):
+    for name, stage, off in (("stage 2", 2, "none"), ("stage 2 + offload optimizer", 2, "optimizer"),
+                             ("stage 3 + offload optimizer + params", 3, "optimizer+params")):
         parts = est.model_state_breakdown(n_params, dp, stage)
         cpu = (parts["optimizer"] + parts["grads"]) if off != "none" else 0.0
         cpu += parts["params"] if off == "optimizer+params" else 0.0
-        rows.append((label, sum(parts.values()) - cpu, cpu))
+        rows.append((name, sum(parts.values()) - cpu, cpu))
     fig = go.Figure()
-    fig.add_bar(x=[r[0] for r in rows], y=[r[1] / est.GB for r in rows], name="GPU memory",
+    fig.add_bar(x=[r[0] for r in rows], y=[r[1] / est.GB for r in rows], name="on the GPU", marker_color=REFERENCE,
                 texttemplate="%{y:.3g}", textposition="outside")
-    fig.add_bar(x=[r[0] for r in rows], y=[r[2] / est.GB for r in rows], name="CPU memory",
-                texttemplate="%{y:.3g}", textposition="outside")
+    fig.add_bar(x=[r[0] for r in rows], y=[r[2] / est.GB for r in rows], name=label("cpu"),
+                marker_color=COLOURS["cpu"], texttemplate="%{y:.3g}", textposition="outside")
     _layout(fig, f"Model states of Ψ = {n_params / 1e9:g}B on {dp} GPU{'s' if dp > 1 else ''}: where they live",
             "", "GB", barmode="group")
     return fig
@@ -314,21 +317,21 @@ def ddp_overlap(step: int = -1) -> go.Figure:
 def memory_measured() -> go.Figure:
     """Bytes each rank holds by category after a backward, measured, against 16 bytes per parameter."""
     tr = _trace("memory")
-    cats = (("params", "parameters (fp32, 4 B)"), ("grads", "gradients (fp32, 4 B)"),
-            ("optimizer_states", "Adam momentum + variance (8 B)"))
+    cats = (("params", "params", label("params", "fp32, 4 B")), ("grads", "grads", label("grads", "fp32, 4 B")),
+            ("optimizer_states", "optimizer", label("optimizer", "Adam momentum + variance, 8 B")))
     xs, parts = [], []
     for lay in tr["layouts"]:
         for r in lay["ranks"]:
             xs.append(f"{lay['layout']} rank {r['rank']}")
             parts.append(r["after_backward"])
     fig = go.Figure()
-    for key, label in cats:
-        fig.add_bar(x=xs, y=[p[key] / 1e6 for p in parts], name=label,
-                    hovertemplate="%{y:.3f} MB<extra>" + label + "</extra>")
+    for key, cat, name in cats:
+        fig.add_bar(x=xs, y=[p[key] / 1e6 for p in parts], name=name, marker_color=COLOURS[cat],
+                    hovertemplate="%{y:.3f} MB<extra>" + name + "</extra>")
     n = tr["n_params"]
     ddp = est.model_state_bytes(n, 1, 0, "fp32") / 1e6
     fig.add_scatter(x=[x for x in xs if x.startswith("dp")], y=[ddp] * sum(x.startswith("dp") for x in xs),
-                    mode="markers", marker=dict(symbol="line-ew-open", size=40, line=dict(width=3)),
+                    mode="markers", marker=dict(symbol="line-ew-open", size=40, color=REFERENCE, line=dict(width=3)),
                     name=f"estimate: 16 B × Ψ, Ψ = {n:,}", hovertemplate="%{y:.3f} MB<extra>estimate</extra>")
     _layout(fig, "Model states per rank, measured after a backward (tiny GPT, fp32 AdamW)", "",
             "MB per rank (1 MB = 10⁶ B)", barmode="stack")
@@ -396,17 +399,18 @@ def zero_memory_measured() -> go.Figure:
     """Bytes rank 0 holds at the optimizer step under DDP and ZeRO 1-3 (dp = 2), against the padded formula."""
     tr = _trace("zero-memory")
     dp = tr["source"]["dp"]
-    cats = (("params", "parameters (fp32, 4 B)"), ("grads", "gradients (fp32, 4 B)"),
-            ("optimizer_states", "Adam momentum + variance (8 B)"))
+    cats = (("params", "params", label("params", "fp32, 4 B")), ("grads", "grads", label("grads", "fp32, 4 B")),
+            ("optimizer_states", "optimizer", label("optimizer", "Adam momentum + variance, 8 B")))
     xs = [STAGE_NAMES[s["stage"]] for s in tr["stages"]]
     mem = [s["ranks"][0]["memory_at_step"] for s in tr["stages"]]
     fig = go.Figure()
-    for key, label in cats:
-        fig.add_bar(x=xs, y=[m[key] / 1e6 for m in mem], name=label,
-                    hovertemplate="%{y:.3f} MB<extra>" + label + "</extra>")
+    for key, cat, name in cats:
+        fig.add_bar(x=xs, y=[m[key] / 1e6 for m in mem], name=name, marker_color=COLOURS[cat],
+                    hovertemplate="%{y:.3f} MB<extra>" + name + "</extra>")
     want = [est.model_state_bytes_padded([u["numel"] for u in s["units"]], dp, s["stage"], "fp32") / 1e6
             for s in tr["stages"]]
-    fig.add_scatter(x=xs, y=want, mode="markers", marker=dict(symbol="line-ew-open", size=40, line=dict(width=3)),
+    fig.add_scatter(x=xs, y=want, mode="markers",
+                    marker=dict(symbol="line-ew-open", size=40, color=REFERENCE, line=dict(width=3)),
                     name="model_state_bytes_padded (16, 12, 10, 8 B × Ψ_pad / stage)",
                     hovertemplate="%{y:.3f} MB<extra>formula</extra>")
     _layout(fig, f"Model states on rank 0 at the optimizer step, N_d = {dp} (tiny GPT, fp32 AdamW, recorded)", "",
@@ -430,7 +434,7 @@ def comm_wire() -> go.Figure:
                                           + label + "</extra>")
     _layout(fig, "What gloo sends per rank, over the ring model's (n−1)/n·S per phase (TCP payload, loopback)",
             "buffer S, KiB (log scale)", "measured ÷ ring model")
-    fig.update_xaxes(type="log")
+    fig.update_xaxes(type="log", tickvals=sorted({r["bytes"] / 1024 for r in tr["rows"]}))
     fig.add_hline(y=1, line=dict(width=1, dash="dash"), annotation_text="ring model",
                   annotation_position="bottom right")
     fig.add_hline(y=2, line=dict(width=1, dash="dash"), annotation_text="2× (reduce-scatter as an all-reduce)",

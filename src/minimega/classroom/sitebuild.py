@@ -7,6 +7,7 @@ text (say, in a page someone else owns) is left alone:
     {{ figure("zero-memory-vs-dp", "Caption for screen readers and print") }}   a plotly figure (iframe)
     {{ quiz() }}                                      the practice quiz quizzes/<page stem>.yaml
     {{ presets_json() }}                              the calculator presets, as JSON
+    {{ palette_json() }}                              the memory categories' labels and colours, as JSON
 
 `on_files` adds the lab notebooks (``labs/NN-slug.ipynb``, outside ``docs_dir``) to the site as
 ``labs/NN-slug.ipynb``, so a chapter links its lab as ``[…](labs/NN-slug.ipynb)`` and ``--strict``
@@ -29,11 +30,12 @@ from mkdocs.exceptions import PluginError
 from minimega import estimate as est
 from minimega.classroom.quiz import Bank, Item, evaluate, formula_namespace, grade, load_bank  # noqa: F401
 
-MACRO = re.compile(r"\{\{(\s*(?:num|figure|quiz|presets_json|exam_page)\s*\(.*?)\}\}", re.S)
+MACRO = re.compile(r"\{\{(\s*(?:num|figure|quiz|presets_json|palette_json|exam_page)\s*\(.*?)\}\}", re.S)
 NUM = re.compile(r'^\s*num\(\s*"([^"]+)"\s*(?:,\s*"([^"]*)"\s*)?\)\s*$')
 FIGURE = re.compile(r'^\s*figure\(\s*"([a-z0-9-]+)"\s*,\s*"([^"]+)"\s*\)\s*$')
 QUIZ = re.compile(r"^\s*quiz\(\s*\)\s*$")
 PRESETS = re.compile(r"^\s*presets_json\(\s*\)\s*$")
+PALETTE = re.compile(r"^\s*palette_json\(\s*\)\s*$")
 EXAM_PAGE = re.compile(r"^\s*exam_page\(\s*\)\s*$")
 
 
@@ -153,6 +155,9 @@ def on_page_markdown(markdown: str, page, config, files) -> str:
         if PRESETS.match(body):
             # goes inside <script type="application/json">, where entities are not decoded
             return json.dumps(est.PRESETS, sort_keys=True).replace("</", "<\\/")
+        if PALETTE.match(body):
+            from minimega.palette import palette_json
+            return palette_json().replace("</", "<\\/")      # as presets_json: inside a JSON <script>
         raise PluginError(f"{page.file.src_path}: cannot parse the macro call {{{{{body}}}}}")
 
     return MACRO.sub(replace, markdown)
