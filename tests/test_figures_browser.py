@@ -180,3 +180,23 @@ def test_calculator_chart_fits(pages, site_server, shots, width):
         problems = layout_problems(m)
         assert problems == [], f"calculator ({preset}) at {width} px:\n" + "\n".join(problems)
     assert errors == [], errors
+
+
+def test_calculator_uses_the_python_palette(pages, site_server):
+    """The calculator's chart and table show each category in minimega.palette's colour, as every figure does."""
+    from minimega import palette
+    page, errors = pages[1280]
+    errors.clear()
+    _goto(page, f"{site_server}/calculator/")
+    page.wait_for_function("(document.getElementById('mm-calc-plot').data || []).length === 6")
+    drawn = page.evaluate("document.getElementById('mm-calc-plot').data.map(t => [t.name, t.marker.color])")
+    want = [(palette.LABELS[k], palette.COLOURS[k])
+            for k in ("params", "grads", "optimizer", "gathered", "activations", "recompute")]
+    assert [tuple(t) for t in drawn] == want
+    rows = page.evaluate("""[...document.querySelectorAll('.mm-calc-table tbody th')].map(th => {
+        const s = th.querySelector('.mm-swatch');
+        return [th.textContent, s ? getComputedStyle(s).backgroundColor : null]; })""")
+    rgb = lambda c: "rgb({}, {}, {})".format(*(int(c[i:i + 2], 16) for i in (1, 3, 5)))
+    assert rows == [[lab, rgb(col)] for lab, col in want] + [["total on the GPU", None],
+                                                             [palette.LABELS["cpu"], rgb(palette.COLOURS["cpu"])]]
+    assert errors == [], errors

@@ -40,11 +40,11 @@
     return ctx.measureText(text).width;
   }
 
-  /* Greedy word wrap of `text` into lines at most `width` px wide; an authored <br> stays a break, and
-   * a label that does not fit on one line breaks before its parenthesis first ("DDP / (stage 0)"). */
-  function wrap(text, width, font) {
+  /* Greedy word wrap of `text` into lines at most `width` px wide; an authored <br> stays a break. With
+   * `label`, a text that does not fit on one line breaks before its parenthesis first ("DDP / (stage 0)"). */
+  function wrap(text, width, font, label) {
     return String(text).split(/<br\s*\/?>/i).map(function (part) {
-      var pieces = textWidth(part, font) > width ? part.split(/ (?=\()/) : [part];
+      var pieces = label && textWidth(part, font) > width ? part.split(/ (?=\()/) : [part];
       return pieces.map(function (piece) {
         var lines = [], line = "";
         piece.split(/\s+/).filter(Boolean).forEach(function (w) {
@@ -85,11 +85,11 @@
       // x: each label gets its slot; y: labels may take up to a third of the figure's width
       var limit = k[0] === "x" ? Math.max(40, span / cats.length - 2) : Math.max(80, fl.width / 3);
       var font = {family: ax.tickfont.family, size: baseSize[k] || (baseSize[k] = ax.tickfont.size)};
-      var text = cats.map(function (c) { return wrap(c, limit, font); });
+      var text = cats.map(function (c) { return wrap(c, limit, font, true); });
       var tooWide = function () { return text.some(function (t) { return wider(t, limit, font); }); };
       if (k[0] === "x" && tooWide()) {                // a long word: try a smaller font first
         font.size = Math.max(10, Math.round(font.size * 0.85));
-        text = cats.map(function (c) { return wrap(c, limit, font); });
+        text = cats.map(function (c) { return wrap(c, limit, font, true); });
       }
       // a word still wider than its slot stands upright rather than slanting into the next label
       var angle = k[0] === "x" && tooWide() ? -90 : 0;

@@ -38,8 +38,8 @@ def _layout(fig: go.Figure, title: str, x: str, y: str, **kw) -> go.Figure:
         fig.update_layout(xaxis_title_text=x)
     if y:
         fig.update_layout(yaxis_title_text=y)
-    fig.update_xaxes(automargin=True)
-    fig.update_yaxes(automargin=True)
+    fig.update_xaxes(automargin=True, title_font_size=14)
+    fig.update_yaxes(automargin=True, title_font_size=14)
     return fig
 
 
@@ -145,15 +145,19 @@ def activations_vs_seq(hidden: int = 4096, heads: int = 32, layers: int = 36,
     (`recompute_working_bytes`); the dashed curve is a fused attention kernel without recomputation.
     """
     fig = go.Figure()
-    cases = (("no recomputation", "none", "unfused"), ("selective", "selective", "unfused"),
-             ("full recomputation", "full", "unfused"), ("fused attention, no recomputation", "none", "fused"))
-    for name, rec, attn in cases:
+    # one category, four ways to keep it: the activations colour throughout, told apart by line and marker
+    cases = (("no recomputation", "none", "unfused", "solid", "circle"),
+             ("selective", "selective", "unfused", "dot", "square"),
+             ("full recomputation", "full", "unfused", "dashdot", "diamond"),
+             ("fused attention, no recomputation", "none", "fused", "dash", "x"))
+    for case, rec, attn, dash, symbol in cases:
+        name = label("activations", case)
         ys = [(layers * est.activation_bytes_per_layer(s, 1, hidden, heads, recompute=rec, attention=attn)
                + est.recompute_working_bytes(s, 1, hidden, heads, recompute=rec, attention=attn)) / est.GB
               for s in seqs]
         fig.add_scatter(x=list(seqs), y=ys, mode="lines+markers", name=name,
-                        line=dict(dash="dash") if attn == "fused" else None,
-                        hovertemplate="s=%{x}<br>%{y:.3g} GB<extra>" + name + "</extra>")
+                        line=dict(color=COLOURS["activations"], dash=dash), marker=dict(symbol=symbol, size=8),
+                        hovertemplate="s=%{x}<br>%{y:.3g} GB<extra>" + case + "</extra>")
     _layout(fig, f"Activations of {layers} layers, h = {hidden}, a = {heads}, b = 1, one GPU (with the recomputed layer)",
             "sequence length s (tokens, log scale)", "GB (log scale)")
     fig.update_xaxes(type="log", tickvals=list(seqs), ticktext=[f"{s // 1024}k" if s >= 1024 else str(s) for s in seqs])
@@ -165,11 +169,12 @@ def tp_scaling(seq: int = 2048, hidden: int = 12288, heads: int = 96, ts=(1, 2, 
     """Per-layer activation MB with TP and TP+SP, and TP bytes sent per layer, against t."""
     fig = go.Figure()
     fig.add_scatter(x=list(ts), y=[est.activation_bytes_per_layer(seq, 1, hidden, heads, tp=t) / 1e6 for t in ts],
-                    name="activations, TP", mode="lines+markers")
+                    name=label("activations", "TP"), mode="lines+markers", line=dict(color=COLOURS["activations"]))
     fig.add_scatter(x=list(ts), y=[est.activation_bytes_per_layer(seq, 1, hidden, heads, tp=t, sp=True) / 1e6 for t in ts],
-                    name="activations, TP + SP", mode="lines+markers")
+                    name=label("activations", "TP + SP"), mode="lines+markers",
+                    line=dict(color=COLOURS["activations"], dash="dash"), marker=dict(symbol="square"))
     fig.add_scatter(x=list(ts), y=[2 * est.tp_comm_elements_per_layer(seq, 1, hidden, t) / 1e6 for t in ts],
-                    name="sent per layer, fwd + bwd (16-bit)", mode="lines+markers", line=dict(dash="dot"))
+                    name="sent per layer, fwd + bwd (16-bit)", mode="lines+markers", line=dict(color=REFERENCE, dash="dot"))
     _layout(fig, "Tensor parallelism on a GPT-3 layer (s = 2048, b = 1)", "tensor-parallel degree t",
             "MB per GPU per layer")
     fig.update_xaxes(type="log", tickvals=list(ts))
@@ -384,10 +389,10 @@ def activations_measured() -> go.Figure:
     case = lambda r: "t = 1" if r["tp"] == 1 else (f"t = {r['tp']} + SP" if r["sp"] else f"t = {r['tp']}")
     x = [[case(r) for r in rows], [r["mode"] for r in rows]]
     fig = go.Figure()
-    fig.add_bar(x=x, y=[r["measured"] / 1e3 for r in rows], name="measured (saved_tensors_hooks)",
-                hovertemplate="%{y:.1f} kB<extra>measured</extra>")
-    fig.add_bar(x=x, y=[r["formula"] / 1e3 for r in rows], name="gpt_activation_bytes_per_layer",
-                hovertemplate="%{y:.1f} kB<extra>formula</extra>")
+    fig.add_bar(x=x, y=[r["measured"] / 1e3 for r in rows], name=label("activations", "measured, saved_tensors_hooks"),
+                marker_color=COLOURS["activations"], hovertemplate="%{y:.1f} kB<extra>measured</extra>")
+    fig.add_bar(x=x, y=[r["formula"] / 1e3 for r in rows], name="formula: gpt_activation_bytes_per_layer",
+                marker_color=REFERENCE, hovertemplate="%{y:.1f} kB<extra>formula</extra>")
     sh = tr["shape"]
     _layout(fig, f"Activations one block keeps per rank, by recomputation mode (b = {sh['b']}, s = {sh['s']}, "
                  f"h = {sh['h']}, a = {sh['a']}, fp32, dropout)", "",
@@ -422,11 +427,13 @@ def comm_wire() -> go.Figure:
     """Bytes each rank really sends per collective (TCP payload) over the ring model's, against buffer size."""
     tr = _trace("comm-wire")
     fig = go.Figure()
+    top = 0.0
     names = {"all_reduce": "all-reduce", "reduce_scatter": "reduce-scatter", "all_gather": "all-gather"}
     for i, op in enumerate(("all_reduce", "reduce_scatter", "all_gather")):
         for n, dash in ((2, "solid"), (4, "dot")):
             rows = [r for r in tr["rows"] if r["op"] == op and r["ranks"] == n]
             ratio = [max(r["measured"]) / r["model"] for r in rows]
+            top = max([top, *ratio])
             label = f"{names[op]}, {n} ranks"
             fig.add_scatter(x=[r["bytes"] / 1024 for r in rows], y=ratio, mode="lines+markers", name=label,
                             line=dict(color=PALETTE[i], dash=dash),
@@ -439,7 +446,7 @@ def comm_wire() -> go.Figure:
                   annotation_position="bottom right")
     fig.add_hline(y=2, line=dict(width=1, dash="dash"), annotation_text="2× (reduce-scatter as an all-reduce)",
                   annotation_position="top right")
-    fig.update_yaxes(range=[0.8, 2.4])
+    fig.update_yaxes(range=[0.8, max(2.4, 1.05 * top)])     # every measured point stays on the plot
     return fig
 
 

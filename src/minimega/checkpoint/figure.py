@@ -91,7 +91,8 @@ def read_plan_figure(path: Path = DATA):
                             showlegend=col == 1 and all(int(d["file"][6:11]) != old
                                                         for d in trace["tensors"][name]["chunks"][:i]),
                             row=1, col=col, hoverinfo="skip")
-        fig.update_yaxes(autorange="reversed", title_text="row", row=1, col=col)
+        # one "row" title, at the left: between the panels it would sit on the first one's boxes
+        fig.update_yaxes(autorange="reversed", title_text="row" if col == 1 else None, row=1, col=col)
         fig.update_xaxes(title_text="column", row=1, col=col)
     total = ", ".join(f"rank {r['rank']} {r['bytes_read'] / 1e3:.0f} kB" for r in trace["ranks"])
     _layout(fig, f"Saved under {trace['source']['saved']}, loaded under {trace['source']['loaded']}: "
