@@ -15,6 +15,7 @@ import pytest
 
 from minimega import plots
 
+sync_api = pytest.importorskip("playwright.sync_api")
 pytestmark = pytest.mark.browser
 
 COURSE = Path(__file__).resolve().parents[1] / "course"
@@ -154,7 +155,12 @@ def test_figure_fits(pages, site_server, shots, name, slug, width):
     frame_el = figure.locator("iframe")
     frame = frame_el.content_frame
     # the course page gave the frame the height the figure asked for at this width (figures.js)
-    frame.locator("body[data-mm-fit=settled]").wait_for()
+    try:
+        frame.locator("body[data-mm-fit=settled]").wait_for(timeout=15_000)
+    except sync_api.TimeoutError:
+        asked = frame.locator("body").get_attribute("data-mm-height")
+        pytest.fail(f"{name} at {width} px never settled: it asks for {asked} px, the frame is "
+                    f"{frame_el.bounding_box()['height']:.0f} px; errors: {errors}")
     box = frame_el.bounding_box()
     assert box["x"] >= 0 and box["x"] + box["width"] <= width, f"the frame {box} is wider than the {width} px page"
     m = frame_el.element_handle().content_frame().evaluate(MEASURE, ".js-plotly-plot")

@@ -111,8 +111,13 @@
     return changed ? {data: data, layout: upd} : null;
   }
 
+  var asked = {width: 0, times: 0};
   function reportHeight() {
     var fl = gd._fullLayout;
+    // a layout whose margins follow its height could make the frame grow and shrink for ever: at one
+    // width the figure asks a few times at most
+    if (asked.width !== fl.width) { asked.width = fl.width; asked.times = 0; }
+    if (++asked.times > 6) return;
     // the plot area keeps at least ~0.6 of the width (220 to 320 px) below the title, above ticks and legend
     var plot = Math.min(320, Math.max(220, 0.6 * fl.width));
     var need = Math.ceil(fl._size.t + fl._size.b + plot);
@@ -134,7 +139,7 @@
                                      : Plotly.relayout(gd, upd.layout);
       return done.then(step);
     }
-    busy = Promise.resolve(step()).then(function () {
+    busy = Promise.resolve().then(step).catch(function (e) { console.error("figure fit failed:", e); }).then(function () {
       busy = null;
       if (again) { again = false; return fit(); }
       reportHeight();
