@@ -86,6 +86,11 @@ def layout_problems(m: dict) -> list[str]:
         for b in ticks[i + 1:]:
             if _overlap(a["box"], b["box"]):
                 bad.append(f"tick labels {a['text']!r} and {b['text']!r} overlap")
+    values = m["values"]
+    for i, a in enumerate(values):
+        for b in values[i + 1:]:
+            if _overlap(a["box"], b["box"], tol=-3):        # closer than 3 px, "16.0" "16.0" reads "16.016.0"
+                bad.append(f"value labels {a['text']!r} and {b['text']!r} run together")
     pairs = [("legend", g) for g in ("ticks", "axis_titles", "title", "annotations", "values")]
     pairs += [("title", g) for g in ("ticks", "axis_titles", "annotations", "values")]
     pairs += [("axis_titles", "ticks")]

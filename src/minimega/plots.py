@@ -13,7 +13,8 @@ from pathlib import Path
 import plotly.graph_objects as go
 
 from minimega import estimate as est
-from minimega.palette import COLOURS, REFERENCE, SERIES, label
+from minimega.palette import COLOURS, REFERENCE, SERIES
+from minimega.palette import label as category_label
 
 STAGE_NAMES = {0: "DDP (stage 0)", 1: "ZeRO-1 (P_os)", 2: "ZeRO-2 (P_os+g)", 3: "ZeRO-3 (P_os+g+p)"}
 PALETTE = SERIES
@@ -59,8 +60,8 @@ def zero_memory_vs_dp(n_params: float = 7.5e9, dps=(1, 2, 4, 8, 16, 32, 64, 128,
 
 def zero_breakdown(n_params: float = 7.5e9, dp: int = 64) -> go.Figure:
     """Stacked params / grads / optimizer GB per stage: the ZeRO paper's Figure 1 as bars."""
-    cats = [("params", label("params", "2 B/param")), ("grads", label("grads", "2 B/param")),
-            ("optimizer", label("optimizer", "K = 12 B/param"))]
+    cats = [("params", category_label("params", "2 B/param")), ("grads", category_label("grads", "2 B/param")),
+            ("optimizer", category_label("optimizer", "K = 12 B/param"))]
     xs = [STAGE_NAMES[s] for s in est.STAGES]
     parts = [est.model_state_breakdown(n_params, dp, s) for s in est.STAGES]
     fig = go.Figure()
@@ -82,7 +83,7 @@ def bytes_per_param(dp: int = 64) -> go.Figure:
     for prec, label in (("mixed", "mixed precision (2 + 2 + 12)"), ("fp32", "fp32 (4 + 4 + 8)")):
         fig.add_bar(x=[STAGE_NAMES[s] for s in est.STAGES],
                     y=[est.model_state_bytes(1.0, dp, s, prec) for s in est.STAGES], name=label,
-                    texttemplate="%{y:.3g}", textposition="outside",
+                    texttemplate="%{y:.3~g}", textposition="outside", textfont_size=11,   # "16", not "16.0"
                     hovertemplate="%{y:.4g} B/param<extra>" + label + "</extra>")
     _layout(fig, f"Bytes per parameter per GPU at N_d = {dp}", "", "bytes per parameter", barmode="group")
     return fig
@@ -151,7 +152,7 @@ def activations_vs_seq(hidden: int = 4096, heads: int = 32, layers: int = 36,
              ("full recomputation", "full", "unfused", "dashdot", "diamond"),
              ("fused attention, no recomputation", "none", "fused", "dash", "x"))
     for case, rec, attn, dash, symbol in cases:
-        name = label("activations", case)
+        name = category_label("activations", case)
         ys = [(layers * est.activation_bytes_per_layer(s, 1, hidden, heads, recompute=rec, attention=attn)
                + est.recompute_working_bytes(s, 1, hidden, heads, recompute=rec, attention=attn)) / est.GB
               for s in seqs]
@@ -169,9 +170,10 @@ def tp_scaling(seq: int = 2048, hidden: int = 12288, heads: int = 96, ts=(1, 2, 
     """Per-layer activation MB with TP and TP+SP, and TP bytes sent per layer, against t."""
     fig = go.Figure()
     fig.add_scatter(x=list(ts), y=[est.activation_bytes_per_layer(seq, 1, hidden, heads, tp=t) / 1e6 for t in ts],
-                    name=label("activations", "TP"), mode="lines+markers", line=dict(color=COLOURS["activations"]))
+                    name=category_label("activations", "TP"), mode="lines+markers",
+                    line=dict(color=COLOURS["activations"]))
     fig.add_scatter(x=list(ts), y=[est.activation_bytes_per_layer(seq, 1, hidden, heads, tp=t, sp=True) / 1e6 for t in ts],
-                    name=label("activations", "TP + SP"), mode="lines+markers",
+                    name=category_label("activations", "TP + SP"), mode="lines+markers",
                     line=dict(color=COLOURS["activations"], dash="dash"), marker=dict(symbol="square"))
     fig.add_scatter(x=list(ts), y=[2 * est.tp_comm_elements_per_layer(seq, 1, hidden, t) / 1e6 for t in ts],
                     name="sent per layer, fwd + bwd (16-bit)", mode="lines+markers", line=dict(color=REFERENCE, dash="dot"))
@@ -187,8 +189,8 @@ def presets_memory() -> go.Figure:
     outs = [est.memory_per_gpu(est.MemoryConfig(**est.PRESETS[n])) for n in names]
     fig = go.Figure()
     for key in ("params", "grads", "optimizer", "gathered", "activations", "recompute"):
-        fig.add_bar(x=names, y=[o[key] / est.GB for o in outs], name=label(key), marker_color=COLOURS[key],
-                    hovertemplate="%{y:.3g} GB<extra>" + label(key) + "</extra>")
+        fig.add_bar(x=names, y=[o[key] / est.GB for o in outs], name=category_label(key), marker_color=COLOURS[key],
+                    hovertemplate="%{y:.3g} GB<extra>" + category_label(key) + "</extra>")
     _layout(fig, "Memory per GPU for the calculator presets", "", "GB per GPU", barmode="stack")
     return fig
 
@@ -205,7 +207,7 @@ def offload_split(n_params: float = 7.5e9, dp: int = 1) -> go.Figure:
     fig = go.Figure()
     fig.add_bar(x=[r[0] for r in rows], y=[r[1] / est.GB for r in rows], name="on the GPU", marker_color=REFERENCE,
                 texttemplate="%{y:.3g}", textposition="outside")
-    fig.add_bar(x=[r[0] for r in rows], y=[r[2] / est.GB for r in rows], name=label("cpu"),
+    fig.add_bar(x=[r[0] for r in rows], y=[r[2] / est.GB for r in rows], name=category_label("cpu"),
                 marker_color=COLOURS["cpu"], texttemplate="%{y:.3g}", textposition="outside")
     _layout(fig, f"Model states of Ψ = {n_params / 1e9:g}B on {dp} GPU{'s' if dp > 1 else ''}: where they live",
             "", "GB", barmode="group")
@@ -319,11 +321,16 @@ def ddp_overlap(step: int = -1) -> go.Figure:
     return fig
 
 
+# recorded key, palette category, legend name: the model states a recorded run measures (fp32 AdamW)
+MEASURED_STATES = (("params", "params", category_label("params", "fp32, 4 B")),
+                   ("grads", "grads", category_label("grads", "fp32, 4 B")),
+                   ("optimizer_states", "optimizer", category_label("optimizer", "Adam momentum + variance, 8 B")))
+
+
 def memory_measured() -> go.Figure:
     """Bytes each rank holds by category after a backward, measured, against 16 bytes per parameter."""
     tr = _trace("memory")
-    cats = (("params", "params", label("params", "fp32, 4 B")), ("grads", "grads", label("grads", "fp32, 4 B")),
-            ("optimizer_states", "optimizer", label("optimizer", "Adam momentum + variance, 8 B")))
+    cats = MEASURED_STATES
     xs, parts = [], []
     for lay in tr["layouts"]:
         for r in lay["ranks"]:
@@ -389,7 +396,8 @@ def activations_measured() -> go.Figure:
     case = lambda r: "t = 1" if r["tp"] == 1 else (f"t = {r['tp']} + SP" if r["sp"] else f"t = {r['tp']}")
     x = [[case(r) for r in rows], [r["mode"] for r in rows]]
     fig = go.Figure()
-    fig.add_bar(x=x, y=[r["measured"] / 1e3 for r in rows], name=label("activations", "measured, saved_tensors_hooks"),
+    fig.add_bar(x=x, y=[r["measured"] / 1e3 for r in rows],
+                name=category_label("activations", "measured, saved_tensors_hooks"),
                 marker_color=COLOURS["activations"], hovertemplate="%{y:.1f} kB<extra>measured</extra>")
     fig.add_bar(x=x, y=[r["formula"] / 1e3 for r in rows], name="formula: gpt_activation_bytes_per_layer",
                 marker_color=REFERENCE, hovertemplate="%{y:.1f} kB<extra>formula</extra>")
@@ -404,8 +412,7 @@ def zero_memory_measured() -> go.Figure:
     """Bytes rank 0 holds at the optimizer step under DDP and ZeRO 1-3 (dp = 2), against the padded formula."""
     tr = _trace("zero-memory")
     dp = tr["source"]["dp"]
-    cats = (("params", "params", label("params", "fp32, 4 B")), ("grads", "grads", label("grads", "fp32, 4 B")),
-            ("optimizer_states", "optimizer", label("optimizer", "Adam momentum + variance, 8 B")))
+    cats = MEASURED_STATES
     xs = [STAGE_NAMES[s["stage"]] for s in tr["stages"]]
     mem = [s["ranks"][0]["memory_at_step"] for s in tr["stages"]]
     fig = go.Figure()
