@@ -1,8 +1,9 @@
 """Plotly figure builders shared by the course site and the labs.
 
 Every figure here is drawn from `minimega.estimate` alone: the numbers on the site are the numbers
-the package computes. `write_figure_html` writes one standalone page per figure (the site embeds it
-in an iframe) that loads a self-hosted plotly.js and follows the parent page's light/dark scheme.
+the package computes. `figure_html` writes one standalone page per figure (the site embeds it in an
+iframe) that loads a self-hosted plotly.js, follows the parent page's light/dark scheme and fits its
+width (figure_page.js). Memory categories wear `minimega.palette`'s colours in every figure.
 """
 from __future__ import annotations
 

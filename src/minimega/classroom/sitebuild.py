@@ -1,10 +1,11 @@
 """mkdocs hooks for the course site (``hooks:`` in mkdocs.yml).
 
-Pages call four macros; a call whose arguments do not parse fails the build, and other ``{{ … }}``
-text (say, in a page someone else owns) is left alone:
+Pages call these macros (and the exam page ``exam_page()``); a call whose arguments do not parse fails
+the build, and other ``{{ … }}`` text (say, in a page someone else owns) is left alone:
 
     {{ num("model_state_bytes(7.5e9, 64, 2) / GB", ".1f") }}   a number computed by minimega.estimate
-    {{ figure("zero-memory-vs-dp", "Caption for screen readers and print") }}   a plotly figure (iframe)
+    {{ figure("zero-memory-vs-dp", "Caption for screen readers and print") }}   a plotly figure (iframe;
+                                                      figures.js sets its height to what the figure asks)
     {{ quiz() }}                                      the practice quiz quizzes/<page stem>.yaml
     {{ presets_json() }}                              the calculator presets, as JSON
     {{ palette_json() }}                              the memory categories' labels and colours, as JSON
