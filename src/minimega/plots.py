@@ -509,12 +509,13 @@ def pipeline_recorded(step: int = -1) -> go.Figure:
                             marker_color=colours[kind], opacity=1.0 if kind in ("forward", "backward") else 0.5,
                             legendgroup=label, showlegend=label not in seen,
                             text=[f"{kind[0].upper()}{s['micro']}" if "micro" in s else "" for s in mine],
-                            textposition="inside", insidetextanchor="middle",
+                            textposition="inside", insidetextanchor="middle", textangle=0,
                             hovertemplate=f"{kind} %{{text}}: %{{base:.1f}} to %{{x:.1f}} ms long<extra>{row}</extra>")
                 seen.add(label)
     _layout(fig, f"One recorded step, p = {p}, m = {m}: both idle (p−1)/(m+p−1) = "
                  f"{est.bubble_fraction(p, m, '1f1b'):.0%} of slots",
-            "time from the start of the step (ms)", "", barmode="overlay")
+            "time from the start of the step (ms)", "", barmode="overlay",
+            uniformtext=dict(minsize=9, mode="hide"))   # a span too narrow for "F3" drops it, not shrinks it
     fig.update_yaxes(categoryorder="array", categoryarray=rows[::-1])
     return fig
 
