@@ -1,13 +1,7 @@
 """The built course site in Debian's chromium, driven by Playwright: quizzes by keyboard, the
 calculator, figures, theme, and no request leaving 127.0.0.1. Screenshots land in build/screenshots/.
 """
-import functools
-import http.server
-import os
 import re
-import subprocess
-import sys
-import threading
 from pathlib import Path
 
 import pytest
@@ -18,8 +12,6 @@ pytestmark = pytest.mark.browser
 
 ROOT = Path(__file__).resolve().parents[1]
 CHROMIUM = "/usr/bin/chromium"
-FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
-         "--disable-component-update", "--disable-sync"]
 SHOTS = ROOT / "build" / "screenshots"
 
 if not Path(CHROMIUM).exists():
@@ -27,32 +19,14 @@ if not Path(CHROMIUM).exists():
 sync_api = pytest.importorskip("playwright.sync_api")
 
 
-class _Quiet(http.server.SimpleHTTPRequestHandler):
-    def log_message(self, *args):
-        pass
+@pytest.fixture(scope="module")
+def server(site_server):
+    return site_server
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    out = tmp_path_factory.mktemp("browser-site")
-    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(_Quiet, directory=str(out)))
-    base = f"http://127.0.0.1:{httpd.server_address[1]}"
-    # instant navigation only intercepts links under site_url, so build for the port just bound
-    env = {**os.environ, "NO_MKDOCS_2_WARNING": "1", "MINIMEGA_SITE_URL": base + "/"}
-    proc = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-d", str(out)], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    threading.Thread(target=httpd.serve_forever, daemon=True).start()
-    yield base
-    httpd.shutdown()
-
-
-@pytest.fixture(scope="module")
-def browser():
-    with sync_api.sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
-        yield b
-        b.close()
+def browser(chromium):
+    return chromium
 
 
 class Watch:
@@ -157,7 +131,15 @@ def test_calculator_updates_and_matches_python(server, browser):
     assert f"Total per GPU: {py1['total'] / 1e9:.2f} GB" in status.inner_text()
 
     page.fill("input[name=tp]", "3")                                  # 112 heads do not split 3 ways
-    assert "Cannot compute" in status.inner_text()
+    assert "Cannot compute" in status.inner_text() and "tp must divide heads" in status.inner_text()
+    # nothing from the last valid input stays next to the error: no table rows, no chart
+    assert page.locator(".mm-calc-table tbody tr").count() == 0
+    assert page.evaluate("document.getElementById('mm-calc-plot').data === undefined")
+    assert page.locator("#mm-calc-plot .main-svg").count() == 0
+    page.fill("input[name=tp]", "4")                                  # valid again: both come back
+    page.wait_for_function("(document.getElementById('mm-calc-plot').data || []).length === 6")
+    assert page.locator(".mm-calc-table tbody tr").count() == 8
+    assert f"Total per GPU: {py1['total'] / 1e9:.2f} GB" in status.inner_text()
     watch.clean()
     ctx.close()
 

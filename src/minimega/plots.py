@@ -1,26 +1,47 @@
 """Plotly figure builders shared by the course site and the labs.
 
 Every figure here is drawn from `minimega.estimate` alone: the numbers on the site are the numbers
-the package computes. `write_figure_html` writes one standalone page per figure (the site embeds it
-in an iframe) that loads a self-hosted plotly.js and follows the parent page's light/dark scheme.
+the package computes. `figure_html` writes one standalone page per figure (the site embeds it in an
+iframe) that loads a self-hosted plotly.js, follows the parent page's light/dark scheme and fits its
+width (figure_page.js). Memory categories wear `minimega.palette`'s colours in every figure.
 """
 from __future__ import annotations
 
+import html
 import math
+from pathlib import Path
 
 import plotly.graph_objects as go
 
 from minimega import estimate as est
+from minimega.palette import COLOURS, REFERENCE, SERIES
+from minimega.palette import label as category_label
 
 STAGE_NAMES = {0: "DDP (stage 0)", 1: "ZeRO-1 (P_os)", 2: "ZeRO-2 (P_os+g)", 3: "ZeRO-3 (P_os+g+p)"}
-PALETTE = ("#4c6ef5", "#12b886", "#f59f00", "#e64980", "#7950f2", "#868e96")
+PALETTE = SERIES
 
 
 def _layout(fig: go.Figure, title: str, x: str, y: str, **kw) -> go.Figure:
-    fig.update_layout(title=dict(text=title, x=0.01, xanchor="left"), xaxis_title=x, yaxis_title=y,
-                      margin=dict(l=70, r=20, t=60, b=60), legend=dict(orientation="h", y=-0.22),
+    """The house layout, legible from a 390 px phone to a wide screen.
+
+    The title and every axis push the margins out as far as they need (automargin), the legend sits
+    below everything else, and nothing depends on a fixed pixel margin. On the site the figure's page
+    rewraps the title and the category labels to the width it has (figure_page.js); `title` is kept
+    whole in ``layout.meta`` for that.
+    """
+    fig.update_layout(title=dict(text=title, x=0, xref="container", xanchor="left", y=1, yref="paper",
+                                 yanchor="bottom", automargin=True, pad=dict(l=10, b=12), font=dict(size=15)),
+                      meta=dict(title=title), margin=dict(l=10, r=10, t=10, b=10),
+                      legend=dict(orientation="h", x=0, xanchor="left", xref="container", y=0, yanchor="bottom",
+                                  yref="container"),
                       font=dict(family="system-ui, sans-serif", size=13), colorway=PALETTE,
                       paper_bgcolor="rgba(0,0,0,0)", plot_bgcolor="rgba(0,0,0,0)", **kw)
+    if x:
+        fig.update_layout(xaxis_title_text=x)
+    if y:
+        fig.update_layout(yaxis_title_text=y)
+    fig.update_xaxes(automargin=True, title_font_size=14)
+    fig.update_yaxes(automargin=True, title_font_size=14)
     return fig
 
 
@@ -33,21 +54,21 @@ def zero_memory_vs_dp(n_params: float = 7.5e9, dps=(1, 2, 4, 8, 16, 32, 64, 128,
                         hovertemplate="N_d=%{x}<br>%{y:.3g} GB<extra>" + STAGE_NAMES[st] + "</extra>")
     _layout(fig, f"Model states per GPU, Ψ = {n_params / 1e9:g}B, mixed-precision Adam (K = 12)",
             "data-parallel degree N_d (log scale)", "GB per GPU (log scale)")
-    fig.update_xaxes(type="log")
-    fig.update_yaxes(type="log")
+    fig.update_xaxes(type="log", tickvals=list(dps)[::2])
+    fig.update_yaxes(type="log", dtick=1)           # decades only: no small 2…9 labels to crowd each other
     return fig
 
 
 def zero_breakdown(n_params: float = 7.5e9, dp: int = 64) -> go.Figure:
     """Stacked params / grads / optimizer GB per stage: the ZeRO paper's Figure 1 as bars."""
-    cats = [("params", "parameters (2 B/param)"), ("grads", "gradients (2 B/param)"),
-            ("optimizer", "optimizer states (K = 12 B/param)")]
+    cats = [("params", category_label("params", "2 B/param")), ("grads", category_label("grads", "2 B/param")),
+            ("optimizer", category_label("optimizer", "K = 12 B/param"))]
     xs = [STAGE_NAMES[s] for s in est.STAGES]
     parts = [est.model_state_breakdown(n_params, dp, s) for s in est.STAGES]
     fig = go.Figure()
-    for key, label in cats:
-        fig.add_bar(x=xs, y=[p[key] / est.GB for p in parts], name=label,
-                    hovertemplate="%{y:.3g} GB<extra>" + label + "</extra>")
+    for key, name in cats:
+        fig.add_bar(x=xs, y=[p[key] / est.GB for p in parts], name=name, marker_color=COLOURS[key],
+                    hovertemplate="%{y:.3g} GB<extra>" + name + "</extra>")
     totals = [sum(p.values()) / est.GB for p in parts]
     fig.add_scatter(x=xs, y=totals, mode="text", text=[f"{t:.3g} GB" for t in totals], textposition="top center",
                     showlegend=False, hoverinfo="skip")
@@ -63,7 +84,7 @@ def bytes_per_param(dp: int = 64) -> go.Figure:
     for prec, label in (("mixed", "mixed precision (2 + 2 + 12)"), ("fp32", "fp32 (4 + 4 + 8)")):
         fig.add_bar(x=[STAGE_NAMES[s] for s in est.STAGES],
                     y=[est.model_state_bytes(1.0, dp, s, prec) for s in est.STAGES], name=label,
-                    texttemplate="%{y:.3g}", textposition="outside",
+                    texttemplate="%{y:.3~g}", textposition="outside", textfont_size=11,   # "16", not "16.0"
                     hovertemplate="%{y:.4g} B/param<extra>" + label + "</extra>")
     _layout(fig, f"Bytes per parameter per GPU at N_d = {dp}", "", "bytes per parameter", barmode="group")
     return fig
@@ -78,7 +99,7 @@ def comm_vs_dp(n_params: float = 7.5e9, bytes_per_elem: int = 2, dps=(2, 4, 8, 1
                         hovertemplate="N_d=%{x}<br>%{y:.4g} GB<extra>" + STAGE_NAMES[st] + "</extra>")
     _layout(fig, f"Sent per rank per step, Ψ = {n_params / 1e9:g}B in {8 * bytes_per_elem}-bit (ring model)",
             "data-parallel degree N_d (log scale)", "GB sent per rank per step")
-    fig.update_xaxes(type="log")
+    fig.update_xaxes(type="log", tickvals=list(dps)[::2])
     return fig
 
 
@@ -109,11 +130,12 @@ def activations_gpt3() -> go.Figure:
     """Per-layer activation MB for GPT-3 175B (s=2048, h=12288, a=96, b=1): Korthikanti Table 2."""
     xs = [name for name, _ in ACT_CASES]
     ys = [est.activation_bytes_per_layer(2048, 1, 12288, 96, **kw) / 1e6 for _, kw in ACT_CASES]
-    fig = go.Figure(go.Bar(x=xs, y=ys, texttemplate="%{y:.1f}", textposition="outside", marker_color=PALETTE[0],
+    fig = go.Figure(go.Bar(x=xs, y=ys, texttemplate="%{y:.1f}", textposition="outside", marker_color=COLOURS["activations"],
                            hovertemplate="%{y:.1f} MB per layer<extra></extra>"))
+    fig.update_traces(name="activations")
     _layout(fig, "Activations one GPT-3 layer keeps for backward (s = 2048, b = 1)", "",
             "MB per layer per GPU (log scale)")
-    fig.update_yaxes(type="log")
+    fig.update_yaxes(type="log", dtick=1)
     return fig
 
 
@@ -125,19 +147,23 @@ def activations_vs_seq(hidden: int = 4096, heads: int = 32, layers: int = 36,
     (`recompute_working_bytes`); the dashed curve is a fused attention kernel without recomputation.
     """
     fig = go.Figure()
-    cases = (("no recomputation", "none", "unfused"), ("selective", "selective", "unfused"),
-             ("full recomputation", "full", "unfused"), ("fused attention, no recomputation", "none", "fused"))
-    for name, rec, attn in cases:
+    # one category, four ways to keep it: the activations colour throughout, told apart by line and marker
+    cases = (("no recomputation", "none", "unfused", "solid", "circle"),
+             ("selective", "selective", "unfused", "dot", "square"),
+             ("full recomputation", "full", "unfused", "dashdot", "diamond"),
+             ("fused attention, no recomputation", "none", "fused", "dash", "x"))
+    for case, rec, attn, dash, symbol in cases:
+        name = category_label("activations", case)
         ys = [(layers * est.activation_bytes_per_layer(s, 1, hidden, heads, recompute=rec, attention=attn)
                + est.recompute_working_bytes(s, 1, hidden, heads, recompute=rec, attention=attn)) / est.GB
               for s in seqs]
         fig.add_scatter(x=list(seqs), y=ys, mode="lines+markers", name=name,
-                        line=dict(dash="dash") if attn == "fused" else None,
-                        hovertemplate="s=%{x}<br>%{y:.3g} GB<extra>" + name + "</extra>")
+                        line=dict(color=COLOURS["activations"], dash=dash), marker=dict(symbol=symbol, size=8),
+                        hovertemplate="s=%{x}<br>%{y:.3g} GB<extra>" + case + "</extra>")
     _layout(fig, f"Activations of {layers} layers, h = {hidden}, a = {heads}, b = 1, one GPU (with the recomputed layer)",
             "sequence length s (tokens, log scale)", "GB (log scale)")
-    fig.update_xaxes(type="log")
-    fig.update_yaxes(type="log")
+    fig.update_xaxes(type="log", tickvals=list(seqs), ticktext=[f"{s // 1024}k" if s >= 1024 else str(s) for s in seqs])
+    fig.update_yaxes(type="log", dtick=1)
     return fig
 
 
@@ -145,11 +171,13 @@ def tp_scaling(seq: int = 2048, hidden: int = 12288, heads: int = 96, ts=(1, 2, 
     """Per-layer activation MB with TP and TP+SP, and TP bytes sent per layer, against t."""
     fig = go.Figure()
     fig.add_scatter(x=list(ts), y=[est.activation_bytes_per_layer(seq, 1, hidden, heads, tp=t) / 1e6 for t in ts],
-                    name="activations, TP", mode="lines+markers")
+                    name=category_label("activations", "TP"), mode="lines+markers",
+                    line=dict(color=COLOURS["activations"]))
     fig.add_scatter(x=list(ts), y=[est.activation_bytes_per_layer(seq, 1, hidden, heads, tp=t, sp=True) / 1e6 for t in ts],
-                    name="activations, TP + SP", mode="lines+markers")
+                    name=category_label("activations", "TP + SP"), mode="lines+markers",
+                    line=dict(color=COLOURS["activations"], dash="dash"), marker=dict(symbol="square"))
     fig.add_scatter(x=list(ts), y=[2 * est.tp_comm_elements_per_layer(seq, 1, hidden, t) / 1e6 for t in ts],
-                    name="sent per layer, fwd + bwd (16-bit)", mode="lines+markers", line=dict(dash="dot"))
+                    name="sent per layer, fwd + bwd (16-bit)", mode="lines+markers", line=dict(color=REFERENCE, dash="dot"))
     _layout(fig, "Tensor parallelism on a GPT-3 layer (s = 2048, b = 1)", "tensor-parallel degree t",
             "MB per GPU per layer")
     fig.update_xaxes(type="log", tickvals=list(ts))
@@ -161,11 +189,9 @@ def presets_memory() -> go.Figure:
     names = list(est.PRESETS)
     outs = [est.memory_per_gpu(est.MemoryConfig(**est.PRESETS[n])) for n in names]
     fig = go.Figure()
-    for key, label in (("params", "parameters"), ("grads", "gradients"), ("optimizer", "optimizer states"),
-                       ("gathered", "gathered block (ZeRO-3)"), ("activations", "activations"),
-                       ("recompute", "recomputed layer (backward)")):
-        fig.add_bar(x=names, y=[o[key] / est.GB for o in outs], name=label,
-                    hovertemplate="%{y:.3g} GB<extra>" + label + "</extra>")
+    for key in ("params", "grads", "optimizer", "gathered", "activations", "recompute"):
+        fig.add_bar(x=names, y=[o[key] / est.GB for o in outs], name=category_label(key), marker_color=COLOURS[key],
+                    hovertemplate="%{y:.3g} GB<extra>" + category_label(key) + "</extra>")
     _layout(fig, "Memory per GPU for the calculator presets", "", "GB per GPU", barmode="stack")
     return fig
 
@@ -173,17 +199,17 @@ def presets_memory() -> go.Figure:
 def offload_split(n_params: float = 7.5e9, dp: int = 1) -> go.Figure:
     """GPU vs CPU GB of model states without offload, with optimizer offload, with parameter offload."""
     rows = []
-    for label, stage, off in (("stage 2", 2, "none"), ("stage 2 + offload optimizer", 2, "optimizer"),
-                              ("stage 3 + offload optimizer + params", 3, "optimizer+params")):
+    for name, stage, off in (("stage 2", 2, "none"), ("stage 2 + offload optimizer", 2, "optimizer"),
+                             ("stage 3 + offload optimizer + params", 3, "optimizer+params")):
         parts = est.model_state_breakdown(n_params, dp, stage)
         cpu = (parts["optimizer"] + parts["grads"]) if off != "none" else 0.0
         cpu += parts["params"] if off == "optimizer+params" else 0.0
-        rows.append((label, sum(parts.values()) - cpu, cpu))
+        rows.append((name, sum(parts.values()) - cpu, cpu))
     fig = go.Figure()
-    fig.add_bar(x=[r[0] for r in rows], y=[r[1] / est.GB for r in rows], name="GPU memory",
+    fig.add_bar(x=[r[0] for r in rows], y=[r[1] / est.GB for r in rows], name="on the GPU", marker_color=REFERENCE,
                 texttemplate="%{y:.3g}", textposition="outside")
-    fig.add_bar(x=[r[0] for r in rows], y=[r[2] / est.GB for r in rows], name="CPU memory",
-                texttemplate="%{y:.3g}", textposition="outside")
+    fig.add_bar(x=[r[0] for r in rows], y=[r[2] / est.GB for r in rows], name=category_label("cpu"),
+                marker_color=COLOURS["cpu"], texttemplate="%{y:.3g}", textposition="outside")
     _layout(fig, f"Model states of Ψ = {n_params / 1e9:g}B on {dp} GPU{'s' if dp > 1 else ''}: where they live",
             "", "GB", barmode="group")
     return fig
@@ -202,42 +228,21 @@ FIGURES = {
     "offload-split": offload_split,
 }
 
-# Runs inside the figure's iframe: follow the course page's palette (mkdocs-material sets
-# data-md-color-scheme on <body>: "default" or "slate") and keep the plot sized to the frame.
-THEME_SCRIPT = """
-var gd = document.getElementById('{plot_id}');
-function mmScheme() {
-  try { var s = window.parent.document.body.getAttribute('data-md-color-scheme'); if (s) return s; } catch (e) {}
-  return window.matchMedia('(prefers-color-scheme: dark)').matches ? 'slate' : 'default';
-}
-function mmTheme() {
-  var dark = mmScheme() === 'slate';
-  var fg = dark ? '#e3e5ea' : '#1f2430', grid = dark ? 'rgba(227,229,234,0.16)' : 'rgba(31,36,48,0.12)';
-  var upd = {'font.color': fg, 'title.font.color': fg, 'legend.font.color': fg};
-  Object.keys(gd.layout).forEach(function (k) {
-    if (/^[xy]axis[0-9]*$/.test(k)) { upd[k + '.gridcolor'] = grid; upd[k + '.zerolinecolor'] = grid; upd[k + '.linecolor'] = grid; }
-  });
-  document.documentElement.style.colorScheme = dark ? 'dark' : 'light';
-  Plotly.relayout(gd, upd);
-}
-mmTheme();
-try {
-  new MutationObserver(mmTheme).observe(window.parent.document.body,
-    {attributes: true, attributeFilter: ['data-md-color-scheme']});
-} catch (e) {}
-window.addEventListener('resize', function () { Plotly.Plots.resize(gd); });
-"""
+# Runs inside the figure's page: theme, fitting to the width, and the frame's height (see the file).
+PAGE_SCRIPT = Path(__file__).with_name("figure_page.js")
 
 
 def figure_html(fig: go.Figure, div_id: str, plotly_src: str, title: str = "") -> str:
     """A standalone HTML page for one figure: self-hosted plotly.js, deterministic div id, theme-aware."""
-    html = fig.to_html(full_html=True, include_plotlyjs=plotly_src, div_id=div_id, post_script=THEME_SCRIPT,
+    page = fig.to_html(full_html=True, include_plotlyjs=plotly_src, div_id=div_id,
+                       post_script=PAGE_SCRIPT.read_text(encoding="utf-8"),
                        config={"displaylogo": False, "responsive": True,
                                "modeBarButtonsToRemove": ["sendDataToCloud", "select2d", "lasso2d"]},
                        default_width="100%", default_height="100%")
-    head = ("<title>" + (title or div_id) + "</title><style>html,body{margin:0;height:100%;"
-            "background:transparent}</style>")
-    return html.replace("<head>", "<head>" + head, 1)
+    head = ('<meta name="viewport" content="width=device-width, initial-scale=1"><title>'
+            + html.escape(title or div_id) + "</title><style>html,body{margin:0;height:100%;"
+            "background:transparent;overflow:hidden}</style>")
+    return page.replace("<head>", "<head>" + head, 1)
 
 
 # ---- the pipeline schedule, from the ranks' recorded timelines ------------------------------------
@@ -317,24 +322,29 @@ def ddp_overlap(step: int = -1) -> go.Figure:
     return fig
 
 
+# recorded key, palette category, legend name: the model states a recorded run measures (fp32 AdamW)
+MEASURED_STATES = (("params", "params", category_label("params", "fp32, 4 B")),
+                   ("grads", "grads", category_label("grads", "fp32, 4 B")),
+                   ("optimizer_states", "optimizer", category_label("optimizer", "Adam momentum + variance, 8 B")))
+
+
 def memory_measured() -> go.Figure:
     """Bytes each rank holds by category after a backward, measured, against 16 bytes per parameter."""
     tr = _trace("memory")
-    cats = (("params", "parameters (fp32, 4 B)"), ("grads", "gradients (fp32, 4 B)"),
-            ("optimizer_states", "Adam momentum + variance (8 B)"))
+    cats = MEASURED_STATES
     xs, parts = [], []
     for lay in tr["layouts"]:
         for r in lay["ranks"]:
             xs.append(f"{lay['layout']} rank {r['rank']}")
             parts.append(r["after_backward"])
     fig = go.Figure()
-    for key, label in cats:
-        fig.add_bar(x=xs, y=[p[key] / 1e6 for p in parts], name=label,
-                    hovertemplate="%{y:.3f} MB<extra>" + label + "</extra>")
+    for key, cat, name in cats:
+        fig.add_bar(x=xs, y=[p[key] / 1e6 for p in parts], name=name, marker_color=COLOURS[cat],
+                    hovertemplate="%{y:.3f} MB<extra>" + name + "</extra>")
     n = tr["n_params"]
     ddp = est.model_state_bytes(n, 1, 0, "fp32") / 1e6
     fig.add_scatter(x=[x for x in xs if x.startswith("dp")], y=[ddp] * sum(x.startswith("dp") for x in xs),
-                    mode="markers", marker=dict(symbol="line-ew-open", size=40, line=dict(width=3)),
+                    mode="markers", marker=dict(symbol="line-ew-open", size=40, color=REFERENCE, line=dict(width=3)),
                     name=f"estimate: 16 B × Ψ, Ψ = {n:,}", hovertemplate="%{y:.3f} MB<extra>estimate</extra>")
     _layout(fig, "Model states per rank, measured after a backward (tiny GPT, fp32 AdamW)", "",
             "MB per rank (1 MB = 10⁶ B)", barmode="stack")
@@ -376,8 +386,7 @@ def tp_comm_per_layer() -> go.Figure:
     _layout(fig, f"Bytes each rank sends per step, by layer: tiny GPT, t = {tr['layouts'][0]['tp']}, "
                  f"b = {sh['b']}, s = {sh['s']}, h = {sh['h']} (recorded)", "", "kB sent per rank per step",
             barmode="stack")
-    fig.update_xaxes(tickangle=-35)
-    fig.update_layout(legend=dict(orientation="h", y=-0.42), margin=dict(b=150))
+    fig.update_xaxes(tickangle=-90)        # 14 bars: upright labels never run into their neighbours
     return fig
 
 
@@ -388,10 +397,11 @@ def activations_measured() -> go.Figure:
     case = lambda r: "t = 1" if r["tp"] == 1 else (f"t = {r['tp']} + SP" if r["sp"] else f"t = {r['tp']}")
     x = [[case(r) for r in rows], [r["mode"] for r in rows]]
     fig = go.Figure()
-    fig.add_bar(x=x, y=[r["measured"] / 1e3 for r in rows], name="measured (saved_tensors_hooks)",
-                hovertemplate="%{y:.1f} kB<extra>measured</extra>")
-    fig.add_bar(x=x, y=[r["formula"] / 1e3 for r in rows], name="gpt_activation_bytes_per_layer",
-                hovertemplate="%{y:.1f} kB<extra>formula</extra>")
+    fig.add_bar(x=x, y=[r["measured"] / 1e3 for r in rows],
+                name=category_label("activations", "measured, saved_tensors_hooks"),
+                marker_color=COLOURS["activations"], hovertemplate="%{y:.1f} kB<extra>measured</extra>")
+    fig.add_bar(x=x, y=[r["formula"] / 1e3 for r in rows], name="formula: gpt_activation_bytes_per_layer",
+                marker_color=REFERENCE, hovertemplate="%{y:.1f} kB<extra>formula</extra>")
     sh = tr["shape"]
     _layout(fig, f"Activations one block keeps per rank, by recomputation mode (b = {sh['b']}, s = {sh['s']}, "
                  f"h = {sh['h']}, a = {sh['a']}, fp32, dropout)", "",
@@ -403,17 +413,17 @@ def zero_memory_measured() -> go.Figure:
     """Bytes rank 0 holds at the optimizer step under DDP and ZeRO 1-3 (dp = 2), against the padded formula."""
     tr = _trace("zero-memory")
     dp = tr["source"]["dp"]
-    cats = (("params", "parameters (fp32, 4 B)"), ("grads", "gradients (fp32, 4 B)"),
-            ("optimizer_states", "Adam momentum + variance (8 B)"))
+    cats = MEASURED_STATES
     xs = [STAGE_NAMES[s["stage"]] for s in tr["stages"]]
     mem = [s["ranks"][0]["memory_at_step"] for s in tr["stages"]]
     fig = go.Figure()
-    for key, label in cats:
-        fig.add_bar(x=xs, y=[m[key] / 1e6 for m in mem], name=label,
-                    hovertemplate="%{y:.3f} MB<extra>" + label + "</extra>")
+    for key, cat, name in cats:
+        fig.add_bar(x=xs, y=[m[key] / 1e6 for m in mem], name=name, marker_color=COLOURS[cat],
+                    hovertemplate="%{y:.3f} MB<extra>" + name + "</extra>")
     want = [est.model_state_bytes_padded([u["numel"] for u in s["units"]], dp, s["stage"], "fp32") / 1e6
             for s in tr["stages"]]
-    fig.add_scatter(x=xs, y=want, mode="markers", marker=dict(symbol="line-ew-open", size=40, line=dict(width=3)),
+    fig.add_scatter(x=xs, y=want, mode="markers",
+                    marker=dict(symbol="line-ew-open", size=40, color=REFERENCE, line=dict(width=3)),
                     name="model_state_bytes_padded (16, 12, 10, 8 B × Ψ_pad / stage)",
                     hovertemplate="%{y:.3f} MB<extra>formula</extra>")
     _layout(fig, f"Model states on rank 0 at the optimizer step, N_d = {dp} (tiny GPT, fp32 AdamW, recorded)", "",
@@ -425,11 +435,13 @@ def comm_wire() -> go.Figure:
     """Bytes each rank really sends per collective (TCP payload) over the ring model's, against buffer size."""
     tr = _trace("comm-wire")
     fig = go.Figure()
+    top = 0.0
     names = {"all_reduce": "all-reduce", "reduce_scatter": "reduce-scatter", "all_gather": "all-gather"}
     for i, op in enumerate(("all_reduce", "reduce_scatter", "all_gather")):
         for n, dash in ((2, "solid"), (4, "dot")):
             rows = [r for r in tr["rows"] if r["op"] == op and r["ranks"] == n]
             ratio = [max(r["measured"]) / r["model"] for r in rows]
+            top = max([top, *ratio])
             label = f"{names[op]}, {n} ranks"
             fig.add_scatter(x=[r["bytes"] / 1024 for r in rows], y=ratio, mode="lines+markers", name=label,
                             line=dict(color=PALETTE[i], dash=dash),
@@ -437,12 +449,12 @@ def comm_wire() -> go.Figure:
                                           + label + "</extra>")
     _layout(fig, "What gloo sends per rank, over the ring model's (n−1)/n·S per phase (TCP payload, loopback)",
             "buffer S, KiB (log scale)", "measured ÷ ring model")
-    fig.update_xaxes(type="log")
+    fig.update_xaxes(type="log", tickvals=sorted({r["bytes"] / 1024 for r in tr["rows"]}))
     fig.add_hline(y=1, line=dict(width=1, dash="dash"), annotation_text="ring model",
                   annotation_position="bottom right")
     fig.add_hline(y=2, line=dict(width=1, dash="dash"), annotation_text="2× (reduce-scatter as an all-reduce)",
                   annotation_position="top right")
-    fig.update_yaxes(range=[0.8, 2.4])
+    fig.update_yaxes(range=[0.8, max(2.4, 1.05 * top)])     # every measured point stays on the plot
     return fig
 
 
@@ -484,7 +496,7 @@ def pipeline_recorded(step: int = -1) -> go.Figure:
     for sch in tr["schedules"]:
         for r in sch["ranks"]:
             b = r["bubble"]
-            row = f"{names[sch['schedule']]} rank {r['rank']} ({b['idle']}/{b['ticks']} slots idle)"
+            row = f"{names[sch['schedule']]} rank {r['rank']}<br>({b['idle']}/{b['ticks']} slots idle)"
             rows.append(row)
             spans = r["steps"][step]["spans"]
             for kind in ("forward", "backward", "send", "recv", "send_recv"):
@@ -497,14 +509,14 @@ def pipeline_recorded(step: int = -1) -> go.Figure:
                             marker_color=colours[kind], opacity=1.0 if kind in ("forward", "backward") else 0.5,
                             legendgroup=label, showlegend=label not in seen,
                             text=[f"{kind[0].upper()}{s['micro']}" if "micro" in s else "" for s in mine],
-                            textposition="inside", insidetextanchor="middle",
+                            textposition="inside", insidetextanchor="middle", textangle=0,
                             hovertemplate=f"{kind} %{{text}}: %{{base:.1f}} to %{{x:.1f}} ms long<extra>{row}</extra>")
                 seen.add(label)
     _layout(fig, f"One recorded step, p = {p}, m = {m}: both idle (p−1)/(m+p−1) = "
                  f"{est.bubble_fraction(p, m, '1f1b'):.0%} of slots",
-            "time from the start of the step (ms)", "", barmode="overlay")
+            "time from the start of the step (ms)", "", barmode="overlay",
+            uniformtext=dict(minsize=9, mode="hide"))   # a span too narrow for "F3" drops it, not shrinks it
     fig.update_yaxes(categoryorder="array", categoryarray=rows[::-1])
-    fig.update_layout(margin=dict(l=230))
     return fig
 
 

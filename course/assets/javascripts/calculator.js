@@ -180,10 +180,9 @@
   /* ---------------------------------------------------------------- page half */
   var scriptSrc = document.currentScript ? document.currentScript.src : "";
   var GB = 1e9;
-  var CATS = [["params", "parameters"], ["grads", "gradients"], ["optimizer", "optimizer states"],
-              ["gathered", "gathered block (ZeRO-3)"], ["activations", "activations"],
-              ["recompute", "recomputed layer (backward)"]];
-  var COLORS = ["#4c6ef5", "#12b886", "#f59f00", "#7950f2", "#e64980", "#868e96"];
+  // The memory categories' labels and colours come from minimega.palette, written into the page at
+  // build time (palette_json), so the chart and table use the chapter figures' colours.
+  var GPU_CATS = ["params", "grads", "optimizer", "gathered", "activations", "recompute"];
 
   function loadPlotly(done) {
     if (root.Plotly) return done();
@@ -233,23 +232,40 @@
     return {fg: dark ? "#e3e5ea" : "#1f2430", grid: dark ? "rgba(227,229,234,0.16)" : "rgba(31,36,48,0.12)"};
   }
 
-  function draw(root_, cfg, capacity) {
+  function draw(root_, cfg, capacity, palette) {
     var status = root_.querySelector(".mm-calc-status");
     var table = root_.querySelector(".mm-calc-table tbody");
+    var plot = root_.querySelector(".mm-calc-plot");
+    var seq = (root_.mmDrawn || 0) + 1;                // a chart still loading plotly.js for an older input is dropped
+    root_.mmDrawn = seq;
     var res;
-    try { res = memoryPerGpu(cfg); } catch (e) { status.textContent = "Cannot compute: " + e.message; return; }
+    try { res = memoryPerGpu(cfg); } catch (e) {
+      // no numbers from an earlier input may stay next to the error
+      table.innerHTML = "";
+      if (root.Plotly) root.Plotly.purge(plot);
+      root_.classList.add("mm-calc-invalid");
+      status.textContent = "Cannot compute: " + e.message + ". Change that input to see the table and the chart.";
+      return;
+    }
+    root_.classList.remove("mm-calc-invalid");
     table.innerHTML = "";
-    CATS.concat([["total", "total on the GPU"], ["cpu", "in CPU memory (offload)"]]).forEach(function (c) {
-      var tr = document.createElement("tr");
+    GPU_CATS.concat(["total", "cpu"]).forEach(function (key) {
+      var tr = document.createElement("tr"), c = palette[key];
       tr.innerHTML = "<th scope=\"row\"></th><td></td>";
-      tr.firstChild.textContent = c[1];
-      tr.lastChild.textContent = fmt(res[c[0]]);
+      if (c) {
+        var swatch = document.createElement("span");
+        swatch.className = "mm-swatch";
+        swatch.style.background = c.colour;
+        tr.firstChild.appendChild(swatch);
+      }
+      tr.firstChild.appendChild(document.createTextNode(c ? c.label : "total on the GPU"));
+      tr.lastChild.textContent = fmt(res[key]);
       table.appendChild(tr);
     });
     var fits = res.total <= capacity * GB;
     status.textContent = "Total per GPU: " + fmt(res.total) + " GB (" + (fits ? "fits in " : "does not fit in ") +
       capacity + " GB). Parameters on this GPU's pipeline stage: " + (res.stage_params / 1e9).toFixed(3) + " billion.";
-    var stages = [0, 1, 2, 3], xs = stages.map(function (s) { return "stage " + s + (s === cfg.zero_stage ? " (chosen)" : ""); });
+    var stages = [0, 1, 2, 3], xs = stages.map(function (s) { return "stage " + s + (s === cfg.zero_stage ? "<br>(chosen)" : ""); });
     var per = stages.map(function (s) {
       var c = {}, k;
       for (k in cfg) c[k] = cfg[k];
@@ -258,22 +274,26 @@
       return memoryPerGpu(c);
     });
     var col = themeColors();
-    var traces = CATS.map(function (c, i) {
-      return {type: "bar", name: c[1], x: xs, marker: {color: COLORS[i]},
-              y: per.map(function (r) { return r[c[0]] / GB; }),
-              hovertemplate: "%{y:.3g} GB<extra>" + c[1] + "</extra>"};
+    var traces = GPU_CATS.map(function (key) {
+      var c = palette[key];
+      return {type: "bar", name: c.label, x: xs, marker: {color: c.colour},
+              y: per.map(function (r) { return r[key] / GB; }),
+              hovertemplate: "%{y:.3g} GB<extra>" + c.label + "</extra>"};
     });
+    // as minimega.plots._layout: margins follow the title, labels and legend, the legend sits below all
     var layout = {barmode: "stack", paper_bgcolor: "rgba(0,0,0,0)", plot_bgcolor: "rgba(0,0,0,0)",
-                  font: {color: col.fg, family: "system-ui, sans-serif"}, margin: {l: 60, r: 10, t: 40, b: 40},
-                  title: {text: "GB per GPU for each ZeRO stage (other inputs as set)", x: 0.01, xanchor: "left"},
-                  yaxis: {title: {text: "GB per GPU"}, gridcolor: col.grid, zerolinecolor: col.grid},
-                  xaxis: {gridcolor: col.grid}, legend: {orientation: "h", y: -0.15},
+                  font: {color: col.fg, family: "system-ui, sans-serif", size: 13}, margin: {l: 10, r: 10, t: 10, b: 10},
+                  title: {text: "GB per GPU by ZeRO stage", x: 0, xref: "container", xanchor: "left", y: 1, yref: "paper",
+                          yanchor: "bottom", automargin: true, pad: {l: 10, b: 12}, font: {size: 15}},
+                  yaxis: {title: {text: "GB per GPU"}, gridcolor: col.grid, zerolinecolor: col.grid, automargin: true},
+                  xaxis: {gridcolor: col.grid, automargin: true, tickangle: 0},
+                  legend: {orientation: "h", x: 0, xanchor: "left", xref: "container", y: 0, yanchor: "bottom", yref: "container"},
                   shapes: [{type: "line", xref: "paper", x0: 0, x1: 1, y0: capacity, y1: capacity,
                             line: {color: "#e03131", dash: "dash", width: 2}}],
                   annotations: [{xref: "paper", x: 1, y: capacity, xanchor: "right", yanchor: "bottom",
                                  text: capacity + " GB GPU", showarrow: false, font: {color: "#e03131"}}]};
-    var plot = root_.querySelector(".mm-calc-plot");
     loadPlotly(function () {
+      if (root_.mmDrawn !== seq) return;
       root.Plotly.react(plot, traces, layout, {displaylogo: false, responsive: true});
     });
   }
@@ -283,8 +303,10 @@
     el.dataset.ready = "1";
     var form = el.querySelector("form");
     var presets = JSON.parse(el.querySelector(".mm-calc-presets").textContent);
+    var palette = {};
+    JSON.parse(el.querySelector(".mm-calc-palette").textContent).forEach(function (c) { palette[c.key] = c; });
     var select = form.elements.preset;
-    function update() { draw(el, readForm(form), Number(form.elements.capacity.value) || 80); }
+    function update() { draw(el, readForm(form), Number(form.elements.capacity.value) || 80, palette); }
     select.addEventListener("change", function () {
       if (presets[select.value]) fillForm(form, presets[select.value]);
       update();

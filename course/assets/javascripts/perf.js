@@ -381,8 +381,8 @@
     var cfg = readCalc(calc), r;
     cfg.stack = f.elements.stack.value;
     cfg.dropout = f.elements.dropout.checked;
+    table.innerHTML = "";                              // no seconds from an earlier input stay next to an error
     try { r = stepTime(cfg, f.elements.gpu.value); } catch (e) { status.textContent = "Cannot compute: " + e.message; return; }
-    table.innerHTML = "";
     PARTS.forEach(function (p) { row(table, p[1], r[p[0]].toFixed(3)); });
     row(table, "step", r.total.toFixed(3));
     status.textContent = "Global batch " + cfg.global_batch + " on " + r.n_gpus + " GPUs: " + r.total.toFixed(2) +

@@ -68,7 +68,8 @@ def read_plan_figure(path: Path = DATA):
     trace = json.loads(Path(path).read_text())
     names = list(trace["tensors"])
     fig = make_subplots(rows=1, cols=len(names), horizontal_spacing=0.12,
-                        subplot_titles=[f"{n.removeprefix('param/')} {trace['tensors'][n]['shape']}" for n in names])
+                        subplot_titles=[f"{n.removeprefix('param/blocks.0.')}<br>{trace['tensors'][n]['shape']}"
+                                        for n in names])
     dash = {0: "solid", 1: "dash"}
     for col, name in enumerate(names, 1):
         for r in trace["ranks"]:
@@ -90,11 +91,13 @@ def read_plan_figure(path: Path = DATA):
                             showlegend=col == 1 and all(int(d["file"][6:11]) != old
                                                         for d in trace["tensors"][name]["chunks"][:i]),
                             row=1, col=col, hoverinfo="skip")
-        fig.update_yaxes(autorange="reversed", title_text="row", row=1, col=col)
+        # one "row" title, at the left: between the panels it would sit on the first one's boxes
+        fig.update_yaxes(autorange="reversed", title_text="row" if col == 1 else None, row=1, col=col)
         fig.update_xaxes(title_text="column", row=1, col=col)
     total = ", ".join(f"rank {r['rank']} {r['bytes_read'] / 1e3:.0f} kB" for r in trace["ranks"])
     _layout(fig, f"Saved under {trace['source']['saved']}, loaded under {trace['source']['loaded']}: "
-                 f"each new rank reads only its slice ({total} in all)", "", "")
+                 f"each new rank reads only its slice ({total} in all), first block's MLP", "", "")
+    fig.update_layout(title_pad_b=48)              # above the two-line panel titles
     return fig
 
 

@@ -1,12 +1,14 @@
 """mkdocs hooks for the course site (``hooks:`` in mkdocs.yml).
 
-Pages call four macros; a call whose arguments do not parse fails the build, and other ``{{ … }}``
-text (say, in a page someone else owns) is left alone:
+Pages call these macros (and the exam page ``exam_page()``); a call whose arguments do not parse fails
+the build, and other ``{{ … }}`` text (say, in a page someone else owns) is left alone:
 
     {{ num("model_state_bytes(7.5e9, 64, 2) / GB", ".1f") }}   a number computed by minimega.estimate
-    {{ figure("zero-memory-vs-dp", "Caption for screen readers and print") }}   a plotly figure (iframe)
+    {{ figure("zero-memory-vs-dp", "Caption for screen readers and print") }}   a plotly figure (iframe;
+                                                      figures.js sets its height to what the figure asks)
     {{ quiz() }}                                      the practice quiz quizzes/<page stem>.yaml
     {{ presets_json() }}                              the calculator presets, as JSON
+    {{ palette_json() }}                              the memory categories' labels and colours, as JSON
 
 `on_files` adds the lab notebooks (``labs/NN-slug.ipynb``, outside ``docs_dir``) to the site as
 ``labs/NN-slug.ipynb``, so a chapter links its lab as ``[…](labs/NN-slug.ipynb)`` and ``--strict``
@@ -29,11 +31,12 @@ from mkdocs.exceptions import PluginError
 from minimega import estimate as est
 from minimega.classroom.quiz import Bank, Item, evaluate, formula_namespace, grade, load_bank  # noqa: F401
 
-MACRO = re.compile(r"\{\{(\s*(?:num|figure|quiz|presets_json|exam_page)\s*\(.*?)\}\}", re.S)
+MACRO = re.compile(r"\{\{(\s*(?:num|figure|quiz|presets_json|palette_json|exam_page)\s*\(.*?)\}\}", re.S)
 NUM = re.compile(r'^\s*num\(\s*"([^"]+)"\s*(?:,\s*"([^"]*)"\s*)?\)\s*$')
 FIGURE = re.compile(r'^\s*figure\(\s*"([a-z0-9-]+)"\s*,\s*"([^"]+)"\s*\)\s*$')
 QUIZ = re.compile(r"^\s*quiz\(\s*\)\s*$")
 PRESETS = re.compile(r"^\s*presets_json\(\s*\)\s*$")
+PALETTE = re.compile(r"^\s*palette_json\(\s*\)\s*$")
 EXAM_PAGE = re.compile(r"^\s*exam_page\(\s*\)\s*$")
 
 
@@ -153,6 +156,9 @@ def on_page_markdown(markdown: str, page, config, files) -> str:
         if PRESETS.match(body):
             # goes inside <script type="application/json">, where entities are not decoded
             return json.dumps(est.PRESETS, sort_keys=True).replace("</", "<\\/")
+        if PALETTE.match(body):
+            from minimega.palette import palette_json
+            return palette_json().replace("</", "<\\/")      # as presets_json: inside a JSON <script>
         raise PluginError(f"{page.file.src_path}: cannot parse the macro call {{{{{body}}}}}")
 
     return MACRO.sub(replace, markdown)
@@ -216,6 +222,6 @@ def on_post_build(config) -> None:
     out.mkdir(parents=True, exist_ok=True)
     for name, build in plots.FIGURES.items():
         fig = build()
-        title = fig.layout.title.text or name
+        title = (fig.layout.meta or {}).get("title") or fig.layout.title.text or name
         (out / f"{name}.html").write_text(plots.figure_html(fig, f"fig-{name}-plot", "../vendor/plotly/plotly-basic.min.js", title),
                                           encoding="utf-8")

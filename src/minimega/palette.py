@@ -1,0 +1,41 @@
+"""One colour per memory category, for every chapter figure and the site's calculator.
+
+A reader who learns "orange is optimizer states" in chapter 3 keeps that meaning in chapters 5, 6 and
+12 and in the calculator. The keys are `minimega.estimate.memory_per_gpu`'s; the site build hands this
+table to the calculator's JavaScript as JSON (`palette_json`), so there is no second copy to drift.
+Colours that mean no category (formula markers, the stage curves of chapter 3) use `REFERENCE` or
+`SERIES`, never a category's colour, inside a figure that shows categories.
+"""
+from __future__ import annotations
+
+import json
+
+# key, legend label, colour. Labels are what legends, the calculator's table and its chart show.
+CATEGORIES: tuple[tuple[str, str, str], ...] = (
+    ("params", "parameters", "#4c6ef5"),
+    ("grads", "gradients", "#12b886"),
+    ("optimizer", "optimizer states", "#f59f00"),
+    ("gathered", "gathered block (ZeRO-3)", "#7950f2"),
+    ("activations", "activations", "#e64980"),
+    ("recompute", "recomputed layer (backward)", "#82c91e"),
+    ("cpu", "in CPU memory (offload)", "#a5673f"),
+)
+COLOURS = {key: colour for key, _, colour in CATEGORIES}
+LABELS = {key: label for key, label, _ in CATEGORIES}
+
+# Formula and estimate markers drawn next to measured categories: a grey that reads on light and dark.
+REFERENCE = "#868e96"
+# Series that are not memory categories (ZeRO stages, collectives, ranks, pipeline phases).
+SERIES = ("#4c6ef5", "#12b886", "#f59f00", "#e64980", "#7950f2", "#868e96")
+
+
+def label(key: str, detail: str = "") -> str:
+    """The legend label of category `key`, with an optional detail: ``label("grads", "2 B/param")``."""
+    if key not in COLOURS:
+        raise KeyError(f"memory category {key!r}: expected one of {', '.join(COLOURS)}")
+    return f"{LABELS[key]} ({detail})" if detail else LABELS[key]
+
+
+def palette_json() -> str:
+    """The categories as a JSON list of ``{"key", "label", "colour"}``, in stacking order."""
+    return json.dumps([{"key": k, "label": lab, "colour": c} for k, lab, c in CATEGORIES])
