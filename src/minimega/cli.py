@@ -148,7 +148,8 @@ def train_worker(preset: str, config: TrainConfig, steps: int, show: bool, ckpt:
     from .launch import current_world_size, report_step
     from .model import GPT
 
-    dims = dataclasses.replace(ParallelDims.infer(current_world_size(), tp=config.tp, pp=config.pp), ep=config.ep)
+    dims = dataclasses.replace(ParallelDims.infer(current_world_size(), tp=config.tp, pp=config.pp, cp=config.cp),
+                               ep=config.ep)
     mesh = init_mesh(dims)
     torch.manual_seed(config.seed)
     if moe is not None:
@@ -266,14 +267,14 @@ def _cmd_train(args: argparse.Namespace) -> int:
     if args.nproc < 1:
         raise SystemExit(f"minimega train: --nproc must be >= 1, got {args.nproc}")
     tp, pp = args.tp or 1, args.pp or 1
-    dims = ParallelDims.infer(args.nproc, tp=tp, pp=pp)
+    dims = ParallelDims.infer(args.nproc, tp=tp, pp=pp, cp=args.cp or 1)
     dims = dataclasses.replace(dims, ep=args.ep or 1)
     if args.dp is not None:
-        ParallelDims(dp=args.dp, tp=tp, pp=pp).check(args.nproc)
+        ParallelDims(dp=args.dp, tp=tp, pp=pp, cp=args.cp or 1).check(args.nproc)
     config = build_train_config(args, dims.dp)
     from .engine import validate
     validate(GPTConfig.preset(args.preset), config, dims, _moe_config(args))     # before any rank starts
-    print(f"minimega train: {args.nproc} rank(s), dp={dims.dp} tp={dims.tp} pp={dims.pp} ep={dims.ep}, zero_stage="
+    print(f"minimega train: {args.nproc} rank(s), dp={dims.dp} tp={dims.tp} pp={dims.pp} cp={dims.cp} ep={dims.ep}, zero_stage="
           f"{config.zero_stage}, preset {args.preset}, {args.steps} steps", file=sys.stderr)
     if args.resume:
         from . import checkpoint

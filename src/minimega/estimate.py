@@ -293,6 +293,18 @@ def moe_alltoall_bytes(n_layer: int, rows: int, seq_len: int, d_model: int, ep: 
 # --8<-- [end:moe_estimate]
 
 
+# --8<-- [start:cp_estimate]
+def cp_ring_bytes(n_layer: int, rows: int, seq_len: int, d_model: int, cp: int, tp: int = 1,
+                  bytes_per_elem: int = 4) -> float:
+    """Bytes one rank sends in a training step's ring attention (`minimega.context_parallel`): per layer,
+    forward cp-1 K/V blocks, backward cp-1 K/V blocks and cp dK/dV blocks, each block 2 · rows · (T/cp) ·
+    (D/tp) elements: (6·cp - 4) · rows · (T/cp) · (D/tp) per layer. cp = 1: nothing to send."""
+    if cp == 1:
+        return 0.0
+    return n_layer * (6 * cp - 4) * rows * (seq_len / cp) * (d_model / tp) * bytes_per_elem
+# --8<-- [end:cp_estimate]
+
+
 # --8<-- [start:flops]
 def flops_per_token(n_params: float, n_layer: int, n_head: int, head_dim: int, seq_len: int) -> float:
     """Training FLOPs per token, PaLM App. B: 6N + 12·L·H·Q·T (forward 1/3, backward 2/3).
