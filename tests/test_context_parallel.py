@@ -59,7 +59,8 @@ def _cases(cases, save_dir=None, save_case=0):
 
 
 CASES = {   # world size -> [(id, dp, cp, TrainConfig overrides)]
-    2: [("cp2", 1, 2, {})],
+    2: [("cp2", 1, 2, {}), ("cp2-full-recompute", 1, 2, {"activation_checkpointing": "full"}),
+        ("cp2-selective-recompute", 1, 2, {"activation_checkpointing": "selective"})],
     4: [("cp4", 1, 4, {}), ("cp2-dp2", 2, 2, {}), ("cp2-dp2-zero2", 2, 2, {"zero_stage": 2}),
         ("cp2-tp2", 1, 2, {"tp": 2})],
 }
@@ -95,16 +96,18 @@ def test_context_parallel_matches_single_process(world, ref, tmp_path):
         assert err <= 1e-5, f"{name}: weights {err:.2e} off the single-process GPT after {STEPS} steps"
         assert max(abs(a - b) / abs(b) for a, b in zip(got["losses"], ref_losses)) <= 1e-5, name
         # CommLog: the ring's sends are the closed form (forward cp-1 K/V, backward cp-1 K/V and cp dK/dV).
-        tp = kw.get("tp", 1)
-        want = STEPS * est.cp_ring_bytes(TINY.n_layer, 8 // dp, TINY.block_size, TINY.n_embd, cp, tp)
+        # Recomputation (whole blocks or attention cores) runs the forward's ring once more.
+        tp, recompute = kw.get("tp", 1), kw.get("activation_checkpointing", "none") != "none"
+        want = STEPS * est.cp_ring_bytes(TINY.n_layer, 8 // dp, TINY.block_size, TINY.n_embd, cp, tp,
+                                         recompute=recompute)
         for r in per_rank:
             assert math.isclose(r["ring_sent"], want, rel_tol=1e-12), f"{name}: ring {r['ring_sent']} != {want}"
-            assert r["ring_sends"] == STEPS * TINY.n_layer * 2 * (3 * cp - 2), name
+            assert r["ring_sends"] == STEPS * TINY.n_layer * 2 * (3 * cp - 2 + (cp - 1) * recompute), name
             # Gradients are averaged over dp × cp (one group), never over dp alone.
             assert "dp_cp" in r["grad_groups"] and "dp" not in r["grad_groups"], f"{name}: {r['grad_groups']}"
         # Saved activations per rank: one process's for the same B/dp rows, divided by cp (the 0-d loss
         # aside: 4 bytes). Checked where only cp and dp change (tp splits some of them once more).
-        if tp == 1:
+        if tp == 1 and not recompute:
             want_act = _single_process_activation_bytes(8 // dp) / cp
             for r in per_rank:
                 assert abs(r["activation_bytes"] - want_act) <= 4, \

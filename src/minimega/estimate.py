@@ -295,13 +295,15 @@ def moe_alltoall_bytes(n_layer: int, rows: int, seq_len: int, d_model: int, ep: 
 
 # --8<-- [start:cp_estimate]
 def cp_ring_bytes(n_layer: int, rows: int, seq_len: int, d_model: int, cp: int, tp: int = 1,
-                  bytes_per_elem: int = 4) -> float:
+                  bytes_per_elem: int = 4, recompute: bool = False) -> float:
     """Bytes one rank sends in a training step's ring attention (`minimega.context_parallel`): per layer,
     forward cp-1 K/V blocks, backward cp-1 K/V blocks and cp dK/dV blocks, each block 2 · rows · (T/cp) ·
-    (D/tp) elements: (6·cp - 4) · rows · (T/cp) · (D/tp) per layer. cp = 1: nothing to send."""
+    (D/tp) elements: (6·cp - 4) · rows · (T/cp) · (D/tp) per layer; ``recompute`` (activation checkpointing
+    of every block or of every attention core) runs the forward's ring once more: (8·cp - 6). cp = 1: 0."""
     if cp == 1:
         return 0.0
-    return n_layer * (6 * cp - 4) * rows * (seq_len / cp) * (d_model / tp) * bytes_per_elem
+    blocks = (3 * cp - 2) + (cp - 1 if recompute else 0)                      # K/V-sized blocks sent per layer
+    return n_layer * 2 * blocks * rows * (seq_len / cp) * (d_model / tp) * bytes_per_elem
 # --8<-- [end:cp_estimate]
 
 
