@@ -26,7 +26,7 @@ COURSE = ROOT / "course"
 CHAPTERS = ["01-memory", "02-data-parallel", "03-zero", "04-mixed-precision", "05-offload",
             "06-activation-checkpointing", "07-tensor-parallel", "08-pipeline-parallel", "09-3d-parallel",
             "10-checkpoints", "11-fsdp", "12-stack-and-cost", "13-predicting-step-time", "14-real-stacks",
-            "16-mixture-of-experts"]
+            "15-long-context", "16-mixture-of-experts"]
 SKELETON = ["why", "notation", "code", "takeaway", "worked-problems", "quiz", "lab"]
 # The seed guide's six questions, each a practice item somewhere in the banks.
 FAQ = {"faq-deepspeed-megatron": 1, "faq-zero-purpose": 3, "faq-zero-stage-saves-most": 3,
