@@ -52,6 +52,7 @@ def _cases(cases, save_dir=None, save_case=0):
                         "ring_sent": sum(e["sent_bytes"] for e in ring),
                         "ring_sends": sum(e["op"] == "send" for e in ring),
                         "grad_groups": sorted({e["group"] for e in report["comm_events"] if e["group"] != "cp"}),
+                        "memory": report["memory_at_step"],
                         "activation_bytes": act})
         except Exception:
             out.append({"error": traceback.format_exc()})
@@ -105,6 +106,13 @@ def test_context_parallel_matches_single_process(world, ref, tmp_path):
             assert r["ring_sends"] == STEPS * TINY.n_layer * 2 * (3 * cp - 2 + (cp - 1) * recompute), name
             # Gradients are averaged over dp × cp (one group), never over dp alone.
             assert "dp_cp" in r["grad_groups"] and "dp" not in r["grad_groups"], f"{name}: {r['grad_groups']}"
+        # Model states: the estimator's, ZeRO over the dp·cp ranks that hold the same parameters (tp = 1).
+        if tp == 1:
+            want_mem = est.model_state_bytes(mm.GPT(TINY).num_params(), dp * cp, kw.get("zero_stage", 0), "fp32")
+            for r in per_rank:
+                m = r["memory"]
+                got_mem = m["params"] + m["grads"] + m["optimizer_states"] + m.get("master", 0)
+                assert math.isclose(got_mem, want_mem, rel_tol=1e-3), f"{name}: measured {got_mem} != estimate {want_mem}"
         # Saved activations per rank: one process's for the same B/dp rows, divided by cp (the 0-d loss
         # aside: 4 bytes). Checked where only cp and dp change (tp splits some of them once more).
         if tp == 1 and not recompute:

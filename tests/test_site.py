@@ -289,14 +289,16 @@ def _random_config(rng: random.Random) -> dict:
     tp = rng.choice([t for t in (1, 2, 4, 8, 16) if heads % t == 0])
     stage = rng.randrange(4)
     precision = rng.choice(est.PRECISIONS)
-    return dict(layers=rng.randint(1, 128), hidden=heads * rng.choice([16, 64, 128, 160]), heads=heads,
+    attention = rng.choice(est.ATTENTION)
+    cp = rng.choice([1, 1, 2, 4, 8]) if attention == "fused" else 1       # ring attention is a fused kernel
+    return dict(cp=cp, layers=rng.randint(1, 128), hidden=heads * rng.choice([16, 64, 128, 160]), heads=heads,
                 vocab=rng.randint(100, 260000), seq_len=rng.choice([128, 512, 1024, 2048, 4096, 8192, 32768]),
                 micro_batch=rng.randint(1, 16), precision=precision, zero_stage=stage, tp=tp,
                 dp=rng.choice([1, 2, 3, 8, 64, 1000]), pp=rng.choice([1, 2, 3, 4, 12, 35]),
                 sp=rng.random() < 0.5, recompute=rng.choice(est.RECOMPUTE), schedule=rng.choice(est.SCHEDULES),
                 micro_batches=rng.randint(1, 300), virtual_stages=rng.randint(1, 4),
                 offload=rng.choice(est.OFFLOAD if stage == 3 else est.OFFLOAD[:2]),
-                attention=rng.choice(est.ATTENTION), position_embedding=rng.random() < 0.5,
+                attention=attention, position_embedding=rng.random() < 0.5,
                 fp32_grads=rng.random() < 0.5 and precision != "fp32", pp_partition=rng.choice(est.PP_PARTITION))
 
 
@@ -326,7 +328,7 @@ def test_calculator_js_rejects_what_python_rejects():
     bad = [{**base, "tp": 5}, {**base, "offload": "optimizer+params", "zero_stage": 2}, {**base, "dp": 0},
            {**base, "recompute": "half"}, {**base, "layers": 2.5}, {**base, "attention": "flash"},
            {**base, "pp_partition": "uniform"}, {**base, "fp32_grads": True, "precision": "fp32"},
-           {**base, "position_embedding": 1}]
+           {**base, "position_embedding": 1}, {**base, "cp": 2}, {**base, "cp": 3, "attention": "fused"}]
     for cfg, js in zip(bad, _run_js(bad)):
         with pytest.raises(ValueError):
             est.memory_per_gpu(est.MemoryConfig(**cfg))

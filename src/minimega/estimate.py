@@ -535,6 +535,9 @@ class MemoryConfig:
     tp: int = 1
     dp: int = 1
     pp: int = 1
+    cp: int = 1
+    """Context parallelism: each sequence split over cp ranks (ring attention, a fused kernel): activations are
+    those of s/cp tokens, and the parameters, replicated over dp · cp, are ZeRO-sharded over dp · cp."""
     sp: bool = False
     """Megatron sequence parallelism (needs tp > 1 to change anything)."""
     recompute: str = "none"
@@ -560,7 +563,7 @@ class MemoryConfig:
     `type:transformer|embedding`), so the first stage holds ceil((L+2)/p) - 1 blocks."""
 
     def check(self) -> None:
-        for name in ("layers", "hidden", "heads", "vocab", "seq_len", "micro_batch", "tp", "dp", "pp",
+        for name in ("layers", "hidden", "heads", "vocab", "seq_len", "micro_batch", "tp", "dp", "pp", "cp",
                      "micro_batches", "virtual_stages"):
             if not (isinstance(getattr(self, name), int) and getattr(self, name) >= 1):
                 raise ValueError(f"{name}={getattr(self, name)!r}: expected an integer >= 1")
@@ -580,6 +583,12 @@ class MemoryConfig:
                              "heads must divide hidden and tp must divide heads")
         if self.offload == "optimizer+params" and self.zero_stage != 3:
             raise ValueError("offload='optimizer+params' needs zero_stage=3 (parameters are offloaded as shards)")
+        if self.cp > 1 and self.attention != "fused":
+            raise ValueError(f"cp={self.cp} runs ring attention, which never stores the s x s scores: "
+                             "set attention='fused'")
+        if self.seq_len % (2 * self.cp):
+            if self.cp > 1:
+                raise ValueError(f"cp={self.cp}: seq_len={self.seq_len} is not divisible by 2*cp = {2 * self.cp}")
 
 
 # --8<-- [start:memory_per_gpu]
@@ -610,7 +619,8 @@ def stage_params(cfg: MemoryConfig) -> float:
 def memory_per_gpu(cfg: MemoryConfig) -> dict:
     """Bytes per GPU by category: model states under ZeRO and offload, plus activations.
 
-    Model states: `model_state_breakdown` of the stage's parameters over dp. Activations:
+    Model states: `model_state_breakdown` of the stage's parameters over dp (dp · cp under context
+    parallelism: the cp ranks hold the same parameters). Activations, of the rank's s/cp tokens:
     `activation_bytes_per_layer` × the first stage's blocks × `in_flight_microbatches`, plus the
     recomputation working set (`recompute_working_bytes`, one layer of one micro-batch).
     ZeRO-3 also holds, one block at a time, the parameters it gathers from the other ranks
@@ -619,7 +629,8 @@ def memory_per_gpu(cfg: MemoryConfig) -> dict:
     """
     cfg.check()
     n = stage_params(cfg)
-    states = model_state_breakdown(n, cfg.dp, cfg.zero_stage, cfg.precision,
+    replicas = cfg.dp * cfg.cp                     # ranks holding the same parameters: ZeRO shards over them
+    states = model_state_breakdown(n, replicas, cfg.zero_stage, cfg.precision,
                                    grad_bytes=4 if cfg.fp32_grads else None)
     cpu = 0.0
     if cfg.offload in ("optimizer", "optimizer+params"):
@@ -630,10 +641,10 @@ def memory_per_gpu(cfg: MemoryConfig) -> dict:
         states["params"] = 0.0
     p_bytes = state_bytes_per_param(cfg.precision)[0]
     h, t = cfg.hidden, cfg.tp
-    gathered = p_bytes * ((12 * h * h + 7 * h) / t + 6 * h) * (1 - 1 / cfg.dp) if cfg.zero_stage == 3 else 0.0
+    gathered = p_bytes * ((12 * h * h + 7 * h) / t + 6 * h) * (1 - 1 / replicas) if cfg.zero_stage == 3 else 0.0
     act = dict(tp=t, sp=cfg.sp and t > 1, recompute=cfg.recompute, attention=cfg.attention,
                act_bytes=4 if cfg.precision == "fp32" else 2)
-    shape = (cfg.seq_len, cfg.micro_batch, h, cfg.heads)
+    shape = (cfg.seq_len // cfg.cp, cfg.micro_batch, h, cfg.heads)      # this rank's tokens of each sequence
     per_layer = activation_bytes_per_layer(*shape, **act)
     in_flight = in_flight_microbatches(cfg.pp, cfg.micro_batches, cfg.schedule, cfg.virtual_stages) \
         if cfg.pp > 1 else 1.0

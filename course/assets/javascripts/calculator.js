@@ -15,9 +15,9 @@
   var ATTENTION = ["unfused", "fused"];
   var PP_PARTITION = ["blocks", "blocks+embedding"];
   var BOOLS = ["sp", "position_embedding", "fp32_grads"];
-  var INTS = ["layers", "hidden", "heads", "vocab", "seq_len", "micro_batch", "tp", "dp", "pp",
+  var INTS = ["layers", "hidden", "heads", "vocab", "seq_len", "micro_batch", "tp", "dp", "pp", "cp",
               "micro_batches", "virtual_stages"];
-  var DEFAULTS = {micro_batch: 1, precision: "mixed", zero_stage: 0, tp: 1, dp: 1, pp: 1, sp: false,
+  var DEFAULTS = {micro_batch: 1, precision: "mixed", zero_stage: 0, tp: 1, dp: 1, pp: 1, cp: 1, sp: false,
                   recompute: "none", schedule: "1f1b", micro_batches: 1, virtual_stages: 1, offload: "none",
                   attention: "unfused", position_embedding: true, fp32_grads: false, pp_partition: "blocks"};
 
@@ -82,6 +82,10 @@
                       ": heads must divide hidden and tp must divide heads");
     if (cfg.offload === "optimizer+params" && cfg.zero_stage !== 3)
       throw new Error("offloading parameters needs ZeRO stage 3 (they are offloaded as shards)");
+    if (cfg.cp > 1 && cfg.attention !== "fused")
+      throw new Error("context parallelism runs ring attention, which never stores the scores: choose fused attention");
+    if (cfg.cp > 1 && cfg.seq_len % (2 * cfg.cp) !== 0)
+      throw new Error("seq_len = " + cfg.seq_len + " is not divisible by 2 × cp = " + 2 * cfg.cp);
   }
 
   function stageBlocks(cfg) {                         // estimate.stage_blocks
@@ -104,7 +108,8 @@
     for (k in input) cfg[k] = input[k];
     check(cfg);
     var n = stageParams(cfg);
-    var st = modelStateBreakdown(n, cfg.dp, cfg.zero_stage, cfg.precision, cfg.fp32_grads ? 4 : null);
+    var replicas = cfg.dp * cfg.cp;                   // ZeRO shards over every rank holding the same parameters
+    var st = modelStateBreakdown(n, replicas, cfg.zero_stage, cfg.precision, cfg.fp32_grads ? 4 : null);
     var cpu = 0;
     if (cfg.offload === "optimizer" || cfg.offload === "optimizer+params") {
       cpu += st.optimizer + st.grads;
@@ -113,15 +118,16 @@
     if (cfg.offload === "optimizer+params") { cpu += st.params; st.params = 0; }
     var pBytes = stateBytesPerParam(cfg.precision)[0];
     var h = cfg.hidden, t = cfg.tp;
-    var gathered = cfg.zero_stage === 3 ? pBytes * ((12 * h * h + 7 * h) / t + 6 * h) * (1 - 1 / cfg.dp) : 0;
+    var gathered = cfg.zero_stage === 3 ? pBytes * ((12 * h * h + 7 * h) / t + 6 * h) * (1 - 1 / replicas) : 0;
     var actBytes = cfg.precision === "fp32" ? 4 : 2;
     var sp = cfg.sp && t > 1;
-    var perLayer = activationBytesPerLayer(cfg.seq_len, cfg.micro_batch, h, cfg.heads, t, sp,
+    var sLocal = Math.floor(cfg.seq_len / cfg.cp);   // this rank's tokens of each sequence
+    var perLayer = activationBytesPerLayer(sLocal, cfg.micro_batch, h, cfg.heads, t, sp,
                                            cfg.recompute, cfg.attention, actBytes, 1);
     var inFlight = cfg.pp > 1 ? inFlightMicrobatches(cfg.pp, cfg.micro_batches, cfg.schedule, cfg.virtual_stages) : 1;
     var out = {params: st.params, grads: st.grads, optimizer: st.optimizer, gathered: gathered,
                activations: perLayer * stageBlocks(cfg) * inFlight,
-               recompute: recomputeWorkingBytes(cfg.seq_len, cfg.micro_batch, h, cfg.heads, t, sp,
+               recompute: recomputeWorkingBytes(sLocal, cfg.micro_batch, h, cfg.heads, t, sp,
                                                 cfg.recompute, cfg.attention, actBytes, 1)};
     out.total = out.params + out.grads + out.optimizer + out.gathered + out.activations + out.recompute;
     out.cpu = cpu;
