@@ -202,3 +202,16 @@ def test_refusals_of_dropout_and_a_mismatched_mesh():
         validate(mm.GPTConfig.tiny(block_size=32, dropout=0.1), parity_config(cp=2), mm.ParallelDims(cp=2))
     with pytest.raises(ValueError, match=r"TrainConfig\(cp=1\) does not match the mesh \(cp=2\)"):
         validate(TINY, parity_config(), mm.ParallelDims(cp=2))
+
+
+def test_cli_trains_with_context_parallelism(capsys):
+    """`minimega train --cp 2` on 2 ranks trains what `--nproc 2` (dp = 2) trains; a bad split is refused by name."""
+    import json
+    from minimega.cli import main
+    runs = {}
+    for flags in ([], ["--cp", "2"]):
+        assert main(["train", "--nproc", "2", "--steps", "2", "--json", *flags]) == 0
+        runs[bool(flags)] = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["losses"]
+    assert max(abs(a - b) / b for a, b in zip(runs[True], runs[False])) <= 1e-5, runs
+    assert main(["train", "--nproc", "2", "--cp", "2", "--seq-len", "30", "--steps", "1"]) == 2
+    assert "seq_len=30 is not divisible by 2*cp = 4" in capsys.readouterr().err
