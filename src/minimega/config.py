@@ -178,7 +178,7 @@ class TrainConfig:
     pp: int = 1
     """Pipeline stages; at most n_layer."""
     cp: int = 1
-    """Context parallelism: each sequence split over a ring of cp ranks (ring attention); needs seq_len % (2·cp) == 0."""
+    """Context parallelism: each sequence split over a ring of cp ranks (ring attention); seq_len must divide by 2·cp."""
     ep: int = 1
     """Expert parallelism (mixture-of-experts models only): carved out of dp, divides dp and the expert count."""
     zero_stage: int = field(default=0, metadata=_flag("--zero-stage", "--stage"))
