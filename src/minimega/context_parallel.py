@@ -225,12 +225,14 @@ def check(model_config, config, dims, moe=None) -> None:
     if seq % (2 * dims.cp):
         raise ValueError(f"cp={dims.cp}: seq_len={seq} is not divisible by 2*cp = {2 * dims.cp} (each rank holds "
                          f"two chunks of seq_len/(2*cp) tokens); pick a seq_len that is")
+    if moe is not None:
+        raise ValueError(f"cp={dims.cp} does not compose with a mixture-of-experts model (its routing groups are "
+                         f"whole sequences); use a dense model or cp=1")
     refused = [("pp", config.pp != 1, "pp=1 (context parallelism is not built into the pipeline)"),
-               ("sequence_parallel", config.sequence_parallel, "sequence_parallel=False (cp already splits the sequence)"),
-               ("ep", moe is not None or config.ep != 1, "a dense model and ep=1 (mixtures of experts route whole sequences)")]
+               ("sequence_parallel", config.sequence_parallel, "sequence_parallel=False (cp already splits the sequence)")]
     for name, bad, fix in refused:
         if bad:
-            raise ValueError(f"cp={dims.cp} does not compose with {name}={getattr(config, name, moe)!r}; use {fix}")
+            raise ValueError(f"cp={dims.cp} does not compose with {name}={getattr(config, name)!r}; use {fix}")
     if model_config.dropout:
         raise ValueError(f"cp={dims.cp}: GPTConfig.dropout={model_config.dropout} is not supported (ring attention "
                          f"has no dropout); use dropout=0")
