@@ -114,7 +114,7 @@ class _RingAttention(torch.autograd.Function):
         mine = chunk_ids(me, cp)
         qs = q.chunk(2, dim=2)                                                 # 2 × (B, nh, c, hs)
         m = [torch.full(t.shape[:-1], float("-inf"), device=q.device) for t in qs]     # running max (B, nh, c)
-        l = [torch.zeros(t.shape[:-1], device=q.device) for t in qs]                   # running sum
+        ell = [torch.zeros(t.shape[:-1], device=q.device) for t in qs]                 # running sum ℓ
         o = [torch.zeros(t.shape, device=q.device) for t in qs]                        # running output, fp32
         kv = [k.contiguous(), v.contiguous()]
         for step in range(cp):
@@ -130,7 +130,7 @@ class _RingAttention(torch.autograd.Function):
                     m_new = torch.maximum(m[i], s.amax(-1))
                     p = torch.exp(s - m_new.unsqueeze(-1))
                     alpha = torch.exp(m[i] - m_new)                            # rescales what came before
-                    l[i] = l[i] * alpha + p.sum(-1)
+                    ell[i] = ell[i] * alpha + p.sum(-1)
                     o[i] = o[i] * alpha.unsqueeze(-1) + p @ vj.float()
                     m[i] = m_new
             if step < cp - 1:
@@ -138,9 +138,9 @@ class _RingAttention(torch.autograd.Function):
                 kv = nxt
         # Laid out (B, 2c, nh, hs) like the fused kernels' output: the caller's transpose(1, 2).reshape is a
         # view, so the block keeps one copy of it, not two.
-        out = torch.cat([oi / li.unsqueeze(-1) for oi, li in zip(o, l)], dim=2).to(q.dtype)
+        out = torch.cat([oi / li.unsqueeze(-1) for oi, li in zip(o, ell)], dim=2).to(q.dtype)
         out = out.transpose(1, 2).contiguous().transpose(1, 2)                     # (B, nh, 2c, hs)
-        lse = torch.cat([mi + li.log() for mi, li in zip(m, l)], dim=2)            # (B, nh, 2c)
+        lse = torch.cat([mi + li.log() for mi, li in zip(m, ell)], dim=2)            # (B, nh, 2c)
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.group, ctx.scale = group, scale
         return out
