@@ -1272,3 +1272,43 @@ def _token_major(choices, n_experts, capacity):
             filled[e] += 1
         out.append(row)
     return out
+
+
+# ------------------------------------------------------------------------------------------------
+# Lab 15: the load-balanced sequence split.
+
+def check_cp_chunks(fn) -> None:
+    """Compare ``fn(seq_len, cp_rank, cp)`` with `minimega.context_parallel.positions` on many layouts."""
+    from minimega import context_parallel
+    cases = [(16, r, 2) for r in range(2)] + [(32, r, 4) for r in range(4)] + \
+            [(s, r, cp) for cp in (1, 3, 8) for s in (2 * cp, 6 * cp) for r in range(cp)]
+    try:
+        fn(16, 0, 2)
+    except Exception as exc:  # noqa: BLE001
+        if (msg := _not_done(exc, "rank_positions")):
+            _fail("rank_positions", [msg])
+    problems = []
+    for seq_len, r, cp in cases:
+        want = context_parallel.positions(seq_len // cp, r, cp).tolist()
+        try:
+            got = fn(seq_len, r, cp)
+        except Exception as exc:  # noqa: BLE001
+            problems.append(f"seq_len={seq_len}, rank {r} of cp={cp}: raised {type(exc).__name__}: {exc}")
+            continue
+        got = list(got) if isinstance(got, (list, tuple, range)) else got
+        if got == want:
+            continue
+        where = f"seq_len={seq_len}, rank {r} of cp={cp}: got {got}, minimega holds {want}"
+        c = seq_len // (2 * cp)
+        if got == list(range(r * seq_len // cp, (r + 1) * seq_len // cp)):
+            problems.append(where + ": a contiguous slice leaves the last rank the most causal work; hold chunk r "
+                                    "and its mirror 2·cp-1-r of the 2·cp chunks")
+        elif got == list(range(r * c, (r + 1) * c)) + list(range((r + cp) * c, (r + cp + 1) * c)):
+            problems.append(where + ": chunk r + cp is not the mirror of chunk r; the mirror is 2·cp-1-r")
+        elif isinstance(got, list) and sorted(got) == sorted(want):
+            problems.append(where + ": the right tokens in the wrong order; the early chunk comes first")
+        else:
+            problems.append(where)
+    if problems:
+        _fail("rank_positions", problems[:6])
+    print(f"✓ rank_positions matches minimega's context-parallel split on {len(cases)} layouts")

@@ -179,3 +179,37 @@ def train_moe(config: mm.TrainConfig, n_experts: int = 4, top_k: int = 2, capaci
     for batch in data.batches(mesh, steps, config.batch_size, seq_len, seed=config.seed):
         engine.train_step(batch)
     return {"n_params": full.num_params(), "model": model_config, "moe_config": moe_config, **engine.report()}
+
+
+def train_cp(config: mm.TrainConfig, steps: int = 3, seq_len: int = 32) -> dict:
+    """Train the tiny GPT with ``config.cp`` context parallelism (dp is what remains of the world).
+
+    Returns ``Engine.report()`` plus ``"model"`` (the `GPTConfig`) and ``"dp"``.
+    """
+    world = dist.get_world_size() if dist.is_initialized() else 1
+    mesh = mm.init_mesh(mm.ParallelDims(dp=world // config.cp, cp=config.cp))
+    model_config = mm.GPTConfig.tiny(block_size=seq_len)
+    torch.manual_seed(config.seed)
+    engine = mm.initialize(mm.GPT(model_config), config, mesh)
+    for batch in data.batches(mesh, steps, config.batch_size, seq_len, seed=config.seed):
+        engine.train_step(batch)
+    return {"model": model_config, "dp": mesh.dp_size, **engine.report()}
+
+
+def cp_activation_bytes(seq_lens: list[int], rows: int = 4) -> list[int]:
+    """Bytes autograd saves on this rank for one forward of ``rows`` sequences, per sequence length, with the
+    sequence split over every rank of the job (cp = world size; one rank: the whole sequence)."""
+    from minimega import context_parallel
+    from minimega.activation_checkpoint import saved_activation_bytes
+    world = dist.get_world_size() if dist.is_initialized() else 1
+    mesh = mm.init_mesh(mm.ParallelDims(cp=world))
+    out = []
+    for seq_len in seq_lens:
+        model_config = mm.GPTConfig.tiny(block_size=seq_len)
+        torch.manual_seed(0)
+        engine = mm.initialize(mm.GPT(model_config), mm.TrainConfig(batch_size=rows, cp=world), mesh)
+        x, y = data.global_batch(0, rows, seq_len)
+        if world > 1:
+            x, y = (context_parallel.shard_sequence(t, mesh.cp_rank, world) for t in (x, y))
+        out.append(saved_activation_bytes(engine.module, x, y))
+    return out

@@ -594,3 +594,22 @@ def slots_one_too_many(choices, n_experts, capacity):
                 out[t][j] = filled[c[j]]
             filled[c[j]] += 1
     return out
+
+
+def cp_contiguous(seq_len, cp_rank, cp):
+    """Rank r holds the r-th contiguous slice: unbalanced under a causal mask."""
+    n = seq_len // cp
+    return list(range(cp_rank * n, (cp_rank + 1) * n))
+
+
+def cp_shifted_pair(seq_len, cp_rank, cp):
+    """Pairs chunk r with chunk r + cp instead of its mirror."""
+    c = seq_len // (2 * cp)
+    return list(range(cp_rank * c, (cp_rank + 1) * c)) + list(range((cp_rank + cp) * c, (cp_rank + cp + 1) * c))
+
+
+def cp_mirror_first(seq_len, cp_rank, cp):
+    """The mirror chunk first: the right tokens in the wrong order."""
+    c = seq_len // (2 * cp)
+    m = 2 * cp - 1 - cp_rank
+    return list(range(m * c, (m + 1) * c)) + list(range(cp_rank * c, (cp_rank + 1) * c))

@@ -391,3 +391,25 @@ def test_batch_arithmetic_matches_bloom_and_refuses_what_deepspeed_refuses():
         accumulation_steps(16, 4, 3)                                    # chapter 14, problem 4's kind of file
     with pytest.raises(ValueError, match="micro_batch\\*dp"):
         accumulation_steps(0, 1, 1)
+
+
+def test_context_parallel_divides_activations_and_shards_states_over_dp_cp():
+    """cp ranks hold s/cp tokens (every activation term, fused attention) and the same parameters as their dp
+    replicas: activations equal those of an s/cp sequence at cp = 1, ZeRO states those of dp·cp ranks."""
+    base = dict(layers=32, hidden=4096, heads=32, vocab=50257, seq_len=32768, attention="fused", recompute="selective",
+                zero_stage=3, tp=8, dp=4)
+    one = est.memory_per_gpu(est.MemoryConfig(**base))
+    four = est.memory_per_gpu(est.MemoryConfig(**base, cp=4))
+    short = est.memory_per_gpu(est.MemoryConfig(**{**base, "seq_len": 8192}))
+    wide = est.memory_per_gpu(est.MemoryConfig(**{**base, "dp": 16}))
+    assert four["activations"] == short["activations"] == one["activations"] / 4
+    for k in ("params", "grads", "optimizer", "gathered"):
+        assert four[k] == wide[k], k
+    # The ring's bytes per layer: (6cp - 4) blocks of rows · (s/cp) · (h/t) elements, by hand.
+    assert est.cp_ring_bytes(1, 2, 32768, 4096, 4, 8, 2) == (6 * 4 - 4) * 2 * 8192 * 512 * 2
+    assert est.cp_ring_bytes(1, 2, 32768, 4096, 4, 8, 2, recompute=True) == (8 * 4 - 6) * 2 * 8192 * 512 * 2
+    assert est.cp_ring_bytes(4, 2, 32768, 4096, 1) == 0.0
+    with pytest.raises(ValueError, match="cp=2 runs ring attention, which never stores the s x s scores"):
+        est.memory_per_gpu(est.MemoryConfig(**{**base, "attention": "unfused", "cp": 2}))
+    with pytest.raises(ValueError, match=r"seq_len=32768 is not divisible by 2\*cp = 6"):
+        est.memory_per_gpu(est.MemoryConfig(**base, cp=3))

@@ -57,6 +57,7 @@ SAMPLES = {
     "prefetch": (dict(zero_stage=3), dict(zero_stage=3, prefetch=False)),
     "overlap_comm": ({}, dict(overlap_comm=False)),
     "ep": ({}, dict(ep=2)),
+    "cp": ({}, dict(cp=2)),
     "loss_scale": (dict(zero_stage=1, precision="fp16"), dict(zero_stage=1, precision="fp16", loss_scale=128.0)),
     "initial_scale_power": (dict(zero_stage=1, precision="fp16"), dict(zero_stage=1, precision="fp16", initial_scale_power=8)),
     "loss_scale_window": (dict(zero_stage=1, precision="fp16"), dict(zero_stage=1, precision="fp16", loss_scale_window=50)),

@@ -32,7 +32,8 @@ EXERCISES = {"memory": (["model_state_bytes"], checks.check_model_state_bytes),
              "fsdp_shard": (["fsdp_local_shard"], checks.check_fsdp_shard),
              "rank_grid": (["group_ranks"], checks.check_rank_grid),
              "alpha_beta": (["collective_seconds"], checks.check_collective_seconds),
-             "moe_slots": (["assign_slots"], checks.check_moe_slots)}
+             "moe_slots": (["assign_slots"], checks.check_moe_slots),
+             "cp_chunks": (["rank_positions"], checks.check_cp_chunks)}
 
 
 def _load(package, name):
@@ -346,3 +347,13 @@ def test_the_same_mistake_at_many_places_is_said_once():
     with pytest.raises(checks.ExerciseError) as info:
         checks._fail("x", [f"p {i}: mistake {i}" for i in range(12)])
     assert str(info.value).splitlines()[-1] == "  ... and 4 more; fix these first"
+
+@pytest.mark.parametrize("answer, says", [
+    (wrong.cp_contiguous, "a contiguous slice leaves the last rank the most causal work"),
+    (wrong.cp_shifted_pair, "the mirror is 2·cp-1-r"),
+    (wrong.cp_mirror_first, "the early chunk comes first"),
+], ids=lambda v: v.__name__ if callable(v) else "")
+def test_cp_chunks_check_names_the_mistake(answer, says):
+    with pytest.raises(checks.ExerciseError, match="rank_positions") as info:
+        checks.check_cp_chunks(answer)
+    assert says in str(info.value)

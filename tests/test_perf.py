@@ -190,3 +190,24 @@ def test_overlap_comm_off_exposes_every_collective():
     assert perf.step_time(z3, A100)["dp_comm"] < off3 - 8 * min(ag, lt["forward"]) + 1e-9
     with pytest.raises(ValueError, match="overlap_comm"):
         perf.step_time(replace(c, overlap_comm="no"), A100)
+
+
+def test_context_parallel_time_splits_the_work_and_adds_the_ring():
+    """cp: each rank does 1/cp of every FLOP (load-balanced causal attention, counted full as before), and the
+    ring's hops (cp-1 forward, 2cp-1 backward, cp-1 more under recomputation) hide behind the attention core."""
+    cfg = PerfConfig(layers=32, hidden=4096, heads=32, vocab=50257, seq_len=131072, attention="fused", tp=8, dp=2,
+                     global_batch=2, precision="bf16", recompute="selective")
+    two = replace(cfg, cp=2)
+    assert sum(f for _, f, _ in perf.layer_ops(two)) == pytest.approx(sum(f for _, f, _ in perf.layer_ops(cfg)) / 2,
+                                                                       rel=1e-12)
+    hw = HARDWARE["h100"]
+    hop = perf.collective_time("send_recv", 2 * 65536 * 512 * 2, 2, hw.link(16))
+    core = sum(perf.op_time(f, b, hw) for n, f, b in perf.layer_ops(two) if n in perf.ATTENTION_CORE)
+    bare = replace(two, overlap_comm=False)
+    assert perf.layer_times(bare, hw)["cp_comm"] == pytest.approx((1 + 3 + 1) * hop, rel=1e-12)
+    hidden = perf.layer_times(two, hw)["cp_comm"]
+    assert hidden == pytest.approx(2 * max(0.0, hop - core) + max(0.0, 3 * hop - 2 * core), rel=1e-12, abs=1e-15)
+    out = perf.step_time(two, hw)
+    assert out["n_gpus"] == 32 and out["cp_comm"] == pytest.approx(32 * hidden, rel=1e-12)
+    assert out["total"] == pytest.approx(sum(out[k] for k in ("compute", "tp_comm", "cp_comm", "p2p", "bubble",
+                                                              "stack_overhead", "dp_comm", "offload", "optimizer")))

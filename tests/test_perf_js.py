@@ -22,7 +22,7 @@ const out = jobs.map(j => { try {
 process.stdout.write(JSON.stringify(out));
 """
 pytestmark = pytest.mark.skipif(NODE is None, reason="needs node")
-KEYS = ("compute", "forward", "backward", "recompute", "tp_comm", "ep_comm", "p2p", "bubble", "stack_overhead", "dp_comm",
+KEYS = ("compute", "forward", "backward", "recompute", "tp_comm", "ep_comm", "cp_comm", "p2p", "bubble", "stack_overhead", "dp_comm",
         "offload", "optimizer", "total", "tokens_per_s", "tflops_per_gpu", "mfu", "hfu", "micro_batches", "n_gpus", "fits")
 
 
@@ -46,16 +46,18 @@ def _random_config(rng):
         schedule, v = "interleaved", 2
         layers = 2 * layers
     precision = rng.choice(est.PRECISIONS)
-    cfg = dict(layers=layers, hidden=heads * rng.choice([64, 128]), heads=heads, vocab=rng.randint(1000, 260000),
+    attention = rng.choice(est.ATTENTION)
+    cp = rng.choice([1, 1, 2, 4, 8]) if attention == "fused" else 1       # ring attention is a fused kernel
+    cfg = dict(cp=cp, layers=layers, hidden=heads * rng.choice([64, 128]), heads=heads, vocab=rng.randint(1000, 260000),
                 seq_len=rng.choice([512, 2048, 8192]), micro_batch=b, precision=precision, zero_stage=stage, tp=tp,
                 dp=dp, pp=pp, sp=rng.random() < 0.5, recompute=rng.choice(est.RECOMPUTE), schedule=schedule,
-                virtual_stages=v, attention=rng.choice(est.ATTENTION), position_embedding=rng.random() < 0.5,
+                virtual_stages=v, attention=attention, position_embedding=rng.random() < 0.5,
                 fp32_grads=rng.random() < 0.5 and precision != "fp32", pp_partition=rng.choice(est.PP_PARTITION),
                 global_batch=dp * b * m, dropout=rng.random() < 0.5, stack=rng.choice(sorted(perf.STACKS)),
                 bucket_bytes=rng.choice([25e6, 5e8]),
                 offload=rng.choice(["none", "optimizer"] + (["optimizer+params"] if stage == 3 else [])),
                 overlap_comm=rng.random() < 0.7)
-    return {**cfg, **_random_experts(rng, dp, tp)}
+    return {**cfg, **(_random_experts(rng, dp, tp) if cfg["cp"] == 1 else {})}   # no MoE under cp
 
 
 def _random_experts(rng, dp, tp):
@@ -83,7 +85,8 @@ def test_step_time_js_matches_python_on_random_configs():
 def test_step_time_js_rejects_what_python_rejects():
     base = dict(layers=24, hidden=1024, heads=16, vocab=50000, seq_len=1024, global_batch=64, dp=2)
     bad = [{**base, "zero_stage": 3, "pp": 2}, {**base, "global_batch": 63}, {**base, "schedule": "interleaved"},
-           {**base, "virtual_stages": 2}, {**base, "stack": "jax"}, {**base, "offload": "optimizer+params"}, {**base, "tp": 3}]
+           {**base, "virtual_stages": 2}, {**base, "stack": "jax"}, {**base, "offload": "optimizer+params"}, {**base, "tp": 3},
+           {**base, "cp": 2}, {**base, "cp": 3, "attention": "fused"}]
     for cfg, js in zip(bad, _run([{"kind": "step", "cfg": c, "hw": "h100"} for c in bad])):
         with pytest.raises(ValueError):
             perf.step_time(perf.PerfConfig(**cfg), "h100")

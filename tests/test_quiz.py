@@ -192,6 +192,8 @@ REFERENCE = {
     "checkpoint-shard-gb": lambda psi, n: 14 * psi / n,
     "checkpoint-seconds": lambda psi, bw: 14 * psi / bw,
     "fsdp-full-shard-gb": lambda psi, n: 16 * psi / n,
+    "cp-ring-gb-per-step": lambda layers, s, h, cp, t: layers * (6 * cp - 4) * (s / cp) * (h / t) * 2 / 1e9,
+    "cp-fused-layer-mb": lambda s, h, a, t, cp: ((s / cp) * h * (10 + 24 / t) + 4 * a * (s / cp) / t) / 1e6,
     "expert-capacity-slots": lambda t, e, k, cf: min(t, math.ceil(cf * k * t / e)),
     "ep-alltoall-gb-per-step": lambda layers, d, ep, e, b: (4 * layers * (ep - 1) / ep * e * b
                                                            * math.ceil(1.25 * 2 * 4096 / e) * d * 2 / 1e9),

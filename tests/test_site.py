@@ -26,7 +26,7 @@ COURSE = ROOT / "course"
 CHAPTERS = ["01-memory", "02-data-parallel", "03-zero", "04-mixed-precision", "05-offload",
             "06-activation-checkpointing", "07-tensor-parallel", "08-pipeline-parallel", "09-3d-parallel",
             "10-checkpoints", "11-fsdp", "12-stack-and-cost", "13-predicting-step-time", "14-real-stacks",
-            "16-mixture-of-experts"]
+            "15-long-context", "16-mixture-of-experts"]
 SKELETON = ["why", "notation", "code", "takeaway", "worked-problems", "quiz", "lab"]
 # The seed guide's six questions, each a practice item somewhere in the banks.
 FAQ = {"faq-deepspeed-megatron": 1, "faq-zero-purpose": 3, "faq-zero-stage-saves-most": 3,
@@ -289,16 +289,18 @@ def _random_config(rng: random.Random) -> dict:
     tp = rng.choice([t for t in (1, 2, 4, 8, 16) if heads % t == 0])
     stage = rng.randrange(4)
     precision = rng.choice(est.PRECISIONS)
-    cfg = dict(layers=rng.randint(1, 128), hidden=heads * rng.choice([16, 64, 128, 160]), heads=heads,
+    attention = rng.choice(est.ATTENTION)
+    cp = rng.choice([1, 1, 2, 4, 8]) if attention == "fused" else 1       # ring attention is a fused kernel
+    cfg = dict(cp=cp, layers=rng.randint(1, 128), hidden=heads * rng.choice([16, 64, 128, 160]), heads=heads,
                 vocab=rng.randint(100, 260000), seq_len=rng.choice([128, 512, 1024, 2048, 4096, 8192, 32768]),
                 micro_batch=rng.randint(1, 16), precision=precision, zero_stage=stage, tp=tp,
                 dp=rng.choice([1, 2, 3, 8, 64, 1000]), pp=rng.choice([1, 2, 3, 4, 12, 35]),
                 sp=rng.random() < 0.5, recompute=rng.choice(est.RECOMPUTE), schedule=rng.choice(est.SCHEDULES),
                 micro_batches=rng.randint(1, 300), virtual_stages=rng.randint(1, 4),
                 offload=rng.choice(est.OFFLOAD if stage == 3 else est.OFFLOAD[:2]),
-                attention=rng.choice(est.ATTENTION), position_embedding=rng.random() < 0.5,
+                attention=attention, position_embedding=rng.random() < 0.5,
                 fp32_grads=rng.random() < 0.5 and precision != "fp32", pp_partition=rng.choice(est.PP_PARTITION))
-    return {**cfg, **_random_experts(rng)}
+    return {**cfg, **(_random_experts(rng) if cfg["cp"] == 1 else {})}   # no MoE under cp
 
 
 def _random_experts(rng: random.Random) -> dict:
@@ -340,7 +342,8 @@ def test_calculator_js_rejects_what_python_rejects():
            {**base, "pp_partition": "uniform"}, {**base, "fp32_grads": True, "precision": "fp32"},
            {**base, "position_embedding": 1}, {**base, "ep": 2}, {**base, "experts": 4, "ep": 3, "dp": 3},
            {**base, "experts": 4, "top_k": 5}, {**base, "experts": 4, "capacity_factor": 0},
-           {**base, "experts": 4, "sp": True, "tp": 2}, {**base, "experts": -1}]
+           {**base, "experts": 4, "sp": True, "tp": 2}, {**base, "experts": -1},
+           {**base, "cp": 2}, {**base, "cp": 3, "attention": "fused"}, {**base, "experts": 4, "cp": 2, "attention": "fused"}]
     for cfg, js in zip(bad, _run_js(bad)):
         with pytest.raises(ValueError):
             est.memory_per_gpu(est.MemoryConfig(**cfg))

@@ -130,6 +130,15 @@ def test_calculator_updates_and_matches_python(server, browser):
     assert page.locator("select[name=preset]").input_value() == "custom"
     assert f"Total per GPU: {py1['total'] / 1e9:.2f} GB" in status.inner_text()
 
+    page.select_option("select[name=attention]", "fused")             # context parallelism: s/cp tokens per GPU
+    page.fill("input[name=cp]", "4")
+    py4 = est.memory_per_gpu(est.MemoryConfig(**{**cfg, "micro_batch": 1, "attention": "fused", "cp": 4}))
+    page.wait_for_function("t => document.querySelector('.mm-calc-status').innerText.includes(t)",
+                           arg=f"Total per GPU: {py4['total'] / 1e9:.2f} GB")
+    page.fill("input[name=cp]", "3")                                  # 2048 tokens do not split into 6 chunks
+    assert "Cannot compute" in status.inner_text()
+    page.fill("input[name=cp]", "1")
+
     page.fill("input[name=tp]", "3")                                  # 112 heads do not split 3 ways
     assert "Cannot compute" in status.inner_text() and "tp must divide heads" in status.inner_text()
     # nothing from the last valid input stays next to the error: no table rows, no chart

@@ -150,7 +150,8 @@ def train_worker(preset: str, config: TrainConfig, steps: int, show: bool | str,
     from .launch import current_world_size, report_step
     from .model import GPT
 
-    dims = dataclasses.replace(ParallelDims.infer(current_world_size(), tp=config.tp, pp=config.pp), ep=config.ep)
+    dims = dataclasses.replace(ParallelDims.infer(current_world_size(), tp=config.tp, pp=config.pp, cp=config.cp),
+                               ep=config.ep)
     mesh = init_mesh(dims)
     torch.manual_seed(config.seed)
     if moe is not None:
@@ -289,10 +290,10 @@ def _check_train_args(args: argparse.Namespace):
 
     try:
         tp, pp = args.tp or 1, args.pp or 1
-        dims = ParallelDims.infer(args.nproc, tp=tp, pp=pp)
+        dims = ParallelDims.infer(args.nproc, tp=tp, pp=pp, cp=args.cp or 1)
         dims = dataclasses.replace(dims, ep=args.ep or 1)
         if args.dp is not None:
-            ParallelDims(dp=args.dp, tp=tp, pp=pp).check(args.nproc)
+            ParallelDims(dp=args.dp, tp=tp, pp=pp, cp=args.cp or 1).check(args.nproc)
         config = build_train_config(args, dims.dp)
         validate(GPTConfig.preset(args.preset), config, dims, _moe_config(args))
     except ValueError as err:
@@ -317,7 +318,7 @@ def _check_train_args(args: argparse.Namespace):
 def _cmd_train(args: argparse.Namespace) -> int:
     dims, config, save_dir, min_nproc = _check_train_args(args)
     pp = dims.pp
-    print(f"minimega train: {args.nproc} rank(s), dp={dims.dp} tp={dims.tp} pp={dims.pp} ep={dims.ep}, zero_stage="
+    print(f"minimega train: {args.nproc} rank(s), dp={dims.dp} tp={dims.tp} pp={dims.pp} cp={dims.cp} ep={dims.ep}, zero_stage="
           f"{config.zero_stage}, preset {args.preset}, {args.steps} steps", file=sys.stderr)
     start = _checkpoint_step(args.resume) if args.resume else 0
     ckpt = {"resume": args.resume, "every": args.save_every, "dir": save_dir, "until": start + args.steps}

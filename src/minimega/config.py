@@ -100,7 +100,7 @@ def _flag(*names: str, **extra) -> dict:
 # ten frames deep in torch or, worse, silently: ``True`` is an int in Python and ``"false"`` is truthy.
 # Integers must be ints (not bools, not floats), flags must be bools (not 0/1), reals must be finite
 # numbers (ints welcome), and each range is the one the code that reads the field needs.
-_INT_MIN = {"tp": 1, "pp": 1, "ep": 1, "micro_batches": 1, "virtual_stages": 1, "batch_size": 1,
+_INT_MIN = {"tp": 1, "pp": 1, "cp": 1, "ep": 1, "micro_batches": 1, "virtual_stages": 1, "batch_size": 1,
             "gradient_accumulation_steps": 1, "checkpoint_every": 1, "seed": 0, "param_persistence_threshold": 0,
             "loss_scale_window": 1, "hysteresis": 1}
 _REAL = {  # name: (lower bound, lower bound allowed?)
@@ -177,6 +177,8 @@ class TrainConfig:
     """Tensor-parallel degree (Megatron-LM); divides n_head, n_embd and the MLP width."""
     pp: int = 1
     """Pipeline stages; at most n_layer."""
+    cp: int = 1
+    """Context parallelism: each sequence split over a ring of cp ranks (ring attention); seq_len must divide by 2·cp."""
     ep: int = 1
     """Expert parallelism (mixture-of-experts models only): carved out of dp, divides dp and the expert count."""
     zero_stage: int = field(default=0, metadata=_flag("--zero-stage", "--stage"))

@@ -5,10 +5,12 @@ seed) and wraps it, in this order:
 
     1. pipeline split   (pp > 1)  keep only this stage's blocks
     2. tensor parallel  (tp > 1)  split attention heads and the MLP across the tp group
+    2b. context parallel (cp > 1) ring attention over the cp group, global positions (`context_parallel`)
     3. activation checkpointing
     3b. mixture of experts (ep)   keep this rank's experts; they sync over the edp group (`moe`)
     4. precision        (bf16 / fp16 storage, fp32 master weights)
-    5. data parallel    (DDP at zero_stage 0, ZeRO stages 1-3 otherwise) over the dp group
+    5. data parallel    (DDP at zero_stage 0, ZeRO stages 1-3 otherwise) over the dp group (dp × cp
+                        under context parallelism: `mesh.grad_group`)
 
 Any (dp, tp, pp) composes. In code, steps 1 and 2 run in the other order with the same result: the TP
 layers are built on the whole model and the split keeps this stage's blocks (TP never crosses a block),
@@ -17,7 +19,7 @@ DDP or ZeRO 1-3 (ZeRO-1 is the BLOOM-176B recipe; see `compose`), all on the gra
 `grad_sync`. The caller's model is never modified: the engine works on new layers or a copy.
 
 ``Engine.train_step((x, y))`` takes this dp rank's rows of the global batch (see `minimega.data`),
-runs the gradient-accumulation micro-steps (each backward followed by ``finish_grad_sync()``), clips,
+keeps this cp rank's two chunks of every sequence (cp > 1), runs the gradient-accumulation micro-steps (each backward followed by ``finish_grad_sync()``), clips,
 steps the optimizer and returns the global mean loss.
 """
 from __future__ import annotations
@@ -28,6 +30,7 @@ from contextlib import ExitStack, nullcontext
 import torch
 
 from . import clock, comm, measure, zero
+from . import context_parallel as cp_
 from .activation_checkpoint import apply_activation_checkpointing
 from .compose import ChunkOptimizers
 from .config import GPTConfig, TrainConfig
@@ -65,6 +68,7 @@ def validate(model_config: GPTConfig, config: TrainConfig, dims: ParallelDims, m
         raise ValueError(f"TrainConfig(ep={config.ep}) does not match the mesh (ep={dims.ep}); build the mesh "
                          f"from the same numbers")
     moe_.check(moe, config, dims)
+    cp_.check(model_config, config, dims, moe)
     config.rows_per_micro_step(dims.dp)
     if config.pp > 1:
         check_pipeline(config.schedule, config.pp, config.micro_batches, config.virtual_stages, model_config.n_layer)
@@ -110,6 +114,7 @@ class Engine:
         tensor_parallel = moe_.apply_tensor_parallel if moe_.is_moe(model) else (
             lambda m, mesh: apply_tensor_parallel(m, mesh, config.sequence_parallel))
         model = (tensor_parallel(model, mesh) if config.tp > 1 else copy.deepcopy(model)).to(mesh.device)
+        cp_.apply_context_parallel(model, mesh)       # cp > 1: ring attention, global positions
         apply_activation_checkpointing(model, config.activation_checkpointing, config.checkpoint_every)
         # Mixture of experts: keep this rank's experts; they sync over edp, the rest over dp (see moe).
         self.experts = None
@@ -120,9 +125,9 @@ class Engine:
 
         def data_parallel(module):       # ZeRO shards the optimizer itself (the wrapper steps); DDP does not
             if config.zero_stage:
-                return zero.wrap(module, config, mesh.dp_group, mesh.dp_rank, lambda p: make_optimizer(p, config),
+                return zero.wrap(module, config, mesh.grad_group, mesh.dp_cp_rank, lambda p: make_optimizer(p, config),
                                  model_parallel=(mesh.tp_group, mesh.pp_group))
-            return DataParallel(module, mesh.dp_group, bucket_mb=config.bucket_mb)
+            return DataParallel(module, mesh.grad_group, bucket_mb=config.bucket_mb)
 
         if config.pp > 1:      # keep this rank's chunks; each syncs its gradients over dp on its own
             self.pipeline = Pipeline(model, config, mesh, wrap=data_parallel)
@@ -160,7 +165,7 @@ class Engine:
 
     def train_step(self, batch: tuple[torch.Tensor, torch.Tensor]) -> float:
         """One optimizer step on this dp rank's rows; returns the mean loss over the global batch."""
-        x, y = (t.to(self.mesh.device) for t in batch)
+        x, y = (self._context_shard(t) for t in batch)
         ga = self.config.gradient_accumulation_steps
         if x.shape[0] % ga:
             raise ValueError(f"this rank's {x.shape[0]} rows do not split into gradient_accumulation_steps={ga}")
@@ -195,12 +200,18 @@ class Engine:
         self.comm_per_step.append(self.comm_log.total_sent() - sent_before)
         if self.pipeline is not None:
             comm.all_reduce(total, self.mesh.pp_group)                     # the last stage's loss, to every stage
-        loss = comm.all_reduce_mean(total / ga, self.mesh.dp_group).item()    # a metric: kept out of the log
+        # Every dp·cp rank averaged the same number of tokens: the mean of their means is the global mean.
+        loss = comm.all_reduce_mean(total / ga, self.mesh.grad_group).item()    # a metric: kept out of the log
         self.losses.append(loss)
         if norm is not None:
             self.grad_norms.append(norm)
         self.step += 1
         return loss
+
+    def _context_shard(self, t: torch.Tensor) -> torch.Tensor:
+        """(B, T) rows of this dp rank → (B, T/cp) on the device: this cp rank's chunks r and 2cp-1-r."""
+        t = t.to(self.mesh.device)
+        return cp_.shard_sequence(t, self.mesh.cp_rank, self.mesh.cp_size) if self.mesh.cp_size > 1 else t
 
     def _no_sync(self):
         stack = ExitStack()
@@ -217,13 +228,13 @@ class Engine:
     @torch.no_grad()
     def eval_step(self, batch: tuple[torch.Tensor, torch.Tensor]) -> float:
         """Mean loss over the global batch, without touching gradients or optimizer state."""
-        x, y = (t.to(self.mesh.device) for t in batch)
+        x, y = (self._context_shard(t) for t in batch)
         self.model.eval()
         if self.pipeline is not None:
             loss = comm.all_reduce(self.pipeline.forward_backward(x, y, self.step, train=False), self.mesh.pp_group)
         else:
             _, loss = self.model(x, y)
-        return comm.all_reduce_mean(loss.detach().clone(), self.mesh.dp_group).item()
+        return comm.all_reduce_mean(loss.detach().clone(), self.mesh.grad_group).item()
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         """Consolidated fp32 weights with `model.py`'s keys, on every rank (a collective under ZeRO, TP and PP).
@@ -264,7 +275,7 @@ class Engine:
         return {
             "rank": self.mesh.rank,
             "layout": {"dp": self.mesh.dp_size, "tp": self.mesh.tp_size, "pp": self.mesh.pp_size,
-                       "ep": self.mesh.ep_size, "zero_stage": self.config.zero_stage},
+                       "cp": self.mesh.cp_size, "ep": self.mesh.ep_size, "zero_stage": self.config.zero_stage},
             "losses": list(self.losses),
             "grad_norms": list(self.grad_norms),
             "memory": self.memory(),
@@ -284,7 +295,8 @@ class Engine:
     def layout(self) -> dict:
         return {"world": self.mesh.world_size, "dp": self.mesh.dp_size, "tp": self.mesh.tp_size,
                 "pp": self.mesh.pp_size, "zero_stage": self.config.zero_stage,
-                **({"ep": self.mesh.ep_size} if self.experts is not None else {})}
+                **({"ep": self.mesh.ep_size} if self.experts is not None else {}),
+                **({"cp": self.mesh.cp_size} if self.mesh.cp_size > 1 else {})}
 
     def rng_state(self) -> dict[str, torch.Tensor]:
         """This rank's random states as uint8 tensors: the default CPU generator, the tp dropout stream

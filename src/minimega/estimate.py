@@ -328,6 +328,20 @@ def moe_activation_delta(seq_len: int, micro_batch: int, hidden: int, n_experts:
                                     act_bytes=act_bytes) - dense
 
 
+# --8<-- [start:cp_estimate]
+def cp_ring_bytes(n_layer: int, rows: int, seq_len: int, d_model: int, cp: int, tp: int = 1,
+                  bytes_per_elem: int = 4, recompute: bool = False) -> float:
+    """Bytes one rank sends in a training step's ring attention (`minimega.context_parallel`): per layer,
+    forward cp-1 K/V blocks, backward cp-1 K/V blocks and cp dK/dV blocks, each block 2 · rows · (T/cp) ·
+    (D/tp) elements: (6·cp - 4) · rows · (T/cp) · (D/tp) per layer; ``recompute`` (activation checkpointing
+    of every block or of every attention core) runs the forward's ring once more: (8·cp - 6). cp = 1: 0."""
+    if cp == 1:
+        return 0.0
+    blocks = (3 * cp - 2) + (cp - 1 if recompute else 0)                      # K/V-sized blocks sent per layer
+    return n_layer * 2 * blocks * rows * (seq_len / cp) * (d_model / tp) * bytes_per_elem
+# --8<-- [end:cp_estimate]
+
+
 # --8<-- [start:flops]
 def flops_per_token(n_params: float, n_layer: int, n_head: int, head_dim: int, seq_len: int) -> float:
     """Training FLOPs per token, PaLM App. B: 6N + 12·L·H·Q·T (forward 1/3, backward 2/3).
@@ -556,6 +570,9 @@ class MemoryConfig:
     tp: int = 1
     dp: int = 1
     pp: int = 1
+    cp: int = 1
+    """Context parallelism: each sequence split over cp ranks (ring attention, a fused kernel): activations are
+    those of s/cp tokens, and the parameters, replicated over dp · cp, are ZeRO-sharded over dp · cp."""
     sp: bool = False
     """Megatron sequence parallelism (needs tp > 1 to change anything)."""
     recompute: str = "none"
@@ -591,7 +608,7 @@ class MemoryConfig:
     """Expert parallelism, carved out of dp: E/ep experts per rank, all-to-all dispatch and combine."""
 
     def check(self) -> None:
-        for name in ("layers", "hidden", "heads", "vocab", "seq_len", "micro_batch", "tp", "dp", "pp",
+        for name in ("layers", "hidden", "heads", "vocab", "seq_len", "micro_batch", "tp", "dp", "pp", "cp",
                      "micro_batches", "virtual_stages"):
             if not (isinstance(getattr(self, name), int) and getattr(self, name) >= 1):
                 raise ValueError(f"{name}={getattr(self, name)!r}: expected an integer >= 1")
@@ -611,6 +628,12 @@ class MemoryConfig:
                              "heads must divide hidden and tp must divide heads")
         if self.offload == "optimizer+params" and self.zero_stage != 3:
             raise ValueError("offload='optimizer+params' needs zero_stage=3 (parameters are offloaded as shards)")
+        if self.cp > 1 and self.attention != "fused":
+            raise ValueError(f"cp={self.cp} runs ring attention, which never stores the s x s scores: "
+                             "set attention='fused'")
+        if self.seq_len % (2 * self.cp):
+            if self.cp > 1:
+                raise ValueError(f"cp={self.cp}: seq_len={self.seq_len} is not divisible by 2*cp = {2 * self.cp}")
         self._check_experts()
 
     def _check_experts(self) -> None:
@@ -633,6 +656,9 @@ class MemoryConfig:
         if self.sp and self.tp > 1:
             raise ValueError("sp=True with experts: sequence parallelism would cut the routing groups (whole "
                              "sequences) over tp; use sp=False")
+        if self.cp > 1:
+            raise ValueError(f"cp={self.cp} with experts: minimega's MoE layer routes whole sequences and does not "
+                             "run under context parallelism; use cp=1")
 
 
 # --8<-- [start:memory_per_gpu]
@@ -677,7 +703,8 @@ def stage_param_split(cfg: MemoryConfig) -> tuple[float, float]:
 def memory_per_gpu(cfg: MemoryConfig) -> dict:
     """Bytes per GPU by category: model states under ZeRO and offload, plus activations.
 
-    Model states: `model_state_breakdown` of the stage's parameters over dp. Activations:
+    Model states: `model_state_breakdown` of the stage's parameters over dp (dp · cp under context
+    parallelism: the cp ranks hold the same parameters). Activations, of the rank's s/cp tokens:
     `activation_bytes_per_layer` × the first stage's blocks × `in_flight_microbatches`, plus the
     recomputation working set (`recompute_working_bytes`, one layer of one micro-batch).
     ZeRO-3 also holds, one block at a time, the parameters it gathers from the other ranks
@@ -688,8 +715,9 @@ def memory_per_gpu(cfg: MemoryConfig) -> dict:
     """
     cfg.check()
     n_dense, n_expert = stage_param_split(cfg)
+    replicas = cfg.dp * cfg.cp                     # ranks holding the same parameters: ZeRO shards over them
     grad_bytes = 4 if cfg.fp32_grads else None
-    states = model_state_breakdown(n_dense, cfg.dp, cfg.zero_stage, cfg.precision, grad_bytes=grad_bytes)
+    states = model_state_breakdown(n_dense, replicas, cfg.zero_stage, cfg.precision, grad_bytes=grad_bytes)
     if n_expert:                            # experts: whole on each rank of their expert-data-parallel group
         for k, v in model_state_breakdown(n_expert, 1, 0, cfg.precision, grad_bytes=grad_bytes).items():
             states[k] += v
@@ -702,10 +730,10 @@ def memory_per_gpu(cfg: MemoryConfig) -> dict:
         states["params"] = 0.0
     p_bytes = state_bytes_per_param(cfg.precision)[0]
     h, t = cfg.hidden, cfg.tp
-    gathered = p_bytes * block_params(cfg)[0] * (1 - 1 / cfg.dp) if cfg.zero_stage == 3 else 0.0
+    gathered = p_bytes * block_params(cfg)[0] * (1 - 1 / replicas) if cfg.zero_stage == 3 else 0.0
     act = dict(tp=t, sp=cfg.sp and t > 1, recompute=cfg.recompute, attention=cfg.attention,
                act_bytes=4 if cfg.precision == "fp32" else 2)
-    shape = (cfg.seq_len, cfg.micro_batch, h, cfg.heads)
+    shape = (cfg.seq_len // cfg.cp, cfg.micro_batch, h, cfg.heads)      # this rank's tokens of each sequence
     moe = moe_activation_delta(*shape[:3], cfg.experts, cfg.top_k, cfg.capacity_factor, tp=t,
                                act_bytes=act["act_bytes"]) if cfg.experts else 0.0
     per_layer = activation_bytes_per_layer(*shape, **act) + (0.0 if cfg.recompute == "full" else moe)

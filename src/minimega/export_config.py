@@ -69,6 +69,9 @@ TABLE: tuple[tuple[str, str, str, str], ...] = (
      "parallelism.tensor_parallel_degree"),
     ("pp", "— on Megatron-DeepSpeed's command line", "--pipeline-model-parallel-size",
      "parallelism.pipeline_parallel_degree"),
+    ("cp", "— DeepSpeed's context parallelism is Ulysses (all-to-all over heads), not ring attention",
+     "--context-parallel-size",
+     "— not mapped: this exporter does not write torchtitan's context-parallel options"),
     ("ep", "— expert parallelism is set in DeepSpeed-MoE's model code (MoE(ep_size=…)), not ds_config.json",
      "— the exported model is dense (minimega.moe models are not exported)",
      "— the exported model is dense (minimega.moe models are not exported)"),
@@ -158,6 +161,9 @@ def to_deepspeed(cfg: TrainConfig, dp: int, *, megatron: bool = False) -> dict:
         ExportError: a setting ds_config.json cannot hold, named.
     """
     target = "deepspeed"
+    if _get(cfg, "cp") != 1:
+        raise _refuse(target, "cp", _get(cfg, "cp"), "DeepSpeed's context parallelism is Ulysses (all-to-all over "
+                      "heads), not minimega's ring attention (set cp=1)")
     if _get(cfg, "ep") != 1:
         raise _refuse(target, "ep", _get(cfg, "ep"), "the exported model is dense; minimega.moe models are not "
                       "exported (set ep=1)")
@@ -345,6 +351,8 @@ def to_megatron(cfg: TrainConfig, dp: int, model: GPTConfig) -> list[str]:
         raise _refuse(target, "ep", _get(cfg, "ep"), "the exported model is dense; minimega.moe models are not "
                       "exported (set ep=1)")
     a: list[tuple[str, object]] = [("--tensor-model-parallel-size", cfg.tp), ("--pipeline-model-parallel-size", cfg.pp)]
+    if _get(cfg, "cp") != 1:      # Megatron's ring (cp_comm_type p2p, the default) with the same mirrored chunks
+        a.append(("--context-parallel-size", cfg.cp))
     if cfg.pp > 1:
         if cfg.schedule == "gpipe":
             raise _refuse(target, "schedule", cfg.schedule, "Megatron-LM runs 1F1B and interleaved 1F1B only")
@@ -436,6 +444,9 @@ TORCHTITAN_KEYS = {
 def torchtitan_sections(cfg: TrainConfig, dp: int, model: GPTConfig) -> dict[str, dict]:
     """torchtitan's job config for the run, as {section: {key: value}}."""
     target = "torchtitan"
+    if _get(cfg, "cp") != 1:
+        raise _refuse(target, "cp", _get(cfg, "cp"), "this exporter does not write torchtitan's context-parallel "
+                      "options (set cp=1)")
     if _get(cfg, "ep") != 1:
         raise _refuse(target, "ep", _get(cfg, "ep"), "the exported model is dense; minimega.moe models are not "
                       "exported (set ep=1)")
@@ -582,7 +593,8 @@ def add_export_parser(sub) -> None:
                    help="with --deepspeed: tp, pp, recomputation, seq_len and seed go on Megatron-DeepSpeed's command line")
     p.add_argument("--preset", default="tiny", choices=["tiny", "small", "gpt2", *PRESETS],
                    help="model shape; a published run's name also sets its TrainConfig and dp (default: tiny)")
-    p.add_argument("--nproc", type=int, default=None, help="ranks; dp = nproc / (tp * pp) (default: the preset's dp, or 1)")
+    p.add_argument("--nproc", type=int, default=None,
+                   help="ranks; dp = nproc / (tp * pp * cp) (default: the preset's dp, or 1)")
     p.add_argument("--config", default=None, help="start from a DeepSpeed-style JSON config; flags override it")
     p.add_argument("--out", default=None, help="write to this file instead of standard output")
     p.add_argument("--no-check", action="store_true", help="do not parse the ds_config with DeepSpeed's own classes")
@@ -600,10 +612,11 @@ def _cmd_export(args) -> int:
     overrides = {f.name: getattr(args, f.name) for f in dataclasses.fields(TrainConfig)
                  if getattr(args, f.name, None) is not None}
     tp, pp = overrides.get("tp", preset.train.tp if preset else 1), overrides.get("pp", preset.train.pp if preset else 1)
+    cp = overrides.get("cp", 1)
     if args.nproc is not None:
-        if args.nproc < 1 or args.nproc % (tp * pp):
-            raise ValueError(f"--nproc {args.nproc} is not a positive multiple of tp * pp = {tp * pp}")
-        dp = args.nproc // (tp * pp)
+        if args.nproc < 1 or args.nproc % (tp * pp * cp):
+            raise ValueError(f"--nproc {args.nproc} is not a positive multiple of tp * pp * cp = {tp * pp * cp}")
+        dp = args.nproc // (tp * pp * cp)
     else:
         dp = preset.dp if preset else 1
     if preset and not args.config:

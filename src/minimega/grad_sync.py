@@ -153,14 +153,14 @@ def clip_grad_norm_(parts: Sequence[GradSync], mesh, max_norm: float) -> float:
         max_norm: the clipping threshold.
 
     Each element of the model is in one stage (pp), one tp slice or, replicated over tp, weighted 1/tp,
-    and under ZeRO in one dp shard: the weighted squares are summed over pp and tp always, and over dp
-    when the gradients are sharded (DDP's dp replicas are equal after the all-reduce).
+    and under ZeRO in one dp shard (dp × cp under context parallelism): the weighted squares are summed over
+    pp and tp always, and over dp when the gradients are sharded (DDP's replicas are equal after the all-reduce).
     """
     sq = sum(part.grad_sq_norm(tp_norm_weight(part.module, mesh.tp_size)) for part in parts)
     sharded = {part.grads_sharded for part in parts}
     if len(sharded) != 1:
         raise ValueError("clip_grad_norm_: parts mix dp-sharded (ZeRO) and replicated (DDP) gradients")
-    groups = ([mesh.dp_group] if sharded.pop() else []) + [mesh.tp_group, mesh.pp_group]
+    groups = ([mesh.grad_group] if sharded.pop() else []) + [mesh.tp_group, mesh.pp_group]
     norm = global_norm(sq, groups)
     coef = clip_coefficient(norm, max_norm)
     if coef < 1.0:

@@ -1,8 +1,10 @@
-"""The device mesh: which ranks share a data-, tensor- or pipeline-parallel group.
+"""The device mesh: which ranks share a data-, context-, tensor- or pipeline-parallel group.
 
-Ranks are laid out on a grid ``arange(world).view(pp, dp, tp)`` with TP innermost, so the ranks of
+Ranks are laid out on a grid ``arange(world).view(pp, dp, cp, tp)`` with TP innermost, so the ranks of
 one tensor-parallel group are neighbours (on a GPU node: the fastest links carry the most traffic,
-Megatron-LM's placement). A rank's coordinates are its (pp_rank, dp_rank, tp_rank) on that grid.
+Megatron-LM's placement), and the context-parallel ring next to them. A rank's coordinates are its
+(pp_rank, dp_rank, tp_rank) on that grid, and ``cp_rank`` its place in the ring (cp = 1: the grid is
+``view(pp, dp, tp)``).
 
     world 8, ParallelDims(dp=2, tp=2, pp=2):
         pp stage 0: [[0, 1],    dp row 0: tp group [0, 1]
@@ -22,17 +24,20 @@ from .comm import Group
 
 @dataclass(frozen=True)
 class ParallelDims:
-    """Degrees of data, tensor and pipeline parallelism; their product is the world size."""
+    """Degrees of data, tensor, pipeline and context parallelism; their product is the world size."""
 
     dp: int = 1
     tp: int = 1
     pp: int = 1
+    cp: int = 1
+    """Context parallelism: each sequence is split over a ring of cp ranks (`minimega.context_parallel`);
+    the parameters are replicated over dp·cp and their gradients averaged over it."""
     ep: int = 1
     """Expert parallelism: carved out of dp (not a factor of the world): each group of ep consecutive dp
     ranks splits a mixture-of-experts layer's experts; see `minimega.moe`."""
 
     def __post_init__(self):
-        for name in ("dp", "tp", "pp", "ep"):
+        for name in ("dp", "tp", "pp", "cp", "ep"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"ParallelDims: {name} must be a positive integer, got {value!r}")
@@ -42,30 +47,42 @@ class ParallelDims:
 
     @property
     def world_size(self) -> int:
-        return self.dp * self.tp * self.pp
+        return self.dp * self.cp * self.tp * self.pp
 
     def check(self, world_size: int) -> None:
         """Raise with the arithmetic shown when the layout does not fill the world exactly."""
         if self.world_size != world_size:
+            if self.cp > 1:
+                raise ValueError(f"ParallelDims(dp={self.dp}, cp={self.cp}, tp={self.tp}, pp={self.pp}): dp*cp*tp*pp = "
+                                 f"{self.dp}*{self.cp}*{self.tp}*{self.pp} = {self.world_size} != world size {world_size}")
             raise ValueError(f"ParallelDims(dp={self.dp}, tp={self.tp}, pp={self.pp}): dp*tp*pp = "
                              f"{self.dp}*{self.tp}*{self.pp} = {self.world_size} != world size {world_size}")
 
     @classmethod
-    def infer(cls, world_size: int, tp: int = 1, pp: int = 1) -> "ParallelDims":
-        """dp is what remains of the world after tp and pp."""
-        if world_size % (tp * pp):
+    def infer(cls, world_size: int, tp: int = 1, pp: int = 1, cp: int = 1) -> "ParallelDims":
+        """dp is what remains of the world after tp, pp and cp."""
+        if world_size % (tp * pp * cp):
+            if cp > 1:
+                raise ValueError(f"world size {world_size} is not divisible by tp*pp*cp = {tp}*{pp}*{cp} = {tp * pp * cp}")
             raise ValueError(f"world size {world_size} is not divisible by tp*pp = {tp}*{pp} = {tp * pp}")
-        return cls(dp=world_size // (tp * pp), tp=tp, pp=pp)
+        return cls(dp=world_size // (tp * pp * cp), tp=tp, pp=pp, cp=cp)
 
     def coords(self, rank: int) -> tuple[int, int, int]:
-        """(pp_rank, dp_rank, tp_rank) of a global rank on the grid view(pp, dp, tp)."""
-        return rank // (self.dp * self.tp), (rank // self.tp) % self.dp, rank % self.tp
+        """(pp_rank, dp_rank, tp_rank) of a global rank on the grid view(pp, dp, cp, tp) (`cp_coord`: its cp rank)."""
+        return (rank // (self.dp * self.cp * self.tp), (rank // (self.cp * self.tp)) % self.dp, rank % self.tp)
 
-    def rank_of(self, pp_rank: int, dp_rank: int, tp_rank: int) -> int:
-        return (pp_rank * self.dp + dp_rank) * self.tp + tp_rank
+    def cp_coord(self, rank: int) -> int:
+        """The cp rank of a global rank: its place in its context-parallel ring."""
+        return (rank // self.tp) % self.cp
+
+    def rank_of(self, pp_rank: int, dp_rank: int, tp_rank: int, cp_rank: int = 0) -> int:
+        return ((pp_rank * self.dp + dp_rank) * self.cp + cp_rank) * self.tp + tp_rank
 
     def group_ranks(self, dim: str) -> list[list[int]]:
-        """Every group along one mesh dimension ('dp', 'tp' or 'pp'), as lists of global ranks.
+        """Every group along one mesh dimension ('dp', 'cp', 'tp' or 'pp'), as lists of global ranks.
+
+        'dp_cp' joins dp and cp (the ranks holding the same parameters, dp-major: member dp_rank·cp + cp_rank):
+        gradients are averaged, and ZeRO shards, over it. cp = 1: it is the dp group.
 
         'ep' cuts each dp group into runs of ep consecutive members; 'edp' (expert data parallel) joins the
         members with the same place in their run: dp group [0, 2, 4, 6], ep 2 -> ep [0, 2], [4, 6]; edp [0, 4], [2, 6].
@@ -75,8 +92,10 @@ class ParallelDims:
             if dim == "ep":
                 return [r[i:i + ep] for r in rows for i in range(0, len(r), ep)]
             return [r[j::ep] for r in rows for j in range(ep)]
-        grid = torch.arange(self.world_size).view(self.pp, self.dp, self.tp)
-        axis = {"pp": 0, "dp": 1, "tp": 2}[dim]
+        grid = torch.arange(self.world_size).view(self.pp, self.dp, self.cp, self.tp)
+        if dim == "dp_cp":
+            return [row.tolist() for row in grid.movedim(3, 1).reshape(-1, self.dp * self.cp)]
+        axis = {"pp": 0, "dp": 1, "cp": 2, "tp": 3}[dim]
         moved = grid.movedim(axis, -1).reshape(-1, grid.shape[axis])    # (groups, size of dim)
         return [row.tolist() for row in moved]
 
@@ -93,6 +112,10 @@ class Mesh:
     dp_group: Group
     tp_group: Group
     pp_group: Group
+    cp_group: Group | None = None
+    """Context parallel: the ring this rank's sequence chunks are attended over; None: size one."""
+    dp_cp_group: Group | None = None
+    """dp × cp: the ranks holding the same parameters (gradient averaging, ZeRO shards); None: the dp group."""
     ep_group: Group | None = None
     """Expert parallel: this rank's run of ep dp ranks (see `ParallelDims.group_ranks`); None: size one."""
     edp_group: Group | None = None
@@ -108,6 +131,16 @@ class Mesh:
     dp_rank = property(lambda self: self.dims.coords(self.rank)[1])
     tp_rank = property(lambda self: self.dims.coords(self.rank)[2])
     pp_rank = property(lambda self: self.dims.coords(self.rank)[0])
+    cp_size = property(lambda self: self.dims.cp)
+    cp_rank = property(lambda self: self.dims.cp_coord(self.rank))
+    dp_cp_size = property(lambda self: self.dims.dp * self.dims.cp)
+    dp_cp_rank = property(lambda self: self.dp_rank * self.dims.cp + self.cp_rank)
+
+    @property
+    def grad_group(self) -> Group:
+        """The group gradients are averaged (and ZeRO shards) over: dp × cp, the dp group when cp = 1."""
+        return self.dp_cp_group if self.dims.cp > 1 else self.dp_group
+
     ep_size = property(lambda self: self.dims.ep)
     ep_rank = property(lambda self: self.dp_rank % self.dims.ep)
 
@@ -130,7 +163,8 @@ class Mesh:
         return None if self.is_last_stage else self.pp_group.ranks[self.pp_rank + 1]
 
     def __repr__(self) -> str:
-        return (f"Mesh(rank={self.rank}, dp={self.dp_rank}/{self.dp_size}, tp={self.tp_rank}/{self.tp_size}, "
+        cp = f", cp={self.cp_rank}/{self.cp_size}" if self.cp_size > 1 else ""
+        return (f"Mesh(rank={self.rank}, dp={self.dp_rank}/{self.dp_size}{cp}, tp={self.tp_rank}/{self.tp_size}, "
                 f"pp={self.pp_rank}/{self.pp_size}, backend={self.backend})")
 
 
@@ -146,7 +180,8 @@ def init_mesh(dims: ParallelDims | None = None) -> Mesh:
         device = torch.device("cpu")
         solo = Group(None, [0], "world")
         return Mesh(dims, 0, "none", device, solo, Group(None, [0], "dp"), Group(None, [0], "tp"),
-                    Group(None, [0], "pp"), Group(None, [0], "ep"), Group(None, [0], "edp"))
+                    Group(None, [0], "pp"), Group(None, [0], "cp"), Group(None, [0], "dp_cp"),
+                    Group(None, [0], "ep"), Group(None, [0], "edp"))
     world, rank = dist.get_world_size(), dist.get_rank()
     dims.check(world)
     backend = dist.get_backend()
@@ -156,7 +191,7 @@ def init_mesh(dims: ParallelDims | None = None) -> Mesh:
         device = torch.device("cuda", local_device_index(rank))
         torch.cuda.set_device(device)
     groups = {}
-    for dim in ("dp", "tp", "pp") + (("ep", "edp") if dims.ep > 1 else ()):
+    for dim in ("dp", "tp", "pp") + (("cp", "dp_cp") if dims.cp > 1 else ()) + (("ep", "edp") if dims.ep > 1 else ()):
         for ranks in dims.group_ranks(dim):
             # Every rank creates every group in the same order; size-one groups need no process group.
             pg = dist.new_group(ranks) if len(ranks) > 1 else None
@@ -165,4 +200,6 @@ def init_mesh(dims: ParallelDims | None = None) -> Mesh:
     world_group = Group(dist.group.WORLD if world > 1 else None, list(range(world)), "world")
     ep = groups.get("ep", Group(None, [rank], "ep"))
     edp = groups.get("edp", Group(groups["dp"].pg, groups["dp"].ranks, "edp"))
-    return Mesh(dims, rank, backend, device, world_group, groups["dp"], groups["tp"], groups["pp"], ep, edp)
+    cp = groups.get("cp", Group(None, [rank], "cp"))
+    dp_cp = groups.get("dp_cp", Group(groups["dp"].pg, groups["dp"].ranks, "dp_cp"))
+    return Mesh(dims, rank, backend, device, world_group, groups["dp"], groups["tp"], groups["pp"], cp, dp_cp, ep, edp)

@@ -141,7 +141,7 @@ class PerfConfig(est.MemoryConfig):
 
     @property
     def n_gpus(self) -> int:
-        return self.dp * self.tp * self.pp
+        return self.dp * self.cp * self.tp * self.pp
 
     def memory_config(self) -> est.MemoryConfig:
         names = {f for f in est.MemoryConfig.__dataclass_fields__}
@@ -159,11 +159,12 @@ def layer_ops(cfg: PerfConfig) -> list[tuple[str, float, float]]:
     read both operands and write the result; element-wise ops read and write their tensors once
     (Megatron's fused scale-mask-softmax counts as one). Under sequence parallelism the replicated
     region (LayerNorms, dropout, residual) works on N/t tokens. "fused" attention (FlashAttention)
-    never writes the s × s scores: its FLOPs stay, its bytes are q, k, v and the output.
+    never writes the s × s scores: its FLOPs stay, its bytes are q, k, v and the output. Under context
+    parallelism N = (s/cp)·b, the rank's tokens; its queries still see all s keys (ring attention, fused).
     """
     s, b, h, a, t, V = cfg.seq_len, cfg.micro_batch, cfg.hidden, cfg.heads, cfg.tp, cfg.vocab
     e = 4 if cfg.precision == "fp32" else 2
-    N, ht, at = s * b, h / t, a / t
+    N, ht, at = s // cfg.cp * b, h / t, a / t
     rep = t if (cfg.sp and t > 1) else 1
     drop = 1 if cfg.dropout else 0
     ops = [("layernorm", 8 * N * h / rep, 2 * N * h * e / rep),
@@ -219,7 +220,7 @@ ATTENTION_CORE = ("scores q·kᵀ", "softmax", "attention dropout", "scores·v",
 def head_ops(cfg: PerfConfig) -> list[tuple[str, float, float]]:
     """The output layer's forward on the last stage: logits GEMM (vocabulary split over tp) and an fp32
     cross-entropy over the local logits."""
-    N, h, Vt = cfg.seq_len * cfg.micro_batch, cfg.hidden, cfg.vocab / cfg.tp
+    N, h, Vt = cfg.seq_len // cfg.cp * cfg.micro_batch, cfg.hidden, cfg.vocab / cfg.tp
     e = 4 if cfg.precision == "fp32" else 2
     return [("logits", 2 * N * h * Vt, e * (N * h + h * Vt + N * Vt)),
             ("cross-entropy", 5 * N * Vt, (e + 4 + 4) * N * Vt)]
@@ -256,7 +257,7 @@ def _stage_layers(cfg: PerfConfig) -> tuple[int, int]:
 
 
 def layer_times(cfg: PerfConfig, hw: Hardware | str) -> dict:
-    """Seconds of one layer for one micro-batch: forward, backward, recompute, TP communication."""
+    """Seconds of one layer for one micro-batch: forward, backward, recompute, TP and CP communication."""
     hw = _hw(hw)
     ops = layer_ops(cfg)
     fwd = sum(op_time(f, b, hw) for _, f, b in ops)
@@ -264,7 +265,8 @@ def layer_times(cfg: PerfConfig, hw: Hardware | str) -> dict:
     recompute = {"none": 0.0, "selective": core, "full": fwd}[cfg.recompute]
     e = 4 if cfg.precision == "fp32" else 2
     tp_link = hw.link(cfg.tp)
-    ar = collective_time("all_reduce", cfg.seq_len * cfg.micro_batch * cfg.hidden * e, cfg.tp, tp_link)
+    tokens = cfg.seq_len // cfg.cp * cfg.micro_batch
+    ar = collective_time("all_reduce", tokens * cfg.hidden * e, cfg.tp, tp_link)
     per_pass = 1 if cfg.experts else 2                 # a MoE MLP is whole on every tp rank: no all-reduce of its own
     n_ar = 2 * per_pass + (per_pass if cfg.recompute == "full" else 0)
     ep_comm = 0.0
@@ -273,7 +275,30 @@ def layer_times(cfg: PerfConfig, hw: Hardware | str) -> dict:
                                                                 cfg.capacity_factor) * cfg.hidden * e
         a2a = collective_time("all_to_all", size, cfg.ep, hw.link(cfg.tp * cfg.ep))
         ep_comm = (4 + (2 if cfg.recompute == "full" else 0)) * a2a
-    return {"forward": fwd, "backward": 2 * fwd, "recompute": recompute, "tp_comm": n_ar * ar, "ep_comm": ep_comm}
+    return {"forward": fwd, "backward": 2 * fwd, "recompute": recompute, "tp_comm": n_ar * ar, "ep_comm": ep_comm,
+            "cp_comm": ring_attention_time(cfg, hw, core)}
+
+
+# --8<-- [start:ring_attention_time]
+def ring_attention_time(cfg: PerfConfig, hw: Hardware | str, core: float) -> float:
+    """Exposed seconds of one layer's ring attention (`minimega.context_parallel`), one micro-batch.
+
+    A hop sends one K/V block, 2·b·(s/cp)·(h/t) elements, to the next rank of the ring (α + S/β on the link
+    spanning cp·tp ranks). The forward makes cp-1 hops while computing the attention core (``core`` seconds),
+    the backward 2·cp-1 (K/V and the dK/dV accumulators) behind twice that; only the excess shows, or all of
+    it without overlap. Recomputation (selective or full) runs the forward's ring again.
+    """
+    if cfg.cp == 1:
+        return 0.0
+    hw = _hw(hw)
+    e = 4 if cfg.precision == "fp32" else 2
+    block = 2 * cfg.micro_batch * (cfg.seq_len // cfg.cp) * cfg.hidden / cfg.tp * e
+    hop = collective_time("send_recv", block, 2, hw.link(cfg.cp * cfg.tp))
+    fwd, bwd = (cfg.cp - 1) * hop, (2 * cfg.cp - 1) * hop
+    if cfg.overlap_comm:
+        fwd, bwd = max(0.0, fwd - core), max(0.0, bwd - 2 * core)
+    return fwd + bwd + (fwd if cfg.recompute != "none" else 0.0)
+# --8<-- [end:ring_attention_time]
 
 
 def microbatch_time(cfg: PerfConfig, hw: Hardware | str) -> dict:
@@ -283,7 +308,8 @@ def microbatch_time(cfg: PerfConfig, hw: Hardware | str) -> dict:
     first, last = _stage_layers(cfg)
     head = sum(op_time(f, b, hw) for _, f, b in head_ops(cfg)) * 3          # forward + 2x backward
     e = 4 if cfg.precision == "fp32" else 2
-    head_tp = collective_time("all_reduce", cfg.seq_len * cfg.micro_batch * cfg.hidden * e, cfg.tp, hw.link(cfg.tp))
+    head_tp = collective_time("all_reduce", cfg.seq_len // cfg.cp * cfg.micro_batch * cfg.hidden * e, cfg.tp,
+                              hw.link(cfg.tp))
     per_layer = lt["forward"] + lt["backward"] + lt["recompute"]
     stages = {"first": first * per_layer + (0 if cfg.pp > 1 else head),
               "last": last * per_layer + head}
@@ -294,14 +320,14 @@ def microbatch_time(cfg: PerfConfig, hw: Hardware | str) -> dict:
             "backward": blocks * lt["backward"] + (2 * head / 3 if with_head else 0),
             "recompute": blocks * lt["recompute"],
             "tp_comm": blocks * lt["tp_comm"] + (head_tp if with_head else 0),
-            "ep_comm": blocks * lt["ep_comm"], "blocks": blocks}
+            "ep_comm": blocks * lt["ep_comm"], "cp_comm": blocks * lt["cp_comm"], "blocks": blocks}
 
 
 # ----------------------------------------------------------------------------------------------
 # The step
 
 def _dp_group_span(cfg: PerfConfig) -> int:
-    return cfg.tp * cfg.dp          # grid (pp, dp, tp): a dp group spans tp·dp consecutive ranks
+    return cfg.tp * cfg.cp * cfg.dp     # grid (pp, dp, cp, tp): a dp·cp group spans tp·cp·dp consecutive ranks
 
 
 def _bucketed(op: str, size: float, n: int, link: Link, bucket: float) -> tuple[float, float]:
@@ -316,7 +342,9 @@ def step_time(cfg: PerfConfig, hw: Hardware | str = "a100-80gb") -> dict:
     """Predicted seconds of one optimizer step, by part, with tokens/s, MFU and memory per GPU.
 
     Returns a dict: ``compute`` (forward + backward + recompute over all micro-batches), ``tp_comm``,
-    ``ep_comm`` (the expert all-to-alls, on the critical path), ``p2p``, ``bubble``, ``stack_overhead`` (see `STACKS`), ``dp_comm`` (exposed), ``offload`` (exposed PCIe
+    ``ep_comm`` (the expert all-to-alls, on the critical path), ``cp_comm`` (exposed ring attention,
+    `ring_attention_time`), ``p2p``, ``bubble``, ``stack_overhead`` (see `STACKS`), ``dp_comm`` (exposed; over
+    dp·cp, the ranks holding the same parameters), ``offload`` (exposed PCIe
     transfers), ``optimizer`` (on the CPU when offloaded), ``total``, and ``tokens_per_s``,
     ``tflops_per_gpu`` (Narayanan's Eq. 3 hardware FLOPs with full recomputation, what Megatron logs),
     ``mfu`` (model FLOPs, Korthikanti App. A), ``hfu``, ``memory`` (`estimate.memory_per_gpu`), ``fits``.
@@ -331,42 +359,43 @@ def step_time(cfg: PerfConfig, hw: Hardware | str = "a100-80gb") -> dict:
     # tp > 1 each tp rank sends its 1/t slice (Narayanan §4.1, scatter/gather).
     p2p = 0.0
     if p > 1:
-        msg = cfg.seq_len * cfg.micro_batch * cfg.hidden * e / cfg.tp
+        msg = cfg.seq_len // cfg.cp * cfg.micro_batch * cfg.hidden * e / cfg.tp
         p2p = 2 * v * collective_time("send_recv", msg, 2, hw.link(cfg.n_gpus))
-    slot = mb["forward"] + mb["backward"] + mb["recompute"] + mb["tp_comm"] + mb["ep_comm"] + p2p
+    slot = mb["forward"] + mb["backward"] + mb["recompute"] + mb["tp_comm"] + mb["ep_comm"] + mb["cp_comm"] + p2p
     bubble = (p - 1) / v * slot if p > 1 else 0.0
     stack_overhead = (m + (p - 1) / v) * slot * (1 / STACKS[cfg.stack] - 1)
-    # data parallelism
+    # data parallelism: gradients averaged (ZeRO sharded) over the dp·cp ranks holding the same parameters
     n_stage, n_expert = est.stage_param_split(cfg.memory_config())
+    replicas = cfg.dp * cfg.cp
     grad_b = 4 if cfg.fp32_grads or cfg.precision == "fp32" else 2
     link = hw.link(_dp_group_span(cfg))
     last_bwd = mb["backward"] + mb["recompute"]
     dp_comm = 0.0
     params_up = cfg.offload == "optimizer+params"
-    if cfg.dp > 1:
+    if replicas > 1:
         if cfg.zero_stage == 3:
             lt = layer_times(cfg, hw)
             h = cfg.hidden
             layer_bytes = ((4 * h * h + 3 * h) / cfg.tp + h * cfg.experts if cfg.experts
                            else (12 * h * h + 7 * h) / cfg.tp) * e
-            fetch = collective_time("send_recv", layer_bytes / cfg.dp, 2, hw.host) if params_up else 0.0
-            ag = fetch + collective_time("all_gather", layer_bytes, cfg.dp, link)
-            rs = collective_time("reduce_scatter", layer_bytes * grad_b / e, cfg.dp, link)
+            fetch = collective_time("send_recv", layer_bytes / replicas, 2, hw.host) if params_up else 0.0
+            ag = fetch + collective_time("all_gather", layer_bytes, replicas, link)
+            rs = collective_time("reduce_scatter", layer_bytes * grad_b / e, replicas, link)
             hide_f, hide_b = (lt["forward"], lt["backward"] + lt["recompute"]) if cfg.overlap_comm else (0.0, 0.0)
             per_layer = max(0.0, ag - hide_f) + max(0.0, ag + rs - hide_b)
             dp_comm = m * (mb["blocks"] * per_layer + 2 * ag + rs)        # the first gathers and last reduce wait
         else:
             op = "all_reduce" if cfg.zero_stage == 0 else "reduce_scatter"
-            total, last = _bucketed(op, n_stage * grad_b, cfg.dp, link, cfg.bucket_bytes)
+            total, last = _bucketed(op, n_stage * grad_b, replicas, link, cfg.bucket_bytes)
             dp_comm = max(last, total - last_bwd) if p == 1 and cfg.overlap_comm else total
             if cfg.zero_stage in (1, 2):
-                dp_comm += collective_time("all_gather", n_stage * e, cfg.dp, link)
+                dp_comm += collective_time("all_gather", n_stage * e, replicas, link)
     edp = cfg.dp // cfg.ep
     if n_expert and edp > 1:               # expert gradients: an all-reduce over the expert-data-parallel group
         total, last = _bucketed("all_reduce", n_expert * grad_b, edp, link, cfg.bucket_bytes)
         dp_comm += max(last, total - last_bwd) if p == 1 and cfg.overlap_comm else total
     # Adam: read p32, m, v, grad; write p32, m, v and the 16-bit copy; on this rank's shard
-    shard = n_stage / (cfg.dp if cfg.zero_stage >= 1 else 1) + n_expert
+    shard = n_stage / (replicas if cfg.zero_stage >= 1 else 1) + n_expert
     adam_bytes = shard * (4 * 6 + grad_b + e)
     offload = 0.0
     if cfg.offload == "none":
@@ -379,11 +408,11 @@ def step_time(cfg: PerfConfig, hw: Hardware | str = "a100-80gb") -> dict:
     compute = m * (mb["forward"] + mb["backward"] + mb["recompute"])
     out = {"compute": compute, "forward": m * mb["forward"], "backward": m * mb["backward"],
            "recompute": m * mb["recompute"], "tp_comm": m * mb["tp_comm"], "ep_comm": m * mb["ep_comm"],
-           "p2p": m * p2p,
+           "cp_comm": m * mb["cp_comm"], "p2p": m * p2p,
            "bubble": bubble, "stack_overhead": stack_overhead, "dp_comm": dp_comm, "offload": offload,
            "optimizer": optimizer}
-    out["total"] = (compute + out["tp_comm"] + out["ep_comm"] + out["p2p"] + bubble + stack_overhead + dp_comm
-                    + offload + optimizer)
+    out["total"] = (compute + out["tp_comm"] + out["ep_comm"] + out["cp_comm"] + out["p2p"] + bubble + stack_overhead
+                    + dp_comm + offload + optimizer)
     tokens = cfg.global_batch * cfg.seq_len
     moe = moe_extra_flops(cfg)
     model_flops = est.megatron_model_flops(cfg.global_batch, cfg.seq_len, cfg.layers, cfg.hidden, cfg.vocab) + moe

@@ -15,9 +15,9 @@
   var ATTENTION = ["unfused", "fused"];
   var PP_PARTITION = ["blocks", "blocks+embedding"];
   var BOOLS = ["sp", "position_embedding", "fp32_grads"];
-  var INTS = ["layers", "hidden", "heads", "vocab", "seq_len", "micro_batch", "tp", "dp", "pp",
+  var INTS = ["layers", "hidden", "heads", "vocab", "seq_len", "micro_batch", "tp", "dp", "pp", "cp",
               "micro_batches", "virtual_stages"];
-  var DEFAULTS = {micro_batch: 1, precision: "mixed", zero_stage: 0, tp: 1, dp: 1, pp: 1, sp: false,
+  var DEFAULTS = {micro_batch: 1, precision: "mixed", zero_stage: 0, tp: 1, dp: 1, pp: 1, cp: 1, sp: false,
                   recompute: "none", schedule: "1f1b", micro_batches: 1, virtual_stages: 1, offload: "none",
                   attention: "unfused", position_embedding: true, fp32_grads: false, pp_partition: "blocks",
                   experts: 0, top_k: 2, capacity_factor: 1.25, ep: 1};
@@ -93,6 +93,10 @@
                       ": heads must divide hidden and tp must divide heads");
     if (cfg.offload === "optimizer+params" && cfg.zero_stage !== 3)
       throw new Error("offloading parameters needs ZeRO stage 3 (they are offloaded as shards)");
+    if (cfg.cp > 1 && cfg.attention !== "fused")
+      throw new Error("context parallelism runs ring attention, which never stores the scores: choose fused attention");
+    if (cfg.cp > 1 && cfg.seq_len % (2 * cfg.cp) !== 0)
+      throw new Error("seq_len = " + cfg.seq_len + " is not divisible by 2 × cp = " + 2 * cfg.cp);
     if (!(Number.isInteger(cfg.experts) && cfg.experts >= 0)) throw new Error("experts = " + cfg.experts + ": expected an integer >= 0");
     if (!(Number.isInteger(cfg.ep) && cfg.ep >= 1)) throw new Error("ep = " + cfg.ep + ": expected an integer >= 1");
     if (cfg.experts === 0) {
@@ -106,6 +110,7 @@
     if (cfg.experts % cfg.ep !== 0 || cfg.dp % cfg.ep !== 0)
       throw new Error("ep = " + cfg.ep + " must divide experts = " + cfg.experts + " and dp = " + cfg.dp);
     if (cfg.sp && cfg.tp > 1) throw new Error("sequence parallelism with experts: use sp = false");
+    if (cfg.cp > 1) throw new Error("context parallelism with experts: use cp = 1");
   }
 
   function stageBlocks(cfg) {                         // estimate.stage_blocks
@@ -138,7 +143,8 @@
     for (k in input) cfg[k] = input[k];
     check(cfg);
     var split = stageParamSplit(cfg), n = split[0] + split[1];
-    var st = modelStateBreakdown(split[0], cfg.dp, cfg.zero_stage, cfg.precision, cfg.fp32_grads ? 4 : null);
+    var replicas = cfg.dp * cfg.cp;                   // ZeRO shards over every rank holding the same parameters
+    var st = modelStateBreakdown(split[0], replicas, cfg.zero_stage, cfg.precision, cfg.fp32_grads ? 4 : null);
     if (split[1]) {                                   // experts: whole on each rank of their group
       var ex = modelStateBreakdown(split[1], 1, 0, cfg.precision, cfg.fp32_grads ? 4 : null);
       st.params += ex.params; st.grads += ex.grads; st.optimizer += ex.optimizer;
@@ -151,17 +157,18 @@
     if (cfg.offload === "optimizer+params") { cpu += st.params; st.params = 0; }
     var pBytes = stateBytesPerParam(cfg.precision)[0];
     var h = cfg.hidden, t = cfg.tp;
-    var gathered = cfg.zero_stage === 3 ? pBytes * blockParams(cfg)[0] * (1 - 1 / cfg.dp) : 0;
+    var gathered = cfg.zero_stage === 3 ? pBytes * blockParams(cfg)[0] * (1 - 1 / replicas) : 0;
     var actBytes = cfg.precision === "fp32" ? 4 : 2;
     var sp = cfg.sp && t > 1;
     var moe = cfg.experts ? moeActivationDelta(cfg.seq_len, cfg.micro_batch, h, cfg.experts, cfg.top_k,
                                                cfg.capacity_factor, t, actBytes) : 0;
-    var perLayer = activationBytesPerLayer(cfg.seq_len, cfg.micro_batch, h, cfg.heads, t, sp,
+    var sLocal = Math.floor(cfg.seq_len / cfg.cp);   // this rank's tokens of each sequence
+    var perLayer = activationBytesPerLayer(sLocal, cfg.micro_batch, h, cfg.heads, t, sp,
                                            cfg.recompute, cfg.attention, actBytes, 1) + (cfg.recompute === "full" ? 0 : moe);
     var inFlight = cfg.pp > 1 ? inFlightMicrobatches(cfg.pp, cfg.micro_batches, cfg.schedule, cfg.virtual_stages) : 1;
     var out = {params: st.params, grads: st.grads, optimizer: st.optimizer, gathered: gathered,
                activations: perLayer * stageBlocks(cfg) * inFlight,
-               recompute: recomputeWorkingBytes(cfg.seq_len, cfg.micro_batch, h, cfg.heads, t, sp,
+               recompute: recomputeWorkingBytes(sLocal, cfg.micro_batch, h, cfg.heads, t, sp,
                                                 cfg.recompute, cfg.attention, actBytes, 1) + (cfg.recompute === "full" ? moe : 0)};
     out.total = out.params + out.grads + out.optimizer + out.gathered + out.activations + out.recompute;
     out.cpu = cpu;

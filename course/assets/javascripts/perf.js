@@ -62,7 +62,7 @@
     return ringTime(op, size, n, l.alpha, beta(l));
   }
 
-  var DEFAULTS = {micro_batch: 1, precision: "mixed", zero_stage: 0, tp: 1, dp: 1, pp: 1, sp: false,
+  var DEFAULTS = {micro_batch: 1, precision: "mixed", zero_stage: 0, tp: 1, dp: 1, pp: 1, cp: 1, sp: false,
                   recompute: "none", schedule: "1f1b", virtual_stages: 1, offload: "none", attention: "unfused",
                   position_embedding: true, fp32_grads: false, pp_partition: "blocks", global_batch: 1,
                   dropout: true, bucket_bytes: 25e6, stack: "megatron", overlap_comm: true,
@@ -89,7 +89,7 @@
 
   function memCfg(c) {
     var out = {}, k;
-    ["layers", "hidden", "heads", "vocab", "seq_len", "micro_batch", "precision", "zero_stage", "tp", "dp", "pp", "sp",
+    ["layers", "hidden", "heads", "vocab", "seq_len", "micro_batch", "precision", "zero_stage", "tp", "dp", "pp", "cp", "sp",
      "recompute", "schedule", "micro_batches", "virtual_stages", "offload", "attention", "position_embedding",
      "fp32_grads", "pp_partition", "experts", "top_k", "capacity_factor", "ep"].forEach(function (k2) { out[k2] = c[k2]; });
     return out;
@@ -98,7 +98,7 @@
   function layerOps(c) {                             // perf.layer_ops
     var s = c.seq_len, b = c.micro_batch, h = c.hidden, a = c.heads, t = c.tp;
     var e = c.precision === "fp32" ? 4 : 2;
-    var N = s * b, ht = h / t, at = a / t;
+    var N = Math.floor(s / c.cp) * b, ht = h / t, at = a / t;   // the rank's tokens; its queries see all s keys
     var rep = (c.sp && t > 1) ? t : 1;
     var drop = c.dropout ? 1 : 0;
     var ops = [["layernorm", 8 * N * h / rep, 2 * N * h * e / rep],
@@ -136,7 +136,7 @@
   var CORE = ["scores q·kᵀ", "softmax", "attention dropout", "scores·v", "attention (fused)"];
 
   function headOps(c) {
-    var N = c.seq_len * c.micro_batch, h = c.hidden, Vt = c.vocab / c.tp, e = c.precision === "fp32" ? 4 : 2;
+    var N = Math.floor(c.seq_len / c.cp) * c.micro_batch, h = c.hidden, Vt = c.vocab / c.tp, e = c.precision === "fp32" ? 4 : 2;
     return [["logits", 2 * N * h * Vt, e * (N * h + h * Vt + N * Vt)], ["cross-entropy", 5 * N * Vt, (e + 4 + 4) * N * Vt]];
   }
 
@@ -154,7 +154,7 @@
     var fwd = sumTimes(ops, h), core = sumTimes(ops, h, true);
     var recompute = {none: 0, selective: core, full: fwd}[c.recompute];
     var e = c.precision === "fp32" ? 4 : 2;
-    var ar = collectiveTime("all_reduce", c.seq_len * c.micro_batch * c.hidden * e, c.tp, linkFor(h, c.tp));
+    var ar = collectiveTime("all_reduce", Math.floor(c.seq_len / c.cp) * c.micro_batch * c.hidden * e, c.tp, linkFor(h, c.tp));
     var perPass = c.experts ? 1 : 2;
     var nAr = 2 * perPass + (c.recompute === "full" ? perPass : 0);
     var epComm = 0;
@@ -162,7 +162,18 @@
       var size = c.micro_batch * c.experts * mem.moeCapacity(c.seq_len, c.experts, c.top_k, c.capacity_factor) * c.hidden * e;
       epComm = (4 + (c.recompute === "full" ? 2 : 0)) * collectiveTime("all_to_all", size, c.ep, linkFor(h, c.tp * c.ep));
     }
-    return {forward: fwd, backward: 2 * fwd, recompute: recompute, tp_comm: nAr * ar, ep_comm: epComm};
+    return {forward: fwd, backward: 2 * fwd, recompute: recompute, tp_comm: nAr * ar, ep_comm: epComm,
+            cp_comm: ringAttentionTime(c, h, core)};
+  }
+
+  function ringAttentionTime(c, h, core) {           // perf.ring_attention_time
+    if (c.cp === 1) return 0;
+    var e = c.precision === "fp32" ? 4 : 2;
+    var block = 2 * c.micro_batch * Math.floor(c.seq_len / c.cp) * c.hidden / c.tp * e;
+    var hop = collectiveTime("send_recv", block, 2, linkFor(h, c.cp * c.tp));
+    var fwd = (c.cp - 1) * hop, bwd = (2 * c.cp - 1) * hop;
+    if (c.overlap_comm) { fwd = Math.max(0, fwd - core); bwd = Math.max(0, bwd - 2 * core); }
+    return fwd + bwd + (c.recompute !== "none" ? fwd : 0);
   }
 
   function stageLayers(c) {
@@ -181,7 +192,7 @@
     var fl = stageLayers(c), first = fl[0], last = fl[1];
     var head = sumTimes(headOps(c), h) * 3;
     var e = c.precision === "fp32" ? 4 : 2;
-    var headTp = collectiveTime("all_reduce", c.seq_len * c.micro_batch * c.hidden * e, c.tp, linkFor(h, c.tp));
+    var headTp = collectiveTime("all_reduce", Math.floor(c.seq_len / c.cp) * c.micro_batch * c.hidden * e, c.tp, linkFor(h, c.tp));
     var perLayer = lt.forward + lt.backward + lt.recompute;
     var sFirst = first * perLayer + (c.pp > 1 ? 0 : head), sLast = last * perLayer + head;
     var slow = sLast > sFirst ? "last" : "first";     // Python's max() keeps the first on ties
@@ -190,7 +201,7 @@
     return {forward: blocks * lt.forward + (withHead ? head / 3 : 0),
             backward: blocks * lt.backward + (withHead ? 2 * head / 3 : 0),
             recompute: blocks * lt.recompute, tp_comm: blocks * lt.tp_comm + (withHead ? headTp : 0),
-            ep_comm: blocks * lt.ep_comm, blocks: blocks};
+            ep_comm: blocks * lt.ep_comm, cp_comm: blocks * lt.cp_comm, blocks: blocks};
   }
 
   function bucketed(op, size, n, l, bucket) {
@@ -206,32 +217,33 @@
     var h = hardware(hwIn || "a100-80gb"), c = perfConfig(input);
     var mb = microbatchTime(c, h);
     var m = c.micro_batches, p = c.pp, v = c.virtual_stages, e = c.precision === "fp32" ? 4 : 2;
-    var nGpus = c.dp * c.tp * c.pp;
+    var nGpus = c.dp * c.cp * c.tp * c.pp;
     var p2p = 0;
-    if (p > 1) p2p = 2 * v * collectiveTime("send_recv", c.seq_len * c.micro_batch * c.hidden * e / c.tp, 2, linkFor(h, nGpus));
-    var slot = mb.forward + mb.backward + mb.recompute + mb.tp_comm + mb.ep_comm + p2p;
+    if (p > 1) p2p = 2 * v * collectiveTime("send_recv", Math.floor(c.seq_len / c.cp) * c.micro_batch * c.hidden * e / c.tp, 2, linkFor(h, nGpus));
+    var slot = mb.forward + mb.backward + mb.recompute + mb.tp_comm + mb.ep_comm + mb.cp_comm + p2p;
     var bubble = p > 1 ? (p - 1) / v * slot : 0;
     var stackOverhead = (m + (p - 1) / v) * slot * (1 / STACKS[c.stack] - 1);
     var split = mem.stageParamSplit(memCfg(c)), nStage = split[0], nExpert = split[1];
     var gradB = (c.fp32_grads || c.precision === "fp32") ? 4 : 2;
-    var l = linkFor(h, c.tp * c.dp);
+    var replicas = c.dp * c.cp;                       // ranks holding the same parameters
+    var l = linkFor(h, c.tp * c.cp * c.dp);
     var lastBwd = mb.backward + mb.recompute;
     var dpComm = 0;
-    if (c.dp > 1) {
+    if (replicas > 1) {
       if (c.zero_stage === 3) {
         var lt = layerTimes(c, h);
         var hh = c.hidden;
         var layerBytes = (c.experts ? (4 * hh * hh + 3 * hh) / c.tp + hh * c.experts : (12 * hh * hh + 7 * hh) / c.tp) * e;
-        var fetch = c.offload === "optimizer+params" ? collectiveTime("send_recv", layerBytes / c.dp, 2, h.host) : 0;
-        var ag = fetch + collectiveTime("all_gather", layerBytes, c.dp, l);
-        var rs = collectiveTime("reduce_scatter", layerBytes * gradB / e, c.dp, l);
+        var fetch = c.offload === "optimizer+params" ? collectiveTime("send_recv", layerBytes / replicas, 2, h.host) : 0;
+        var ag = fetch + collectiveTime("all_gather", layerBytes, replicas, l);
+        var rs = collectiveTime("reduce_scatter", layerBytes * gradB / e, replicas, l);
         var hideF = c.overlap_comm ? lt.forward : 0, hideB = c.overlap_comm ? lt.backward + lt.recompute : 0;
         var perLayer = Math.max(0, ag - hideF) + Math.max(0, ag + rs - hideB);
         dpComm = m * (mb.blocks * perLayer + 2 * ag + rs);
       } else {
-        var tl = bucketed(c.zero_stage === 0 ? "all_reduce" : "reduce_scatter", nStage * gradB, c.dp, l, c.bucket_bytes);
+        var tl = bucketed(c.zero_stage === 0 ? "all_reduce" : "reduce_scatter", nStage * gradB, replicas, l, c.bucket_bytes);
         dpComm = p === 1 && c.overlap_comm ? Math.max(tl[1], tl[0] - lastBwd) : tl[0];
-        if (c.zero_stage === 1 || c.zero_stage === 2) dpComm += collectiveTime("all_gather", nStage * e, c.dp, l);
+        if (c.zero_stage === 1 || c.zero_stage === 2) dpComm += collectiveTime("all_gather", nStage * e, replicas, l);
       }
     }
     var edp = c.dp / c.ep;
@@ -239,7 +251,7 @@
       var xl = bucketed("all_reduce", nExpert * gradB, edp, l, c.bucket_bytes);
       dpComm += p === 1 && c.overlap_comm ? Math.max(xl[1], xl[0] - lastBwd) : xl[0];
     }
-    var shard = nStage / (c.zero_stage >= 1 ? c.dp : 1) + nExpert;
+    var shard = nStage / (c.zero_stage >= 1 ? replicas : 1) + nExpert;
     var adamBytes = shard * (4 * 6 + gradB + e), optimizer, offload = 0;
     if (c.offload === "none") optimizer = adamBytes / (h.hbm_bandwidth * h.memory_efficiency);
     else {                                           // Adam on the CPU; gradients down, 16-bit parameters up
@@ -249,9 +261,9 @@
     }
     var compute = m * (mb.forward + mb.backward + mb.recompute);
     var out = {compute: compute, forward: m * mb.forward, backward: m * mb.backward, recompute: m * mb.recompute,
-               tp_comm: m * mb.tp_comm, ep_comm: m * mb.ep_comm, p2p: m * p2p, bubble: bubble, stack_overhead: stackOverhead, dp_comm: dpComm,
-               offload: offload, optimizer: optimizer};
-    out.total = compute + out.tp_comm + out.ep_comm + out.p2p + bubble + stackOverhead + dpComm + offload + optimizer;
+               tp_comm: m * mb.tp_comm, ep_comm: m * mb.ep_comm, cp_comm: m * mb.cp_comm, p2p: m * p2p, bubble: bubble,
+               stack_overhead: stackOverhead, dp_comm: dpComm, offload: offload, optimizer: optimizer};
+    out.total = compute + out.tp_comm + out.ep_comm + out.cp_comm + out.p2p + bubble + stackOverhead + dpComm + offload + optimizer;
     var tokens = c.global_batch * c.seq_len;
     var moe = moeExtraFlops(c);
     var mf = modelFlops(c.global_batch, c.seq_len, c.layers, c.hidden, c.vocab) + moe;
@@ -352,13 +364,13 @@
 
   /* ---------------------------------------------------------------- page half */
   var PARTS = [["forward", "forward"], ["backward", "backward"], ["recompute", "recompute"], ["tp_comm", "TP all-reduces"],
-               ["p2p", "pipeline p2p"], ["bubble", "pipeline bubble"], ["stack_overhead", "stack overhead"],
+               ["cp_comm", "ring attention (exposed)"], ["p2p", "pipeline p2p"], ["bubble", "pipeline bubble"], ["stack_overhead", "stack overhead"],
                ["dp_comm", "data-parallel (exposed)"], ["offload", "offload PCIe (exposed)"],
                ["optimizer", "optimizer step"]];
 
   function readCalc(calc) {
     var f = calc.querySelector("form"), cfg = {};
-    ["layers", "hidden", "heads", "vocab", "seq_len", "micro_batch", "tp", "dp", "pp", "virtual_stages"]
+    ["layers", "hidden", "heads", "vocab", "seq_len", "micro_batch", "tp", "dp", "pp", "cp", "virtual_stages"]
       .forEach(function (k) { cfg[k] = Number(f.elements[k].value); });
     cfg.zero_stage = Number(f.elements.zero_stage.value);
     ["precision", "recompute", "schedule", "offload", "attention", "pp_partition"].forEach(function (k) { cfg[k] = f.elements[k].value; });

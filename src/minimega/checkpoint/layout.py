@@ -213,13 +213,13 @@ def engine_locals(engine) -> list[Local]:
                 out.append(Local(e.kind, e.key, e.data, e.local_shape, e.lo, e.hi, module,
                                  (0, 1) if module is not None else tp_rep))
             continue
-        dp_rep = (mesh.dp_rank, mesh.dp_size)
+        dp_rep = (mesh.dp_cp_rank, mesh.dp_cp_size)        # replicas: dp (times cp: the same parameters)
         for key, p in part.named_parameters():
             if key.rsplit(".", 1)[0] in experts:
                 continue
             module = tp_of.get(key)
-            rep = dp_rep if module is not None else (mesh.tp_rank * mesh.dp_size + mesh.dp_rank,
-                                                     mesh.dp_size * mesh.tp_size)
+            rep = dp_rep if module is not None else (mesh.tp_rank * mesh.dp_cp_size + mesh.dp_cp_rank,
+                                                     mesh.dp_cp_size * mesh.tp_size)
             opt = engine.optimizer.state.get(p, {})
             for kind, t in [("param", p.detach())] + sorted(opt.items()):
                 if t.dim() == 0:

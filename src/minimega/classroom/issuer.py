@@ -60,8 +60,8 @@ class Issuer:
                                 "trainen in het klein nabouwt: geheugenboekhouding, collectives en DDP, ZeRO-stages "
                                 "1-3, mixed precision, offload, activation checkpointing, tensor, pipeline en 3D "
                                 "parallelism, checkpoints en fouttolerantie, FSDP, een trainingsstack kiezen en "
-                                "begroten, staptijd voorspellen, dezelfde run in DeepSpeed en Megatron-LM, en "
-                                "mixtures of experts met expert parallelism."),
+                                "begroten, staptijd voorspellen, dezelfde run in DeepSpeed en Megatron-LM, lange "
+                                "context met context parallelism, en mixtures of experts met expert parallelism."),
                 "criteria": {"narrative": (
                     f"Minstens {round(100 * c.pass_fraction)}% gehaald op een online examen zonder toezicht met "
                     f"{n} willekeurig getrokken vragen, {c.questions_per_chapter} uit elk van de hoofdstukken "
@@ -82,7 +82,8 @@ class Issuer:
                             "mixed precision, offload, activation checkpointing, tensor, pipeline and 3D "
                             "parallelism, checkpoints and fault tolerance, FSDP, choosing and costing a "
                             "training stack, predicting step time, the same run in DeepSpeed and "
-                            "Megatron-LM, and mixtures of experts with expert parallelism."),
+                            "Megatron-LM, long context with context parallelism, and mixtures of experts "
+                            "with expert parallelism."),
             "criteria": {"narrative": (
                 f"Scored at least {round(100 * c.pass_fraction)}% on an unproctored online exam of {n} "
                 f"questions drawn at random, {c.questions_per_chapter} from each of chapters "
