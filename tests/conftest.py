@@ -16,3 +16,4 @@ def pytest_collection_modifyitems(config, items):
 
 
 from postgres_support import postgres_server  # noqa: E402,F401  (one PostgreSQL server for the whole session)
+from site_support import site_build  # noqa: E402,F401  (one build of the course site for the whole session)

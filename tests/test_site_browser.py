@@ -1,13 +1,7 @@
 """The built course site in Debian's chromium, driven by Playwright: quizzes by keyboard, the
 calculator, figures, theme, and no request leaving 127.0.0.1. Screenshots land in build/screenshots/.
 """
-import functools
-import http.server
-import os
 import re
-import subprocess
-import sys
-import threading
 from pathlib import Path
 
 import pytest
@@ -27,24 +21,10 @@ if not Path(CHROMIUM).exists():
 sync_api = pytest.importorskip("playwright.sync_api")
 
 
-class _Quiet(http.server.SimpleHTTPRequestHandler):
-    def log_message(self, *args):
-        pass
-
-
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    out = tmp_path_factory.mktemp("browser-site")
-    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(_Quiet, directory=str(out)))
-    base = f"http://127.0.0.1:{httpd.server_address[1]}"
-    # instant navigation only intercepts links under site_url, so build for the port just bound
-    env = {**os.environ, "NO_MKDOCS_2_WARNING": "1", "MINIMEGA_SITE_URL": base + "/"}
-    proc = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-d", str(out)], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    threading.Thread(target=httpd.serve_forever, daemon=True).start()
-    yield base
-    httpd.shutdown()
+def server(site_build):
+    """The session's one build (tests/site_support.py), served on 127.0.0.1 for the port it was built for."""
+    return site_build.base
 
 
 @pytest.fixture(scope="module")
