@@ -200,3 +200,204 @@ def test_dutch_search_index_holds_the_dutch_pages(built):
     dutch = [d["location"] for d in docs if "geheugencalculator" in (d["title"] + d["text"]).lower()]
     assert dutch and all(loc.startswith("nl/") for loc in dutch), dutch
     assert any(d["location"] == "nl/verify/" and "Een certificaat verifiëren" in d["title"] for d in docs)
+
+
+# ---------------------------------------------------------------------------------------------
+# In chromium: the language switcher, the Dutch exam against a stubbed API, screenshots
+
+CHROMIUM = "/usr/bin/chromium"
+FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
+         "--disable-component-update", "--disable-sync"]
+
+
+@pytest.fixture(scope="module")
+def browser():
+    sync_api = pytest.importorskip("playwright.sync_api")
+    with sync_api.sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
+        yield b
+        b.close()
+
+
+def _context(browser, base, width=1280):
+    ctx = browser.new_context(viewport={"width": width, "height": 900})
+    page = ctx.new_page()
+    errors = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.on("console", lambda m: m.type == "error" and not m.text.startswith("Failed to load resource")
+            and errors.append(m.text))
+    page.on("response", lambda r: r.status >= 400 and errors.append(f"HTTP {r.status} {r.url}"))
+    return ctx, page, errors
+
+
+def _switch(page, lang):
+    """Open the header's language menu and pick `lang`, as a reader does."""
+    page.locator(".md-header__option .md-select button").hover()
+    page.locator(f"a.md-select__link[hreflang='{lang}']").click()
+
+
+@pytest.mark.browser
+def test_switcher_follows_the_page_after_instant_navigation(site_build, browser):
+    base = site_build.base
+    ctx, page, errors = _context(browser, base)
+    seen = []
+    _stub_api(page, seen)
+    page.goto(f"{base}/")
+    page.evaluate("window.mmMarker = 1")
+    page.locator("article a[href$='exam/']").first.click()                # instant navigation: header kept
+    page.wait_for_url(re.compile(re.escape(f"{base}/exam/") + r"(#.*)?$"))   # tracking may add a #fragment
+    assert page.evaluate("window.mmMarker") == 1
+    _switch(page, "nl")
+    page.wait_for_url(re.compile(re.escape(f"{base}/nl/exam/") + r"(#.*)?$"))
+    assert page.evaluate("document.documentElement.lang") == "nl"
+    assert page.evaluate("window.mmMarker") is None, "a language switch must load the page in full"
+    assert page.locator("h1").inner_text().rstrip("¶") == "Examen met certificaat"
+    page.wait_for_selector("#mm-exam[data-booted='1']")
+    assert [q for _, p, q in seen if p == "/exam"] == ["lang=en", "lang=nl"]    # the rules, in each language
+    page.evaluate("window.mmMarker = 2")
+    page.locator("article a[href$='verify/']").first.click()              # instant, within the Dutch edition
+    page.wait_for_url(re.compile(re.escape(f"{base}/nl/verify/") + r"(#.*)?$"))
+    assert page.evaluate("window.mmMarker") == 2
+    _switch(page, "en")                                                   # the switcher follows the page shown
+    page.wait_for_url(re.compile(re.escape(f"{base}/verify/") + r"(#.*)?$"))
+    assert page.evaluate("document.documentElement.lang") == "en"
+    assert page.locator("h1").inner_text().rstrip("¶") == "Verify a certificate"
+    assert errors == [], errors
+    ctx.close()
+
+
+@pytest.mark.browser
+def test_dutch_search_finds_a_dutch_page(site_build, browser):
+    base = site_build.base
+    ctx, page, errors = _context(browser, base)
+    page.goto(f"{base}/nl/")
+    page.locator("label.md-search__icon, .md-search__input").first.click()
+    page.locator("input.md-search__input").press_sequentially("geheugencalculator", delay=10)
+    first = page.locator(".md-search-result__item a").first
+    first.wait_for()
+    assert "/nl/calculator/" in first.get_attribute("href")
+    assert errors == [], errors
+    ctx.close()
+
+
+ATTEMPT = {"attempt_id": "a1", "display_name": "Ada", "total": 2, "pass_mark": 2, "expires_at": "2030-01-01T10:00:00Z",
+           "questions": [{"number": 1, "chapter": 3, "chapter_title": "ZeRO", "type": "numeric", "unit": "GB",
+                          "question": "Hoeveel GB per GPU onder stage 2?"},
+                         {"number": 2, "chapter": 1, "chapter_title": "Geheugen", "type": "multiple",
+                          "question": "Welke states?", "choices": ["Parameters", "Gradiënten"]}],
+           "responses": {}}
+REVIEW = {"score": 2, "total": 2, "items": [
+    {"number": 1, "chapter": 3, "type": "numeric", "question": "Hoeveel GB?", "unit": "GB", "correct": True,
+     "response": {"value": 16.6}, "answer": 16.6, "explain": "2 Psi + ..."},
+    {"number": 2, "chapter": 1, "type": "multiple", "question": "Welke states?", "correct": True,
+     "response": {"choices": [0, 1]}, "choices": ["Parameters", "Gradiënten"], "key": [0, 1],
+     "explains": ["Twee bytes.", "Twee bytes."]}]}
+
+
+def _stub_api(page, seen):
+    """The exam service's answers, canned: enough for exam.js to show every part of the page."""
+    def handle(route):
+        req = route.request
+        url = urlsplit(req.url)
+        path = url.path.removeprefix("/api/v1")
+        seen.append((req.method, path, req.post_data if req.method == "POST" else url.query))
+        body = {("GET", "/exam"): {"rules": "Regels van de service."},
+                ("GET", "/me"): {"open_attempt": None, "attempts_left_today": 3, "attempts_per_day": 3,
+                                 "cooldown_until": None, "last_attempt": None},
+                ("POST", "/attempts"): ATTEMPT,
+                ("POST", "/attempts/a1/finish"): {"passed": True, "score": 2, "total": 2, "percent": 100,
+                                                  "pass_mark": 2, "credential": {"code": "ABC123"}},
+                ("GET", "/attempts/a1/review"): REVIEW}.get((req.method, path), {})
+        route.fulfill(status=200, content_type="application/json", body=json.dumps(body))
+    page.route("**/api/v1/**", handle)
+
+
+# Every word exam.js writes on an English page; none may show on the Dutch one.
+ENGLISH_EXAM_WORDS = ["attempts left today", "Question ", "Chapter ", "Your answer", "Choose all that apply",
+                      "Save answer", "Recorded.", "answered;", "Passed", "were needed", "Verification code",
+                      "Download the credential", "Printable certificate", "Verify it", "Review:", "Right:", "Wrong:",
+                      "Sign in", "Start the exam", "Sign out", "Finish and see my score"]
+
+
+@pytest.mark.browser
+def test_a_dutch_user_takes_the_exam_in_dutch(site_build, browser, tmp_path):
+    base = site_build.base
+    ctx, page, errors = _context(browser, base)
+    seen = []
+    _stub_api(page, seen)
+    page.add_init_script("localStorage.setItem('minimega.exam.session', 'stub')")
+    page.goto(f"{base}/nl/exam/")
+    page.wait_for_selector("#mm-exam[data-booted='1']")
+    assert "Je hebt vandaag (UTC) nog 3 van 3 pogingen." in page.locator("#mm-exam-limits").inner_text()
+    page.fill("#mm-exam-name", "Ada")
+    page.click("#mm-exam-begin")
+    page.wait_for_selector("#q1")
+    start = next(json.loads(body) for method, path, body in seen if (method, path) == ("POST", "/attempts"))
+    assert start["lang"] == "nl"
+    assert page.locator("#q1 legend").inner_text() == "Vraag 1"
+    page.fill("#q1-value", "16,6")                                      # a Dutch decimal comma
+    page.locator("#q1 .mm-exam-save").click()
+    page.wait_for_function("document.getElementById('fb1').textContent === 'Vastgelegd.'")
+    saved = next(json.loads(body) for method, path, body in seen if path == "/attempts/a1/answers/1")
+    assert saved == {"value": 16.6}
+    page.check("#q2-c0")
+    page.check("#q2-c1")
+    page.locator("#q2 .mm-exam-save").click()
+    page.wait_for_function("document.getElementById('fb2').textContent === 'Vastgelegd.'")
+    exam_text = page.locator("#mm-exam").inner_text()
+    assert "Hoofdstuk 1: " in exam_text and "Kies alle juiste opties." in exam_text
+    assert "2 van 2 beantwoord" in exam_text
+    page.click("#mm-exam-finish")
+    page.wait_for_selector(".mm-exam-review-item")
+    assert page.locator("#mm-exam-verify").get_attribute("href") == "/nl/verify/?c=ABC123"
+    text = page.locator("#mm-exam").inner_text() + page.locator("#mm-exam-signin").inner_html()
+    assert "Geslaagd" in text and "Nabespreking: 2 van 2" in text and "Goed: Parameters." in text
+    english = [w for w in ENGLISH_EXAM_WORDS if w in text]
+    assert not english, f"English on the Dutch exam page: {english}"
+    page.screenshot(path=str(tmp_path / "exam-nl.png"), full_page=True)
+    assert errors == [], errors
+    ctx.close()
+
+
+@pytest.mark.browser
+def test_dutch_verify_page_speaks_dutch_and_finds_its_pins(site_build, browser):
+    base = site_build.base
+    ctx, page, errors = _context(browser, base)
+    page.goto(f"{base}/nl/verify/")
+    page.wait_for_function("document.getElementById('mm-verify-pinned').textContent !== ''")
+    assert page.locator("#mm-verify-pinned").inner_text().startswith("Deze site")
+    page.fill("#mm-verify-text", '{"not": "a credential"}')
+    page.click("#mm-verify-button")
+    page.wait_for_selector("#mm-verify-verdict")
+    box = page.locator("#mm-verify-result").inner_text()
+    assert box.startswith("Niet geldig") and "Redenen:" in box and "✗ fout" in box
+    assert "did not load" not in box, box                               # trusted-issuers and contexts found
+    assert errors == [], errors
+    ctx.close()
+
+
+@pytest.mark.browser
+@pytest.mark.parametrize("width", [1280, 390])
+def test_screenshots_english_and_dutch(site_build, browser, tmp_path_factory, width):
+    shots = tmp_path_factory.getbasetemp() / "screenshots-nl"
+    shots.mkdir(exist_ok=True)
+    base = site_build.base
+    ctx, page, errors = _context(browser, base, width)
+    _stub_api(page, [])                                                   # the exam page asks for its rules
+    for path, name in (("03-zero/", "zero-en"), ("nl/", "home-nl"), ("nl/calculator/", "calculator-nl"),
+                       ("nl/exam/", "exam-nl"), ("nl/verify/", "verify-nl")):
+        page.goto(f"{base}/{path}")
+        page.wait_for_load_state("networkidle")
+        page.screenshot(path=str(shots / f"{name}-{width}.png"))
+        # nothing wider than the screen: no sideways scrolling on a phone
+        assert page.evaluate("document.documentElement.scrollWidth") <= width, (name, width)
+    if width == 390:
+        page.locator("label.md-header__button[for='__drawer']").click()   # the Dutch navigation drawer
+        page.wait_for_timeout(400)
+        page.screenshot(path=str(shots / f"drawer-nl-{width}.png"))
+        assert "Hoofdstukken" in page.locator("nav.md-nav--primary").inner_text()
+    else:
+        _switch(page, "en")
+        page.wait_for_url(re.compile(re.escape(f"{base}/verify/") + r"(#.*)?$"))
+    assert errors == [], errors
+    ctx.close()

@@ -238,9 +238,10 @@ def exam_page(root: Path, config, lang: str = "en") -> str:
 
 class _SwitcherKeptInStep(logging.Filter):
     """Drops mkdocs-static-i18n's warning that material's language switcher goes stale under
-    ``navigation.instant`` (instant navigation swaps the page but not the header that holds the
-    switcher): course/assets/javascripts/i18n.js rewrites the switcher's links for the page shown and
-    makes a switch a full page load, so the warning no longer applies and ``--strict`` can keep both."""
+    ``navigation.instant``, since this site deals with both halves of it: course/assets/javascripts/i18n.js
+    keeps the switcher's links on the page shown and makes a switch a full page load, and
+    `on_post_page` drops the head's ``hreflang`` links. So ``--strict`` keeps both the switcher
+    and instant navigation."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         return "not compatible with theme.features = navigation.instant" not in record.getMessage()
@@ -249,6 +250,16 @@ class _SwitcherKeptInStep(logging.Filter):
 _I18N_LOG = logging.getLogger("mkdocs.plugins.mkdocs_static_i18n.reconfigure")   # where it is logged
 if not any(type(f).__name__ == "_SwitcherKeptInStep" for f in _I18N_LOG.filters):
     _I18N_LOG.addFilter(_SwitcherKeptInStep())
+
+HEAD_ALTERNATE = re.compile(r'[ \t]*<link rel="alternate" href="[^"]*" hreflang="[a-z-]+">\n?')
+
+
+def on_post_page(output: str, page, config) -> str:
+    """Drop the head's ``<link rel="alternate" hreflang>``: material's script reads each as a language's
+    root and fetches ``<link>/sitemap.xml`` from it, but mkdocs-static-i18n points them at the page
+    itself, so every page load asked for a sitemap that is not there. sitemap.xml declares the same
+    alternates (``xhtml:link hreflang``) for search engines; the header's switcher is untouched."""
+    return HEAD_ALTERNATE.sub("", output)
 
 
 STATIC = Path(__file__).parent / "static"
