@@ -377,6 +377,25 @@ def test_dutch_verify_page_speaks_dutch_and_finds_its_pins(site_build, browser):
 
 
 @pytest.mark.browser
+def test_dutch_calculator_answers_in_dutch(site_build, browser):
+    from minimega import estimate as est
+    base = site_build.base
+    ctx, page, errors = _context(browser, base)
+    page.goto(f"{base}/nl/calculator/")
+    status = page.locator(".mm-calc-status")
+    page.wait_for_function("document.querySelector('.mm-calc-status').textContent !== ''")
+    py = est.memory_per_gpu(est.MemoryConfig(**est.PRESETS["zero-7.5b"]))
+    expected = f"{py['total'] / 1e9:.1f}".replace(".", ",")
+    assert status.inner_text().startswith(f"Totaal per GPU: {expected} GB (past niet in 80 GB)"), status.inner_text()
+    rows = page.locator(".mm-calc-table tbody th").all_inner_texts()
+    assert rows[:2] == ["parameters", "gradiënten"] and "totaal op de GPU" in rows
+    page.wait_for_function("document.querySelector('.mm-perf-status').textContent !== ''")
+    assert page.locator(".mm-perf-status").inner_text().startswith("Globale batch ")
+    assert errors == [], errors
+    ctx.close()
+
+
+@pytest.mark.browser
 @pytest.mark.parametrize("width", [1280, 390])
 def test_screenshots_english_and_dutch(site_build, browser, tmp_path_factory, width):
     shots = tmp_path_factory.getbasetemp() / "screenshots-nl"

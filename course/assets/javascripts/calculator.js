@@ -141,6 +141,31 @@
   var CATS = [["params", "parameters"], ["grads", "gradients"], ["optimizer", "optimizer states"],
               ["gathered", "gathered block (ZeRO-3)"], ["activations", "activations"],
               ["recompute", "recomputed layer (backward)"]];
+  /* Words per page language (<html lang>; the Dutch edition is "nl"); numbers in Dutch take a decimal comma. */
+  var WORDS = {
+    en: {cats: {}, total: "total on the GPU", cpu: "in CPU memory (offload)", cannot: "Cannot compute: ",
+         status: function (total, fits, cap, params) {
+           return "Total per GPU: " + total + " GB (" + (fits ? "fits in " : "does not fit in ") + cap +
+             " GB). Parameters on this GPU's pipeline stage: " + params + " billion.";
+         },
+         stage: "stage ", chosen: " (chosen)", title: "GB per GPU for each ZeRO stage (other inputs as set)",
+         decimal: "."},
+    nl: {cats: {params: "parameters", grads: "gradiënten", optimizer: "optimizer states",
+                gathered: "opgehaald blok (ZeRO-3)", activations: "activaties", recompute: "herberekende laag (backward)"},
+         total: "totaal op de GPU", cpu: "in CPU-geheugen (offload)", cannot: "Kan niet rekenen: ",
+         status: function (total, fits, cap, params) {
+           return "Totaal per GPU: " + total + " GB (" + (fits ? "past in " : "past niet in ") + cap +
+             " GB). Parameters op de pipeline-stage van deze GPU: " + params + " miljard.";
+         },
+         stage: "stage ", chosen: " (gekozen)", title: "GB per GPU voor elke ZeRO-stage (overige invoer zoals ingesteld)",
+         decimal: ","}
+  };
+  function words() {
+    var lang = (document.documentElement.lang || "en").toLowerCase().slice(0, 2);
+    return WORDS[lang] || WORDS.en;
+  }
+  function label(c) { return words().cats[c[0]] || c[1]; }
+
   var COLORS = ["#4c6ef5", "#12b886", "#f59f00", "#7950f2", "#e64980", "#868e96"];
 
   function loadPlotly(done) {
@@ -175,7 +200,7 @@
     BOOLS.forEach(function (k) { form.elements[k].checked = !!cfg[k]; });
   }
 
-  function fmt(bytes) { return (bytes / GB).toFixed(bytes / GB >= 100 ? 1 : 2); }
+  function fmt(bytes) { return (bytes / GB).toFixed(bytes / GB >= 100 ? 1 : 2).replace(".", words().decimal); }
 
   function themeColors() {
     var dark = document.body.getAttribute("data-md-color-scheme") === "slate";
@@ -186,19 +211,19 @@
     var status = root_.querySelector(".mm-calc-status");
     var table = root_.querySelector(".mm-calc-table tbody");
     var res;
-    try { res = memoryPerGpu(cfg); } catch (e) { status.textContent = "Cannot compute: " + e.message; return; }
+    var w = words();
+    try { res = memoryPerGpu(cfg); } catch (e) { status.textContent = w.cannot + e.message; return; }
     table.innerHTML = "";
-    CATS.concat([["total", "total on the GPU"], ["cpu", "in CPU memory (offload)"]]).forEach(function (c) {
+    CATS.concat([["total", w.total], ["cpu", w.cpu]]).forEach(function (c) {
       var tr = document.createElement("tr");
       tr.innerHTML = "<th scope=\"row\"></th><td></td>";
-      tr.firstChild.textContent = c[1];
+      tr.firstChild.textContent = label(c);
       tr.lastChild.textContent = fmt(res[c[0]]);
       table.appendChild(tr);
     });
     var fits = res.total <= capacity * GB;
-    status.textContent = "Total per GPU: " + fmt(res.total) + " GB (" + (fits ? "fits in " : "does not fit in ") +
-      capacity + " GB). Parameters on this GPU's pipeline stage: " + (res.stage_params / 1e9).toFixed(3) + " billion.";
-    var stages = [0, 1, 2, 3], xs = stages.map(function (s) { return "stage " + s + (s === cfg.zero_stage ? " (chosen)" : ""); });
+    status.textContent = w.status(fmt(res.total), fits, capacity, (res.stage_params / 1e9).toFixed(3).replace(".", w.decimal));
+    var stages = [0, 1, 2, 3], xs = stages.map(function (s) { return w.stage + s + (s === cfg.zero_stage ? w.chosen : ""); });
     var per = stages.map(function (s) {
       var c = {}, k;
       for (k in cfg) c[k] = cfg[k];
@@ -208,13 +233,13 @@
     });
     var col = themeColors();
     var traces = CATS.map(function (c, i) {
-      return {type: "bar", name: c[1], x: xs, marker: {color: COLORS[i]},
+      return {type: "bar", name: label(c), x: xs, marker: {color: COLORS[i]},
               y: per.map(function (r) { return r[c[0]] / GB; }),
-              hovertemplate: "%{y:.3g} GB<extra>" + c[1] + "</extra>"};
+              hovertemplate: "%{y:.3g} GB<extra>" + label(c) + "</extra>"};
     });
     var layout = {barmode: "stack", paper_bgcolor: "rgba(0,0,0,0)", plot_bgcolor: "rgba(0,0,0,0)",
                   font: {color: col.fg, family: "system-ui, sans-serif"}, margin: {l: 60, r: 10, t: 40, b: 40},
-                  title: {text: "GB per GPU for each ZeRO stage (other inputs as set)", x: 0.01, xanchor: "left"},
+                  title: {text: w.title, x: 0.01, xanchor: "left"},
                   yaxis: {title: {text: "GB per GPU"}, gridcolor: col.grid, zerolinecolor: col.grid},
                   xaxis: {gridcolor: col.grid}, legend: {orientation: "h", y: -0.15},
                   shapes: [{type: "line", xref: "paper", x0: 0, x1: 1, y0: capacity, y1: capacity,
