@@ -123,6 +123,8 @@ def test_figure_caption_and_links_come_from_the_dutch_page():
 def test_exam_page_in_dutch_has_dutch_rules_titles_and_form():
     out = _run("{{ exam_page() }}", _page("exam/index.nl.md", "nl/exam/", "nl"))
     assert html.unescape(out).count("45 vragen, 3 uit elk van de 15 hoofdstukken") == 1
+    titles = json.loads(html.unescape(re.search(r'data-chapters="([^"]*)"', out).group(1)))
+    assert titles["3"] == "ZeRO-stages 1, 2 en 3" and len(titles) == 15          # Dutch chapter titles
     english_words = _texts((STATIC / "exam-body.html").read_text(encoding="utf-8"))
     assert english_words, "exam-body.html has no words?"
     left = [w for w in english_words if w in _texts(out)]
@@ -338,6 +340,7 @@ def test_a_dutch_user_takes_the_exam_in_dutch(site_build, browser, tmp_path):
     page.fill("#q1-value", "16,6")                                      # a Dutch decimal comma
     page.locator("#q1 .mm-exam-save").click()
     page.wait_for_function("document.getElementById('fb1').textContent === 'Vastgelegd.'")
+    assert page.input_value("#q1-value") == "16,6"                                 # shown back as written
     saved = next(json.loads(body) for method, path, body in seen if path == "/attempts/a1/answers/1")
     assert saved == {"value": 16.6}
     page.check("#q2-c0")
@@ -352,6 +355,8 @@ def test_a_dutch_user_takes_the_exam_in_dutch(site_build, browser, tmp_path):
     assert page.locator("#mm-exam-verify").get_attribute("href") == "/nl/verify/?c=ABC123"
     text = page.locator("#mm-exam").inner_text() + page.locator("#mm-exam-signin").inner_html()
     assert "Geslaagd" in text and "Nabespreking: 2 van 2" in text and "Goed: Parameters." in text
+    assert "Jouw antwoord: 16,6 GB" in text and "Antwoord: 16,6 GB" in text
+    assert "Hoofdstuk 3: ZeRO-stages 1, 2 en 3" in text
     english = [w for w in ENGLISH_EXAM_WORDS if w in text]
     assert not english, f"English on the Dutch exam page: {english}"
     page.screenshot(path=str(tmp_path / "exam-nl.png"), full_page=True)

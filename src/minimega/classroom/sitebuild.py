@@ -200,15 +200,23 @@ def on_page_markdown(markdown: str, page, config, files) -> str:
 def chapter_titles(root: Path, config, lang: str = "en") -> dict[str, str]:
     """Chapter number -> the title its page's H1 gives ("3. ZeRO stages 1, 2 and 3" -> "ZeRO stages 1, 2 and 3").
 
-    Another `lang` reads the H1 of each chapter's twin (``03-zero.nl.md``), the English one where
-    the twin is missing."""
+    Another `lang` reads the H1 of each chapter's twin (``03-zero.nl.md``); where the twin is
+    missing, the title of the chapter's quiz bank in that language (``quizzes/nl/03-zero.yaml``)."""
+    import yaml
+
     out = {}
     for page in sorted((root / config["docs_dir"]).glob("[0-9][0-9]-*.md")):
         if page.name.count(".") > 1:
             continue                                   # a twin; read below in place of its English page
         twin = page.with_suffix(f".{lang}.md")
+        bank = root / "quizzes" / lang / f"{page.stem}.yaml"
         if lang != "en" and twin.is_file():
             page = twin
+        elif lang != "en" and bank.is_file():
+            title = (yaml.safe_load(bank.read_text(encoding="utf-8")) or {}).get("title")
+            if isinstance(title, str) and title.strip():
+                out[str(int(page.name[:2]))] = title.strip()
+                continue
         for line in page.read_text(encoding="utf-8").splitlines():
             if m := re.match(r"#\s+(\d+)\.\s+(.+?)\s*(\{.*\})?\s*$", line):
                 out[str(int(m.group(1)))] = m.group(2)

@@ -54,6 +54,7 @@
       given: (a) => `Your answer: ${a}`,
       answer: (a) => `Answer: ${a}`,
       right: "Right", wrong: "Wrong",
+      num: (x) => String(x),
     },
     nl: {
       sending: "Bezig met versturen…",
@@ -91,6 +92,7 @@
       given: (a) => `Jouw antwoord: ${a}`,
       answer: (a) => `Antwoord: ${a}`,
       right: "Goed", wrong: "Fout",
+      num: (x) => String(x).replace(".", ","),
     },
   };
   function t() { return WORDS[pageLang()]; }
@@ -249,7 +251,7 @@
   }
 
   function lock(fs, fb, button, given) {
-    if ("value" in given) fs.querySelector(".value").value = String(given.value);
+    if ("value" in given) fs.querySelector(".value").value = t().num(given.value);
     const picked = "choice" in given ? [given.choice] : (given.choices || []);
     fs.querySelectorAll("input[value]").forEach((i) => { if (picked.includes(Number(i.value))) i.checked = true; });
     fs.querySelectorAll("input").forEach((i) => { i.disabled = true; });
@@ -321,7 +323,7 @@
 
   function describe(q, response) {
     if (!response) return t().notAnswered;
-    if ("value" in response) return `${response.value}${q.unit ? ` ${q.unit}` : ""}`;
+    if ("value" in response) return `${t().num(response.value)}${q.unit ? ` ${q.unit}` : ""}`;
     const picked = "choice" in response ? [response.choice] : response.choices;
     return picked.map((i) => q.choices[i]).join("; ");
   }
@@ -339,7 +341,7 @@
       item.append(el("p", q.question));
       item.append(el("p", t().given(describe(q, q.response))));
       if (q.type === "numeric") {
-        item.append(el("p", t().answer(`${q.answer}${q.unit ? ` ${q.unit}` : ""}`)), el("p", q.explain));
+        item.append(el("p", t().answer(`${t().num(q.answer)}${q.unit ? ` ${q.unit}` : ""}`)), el("p", q.explain));
       } else {
         const ul = el("ul");
         q.choices.forEach((text, i) => {
