@@ -382,6 +382,30 @@ def test_dutch_verify_page_speaks_dutch_and_finds_its_pins(site_build, browser):
 
 
 @pytest.mark.browser
+def test_quiz_feedback_follows_the_quiz_language(site_build, browser):
+    """quiz.js takes its words from the quiz box's lang (the bank's language, set by the hook). Until the
+    chapter twins land, /nl/03-zero/ is the English stand-in, so the box is switched to Dutch here; with
+    the twin it already is."""
+    base = site_build.base
+    ctx, page, errors = _context(browser, base)
+    page.goto(f"{base}/nl/03-zero/")
+    page.wait_for_selector(".mm-quiz[data-ready='1']")
+    page.evaluate("document.querySelector('.mm-quiz').lang = 'nl'")
+    page.check("#q-03-zero-faq-zero-stage-saves-most-0")                 # "Stage 3", the right option
+    page.locator("#q-03-zero-faq-zero-stage-saves-most .mm-check").click()
+    status = page.locator("#q-03-zero-faq-zero-stage-saves-most .mm-feedback")
+    assert status.inner_text().startswith("Goed."), status.inner_text()
+    page.fill("#q-03-zero-fig1-stage2-in", "16,6")                       # a Dutch decimal comma is read
+    page.locator("#q-03-zero-fig1-stage2 .mm-check").click()
+    assert page.locator("#q-03-zero-fig1-stage2 .mm-feedback").inner_text().startswith("Goed.")
+    page.locator("#q-03-zero-fig1-stage1 .mm-check").click()
+    assert page.locator("#q-03-zero-fig1-stage1 .mm-feedback").inner_text() == "Vul eerst een getal in, bijvoorbeeld 16,6."
+    assert page.locator(".mm-progress").inner_text() == "9 vragen. Goed beantwoord: 2 van 9 (2 geprobeerd)."
+    assert errors == [], errors
+    ctx.close()
+
+
+@pytest.mark.browser
 def test_dutch_calculator_answers_in_dutch(site_build, browser):
     from minimega import estimate as est
     base = site_build.base
