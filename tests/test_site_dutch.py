@@ -64,7 +64,8 @@ def test_twin_check_names_each_change():
     good = twins.structure(
         '---\ntitle: B\n---\n# Titel { #top }\n\n## Waarom { #why }\n\nZie [het lab](labs/01-memory.ipynb), '
         '{{ num("model_state_bytes(1, 1, 0)", ".0f") }} bytes.\n\n'
-        '{{ figure("zero-breakdown", "Bytes per GPU, in het Nederlands") }}\n\n```python\n--8<-- "src/minimega/estimate.py:x"\n```\n')
+        '{{ figure("zero-breakdown", "Bytes per GPU, in het Nederlands") }}\n\n'
+        '```python\n--8<-- "src/minimega/estimate.py:x"\n```\n')
     assert en.headings == [(1, "top"), (2, "why")] and twins.differences(en, good) == []
     bad = twins.structure(
         '# Titel { #top }\n\n## Waarom\n\n### Extra { #extra }\n\nZie [het lab](labs/02-data-parallel.ipynb), '
@@ -106,7 +107,8 @@ def test_quiz_on_a_dutch_page_renders_the_dutch_bank_in_dutch():
     for en_item, nl_item in zip(en_bank.items, nl_bank.items):
         assert sitebuild.inline(nl_item.prompt) in out, nl_item.id
         assert sitebuild.inline(en_item.prompt) not in out, f"{en_item.id}: English question on the Dutch page"
-    for word in ("Controleer", "Vraag 1.", f"{len(nl_bank.items)} vragen.", "Deze quiz opnieuw beginnen", "Jouw antwoord"):
+    dutch = ("Controleer", "Vraag 1.", f"{len(nl_bank.items)} vragen.", "Deze quiz opnieuw beginnen", "Jouw antwoord")
+    for word in dutch:
         assert word in out, word
     for word in (">Check<", "Question 1.", "Reset this quiz", "Your answer"):
         assert word not in out, word
@@ -399,7 +401,8 @@ def test_quiz_feedback_follows_the_quiz_language(site_build, browser):
     page.locator("#q-03-zero-fig1-stage2 .mm-check").click()
     assert page.locator("#q-03-zero-fig1-stage2 .mm-feedback").inner_text().startswith("Goed.")
     page.locator("#q-03-zero-fig1-stage1 .mm-check").click()
-    assert page.locator("#q-03-zero-fig1-stage1 .mm-feedback").inner_text() == "Vul eerst een getal in, bijvoorbeeld 16,6."
+    empty = page.locator("#q-03-zero-fig1-stage1 .mm-feedback").inner_text()
+    assert empty == "Vul eerst een getal in, bijvoorbeeld 16,6."
     assert page.locator(".mm-progress").inner_text() == "9 vragen. Goed beantwoord: 2 van 9 (2 geprobeerd)."
     assert errors == [], errors
     ctx.close()

@@ -97,7 +97,8 @@ def differences(en: Structure, nl: Structure) -> list[str]:
         if a != b:
             missing = [x for x in a if x not in b]
             extra = [x for x in b if x not in a]
-            detail = f"missing {missing[:3]!r}; not in English {extra[:3]!r}" if missing or extra else "same ones, other order"
+            detail = (f"missing {missing[:3]!r}; not in English {extra[:3]!r}" if missing or extra
+                      else "same ones, other order")
             out.append(f"{what} differ ({len(a)} in English, {len(b)} in Dutch): {detail}")
     levels_en, levels_nl = Counter(lv for lv, _ in en.headings), Counter(lv for lv, _ in nl.headings)
     if levels_en != levels_nl:
@@ -106,7 +107,8 @@ def differences(en: Structure, nl: Structure) -> list[str]:
     if [h for _, h in en.headings] != [h for _, h in nl.headings]:
         pairs = [(a, b) for a, b in zip(en.headings, nl.headings) if a != b]
         first = pairs[0] if pairs else (en.headings[len(nl.headings):] or nl.headings[len(en.headings):])
-        out.append(f"heading ids differ (give each Dutch heading the English id as {{ #id }}): first difference {first!r}")
+        out.append("heading ids differ (give each Dutch heading the English id as { #id }): "
+                   f"first difference {first!r}")
     if en.links != nl.links:
         out.append(f"link targets differ: missing {sorted((en.links - nl.links).elements())!r}; "
                    f"not in English {sorted((nl.links - en.links).elements())!r}")
