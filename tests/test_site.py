@@ -327,7 +327,7 @@ def test_calculator_js_rejects_what_python_rejects():
 def test_calculator_page_carries_the_python_presets(built):
     out, _, _ = built
     page = (out / "calculator" / "index.html").read_text()
-    blob = re.search(r'<script type="application/json" class="mm-calc-presets">(.*?)</script>', page, re.S).group(1)
+    blob = re.search(r'<script>window\.mmCalcPresets = (.*?);</script>', page, re.S).group(1)
     assert json.loads(blob) == json.loads(json.dumps(est.PRESETS))
     for name in est.PRESETS:
         assert f'<option value="{name}"' in page

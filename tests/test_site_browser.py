@@ -117,6 +117,18 @@ def test_instant_navigation_runs_page_scripts(server, browser):
     ctx.close()
 
 
+def test_instant_navigation_into_the_calculator_runs_it(server, browser):
+    ctx, page, watch = _page(browser, server)
+    page.goto(f"{server}/")
+    page.evaluate("window.mmMarker = 1")
+    page.locator("article a[href$='/calculator/']").first.click()
+    page.wait_for_url(re.compile(re.escape(f"{server}/calculator/") + r"(#.*)?$"))
+    assert page.evaluate("window.mmMarker") == 1, "instant navigation did not swap the page in place"
+    page.wait_for_function("document.querySelector('.mm-calc-status').textContent.startsWith('Total per GPU')")
+    watch.clean()
+    ctx.close()
+
+
 def test_calculator_updates_and_matches_python(server, browser):
     ctx, page, watch = _page(browser, server)
     page.goto(f"{server}/calculator/")

@@ -256,7 +256,9 @@
     if (el.dataset.ready) return;
     el.dataset.ready = "1";
     var form = el.querySelector("form");
-    var presets = JSON.parse(el.querySelector(".mm-calc-presets").textContent);
+    // The page sets window.mmCalcPresets in an inline script: instant navigation re-runs a page's inline
+    // scripts as JavaScript but drops their attributes, so a <script type="application/json"> would not survive.
+    var presets = root.mmCalcPresets;
     var select = form.elements.preset;
     function update() { draw(el, readForm(form), Number(form.elements.capacity.value) || 80); }
     select.addEventListener("change", function () {
