@@ -175,6 +175,23 @@ def test_every_page_is_built_in_dutch_under_nl(built):
     assert "Gestapelde GB per GPU aan parameters" in home and "minimega: hoe frontier-modellen" in home
 
 
+def test_dutch_chapter_pages_carry_the_dutch_quiz_and_the_english_anchors(built):
+    """Each chapter's /nl/ page is built from its twin: the Dutch bank's questions, the skeleton's ids.
+    Fails for a chapter until its twin (NN-slug.nl.md) is merged, as the twin test does."""
+    chapters = sorted(p for p in PAGES if re.match(r"\d\d-", p.name))
+    problems = []
+    for page in chapters:
+        text = (built / "nl" / url_of(page) / "index.html").read_text(encoding="utf-8")
+        bank = load_bank(ROOT / "quizzes" / f"{page.stem}.yaml", "nl")
+        if 'class="mm-quiz" lang="nl"' not in text or sitebuild.inline(bank.items[0].prompt) not in text:
+            problems.append(f"{page.stem}: /nl/{url_of(page)} has no Dutch quiz (is {twin_of(page).name} merged?)")
+            continue
+        english_ids = re.findall(r'<h2 id="([^"]+)"', (built / url_of(page) / "index.html").read_text(encoding="utf-8"))
+        if re.findall(r'<h2 id="([^"]+)"', text) != english_ids:
+            problems.append(f"{page.stem}: the Dutch h2 ids differ from the English {english_ids}")
+    assert len(chapters) == 15 and not problems, "\n".join(problems)
+
+
 def test_dutch_pages_reach_figures_labs_and_assets(built):
     """Every local href/src on a /nl/ page resolves to a built file (figures, labs, scripts, the root's pins)."""
     checked, missing = 0, []
