@@ -120,6 +120,8 @@ def test_quiz_on_a_dutch_page_renders_the_dutch_bank_in_dutch():
         assert word in out, word
     for word in (">Check<", "Question 1.", "Reset this quiz", "Your answer"):
         assert word not in out, word
+    assert [sitebuild.page_stem(p) for p in ("03-zero.nl.md", "exam/index.nl.md", "zero-1.5b.md")] == \
+        ["03-zero", "exam", "zero-1.5b"]
     english = _run("{{ quiz() }}", _page("03-zero.md", "03-zero/", "en"))   # also the stand-in under /nl/
     assert sitebuild.inline(en_bank.items[0].prompt) in english and 'lang="en"' in english
 

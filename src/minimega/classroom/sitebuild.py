@@ -77,7 +77,9 @@ def page_stem(src_path: str) -> str:
     """The bank a page's quiz() reads: ``03-zero.nl.md`` and ``03-zero.md`` -> ``03-zero``;
     ``exam/index.md`` -> ``exam``."""
     path = Path(src_path)
-    stem = path.name.split(".", 1)[0]
+    stem = path.stem
+    for lang in QUIZ_WORDS:
+        stem = stem.removesuffix(f".{lang}")
     return path.parent.name if stem == "index" else stem
 
 
