@@ -35,19 +35,9 @@ class _Quiet(http.server.SimpleHTTPRequestHandler):
 
 
 @pytest.fixture(scope="session")
-def site_server(tmp_path_factory):
-    """The course site, built with --strict once for the session and served on 127.0.0.1; yields its base URL."""
-    out = tmp_path_factory.mktemp("browser-site")
-    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(_Quiet, directory=str(out)))
-    base = f"http://127.0.0.1:{httpd.server_address[1]}"
-    # instant navigation only intercepts links under site_url, so build for the port just bound
-    env = {**os.environ, "NO_MKDOCS_2_WARNING": "1", "MINIMEGA_SITE_URL": base + "/"}
-    proc = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-d", str(out)], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    threading.Thread(target=httpd.serve_forever, daemon=True).start()
-    yield base
-    httpd.shutdown()
+def site_server(site_build):
+    """The session's one build of the course site (`site_support.site_build`), served; its base URL."""
+    return site_build.base
 
 
 @pytest.fixture(scope="session")
@@ -61,3 +51,4 @@ def chromium():
 
 
 from postgres_support import postgres_server  # noqa: E402,F401  (one PostgreSQL server for the whole session)
+from site_support import site_build  # noqa: E402,F401  (one build of the course site for the whole session)

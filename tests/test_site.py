@@ -4,13 +4,10 @@ Browser checks live in test_site_browser.py (marker `browser`).
 """
 import html
 import json
-import os
 import random
 import re
 import shutil
 import subprocess
-import sys
-import time
 from html.parser import HTMLParser
 from pathlib import Path
 
@@ -159,15 +156,9 @@ class _Collect(HTMLParser):
 
 
 @pytest.fixture(scope="module")
-def built(tmp_path_factory):
-    out = tmp_path_factory.mktemp("site")
-    env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}
-    t0 = time.monotonic()
-    proc = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-d", str(out)], cwd=ROOT,
-                          env=env, capture_output=True, text=True, timeout=120)
-    took = time.monotonic() - t0
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return out, took, proc.stderr
+def built(site_build):
+    """The session's one strict build (tests/site_support.py): both editions, English at the root."""
+    return site_build.out, site_build.took, site_build.log
 
 
 def test_build_is_strict_and_fast(built):
@@ -353,7 +344,7 @@ def test_calculator_js_rejects_what_python_rejects():
 def test_calculator_page_carries_the_python_presets(built):
     out, _, _ = built
     page = (out / "calculator" / "index.html").read_text()
-    blob = re.search(r'<script type="application/json" class="mm-calc-presets">(.*?)</script>', page, re.S).group(1)
+    blob = re.search(r'<script>window\.mmCalcPresets = (.*?);</script>', page, re.S).group(1)
     assert json.loads(blob) == json.loads(json.dumps(est.PRESETS))
     for name in est.PRESETS:
         assert f'<option value="{name}"' in page

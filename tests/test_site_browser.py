@@ -111,6 +111,18 @@ def test_instant_navigation_runs_page_scripts(server, browser):
     ctx.close()
 
 
+def test_instant_navigation_into_the_calculator_runs_it(server, browser):
+    ctx, page, watch = _page(browser, server)
+    page.goto(f"{server}/")
+    page.evaluate("window.mmMarker = 1")
+    page.locator("article a[href$='/calculator/']").first.click()
+    page.wait_for_url(re.compile(re.escape(f"{server}/calculator/") + r"(#.*)?$"))
+    assert page.evaluate("window.mmMarker") == 1, "instant navigation did not swap the page in place"
+    page.wait_for_function("document.querySelector('.mm-calc-status').textContent.startsWith('Total per GPU')")
+    watch.clean()
+    ctx.close()
+
+
 def test_calculator_updates_and_matches_python(server, browser):
     ctx, page, watch = _page(browser, server)
     page.goto(f"{server}/calculator/")
@@ -138,6 +150,7 @@ def test_calculator_updates_and_matches_python(server, browser):
     page.fill("input[name=cp]", "3")                                  # 2048 tokens do not split into 6 chunks
     assert "Cannot compute" in status.inner_text()
     page.fill("input[name=cp]", "1")
+    page.select_option("select[name=attention]", "unfused")          # back to the micro-batch-1 layout above
 
     page.fill("input[name=tp]", "3")                                  # 112 heads do not split 3 ways
     assert "Cannot compute" in status.inner_text() and "tp must divide heads" in status.inner_text()

@@ -70,7 +70,7 @@ def explanation_values(item) -> list[float]:
 
 
 def _page(chapter: int) -> Path:
-    pages = sorted(COURSE.glob(f"{chapter:02d}-*.md"))
+    pages = sorted(p for p in COURSE.glob(f"{chapter:02d}-*.md") if not p.name.endswith(".nl.md"))
     assert len(pages) == 1, (chapter, pages)
     return pages[0]
 

@@ -190,6 +190,31 @@
   // The memory categories' labels and colours come from minimega.palette, written into the page at
   // build time (palette_json), so the chart and table use the chapter figures' colours.
   var GPU_CATS = ["params", "grads", "optimizer", "gathered", "activations", "recompute"];
+  /* Words per page language (<html lang>; the Dutch edition is "nl"); numbers in Dutch take a decimal comma. */
+  var WORDS = {
+    en: {cats: {}, total: "total on the GPU", cpu: "in CPU memory (offload)", cannot: "Cannot compute: ", change: ". Change that input to see the table and the chart.",
+         status: function (total, fits, cap, params) {
+           return "Total per GPU: " + total + " GB (" + (fits ? "fits in " : "does not fit in ") + cap +
+             " GB). Parameters on this GPU's pipeline stage: " + params + " billion.";
+         },
+         stage: "stage ", chosen: "<br>(chosen)", title: "GB per GPU by ZeRO stage",
+         decimal: "."},
+    nl: {cats: {params: "parameters", grads: "gradiënten", optimizer: "optimizer states",
+                gathered: "opgehaald blok (ZeRO-3)", activations: "activaties", recompute: "herberekende laag (backward)",
+                 cpu: "in CPU-geheugen (offload)"},
+         total: "totaal op de GPU", cpu: "in CPU-geheugen (offload)", cannot: "Kan niet rekenen: ", change: ". Pas die invoer aan om de tabel en de grafiek te zien.",
+         status: function (total, fits, cap, params) {
+           return "Totaal per GPU: " + total + " GB (" + (fits ? "past in " : "past niet in ") + cap +
+             " GB). Parameters op de pipeline-stage van deze GPU: " + params + " miljard.";
+         },
+         stage: "stage ", chosen: "<br>(gekozen)", title: "GB per GPU per ZeRO-stage",
+         decimal: ","}
+  };
+  function words() {
+    var lang = (document.documentElement.lang || "en").toLowerCase().slice(0, 2);
+    return WORDS[lang] || WORDS.en;
+  }
+  function label(key, c) { return words().cats[key] || (c ? c.label : words().total); }
 
   function loadPlotly(done) {
     if (root.Plotly) return done();
@@ -232,7 +257,7 @@
     BOOLS.forEach(function (k) { form.elements[k].checked = !!cfg[k]; });
   }
 
-  function fmt(bytes) { return (bytes / GB).toFixed(bytes / GB >= 100 ? 1 : 2); }
+  function fmt(bytes) { return (bytes / GB).toFixed(bytes / GB >= 100 ? 1 : 2).replace(".", words().decimal); }
 
   function themeColors() {
     var dark = document.body.getAttribute("data-md-color-scheme") === "slate";
@@ -246,12 +271,14 @@
     var seq = (root_.mmDrawn || 0) + 1;                // a chart still loading plotly.js for an older input is dropped
     root_.mmDrawn = seq;
     var res;
+    var res;
+    var w = words();
     try { res = memoryPerGpu(cfg); } catch (e) {
       // no numbers from an earlier input may stay next to the error
       table.innerHTML = "";
       if (root.Plotly) root.Plotly.purge(plot);
       root_.classList.add("mm-calc-invalid");
-      status.textContent = "Cannot compute: " + e.message + ". Change that input to see the table and the chart.";
+      status.textContent = w.cannot + e.message + w.change;
       return;
     }
     root_.classList.remove("mm-calc-invalid");
@@ -265,14 +292,13 @@
         swatch.style.background = c.colour;
         tr.firstChild.appendChild(swatch);
       }
-      tr.firstChild.appendChild(document.createTextNode(c ? c.label : "total on the GPU"));
+      tr.firstChild.appendChild(document.createTextNode(label(key, c)));
       tr.lastChild.textContent = fmt(res[key]);
       table.appendChild(tr);
     });
     var fits = res.total <= capacity * GB;
-    status.textContent = "Total per GPU: " + fmt(res.total) + " GB (" + (fits ? "fits in " : "does not fit in ") +
-      capacity + " GB). Parameters on this GPU's pipeline stage: " + (res.stage_params / 1e9).toFixed(3) + " billion.";
-    var stages = [0, 1, 2, 3], xs = stages.map(function (s) { return "stage " + s + (s === cfg.zero_stage ? "<br>(chosen)" : ""); });
+    status.textContent = w.status(fmt(res.total), fits, capacity, (res.stage_params / 1e9).toFixed(3).replace(".", w.decimal));
+    var stages = [0, 1, 2, 3], xs = stages.map(function (s) { return w.stage + s + (s === cfg.zero_stage ? w.chosen : ""); });
     var per = stages.map(function (s) {
       var c = {}, k;
       for (k in cfg) c[k] = cfg[k];
@@ -283,14 +309,14 @@
     var col = themeColors();
     var traces = GPU_CATS.map(function (key) {
       var c = palette[key];
-      return {type: "bar", name: c.label, x: xs, marker: {color: c.colour},
+      return {type: "bar", name: label(key, c), x: xs, marker: {color: c.colour},
               y: per.map(function (r) { return r[key] / GB; }),
-              hovertemplate: "%{y:.3g} GB<extra>" + c.label + "</extra>"};
+              hovertemplate: "%{y:.3g} GB<extra>" + label(key, c) + "</extra>"};
     });
     // as minimega.plots._layout: margins follow the title, labels and legend, the legend sits below all
     var layout = {barmode: "stack", paper_bgcolor: "rgba(0,0,0,0)", plot_bgcolor: "rgba(0,0,0,0)",
                   font: {color: col.fg, family: "system-ui, sans-serif", size: 13}, margin: {l: 10, r: 10, t: 10, b: 10},
-                  title: {text: "GB per GPU by ZeRO stage", x: 0, xref: "container", xanchor: "left", y: 1, yref: "paper",
+                  title: {text: w.title, x: 0, xref: "container", xanchor: "left", y: 1, yref: "paper",
                           yanchor: "bottom", automargin: true, pad: {l: 10, b: 12}, font: {size: 15}},
                   yaxis: {title: {text: "GB per GPU"}, gridcolor: col.grid, zerolinecolor: col.grid, automargin: true},
                   xaxis: {gridcolor: col.grid, automargin: true, tickangle: 0},
@@ -309,9 +335,11 @@
     if (el.dataset.ready) return;
     el.dataset.ready = "1";
     var form = el.querySelector("form");
-    var presets = JSON.parse(el.querySelector(".mm-calc-presets").textContent);
+    // The page sets window.mmCalcPresets in an inline script: instant navigation re-runs a page's inline
+    // scripts as JavaScript but drops their attributes, so a <script type="application/json"> would not survive.
+    var presets = root.mmCalcPresets;
     var palette = {};
-    JSON.parse(el.querySelector(".mm-calc-palette").textContent).forEach(function (c) { palette[c.key] = c; });
+    (root.mmCalcPalette || []).forEach(function (c) { palette[c.key] = c; });
     var select = form.elements.preset;
     function update() { draw(el, readForm(form), Number(form.elements.capacity.value) || 80, palette); }
     select.addEventListener("change", function () {

@@ -368,6 +368,39 @@
                ["dp_comm", "data-parallel (exposed)"], ["offload", "offload PCIe (exposed)"],
                ["optimizer", "optimizer step"]];
 
+  /* Words per page language (<html lang>; the Dutch edition is "nl"). */
+  var WORDS = {
+    en: {parts: {}, step: "step", cannot: "Cannot compute: ", cannotPlan: "Cannot plan: ",
+         status: function (cfg, r) {
+           return "Global batch " + cfg.global_batch + " on " + r.n_gpus + " GPUs: " + r.total.toFixed(2) +
+             " s per step, " + Math.round(r.tokens_per_s).toLocaleString("en") + " tokens/s, " + r.tflops_per_gpu.toFixed(1) +
+             " TFLOP/s per GPU (Eq. 3), MFU " + (100 * r.mfu).toFixed(1) + "%, " + (r.fits ? "fits" : "does not fit") + " in memory.";
+         },
+         searched: function (res) {
+           return res.searched + " layouts searched, " + res.fit + " fit 90% of a GPU; the fastest " + res.top.length + " below.";
+         },
+         num: function (x, digits) { return x.toFixed(digits); }},
+    nl: {parts: {recompute: "herberekening", tp_comm: "TP-all-reduces", p2p: "pipeline-p2p",
+                 stack_overhead: "overhead van de stack", dp_comm: "data parallel (niet verborgen)",
+                 offload: "offload over PCIe (niet verborgen)", optimizer: "optimizer-stap"},
+         step: "stap", cannot: "Kan niet rekenen: ", cannotPlan: "Kan niet plannen: ",
+         status: function (cfg, r) {
+           return "Globale batch " + cfg.global_batch + " op " + r.n_gpus + " GPU's: " + r.total.toFixed(2).replace(".", ",") +
+             " s per stap, " + Math.round(r.tokens_per_s).toLocaleString("nl") + " tokens/s, " +
+             r.tflops_per_gpu.toFixed(1).replace(".", ",") + " TFLOP/s per GPU (vgl. 3), MFU " +
+             (100 * r.mfu).toFixed(1).replace(".", ",") + "%, " + (r.fits ? "past" : "past niet") + " in het geheugen.";
+         },
+         searched: function (res) {
+           return res.searched + " layouts doorzocht, " + res.fit + " passen in 90% van een GPU; de snelste " +
+             res.top.length + " staan hieronder.";
+         },
+         num: function (x, digits) { return x.toFixed(digits).replace(".", ","); }}
+  };
+  function words() {
+    var lang = (document.documentElement.lang || "en").toLowerCase().slice(0, 2);
+    return WORDS[lang] || WORDS.en;
+  }
+
   function readCalc(calc) {
     var f = calc.querySelector("form"), cfg = {};
     ["layers", "hidden", "heads", "vocab", "seq_len", "micro_batch", "tp", "dp", "pp", "cp", "virtual_stages"]
@@ -393,13 +426,12 @@
     var cfg = readCalc(calc), r;
     cfg.stack = f.elements.stack.value;
     cfg.dropout = f.elements.dropout.checked;
+    var w = words();
     table.innerHTML = "";                              // no seconds from an earlier input stay next to an error
-    try { r = stepTime(cfg, f.elements.gpu.value); } catch (e) { status.textContent = "Cannot compute: " + e.message; return; }
-    PARTS.forEach(function (p) { row(table, p[1], r[p[0]].toFixed(3)); });
-    row(table, "step", r.total.toFixed(3));
-    status.textContent = "Global batch " + cfg.global_batch + " on " + r.n_gpus + " GPUs: " + r.total.toFixed(2) +
-      " s per step, " + Math.round(r.tokens_per_s).toLocaleString() + " tokens/s, " + r.tflops_per_gpu.toFixed(1) +
-      " TFLOP/s per GPU (Eq. 3), MFU " + (100 * r.mfu).toFixed(1) + "%, " + (r.fits ? "fits" : "does not fit") + " in memory.";
+    try { r = stepTime(cfg, f.elements.gpu.value); } catch (e) { status.textContent = w.cannot + e.message; return; }
+    PARTS.forEach(function (p) { row(table, w.parts[p[0]] || p[1], w.num(r[p[0]], 3)); });
+    row(table, w.step, w.num(r.total, 3));
+    status.textContent = w.status(cfg, r);
   }
 
   function runPlan(el, calc) {
@@ -413,15 +445,16 @@
     try {
       res = plan(model, Number(f.elements.gpus.value), Number(f.elements.global_batch.value), f.elements.gpu.value,
                  {recompute: f.elements.full_only.checked ? ["full"] : undefined});
-    } catch (e) { out.textContent = "Cannot plan: " + e.message; return; }
+    } catch (e) { out.textContent = words().cannotPlan + e.message; return; }
     table.innerHTML = "";
+    var w = words();
     res.top.forEach(function (r, i) {
       var tr = document.createElement("tr");
-      [String(i + 1), r.layout, r.total.toFixed(2), Math.round(r.tokens_per_s).toLocaleString(), (100 * r.mfu).toFixed(1),
-       r.memory_gb.toFixed(1)].forEach(function (t) { var td = document.createElement("td"); td.textContent = t; tr.appendChild(td); });
+      [String(i + 1), r.layout, w.num(r.total, 2), Math.round(r.tokens_per_s).toLocaleString(w === WORDS.nl ? "nl" : "en"),
+       w.num(100 * r.mfu, 1), w.num(r.memory_gb, 1)].forEach(function (t) { var td = document.createElement("td"); td.textContent = t; tr.appendChild(td); });
       table.appendChild(tr);
     });
-    out.textContent = res.searched + " layouts searched, " + res.fit + " fit 90% of a GPU; the fastest " + res.top.length + " below.";
+    out.textContent = w.searched(res);
   }
 
   function init(el) {

@@ -9,10 +9,34 @@
  * Options are shuffled at every render (values stay bank indices, so grading and saved progress
  * do not depend on the order shown); numeric answers are also accepted rounded to data-sig
  * significant figures, as quiz.numeric_ok does.
+ * Words follow the quiz box's lang attribute (sitebuild.render_quiz sets it from the bank's
+ * language), so a Dutch page's quiz answers in Dutch; a comma is read as the decimal point.
  */
 (function () {
   "use strict";
   var STORE = "minimega.quiz.v1";
+  var WORDS = {
+    en: {number: "Type a number first, for example 16.6.", one: "Pick one option first.",
+         some: "Pick at least one option first.", right: "Correct.", wrong: "Not correct yet.",
+         set: " The right set of options is different; try again.", earlier: "Earlier answer: ",
+         progress: function (n, right, tried) {
+           return n + " questions. Answered correctly: " + right + " of " + n + " (" + tried + " tried).";
+         },
+         reset: " Progress reset."},
+    nl: {number: "Vul eerst een getal in, bijvoorbeeld 16,6.", one: "Kies eerst een optie.",
+         some: "Kies eerst minstens één optie.", right: "Goed.", wrong: "Nog niet goed.",
+         set: " De juiste combinatie van opties is anders; probeer het nog eens.", earlier: "Eerder antwoord: ",
+         progress: function (n, right, tried) {
+           return n + " vragen. Goed beantwoord: " + right + " van " + n + " (" + tried + " geprobeerd).";
+         },
+         reset: " Voortgang gewist."}
+  };
+
+  function words(el) {
+    var box = el.closest("[lang]");
+    var lang = (box && box.lang || "en").toLowerCase().slice(0, 2);
+    return WORDS[lang] || WORDS.en;
+  }
 
   function load() {
     try { return JSON.parse(localStorage.getItem(STORE)) || {}; } catch (e) { return {}; }
@@ -52,7 +76,7 @@
       var input = form.querySelector("input");
       var value = parseNumber(input.value);
       var answer = Number(form.dataset.answer), tol = Number(form.dataset.tolerance);
-      if (!isFinite(value)) return {answered: false, message: "Type a number first, for example 16.6."};
+      if (!isFinite(value)) return {answered: false, message: words(form).number};
       var sig = Number(form.dataset.sig || 3);
       var ok = Math.abs(value - answer) <= tol * Math.abs(answer) + 1e-12 ||
         Math.abs(value - roundSig(answer, sig)) <= 1e-9 * Math.max(1, Math.abs(answer));
@@ -66,7 +90,7 @@
         explains.push("<strong>" + label.innerHTML + "</strong>: " + inp.dataset.explain);
       }
     });
-    if (!picked.length) return {answered: false, message: type === "single" ? "Pick one option first." : "Pick at least one option first."};
+    if (!picked.length) return {answered: false, message: type === "single" ? words(form).one : words(form).some};
     var key = form.dataset.key.split(",").map(Number);
     var ok = picked.length === key.length && picked.every(function (i) { return key.indexOf(i) >= 0; });
     return {answered: true, ok: ok, response: picked, explains: explains};
@@ -77,9 +101,10 @@
     form.classList.remove("mm-ok", "mm-bad");
     if (!result.answered) { box.textContent = result.message; return; }
     form.classList.add(result.ok ? "mm-ok" : "mm-bad");
-    var head = result.ok ? "Correct." : "Not correct yet.";
-    if (!result.ok && form.dataset.type === "multiple") head += " The right set of options is different; try again.";
-    if (restored) head = "Earlier answer: " + head;
+    var w = words(form);
+    var head = result.ok ? w.right : w.wrong;
+    if (!result.ok && form.dataset.type === "multiple") head += w.set;
+    if (restored) head = w.earlier + head;
     var html = "<p class=\"mm-verdict\">" + head + "</p>";
     result.explains.forEach(function (e) { html += "<p>" + e + "</p>"; });
     box.innerHTML = html;
@@ -90,8 +115,7 @@
     var all = load()[quiz.dataset.bank] || {};
     var n = Number(quiz.dataset.count), right = 0, tried = 0;
     Object.keys(all).forEach(function (k) { tried += 1; if (all[k].ok) right += 1; });
-    quiz.querySelector(".mm-progress").textContent =
-      n + " questions. Answered correctly: " + right + " of " + n + " (" + tried + " tried).";
+    quiz.querySelector(".mm-progress").textContent = words(quiz).progress(n, right, tried);
   }
 
   function restore(form, rec) {
@@ -133,7 +157,7 @@
         form.querySelector(".mm-feedback").textContent = "";
       });
       progress(quiz);
-      quiz.querySelector(".mm-progress").textContent += " Progress reset.";
+      quiz.querySelector(".mm-progress").textContent += words(quiz).reset;
     });
     progress(quiz);
   }

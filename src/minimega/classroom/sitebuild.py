@@ -10,6 +10,12 @@ the build, and other ``{{ … }}`` text (say, in a page someone else owns) is le
     {{ presets_json() }}                              the calculator presets, as JSON
     {{ palette_json() }}                              the memory categories' labels and colours, as JSON
 
+Languages: the Dutch edition (``NN-slug.nl.md`` beside ``NN-slug.md``, built by mkdocs-static-i18n
+under ``/nl/``) calls the same macros. On a Dutch page `num` writes a decimal comma, `quiz` renders
+the Dutch twin of the bank (``quizzes/nl/``) with Dutch controls, `exam_page` the Dutch exam form,
+and `figure` takes its caption from the page that calls it. An English page that stands in for a
+missing twin under ``/nl/`` stays English throughout.
+
 `on_files` adds the lab notebooks (``labs/NN-slug.ipynb``, outside ``docs_dir``) to the site as
 ``labs/NN-slug.ipynb``, so a chapter links its lab as ``[…](labs/NN-slug.ipynb)`` and ``--strict``
 checks the link. After the build, `on_post_build` writes every figure of `minimega.plots.FIGURES` as a standalone page
@@ -22,6 +28,7 @@ from __future__ import annotations
 
 import html
 import json
+import logging
 import math
 import re
 from pathlib import Path
@@ -40,14 +47,43 @@ PALETTE = re.compile(r"^\s*palette_json\(\s*\)\s*$")
 EXAM_PAGE = re.compile(r"^\s*exam_page\(\s*\)\s*$")
 
 
-def format_number(value: float, fmt: str | None) -> str:
-    """Format with a Python format spec; thousands separators are thin spaces in prose."""
+def format_number(value: float, fmt: str | None, lang: str = "en") -> str:
+    """Format with a Python format spec; thousands separators are thin spaces in prose, and a Dutch
+    page writes the decimal point as a comma (``16,6 GB``)."""
     if fmt and fmt.endswith("d"):
         if not value.is_integer():
             raise ValueError(f"{value} is not an integer (format {fmt!r})")
         value = int(value)
-    text = format(value, fmt or ",.3g")
-    return text.replace(",", "\u2009")
+    text = format(value, fmt or ",.3g").replace(",", "\u2009")
+    return text.replace(".", ",") if lang == "nl" else text
+
+
+# The words the hook writes around a quiz, per language; quiz.js has the same table for its feedback.
+QUIZ_WORDS = {
+    "en": {"answer": "Your answer", "all": "(choose all that apply)", "question": "Question {n}.",
+           "check": "Check", "count": "{n} questions.", "reset": "Reset this quiz"},
+    "nl": {"answer": "Jouw antwoord", "all": "(kies alle juiste opties)", "question": "Vraag {n}.",
+           "check": "Controleer", "count": "{n} vragen.", "reset": "Deze quiz opnieuw beginnen"},
+}
+
+
+def page_language(page) -> str:
+    """The language a page is written in: mkdocs-static-i18n's locale of its source file
+    (``03-zero.nl.md`` is Dutch; the English page standing in for a missing twin is English)."""
+    lang = getattr(page.file, "locale", None) or "en"
+    if lang not in QUIZ_WORDS:
+        raise PluginError(f"{page.file.src_path}: language {lang!r} has no quiz words; have {sorted(QUIZ_WORDS)}")
+    return lang
+
+
+def page_stem(src_path: str) -> str:
+    """The bank a page's quiz() reads: ``03-zero.nl.md`` and ``03-zero.md`` -> ``03-zero``;
+    ``exam/index.md`` -> ``exam``."""
+    path = Path(src_path)
+    stem = path.stem
+    for lang in QUIZ_WORDS:
+        stem = stem.removesuffix(f".{lang}")
+    return path.parent.name if stem == "index" else stem
 
 
 # ----------------------------------------------------------------------------------------------
@@ -72,7 +108,8 @@ def inline(text: str) -> str:
     return "".join(out)
 
 
-def render_item(bank_id: str, number: int, item: Item) -> str:
+def render_item(bank_id: str, number: int, item: Item, lang: str = "en") -> str:
+    w = QUIZ_WORDS[lang]
     qid = f"q-{bank_id}-{item.id}"
     attrs = f'class="mm-item" id="{qid}" data-item="{html.escape(item.id)}" data-type="{item.type}" novalidate'
     parts = []
@@ -80,7 +117,7 @@ def render_item(bank_id: str, number: int, item: Item) -> str:
         attrs += (f' data-answer="{item.answer!r}" data-tolerance="{item.tolerance!r}" data-sig="{item.sig}"'
                   f' data-explain="{html.escape(inline(item.explain))}"')
         unit = f" ({html.escape(item.unit)})" if item.unit else ""
-        parts.append(f'<div class="mm-numeric"><label for="{qid}-in">Your answer{unit}</label> '
+        parts.append(f'<div class="mm-numeric"><label for="{qid}-in">{w["answer"]}{unit}</label> '
                      f'<input type="text" inputmode="decimal" autocomplete="off" id="{qid}-in" name="{qid}"></div>')
     else:
         key = ",".join(str(i) for i, c in enumerate(item.choices) if c.correct)
@@ -90,18 +127,20 @@ def render_item(bank_id: str, number: int, item: Item) -> str:
             parts.append(f'<div class="mm-choice"><input type="{kind}" id="{qid}-{i}" name="{qid}" value="{i}" '
                          f'data-explain="{html.escape(inline(c.explain))}"> '
                          f'<label for="{qid}-{i}">{inline(c.text)}</label></div>')
-    hint = " <span class=\"mm-hint\">(choose all that apply)</span>" if item.type == "multiple" else ""
-    return (f"<form {attrs}><fieldset><legend><span class=\"mm-qnum\">Question {number}.</span> "
+    hint = f" <span class=\"mm-hint\">{w['all']}</span>" if item.type == "multiple" else ""
+    return (f"<form {attrs}><fieldset><legend><span class=\"mm-qnum\">{w['question'].format(n=number)}</span> "
             f"{inline(item.prompt)}{hint}</legend>{''.join(parts)}</fieldset>"
-            f'<button type="submit" class="md-button mm-check">Check</button>'
+            f'<button type="submit" class="md-button mm-check">{w["check"]}</button>'
             f'<div class="mm-feedback" role="status" aria-live="polite"></div></form>')
 
 
-def render_quiz(bank_id: str, bank: Bank) -> str:
-    items = "".join(render_item(bank_id, i + 1, it) for i, it in enumerate(bank.items))
-    return (f'<div class="mm-quiz" data-bank="{bank_id}" data-count="{len(bank.items)}">'
-            f'<p class="mm-progress" aria-live="polite">{len(bank.items)} questions.</p>{items}'
-            f'<button type="button" class="md-button mm-reset">Reset this quiz</button></div>')
+def render_quiz(bank_id: str, bank: Bank, lang: str = "en") -> str:
+    """The quiz in `lang` (the bank's language); ``lang`` on the box tells quiz.js which words to use."""
+    w = QUIZ_WORDS[lang]
+    items = "".join(render_item(bank_id, i + 1, it, lang) for i, it in enumerate(bank.items))
+    return (f'<div class="mm-quiz" lang="{lang}" data-bank="{bank_id}" data-count="{len(bank.items)}">'
+            f'<p class="mm-progress" aria-live="polite">{w["count"].format(n=len(bank.items))}</p>{items}'
+            f'<button type="button" class="md-button mm-reset">{w["reset"]}</button></div>')
 
 
 def check_bank(bank: Bank) -> None:
@@ -124,13 +163,14 @@ def _root(config) -> Path:
 
 
 def on_page_markdown(markdown: str, page, config, files) -> str:
-    prefix = "../" * page.url.count("/")  # from the page's URL back to the site root
+    prefix = "../" * page.url.count("/")  # from the page's URL back to the site root (/nl/ pages too)
+    lang = page_language(page)
 
     def replace(m: re.Match) -> str:
         body = m.group(1)
         if mm := NUM.match(body):
             try:
-                return format_number(evaluate(mm.group(1)), mm.group(2))
+                return format_number(evaluate(mm.group(1)), mm.group(2), lang)
             except Exception as e:  # noqa: BLE001 - report any formula error as a build error
                 raise PluginError(f"{page.file.src_path}: num({mm.group(1)!r}) failed: {e}") from e
         if mm := FIGURE.match(body):
@@ -142,17 +182,18 @@ def on_page_markdown(markdown: str, page, config, files) -> str:
                     f'title="{html.escape(caption)}" loading="lazy"></iframe>'
                     f"<figcaption>{html.escape(caption)}</figcaption></figure>")
         if QUIZ.match(body):
-            stem = Path(page.file.src_path).stem
-            if stem == "index":
-                stem = Path(page.file.src_path).parent.name
+            stem = page_stem(page.file.src_path)
             path = _root(config) / "quizzes" / f"{stem}.yaml"
             if not path.exists():
                 raise PluginError(f"{page.file.src_path}: quiz() but no bank {path}")
-            bank = load_bank(path)
+            try:
+                bank = load_bank(path, lang)
+            except Exception as e:  # noqa: BLE001 - a missing or broken twin names itself
+                raise PluginError(f"{page.file.src_path}: the {lang} quiz bank for {path.name} failed: {e}") from e
             check_bank(bank)
-            return render_quiz(stem, bank)
+            return render_quiz(stem, bank, lang)
         if EXAM_PAGE.match(body):
-            return exam_page(_root(config), config)
+            return exam_page(_root(config), config, lang)
         if PRESETS.match(body):
             # goes inside <script type="application/json">, where entities are not decoded
             return json.dumps(est.PRESETS, sort_keys=True).replace("</", "<\\/")
@@ -164,10 +205,26 @@ def on_page_markdown(markdown: str, page, config, files) -> str:
     return MACRO.sub(replace, markdown)
 
 
-def chapter_titles(root: Path, config) -> dict[str, str]:
-    """Chapter number -> the title its page's H1 gives ("3. ZeRO stages 1, 2 and 3" -> "ZeRO stages 1, 2 and 3")."""
+def chapter_titles(root: Path, config, lang: str = "en") -> dict[str, str]:
+    """Chapter number -> the title its page's H1 gives ("3. ZeRO stages 1, 2 and 3" -> "ZeRO stages 1, 2 and 3").
+
+    Another `lang` reads the H1 of each chapter's twin (``03-zero.nl.md``); where the twin is
+    missing, the title of the chapter's quiz bank in that language (``quizzes/nl/03-zero.yaml``)."""
+    import yaml
+
     out = {}
     for page in sorted((root / config["docs_dir"]).glob("[0-9][0-9]-*.md")):
+        if page.name.count(".") > 1:
+            continue                                   # a twin; read below in place of its English page
+        twin = page.with_suffix(f".{lang}.md")
+        bank = root / "quizzes" / lang / f"{page.stem}.yaml"
+        if lang != "en" and twin.is_file():
+            page = twin
+        elif lang != "en" and bank.is_file():
+            title = (yaml.safe_load(bank.read_text(encoding="utf-8")) or {}).get("title")
+            if isinstance(title, str) and title.strip():
+                out[str(int(page.name[:2]))] = title.strip()
+                continue
         for line in page.read_text(encoding="utf-8").splitlines():
             if m := re.match(r"#\s+(\d+)\.\s+(.+?)\s*(\{.*\})?\s*$", line):
                 out[str(int(m.group(1)))] = m.group(2)
@@ -175,8 +232,9 @@ def chapter_titles(root: Path, config) -> dict[str, str]:
     return out
 
 
-def exam_page(root: Path, config) -> str:
-    """The exam page's markup: rules from the service's defaults, the site's chapter titles, the form.
+def exam_page(root: Path, config, lang: str = "en") -> str:
+    """The exam page's markup in `lang`: rules from the service's defaults, the site's chapter
+    titles, the form (``static/exam-body.html``, or its twin ``exam-body.nl.html``).
 
     Only counts the exam banks (files in quizzes/exam); nothing of their content reaches the site.
     """
@@ -184,11 +242,40 @@ def exam_page(root: Path, config) -> str:
     from minimega.classroom.settings import ClassroomConfig
 
     n_chapters = len(list((root / "quizzes" / "exam").glob("[0-9][0-9]-*.yaml")))
-    rules = rules_text(ClassroomConfig(), n_chapters)
-    titles = html.escape(json.dumps(chapter_titles(root, config), ensure_ascii=False), quote=True)
-    body = (STATIC / "exam-body.html").read_text(encoding="utf-8").replace("{{rules}}", html.escape(rules))
+    rules = rules_text(ClassroomConfig(), n_chapters, lang)
+    titles = html.escape(json.dumps(chapter_titles(root, config, lang), ensure_ascii=False), quote=True)
+    name = "exam-body.html" if lang == "en" else f"exam-body.{lang}.html"
+    if not (STATIC / name).is_file():
+        raise PluginError(f"exam_page() on a {lang} page but no {STATIC / name}")
+    body = (STATIC / name).read_text(encoding="utf-8").replace("{{rules}}", html.escape(rules))
     return body.replace('<div id="mm-exam" class="mm-exam">',
                         f'<div id="mm-exam" class="mm-exam" data-chapters="{titles}">', 1)
+
+
+class _SwitcherKeptInStep(logging.Filter):
+    """Drops mkdocs-static-i18n's warning that material's language switcher goes stale under
+    ``navigation.instant``, since this site deals with both halves of it: course/assets/javascripts/i18n.js
+    keeps the switcher's links on the page shown and makes a switch a full page load, and
+    `on_post_page` drops the head's ``hreflang`` links. So ``--strict`` keeps both the switcher
+    and instant navigation."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "not compatible with theme.features = navigation.instant" not in record.getMessage()
+
+
+_I18N_LOG = logging.getLogger("mkdocs.plugins.mkdocs_static_i18n.reconfigure")   # where it is logged
+if not any(type(f).__name__ == "_SwitcherKeptInStep" for f in _I18N_LOG.filters):
+    _I18N_LOG.addFilter(_SwitcherKeptInStep())
+
+HEAD_ALTERNATE = re.compile(r'[ \t]*<link rel="alternate" href="[^"]*" hreflang="[a-z-]+">\n?')
+
+
+def on_post_page(output: str, page, config) -> str:
+    """Drop the head's ``<link rel="alternate" hreflang>``: material's script reads each as a language's
+    root and fetches ``<link>/sitemap.xml`` from it, but mkdocs-static-i18n points them at the page
+    itself, so every page load asked for a sitemap that is not there. sitemap.xml declares the same
+    alternates (``xhtml:link hreflang``) for search engines; the header's switcher is untouched."""
+    return HEAD_ALTERNATE.sub("", output)
 
 
 STATIC = Path(__file__).parent / "static"
@@ -207,10 +294,18 @@ def on_files(files, config):
     return files
 
 
+def building_language(config) -> str:
+    """The language mkdocs-static-i18n is building now ("en" without the plugin)."""
+    plugin = config["plugins"].get("i18n")
+    return getattr(plugin, "current_language", None) or "en"
+
+
 def on_post_build(config) -> None:
     from minimega import plots
     from minimega.classroom import trust
 
+    if building_language(config) != "en":
+        return                     # the /nl/ build shares the root's figures, vendor files and pins
     site = Path(config["site_dir"])
     try:
         trust.write_site_files(site)          # the verify page's pinned issuers and JSON-LD contexts

@@ -15,6 +15,90 @@
   let attempt = null;
   let root = null;
 
+  /* The page's words, per page language (pageLang). Text from the server (questions, rules, errors)
+     comes in the attempt's language already. */
+  const WORDS = {
+    en: {
+      sending: "Sending…",
+      mailed: (min) => `Check your mail: the link signs you in once, within ${min} minutes.`,
+      devLink: "Development mode: open the sign-in link",
+      notSent: (m) => `Could not send the link: ${m}`,
+      signinFailed: (m) => `Sign-in failed: ${m}`,
+      left: (n, of) => `${n} of ${of} attempts left today (UTC).`,
+      cooldown: (t) => `After a failed attempt the next one opens at ${t}.`,
+      starting: "Starting…",
+      notStarted: (m) => `Could not start: ${m}`,
+      status: (name, total, until) => `${name}: ${total} questions, open until ${until}. ` +
+        "Answers are recorded and locked; results come after you finish.",
+      question: (n) => `Question ${n}`,
+      chapter: (n, title) => `Chapter ${n}: ${title}`,
+      yourAnswer: "Your answer",
+      all: "Choose all that apply.",
+      save: "Save answer",
+      recorded: "Recorded.",
+      numberFirst: "Enter a number first, for example 16.6.",
+      optionFirst: "Choose an option first.",
+      notRecorded: (m) => `Not recorded: ${m}`,
+      progress: (done, total, pass) => `${done} of ${total} answered; ${pass} correct answers pass.`,
+      unanswered: (n) => `${n} question(s) unanswered count as wrong. Finish anyway?`,
+      notFinished: (m) => `Could not finish: ${m}`,
+      passed: "Passed", failed: "Not passed",
+      score: (r) => `Score: ${r.score} of ${r.total} (${r.percent}%). ${r.pass_mark} were needed.`,
+      code: (c) => `Verification code: ${c}`,
+      download: "Download the credential (JSON)", printable: "Printable certificate",
+      svg: "Certificate image (SVG, carries the credential)", verify: "Verify it",
+      notAnswered: "not answered",
+      noReview: (m) => `No review yet: ${m}`,
+      review: (r) => `Review: ${r.score} of ${r.total}`,
+      reviewItem: (q, title) => `Question ${q.number} (chapter ${q.chapter}: ${title}): ${q.correct ? "correct" : "not correct"}`,
+      given: (a) => `Your answer: ${a}`,
+      answer: (a) => `Answer: ${a}`,
+      right: "Right", wrong: "Wrong",
+      num: (x) => String(x),
+    },
+    nl: {
+      sending: "Bezig met versturen…",
+      mailed: (min) => `Kijk in je mail: met de link log je één keer in, binnen ${min} minuten.`,
+      devLink: "Ontwikkelmodus: open de inloglink",
+      notSent: (m) => `De link kon niet verstuurd worden: ${m}`,
+      signinFailed: (m) => `Inloggen mislukt: ${m}`,
+      left: (n, of) => `Je hebt vandaag (UTC) nog ${n} van ${of} pogingen.`,
+      cooldown: (t) => `Na een mislukte poging gaat de volgende open om ${t}.`,
+      starting: "Bezig met starten…",
+      notStarted: (m) => `Starten lukte niet: ${m}`,
+      status: (name, total, until) => `${name}: ${total} vragen, open tot ${until}. ` +
+        "Antwoorden worden vastgelegd en vergrendeld; de uitslag krijg je als je klaar bent.",
+      question: (n) => `Vraag ${n}`,
+      chapter: (n, title) => `Hoofdstuk ${n}: ${title}`,
+      yourAnswer: "Jouw antwoord",
+      all: "Kies alle juiste opties.",
+      save: "Antwoord opslaan",
+      recorded: "Vastgelegd.",
+      numberFirst: "Vul eerst een getal in, bijvoorbeeld 16,6.",
+      optionFirst: "Kies eerst een optie.",
+      notRecorded: (m) => `Niet vastgelegd: ${m}`,
+      progress: (done, total, pass) => `${done} van ${total} beantwoord; met ${pass} goede antwoorden ben je geslaagd.`,
+      unanswered: (n) => `${n} vraag/vragen zonder antwoord tellen als fout. Toch afronden?`,
+      notFinished: (m) => `Afronden lukte niet: ${m}`,
+      passed: "Geslaagd", failed: "Niet geslaagd",
+      score: (r) => `Score: ${r.score} van ${r.total} (${r.percent}%). Nodig waren er ${r.pass_mark}.`,
+      code: (c) => `Verificatiecode: ${c}`,
+      download: "Download de credential (JSON)", printable: "Certificaat om af te drukken",
+      svg: "Certificaat als afbeelding (SVG, met de credential erin)", verify: "Verifieer het",
+      notAnswered: "niet beantwoord",
+      noReview: (m) => `Nog geen nabespreking: ${m}`,
+      review: (r) => `Nabespreking: ${r.score} van ${r.total}`,
+      reviewItem: (q, title) => `Vraag ${q.number} (hoofdstuk ${q.chapter}: ${title}): ${q.correct ? "goed" : "niet goed"}`,
+      given: (a) => `Jouw antwoord: ${a}`,
+      answer: (a) => `Antwoord: ${a}`,
+      right: "Goed", wrong: "Fout",
+      num: (x) => String(x).replace(".", ","),
+    },
+  };
+  function t() { return WORDS[pageLang()]; }
+  /* The site's pages in the page's language live under nl/ for Dutch (the verify page). */
+  function sitePath(path) { return pageLang() === "nl" ? `/nl${path}` : path; }
+
   function $(id) { return document.getElementById(id); }
 
   function el(tag, text, attrs) {
@@ -70,17 +154,16 @@
   async function requestLink(ev) {
     ev.preventDefault();
     const status = $("mm-exam-signin-status");
-    status.textContent = "Sending…";
+    status.textContent = t().sending;
     try {
       const res = await call("POST", "/signin", { email: $("mm-exam-email").value.trim(), lang: pageLang() });
-      status.replaceChildren(el("span", "Check your mail: the link signs you in once, within " +
-        `${Math.round(res.expires_in_s / 60)} minutes.`));
+      status.replaceChildren(el("span", t().mailed(Math.round(res.expires_in_s / 60))));
       if (res.dev_link) {
-        const a = el("a", "Development mode: open the sign-in link", { href: res.dev_link, id: "mm-exam-dev-link" });
+        const a = el("a", t().devLink, { href: res.dev_link, id: "mm-exam-dev-link" });
         status.append(" ", a);
         a.addEventListener("click", (e) => { e.preventDefault(); history.replaceState(null, "", res.dev_link); boot(); });
       }
-    } catch (e) { status.textContent = `Could not send the link: ${e.message}`; }
+    } catch (e) { status.textContent = t().notSent(e.message); }
   }
 
   async function redeemFromHash() {
@@ -93,7 +176,7 @@
     try {
       const res = await call("POST", "/signin/confirm", { token: m[1] });
       setSession(res.session);
-    } catch (e) { $("mm-exam-signin-status").textContent = `Sign-in failed: ${e.message}`; }
+    } catch (e) { $("mm-exam-signin-status").textContent = t().signinFailed(e.message); }
   }
 
   /* --- start or resume --- */
@@ -101,8 +184,8 @@
     const me = await call("GET", "/me");
     if (me.open_attempt) return resume(me.open_attempt);
     show("start");
-    const parts = [`${me.attempts_left_today} of ${me.attempts_per_day} attempts left today (UTC).`];
-    if (me.cooldown_until) parts.push(`After a failed attempt the next one opens at ${me.cooldown_until}.`);
+    const parts = [t().left(me.attempts_left_today, me.attempts_per_day)];
+    if (me.cooldown_until) parts.push(t().cooldown(me.cooldown_until));
     $("mm-exam-limits").textContent = parts.join(" ");
     const last = $("mm-exam-last");
     last.hidden = !me.last_attempt;
@@ -118,10 +201,10 @@
   async function start(ev) {
     ev.preventDefault();
     const status = $("mm-exam-start-status");
-    status.textContent = "Starting…";
+    status.textContent = t().starting;
     try {
       attempt = await call("POST", "/attempts", { display_name: $("mm-exam-name").value, lang: pageLang() });
-    } catch (e) { status.textContent = `Could not start: ${e.message}`; return; }
+    } catch (e) { status.textContent = t().notStarted(e.message); return; }
     status.textContent = "";
     render();
   }
@@ -133,8 +216,7 @@
 
   function render() {
     show("exam");
-    $("mm-exam-status").textContent = `${attempt.display_name}: ${attempt.total} questions, open until ` +
-      `${attempt.expires_at}. Answers are recorded and locked; results come after you finish.`;
+    $("mm-exam-status").textContent = t().status(attempt.display_name, attempt.total, attempt.expires_at);
     const box = $("mm-exam-questions");
     box.replaceChildren(...attempt.questions.map(renderQuestion));
     progress();
@@ -142,15 +224,15 @@
 
   function renderQuestion(q) {
     const fs = el("fieldset", null, { id: `q${q.number}`, "data-number": q.number, class: "mm-exam-q" });
-    fs.append(el("legend", `Question ${q.number}`));
-    fs.append(el("p", `Chapter ${q.chapter}: ${chapterTitle(q)}`, { class: "mm-exam-chapter" }));
+    fs.append(el("legend", t().question(q.number)));
+    fs.append(el("p", t().chapter(q.chapter, chapterTitle(q)), { class: "mm-exam-chapter" }));
     fs.append(el("p", q.question, { class: "mm-exam-text" }));
     if (q.type === "numeric") {
       const id = `q${q.number}-value`;
-      fs.append(el("label", `Your answer${q.unit ? ` (${q.unit})` : ""}`, { for: id }), " ");
+      fs.append(el("label", `${t().yourAnswer}${q.unit ? ` (${q.unit})` : ""}`, { for: id }), " ");
       fs.append(el("input", null, { id, type: "text", inputmode: "decimal", autocomplete: "off", class: "value" }));
     } else {
-      if (q.type === "multiple") fs.append(el("p", "Choose all that apply.", { class: "mm-exam-hint" }));
+      if (q.type === "multiple") fs.append(el("p", t().all, { class: "mm-exam-hint" }));
       q.choices.forEach((text, i) => {
         const id = `q${q.number}-c${i}`;
         const row = el("div", null, { class: "mm-exam-choice" });
@@ -159,7 +241,7 @@
         fs.append(row);
       });
     }
-    const save = el("button", "Save answer", { type: "button", class: "md-button mm-exam-save" });
+    const save = el("button", t().save, { type: "button", class: "md-button mm-exam-save" });
     const fb = el("p", null, { id: `fb${q.number}`, role: "status", "aria-live": "polite", class: "mm-exam-recorded" });
     save.addEventListener("click", () => submit(q, fs, fb, save));
     fs.append(save, fb);
@@ -169,25 +251,26 @@
   }
 
   function lock(fs, fb, button, given) {
-    if ("value" in given) fs.querySelector(".value").value = String(given.value);
+    if ("value" in given) fs.querySelector(".value").value = t().num(given.value);
     const picked = "choice" in given ? [given.choice] : (given.choices || []);
     fs.querySelectorAll("input[value]").forEach((i) => { if (picked.includes(Number(i.value))) i.checked = true; });
     fs.querySelectorAll("input").forEach((i) => { i.disabled = true; });
     button.disabled = true;
     fs.dataset.locked = "1";
-    fb.textContent = "Recorded.";
+    fb.textContent = t().recorded;
   }
 
   async function submit(q, fs, fb, button) {
     let body;
     if (q.type === "numeric") {
-      const raw = fs.querySelector(".value").value.trim().replace(/[\s\u2009]/g, "");
+      let raw = fs.querySelector(".value").value.trim().replace(/[\s\u2009]/g, "");
+      if (pageLang() === "nl") raw = raw.replace(/,/g, ".");          // Dutch writes a decimal comma
       const value = Number(raw);
-      if (!raw || !Number.isFinite(value)) { fb.textContent = "Enter a number first, for example 16.6."; return; }
+      if (!raw || !Number.isFinite(value)) { fb.textContent = t().numberFirst; return; }
       body = { value };
     } else {
       const picked = [...fs.querySelectorAll("input:checked")].map((i) => Number(i.value));
-      if (!picked.length) { fb.textContent = "Choose an option first."; return; }
+      if (!picked.length) { fb.textContent = t().optionFirst; return; }
       body = q.type === "single" ? { choice: picked[0] } : { choices: picked };
     }
     button.disabled = true;
@@ -198,40 +281,38 @@
       lock(fs, fb, button, body);
       progress();
     } catch (e) {
-      fb.textContent = `Not recorded: ${e.message}`;
+      fb.textContent = t().notRecorded(e.message);
       button.disabled = /locked|finished|expired/.test(e.message);
     }
   }
 
   function progress() {
     const done = document.querySelectorAll("fieldset.mm-exam-q[data-locked]").length;
-    $("mm-exam-progress").textContent =
-      `${done} of ${attempt.total} answered; ${attempt.pass_mark} correct answers pass.`;
+    $("mm-exam-progress").textContent = t().progress(done, attempt.total, attempt.pass_mark);
   }
 
   async function finish() {
     const box = $("mm-exam-result");
     const unanswered = attempt.total - document.querySelectorAll("fieldset.mm-exam-q[data-locked]").length;
-    if (unanswered && !confirm(`${unanswered} question(s) unanswered count as wrong. Finish anyway?`)) return;
+    if (unanswered && !confirm(t().unanswered(unanswered))) return;
     let res;
     try {
       res = await call("POST", `/attempts/${attempt.attempt_id}/finish`);
-    } catch (e) { box.textContent = `Could not finish: ${e.message}`; return; }
+    } catch (e) { box.textContent = t().notFinished(e.message); return; }
     show("after");
     $("mm-exam-exam").hidden = true;
-    box.replaceChildren(el("h2", res.passed ? "Passed" : "Not passed"),
-      el("p", `Score: ${res.score} of ${res.total} (${res.percent}%). ${res.pass_mark} were needed.`, { id: "mm-exam-score" }));
+    box.replaceChildren(el("h2", res.passed ? t().passed : t().failed), el("p", t().score(res), { id: "mm-exam-score" }));
     if (res.credential) credentialLinks(box, res.credential);
     await review(attempt.attempt_id);
   }
 
   function credentialLinks(box, c) {
-    box.append(el("p", `Verification code: ${c.code}`, { id: "mm-exam-code" }));
+    box.append(el("p", t().code(c.code), { id: "mm-exam-code" }));
     const ul = el("ul");
-    const links = [["Download the credential (JSON)", `/api/v1/credentials/${c.code}`, "mm-exam-download", "minimega-certificate.json"],
-      ["Printable certificate", `/certificates/${c.code}`, "mm-exam-certificate", null],
-      ["Certificate image (SVG, carries the credential)", `/certificates/${c.code}.svg`, "mm-exam-svg", "minimega-certificate.svg"],
-      ["Verify it", `/verify/?c=${encodeURIComponent(c.code)}`, "mm-exam-verify", null]];
+    const links = [[t().download, `/api/v1/credentials/${c.code}`, "mm-exam-download", "minimega-certificate.json"],
+      [t().printable, `/certificates/${c.code}`, "mm-exam-certificate", null],
+      [t().svg, `/certificates/${c.code}.svg`, "mm-exam-svg", "minimega-certificate.svg"],
+      [t().verify, sitePath(`/verify/?c=${encodeURIComponent(c.code)}`), "mm-exam-verify", null]];
     for (const [text, href, id, download] of links) {
       const a = el("a", text, { href, id });
       if (download) a.setAttribute("download", download);
@@ -241,8 +322,8 @@
   }
 
   function describe(q, response) {
-    if (!response) return "not answered";
-    if ("value" in response) return `${response.value}${q.unit ? ` ${q.unit}` : ""}`;
+    if (!response) return t().notAnswered;
+    if ("value" in response) return `${t().num(response.value)}${q.unit ? ` ${q.unit}` : ""}`;
     const picked = "choice" in response ? [response.choice] : response.choices;
     return picked.map((i) => q.choices[i]).join("; ");
   }
@@ -252,20 +333,20 @@
     show("after");
     let res;
     try { res = await call("GET", `/attempts/${encodeURIComponent(id)}/review`); }
-    catch (e) { box.replaceChildren(el("p", `No review yet: ${e.message}`)); return; }
-    box.replaceChildren(el("h2", `Review: ${res.score} of ${res.total}`));
+    catch (e) { box.replaceChildren(el("p", t().noReview(e.message))); return; }
+    box.replaceChildren(el("h2", t().review(res)));
     for (const q of res.items) {
       const item = el("section", null, { class: `mm-exam-review-item ${q.correct ? "mm-ok" : "mm-bad"}`, "data-number": q.number });
-      item.append(el("h3", `Question ${q.number} (chapter ${q.chapter}: ${chapterTitle(q)}): ${q.correct ? "correct" : "not correct"}`));
+      item.append(el("h3", t().reviewItem(q, chapterTitle(q))));
       item.append(el("p", q.question));
-      item.append(el("p", `Your answer: ${describe(q, q.response)}`));
+      item.append(el("p", t().given(describe(q, q.response))));
       if (q.type === "numeric") {
-        item.append(el("p", `Answer: ${q.answer}${q.unit ? ` ${q.unit}` : ""}`), el("p", q.explain));
+        item.append(el("p", t().answer(`${t().num(q.answer)}${q.unit ? ` ${q.unit}` : ""}`)), el("p", q.explain));
       } else {
         const ul = el("ul");
         q.choices.forEach((text, i) => {
           const li = el("li");
-          li.append(el("strong", `${q.key.includes(i) ? "Right" : "Wrong"}: ${text}. `), document.createTextNode(q.explains[i]));
+          li.append(el("strong", `${q.key.includes(i) ? t().right : t().wrong}: ${text}. `), document.createTextNode(q.explains[i]));
           ul.append(li);
         });
         item.append(ul);
