@@ -22,6 +22,13 @@ CATEGORIES: tuple[tuple[str, str, str], ...] = (
 )
 COLOURS = {key: colour for key, _, colour in CATEGORIES}
 LABELS = {key: label for key, label, _ in CATEGORIES}
+# The labels per language: the Dutch edition's figures and calculator take theirs from here.
+LABELS_BY_LANG = {
+    "en": LABELS,
+    "nl": {"params": "parameters", "grads": "gradiënten", "optimizer": "optimizer states",
+           "gathered": "opgehaald blok (ZeRO-3)", "activations": "activaties",
+           "recompute": "herberekende laag (backward)", "cpu": "in CPU-geheugen (offload)"},
+}
 
 # Formula and estimate markers drawn next to measured categories: a grey that reads on light and dark.
 REFERENCE = "#868e96"
@@ -29,13 +36,17 @@ REFERENCE = "#868e96"
 SERIES = ("#4c6ef5", "#12b886", "#f59f00", "#e64980", "#7950f2", "#868e96")
 
 
-def label(key: str, detail: str = "") -> str:
-    """The legend label of category `key`, with an optional detail: ``label("grads", "2 B/param")``."""
+def label(key: str, detail: str = "", lang: str = "en") -> str:
+    """The legend label of category `key` in `lang`, with an optional detail: ``label("grads", "2 B/param")``."""
     if key not in COLOURS:
         raise KeyError(f"memory category {key!r}: expected one of {', '.join(COLOURS)}")
-    return f"{LABELS[key]} ({detail})" if detail else LABELS[key]
+    if lang not in LABELS_BY_LANG:
+        raise KeyError(f"language {lang!r}: the palette has labels for {', '.join(LABELS_BY_LANG)}")
+    text = LABELS_BY_LANG[lang][key]
+    return f"{text} ({detail})" if detail else text
 
 
-def palette_json() -> str:
-    """The categories as a JSON list of ``{"key", "label", "colour"}``, in stacking order."""
-    return json.dumps([{"key": k, "label": lab, "colour": c} for k, lab, c in CATEGORIES])
+def palette_json(lang: str = "en") -> str:
+    """The categories as a JSON list of ``{"key", "label", "colour"}`` in stacking order, labels in `lang`."""
+    return json.dumps([{"key": k, "label": label(k, lang=lang), "colour": c} for k, _, c in CATEGORIES],
+                      ensure_ascii=False)

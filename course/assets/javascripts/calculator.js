@@ -188,21 +188,19 @@
   var scriptSrc = document.currentScript ? document.currentScript.src : "";
   var GB = 1e9;
   // The memory categories' labels and colours come from minimega.palette, written into the page at
-  // build time (palette_json), so the chart and table use the chapter figures' colours.
+  // build time (palette_json, labels in the page's language), so the chart and table use the chapter
+  // figures' colours and words.
   var GPU_CATS = ["params", "grads", "optimizer", "gathered", "activations", "recompute"];
   /* Words per page language (<html lang>; the Dutch edition is "nl"); numbers in Dutch take a decimal comma. */
   var WORDS = {
-    en: {cats: {}, total: "total on the GPU", cpu: "in CPU memory (offload)", cannot: "Cannot compute: ", change: ". Change that input to see the table and the chart.",
+    en: {total: "total on the GPU", cpu: "in CPU memory (offload)", cannot: "Cannot compute: ", change: ". Change that input to see the table and the chart.",
          status: function (total, fits, cap, params) {
            return "Total per GPU: " + total + " GB (" + (fits ? "fits in " : "does not fit in ") + cap +
              " GB). Parameters on this GPU's pipeline stage: " + params + " billion.";
          },
          stage: "stage ", chosen: "<br>(chosen)", title: "GB per GPU by ZeRO stage",
          decimal: "."},
-    nl: {cats: {params: "parameters", grads: "gradiënten", optimizer: "optimizer states",
-                gathered: "opgehaald blok (ZeRO-3)", activations: "activaties", recompute: "herberekende laag (backward)",
-                 cpu: "in CPU-geheugen (offload)"},
-         total: "totaal op de GPU", cpu: "in CPU-geheugen (offload)", cannot: "Kan niet rekenen: ", change: ". Pas die invoer aan om de tabel en de grafiek te zien.",
+    nl: {total: "totaal op de GPU", cpu: "in CPU-geheugen (offload)", cannot: "Kan niet rekenen: ", change: ". Pas die invoer aan om de tabel en de grafiek te zien.",
          status: function (total, fits, cap, params) {
            return "Totaal per GPU: " + total + " GB (" + (fits ? "past in " : "past niet in ") + cap +
              " GB). Parameters op de pipeline-stage van deze GPU: " + params + " miljard.";
@@ -214,7 +212,7 @@
     var lang = (document.documentElement.lang || "en").toLowerCase().slice(0, 2);
     return WORDS[lang] || WORDS.en;
   }
-  function label(key, c) { return words().cats[key] || (c ? c.label : words().total); }
+  function label(key, c) { return c ? c.label : words().total; }   // the palette JSON is in the page's language
 
   function loadPlotly(done) {
     if (root.Plotly) return done();

@@ -61,10 +61,12 @@ def record_plan(out: Path = DATA) -> Path:
     return out
 
 
-def read_plan_figure(path: Path = DATA):
+def read_plan_figure(path: Path = DATA, lang: str = "en"):
     """Two panels (fc: rows split over tp; proj: columns split): saved chunks outlined, reads filled by rank."""
     from plotly.subplots import make_subplots
+    from minimega.figure_words import num, words
     from minimega.plots import PALETTE, _layout
+    t = words(lang)
     trace = json.loads(Path(path).read_text())
     names = list(trace["tensors"])
     fig = make_subplots(rows=1, cols=len(names), horizontal_spacing=0.12,
@@ -78,25 +80,27 @@ def read_plan_figure(path: Path = DATA):
                 (r0, c0), (nr, nc) = x["offsets"], x["lengths"]
                 fig.add_scatter(x=[c0, c0 + nc, c0 + nc, c0, c0], y=[r0, r0, r0 + nr, r0 + nr, r0], fill="toself",
                                 mode="lines", line=dict(width=0), fillcolor=PALETTE[r["rank"]], opacity=0.45,
-                                name=f"new rank {r['rank']} (tp) reads", legendgroup=f"rank{r['rank']}",
+                                name=t("new rank {rank} (tp) reads").format(rank=r["rank"]), legendgroup=f"rank{r['rank']}",
                                 showlegend=col == 1 and i == 0, row=1, col=col,
-                                hovertemplate=f"new rank {r['rank']} reads rows {r0}–{r0 + nr - 1}, columns "
-                                              f"{c0}–{c0 + nc - 1} of {x['file']}<extra></extra>")
+                                hovertemplate=t("new rank {rank} reads rows {r0}–{r1}, columns {c0}–{c1} of {file}")
+                                .format(rank=r["rank"], r0=r0, r1=r0 + nr - 1, c0=c0, c1=c0 + nc - 1, file=x["file"])
+                                + "<extra></extra>")
         for i, c in enumerate(trace["tensors"][name]["chunks"]):  # an outline per saved chunk, dashed by file
             (r0, c0), (nr, nc) = c["offsets"], c["lengths"]
             old = int(c["file"][6:11])
             fig.add_scatter(x=[c0, c0 + nc, c0 + nc, c0, c0], y=[r0, r0, r0 + nr, r0 + nr, r0], mode="lines",
                             line=dict(color=PALETTE[5], width=2, dash=dash.get(old, "dot")),
-                            name=f"chunk written by old rank {old} (ZeRO-3)", legendgroup=f"old{old}",
+                            name=t("chunk written by old rank {rank} (ZeRO-3)").format(rank=old), legendgroup=f"old{old}",
                             showlegend=col == 1 and all(int(d["file"][6:11]) != old
                                                         for d in trace["tensors"][name]["chunks"][:i]),
                             row=1, col=col, hoverinfo="skip")
         # one "row" title, at the left: between the panels it would sit on the first one's boxes
-        fig.update_yaxes(autorange="reversed", title_text="row" if col == 1 else None, row=1, col=col)
-        fig.update_xaxes(title_text="column", row=1, col=col)
-    total = ", ".join(f"rank {r['rank']} {r['bytes_read'] / 1e3:.0f} kB" for r in trace["ranks"])
-    _layout(fig, f"Saved under {trace['source']['saved']}, loaded under {trace['source']['loaded']}: "
-                 f"each new rank reads only its slice ({total} in all), first block's MLP", "", "")
+        fig.update_yaxes(autorange="reversed", title_text=t("row") if col == 1 else None, row=1, col=col)
+        fig.update_xaxes(title_text=t("column"), row=1, col=col)
+    total = ", ".join(f"rank {r['rank']} {num(r['bytes_read'] / 1e3, '.0f', lang)} kB" for r in trace["ranks"])
+    _layout(fig, t("Saved under {saved}, loaded under {loaded}: each new rank reads only its slice ({total} in all), "
+                   "first block's MLP").format(saved=trace["source"]["saved"], loaded=trace["source"]["loaded"],
+                                               total=total), "", "", lang)
     fig.update_layout(title_pad_b=48)              # above the two-line panel titles
     return fig
 

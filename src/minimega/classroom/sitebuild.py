@@ -199,7 +199,7 @@ def on_page_markdown(markdown: str, page, config, files) -> str:
             return json.dumps(est.PRESETS, sort_keys=True).replace("</", "<\\/")
         if PALETTE.match(body):
             from minimega.palette import palette_json
-            return palette_json().replace("</", "<\\/")      # as presets_json: inside a JSON <script>
+            return palette_json(lang).replace("</", "<\\/")      # as presets_json: inside a JSON <script>
         raise PluginError(f"{page.file.src_path}: cannot parse the macro call {{{{{body}}}}}")
 
     return MACRO.sub(replace, markdown)
