@@ -129,8 +129,10 @@ def test_quiz_on_a_dutch_page_renders_the_dutch_bank_in_dutch():
 
 def test_figure_caption_and_links_come_from_the_dutch_page():
     out = _run('{{ figure("zero-breakdown", "Gestapelde GB per GPU") }}', _page("index.nl.md", "nl/", "nl"))
-    assert 'src="../assets/figures/zero-breakdown.html"' in out        # the root's figure pages, from /nl/
+    assert 'src="../assets/figures/nl/zero-breakdown.html"' in out     # the Dutch figure page, from /nl/
     assert "<figcaption>Gestapelde GB per GPU</figcaption>" in out
+    stand_in = _run('{{ figure("zero-breakdown", "Bytes per GPU") }}', _page("index.md", "nl/", "en"))
+    assert 'src="../assets/figures/zero-breakdown.html"' in stand_in    # an English stand-in stays English
 
 
 def test_exam_page_in_dutch_has_dutch_rules_titles_and_form():
@@ -223,7 +225,26 @@ def test_dutch_pages_reach_figures_labs_and_assets(built):
                 missing.append(f"{f.relative_to(built)} -> {ref}")
     assert checked > 500 and not missing, missing[:20]
     zero = (built / "nl" / "03-zero" / "index.html").read_text(encoding="utf-8")
-    assert 'href="../../labs/03-zero.ipynb"' in zero and 'src="../../assets/figures/zero-breakdown.html"' in zero
+    assert 'href="../../labs/03-zero.ipynb"' in zero and 'src="../../assets/figures/nl/zero-breakdown.html"' in zero
+
+
+def test_dutch_chapters_embed_only_dutch_figures_and_every_figure_has_a_dutch_page(built):
+    """A twin's iframes point at assets/figures/nl/; each figure's Dutch page is there, in lang="nl"."""
+    from minimega import plots
+    embedded = set()
+    for page in sorted(COURSE.glob("*.nl.md")):
+        url = url_of(page.with_name(page.name.removesuffix(".nl.md") + ".md"))
+        text = (built / "nl" / url / "index.html").read_text(encoding="utf-8")
+        srcs = re.findall(r'<iframe src="([^"]+)"', text)
+        english = [s for s in srcs if "/figures/nl/" not in s]
+        assert not english, f"/nl/{url} embeds English figures {english}"
+        embedded |= {s.rsplit("/", 1)[1].removesuffix(".html") for s in srcs}
+    assert embedded and embedded <= set(plots.FIGURES)
+    for name in plots.FIGURES:
+        page = built / "assets" / "figures" / "nl" / f"{name}.html"
+        assert page.is_file(), f"no Dutch page for figure {name}"
+        head = page.read_text(encoding="utf-8")[:600]
+        assert '<html lang="nl">' in head and 'src="../../vendor/plotly/plotly-basic.min.js"' in page.read_text(encoding="utf-8")
 
 
 def test_dutch_search_index_holds_the_dutch_pages(built):

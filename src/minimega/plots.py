@@ -256,8 +256,8 @@ FIGURES = {
 PAGE_SCRIPT = Path(__file__).with_name("figure_page.js")
 
 
-def figure_html(fig: go.Figure, div_id: str, plotly_src: str, title: str = "") -> str:
-    """A standalone HTML page for one figure: self-hosted plotly.js, deterministic div id, theme-aware."""
+def figure_html(fig: go.Figure, div_id: str, plotly_src: str, title: str = "", lang: str = "en") -> str:
+    """A standalone HTML page for one figure in `lang`: self-hosted plotly.js, deterministic div id, theme-aware."""
     page = fig.to_html(full_html=True, include_plotlyjs=plotly_src, div_id=div_id,
                        post_script=PAGE_SCRIPT.read_text(encoding="utf-8"),
                        config={"displaylogo": False, "responsive": True,
@@ -266,7 +266,9 @@ def figure_html(fig: go.Figure, div_id: str, plotly_src: str, title: str = "") -
     head = ('<meta name="viewport" content="width=device-width, initial-scale=1"><title>'
             + html.escape(title or div_id) + "</title><style>html,body{margin:0;height:100%;"
             "background:transparent;overflow:hidden}</style>")
-    return page.replace("<head>", "<head>" + head, 1)
+    if not lang.isalpha():
+        raise ValueError(f"figure page language {lang!r}: expected a language code such as 'nl'")
+    return page.replace("<html>", f'<html lang="{lang}">', 1).replace("<head>", "<head>" + head, 1)
 
 
 # ---- the pipeline schedule, from the ranks' recorded timelines ------------------------------------

@@ -13,13 +13,14 @@ the build, and other ``{{ … }}`` text (say, in a page someone else owns) is le
 Languages: the Dutch edition (``NN-slug.nl.md`` beside ``NN-slug.md``, built by mkdocs-static-i18n
 under ``/nl/``) calls the same macros. On a Dutch page `num` writes a decimal comma, `quiz` renders
 the Dutch twin of the bank (``quizzes/nl/``) with Dutch controls, `exam_page` the Dutch exam form,
-and `figure` takes its caption from the page that calls it. An English page that stands in for a
+and `figure` takes its caption from the page that calls it and embeds the Dutch figure
+(``assets/figures/nl/NAME.html``, its words from `minimega.figure_words`). An English page that stands in for a
 missing twin under ``/nl/`` stays English throughout.
 
 `on_files` adds the lab notebooks (``labs/NN-slug.ipynb``, outside ``docs_dir``) to the site as
 ``labs/NN-slug.ipynb``, so a chapter links its lab as ``[…](labs/NN-slug.ipynb)`` and ``--strict``
 checks the link. After the build, `on_post_build` writes every figure of `minimega.plots.FIGURES` as a standalone page
-under ``assets/figures/``, and pins the verify page's trusted issuers (``$MINIMEGA_TRUSTED_ISSUERS``,
+in each language under ``assets/figures/`` (`figure_path`), and pins the verify page's trusted issuers (``$MINIMEGA_TRUSTED_ISSUERS``,
 see `minimega.classroom.trust`) in ``verify/trusted-issuers.json``. Figures and the calculator load the vendored plotly.js basic bundle
 (``course/assets/vendor/plotly/``, the same plotly.js version plotly.py bundles), so the site makes
 no third-party request.
@@ -178,7 +179,7 @@ def on_page_markdown(markdown: str, page, config, files) -> str:
             from minimega.plots import FIGURES
             if name not in FIGURES:
                 raise PluginError(f"{page.file.src_path}: unknown figure {name!r}; have {sorted(FIGURES)}")
-            return (f'<figure class="mm-figure" id="fig-{name}"><iframe src="{prefix}assets/figures/{name}.html" '
+            return (f'<figure class="mm-figure" id="fig-{name}"><iframe src="{prefix}{figure_path(name, lang)}" '
                     f'title="{html.escape(caption)}" loading="lazy"></iframe>'
                     f"<figcaption>{html.escape(caption)}</figcaption></figure>")
         if QUIZ.match(body):
@@ -294,6 +295,18 @@ def on_files(files, config):
     return files
 
 
+# The languages every figure is written in (the site's languages): English at the root of
+# assets/figures/, each other language in a folder of its own, so a page embeds the figure in its language.
+FIGURE_LANGUAGES = ("en", "nl")
+
+
+def figure_path(name: str, lang: str = "en") -> str:
+    """Where figure `name` in `lang` lies in the built site, from the site root."""
+    if lang not in FIGURE_LANGUAGES:
+        raise PluginError(f"figure {name!r}: no figures in language {lang!r}; have {', '.join(FIGURE_LANGUAGES)}")
+    return f"assets/figures/{name}.html" if lang == "en" else f"assets/figures/{lang}/{name}.html"
+
+
 def building_language(config) -> str:
     """The language mkdocs-static-i18n is building now ("en" without the plugin)."""
     plugin = config["plugins"].get("i18n")
@@ -313,10 +326,12 @@ def on_post_build(config) -> None:
         raise PluginError(str(err)) from err
     if not (site / PLOTLY_JS).exists():
         raise PluginError(f"{PLOTLY_JS} is missing from the built site (see course/assets/vendor/README.md)")
-    out = site / "assets" / "figures"
-    out.mkdir(parents=True, exist_ok=True)
-    for name, build in plots.FIGURES.items():
-        fig = build()
-        title = (fig.layout.meta or {}).get("title") or fig.layout.title.text or name
-        (out / f"{name}.html").write_text(plots.figure_html(fig, f"fig-{name}-plot", "../vendor/plotly/plotly-basic.min.js", title),
-                                          encoding="utf-8")
+    for lang in FIGURE_LANGUAGES:
+        for name, build in plots.FIGURES.items():
+            path = figure_path(name, lang)
+            plotly_src = "../" * (path.count("/") - 1) + PLOTLY_JS.removeprefix("assets/")   # from the figure's folder
+            fig = build(lang=lang)
+            title = (fig.layout.meta or {}).get("title") or fig.layout.title.text or name
+            (site / path).parent.mkdir(parents=True, exist_ok=True)
+            (site / path).write_text(plots.figure_html(fig, f"fig-{name}-plot", plotly_src, title, lang),
+                                     encoding="utf-8")
