@@ -61,7 +61,7 @@ NL: dict[str, str] = {
     "MB per GPU per layer": "MB per GPU per laag",
     # presets-memory, offload-split
     "Memory per GPU for the calculator presets": "Geheugen per GPU voor de presets van de calculator",
-    "stage 2 + offload optimizer": "stage 2 + optimizer-offload",
+    "stage 2 + offload optimizer": "stage 2 + offload van optimizer",
     "stage 3 + offload optimizer + params": "stage 3 + offload van optimizer en parameters",
     "on the GPU": "op de GPU",
     "Model states of Ψ = {psi}B on {dp} GPU: where they live": "Model states van Ψ = {psi}B op {dp} GPU: waar ze staan",
