@@ -190,3 +190,21 @@ def test_page_trusts_only_its_pin(served, page):
     page.goto(f"{base}/verify/")
     assert verify_in_page(page, genuine)["verdict"] == "valid"
     assert page.errors == []
+
+
+@pytest.mark.browser
+def test_dutch_page_names_every_check_in_dutch(served, page):
+    """/nl/verify/: the same checks and statuses as the CLI, each shown under its Dutch name."""
+    from test_verify_names import PAGE_JS, dutch_check_names
+    names = dutch_check_names(PAGE_JS.read_text(encoding="utf-8"))
+    base, _, cases = served
+    page.goto(f"{base}/nl/verify/")
+    page.locator("#mm-verify-pinned").filter(has_text="Deze site vertrouwt 2 uitgevers").wait_for()
+    for case in (cases[0], next(c for c in cases if c["verdict"] == "invalid")):
+        verify_in_page(page, text_of(case))
+        shown = page.evaluate("""[...document.querySelectorAll('#mm-verify-checks tr[data-check]')]
+            .map(r => [r.dataset.check, r.dataset.status, r.querySelector('th').textContent])""")
+        _, checks = python_checks(case, base)
+        assert [[c, s] for c, s, _ in shown] == [[c, s] for c, s, _ in checks], case["name"]
+        assert [name for _, _, name in shown] == [names[c] for c, _, _ in checks], case["name"]
+    assert page.errors == []

@@ -8,7 +8,8 @@
   const CLAIMS = ["name", "achievement", "description", "course_version", "valid_from", "valid_until",
     "issuer_name", "issuer_id", "issuer_url", "credential_id", "email", "criteria"];
   /* The page's words per <html lang> (the Dutch edition at nl/verify/ sets "nl"). The checks'
-     names and details come from verify-core.js, in the words `minimega cert verify` prints. */
+     names and details come from verify-core.js, in the words `minimega cert verify` prints; the Dutch
+     page shows each check's Dutch name (checkNames) and keeps the verifier's name in data-check. */
   const WORDS = {
     en: {
       labels: { name: "Name", achievement: "Achievement", description: "Description", course_version: "Course version",
@@ -53,6 +54,31 @@
       signed: "Ondertekende claims", unsigned: "Claims zoals ze er staan (niet geverifieerd)", revocation: "Intrekking",
       checks: "Elke controle: goed, fout of n.v.t. (niet van toepassing, en waarom)", note: (n) => `Let op: ${n}`,
       checking: "Bezig met controleren…",
+      /* Each check's name, keyed on the name both verifiers report (verify-core.js CHECKS, which stays
+         in data-check); tests/test_verify_names.py holds this list to credential.CHECKS. */
+      checkNames: {
+        "JSON": "JSON-object",
+        "@context": "@context (contexten)",
+        "type": "type (soort credential)",
+        "credentialSubject": "credentialSubject (ontvanger)",
+        "issuer": "issuer (uitgever)",
+        "proof set": "set van bewijzen",
+        "eddsa-rdfc-2022 proof": "eddsa-rdfc-2022-bewijs",
+        "eddsa-jcs-2022 proof": "eddsa-jcs-2022-bewijs",
+        "issuer trusted": "uitgever vertrouwd",
+        "validFrom": "validFrom (geldig vanaf)",
+        "validUntil": "validUntil (geldig tot)",
+        "credentialStatus": "credentialStatus (intrekkingsstatus)",
+        "status list proof set": "statuslijst: set van bewijzen",
+        "status list eddsa-rdfc-2022 proof": "statuslijst: eddsa-rdfc-2022-bewijs",
+        "status list eddsa-jcs-2022 proof": "statuslijst: eddsa-jcs-2022-bewijs",
+        "status list issuer": "statuslijst: uitgever",
+        "status list id": "statuslijst: id",
+        "status list validFrom": "statuslijst: validFrom (geldig vanaf)",
+        "status list validUntil": "statuslijst: validUntil (geldig tot)",
+        "status list contents": "statuslijst: inhoud",
+        "revocation": "intrekking",
+      },
       match: "Klopt: het certificaat is aan dit e-mailadres uitgegeven.",
       noMatch: "Klopt niet: het certificaat is niet aan dit adres uitgegeven (of het is anders getypt).",
       trusts: (n, list) => `Deze site vertrouwt ${n} uitgever${n > 1 ? "s" : ""}: ${list}.`,
@@ -162,7 +188,8 @@
       const tr = el("tr", undefined, `mm-check-${c.status === "n/a" ? "na" : c.status}`);
       tr.dataset.check = c.check;
       tr.dataset.status = c.status;
-      tr.append(el("td", w.marks[c.status], "mm-check-status"), el("th", c.check), el("td", c.detail, "mm-check-detail"));
+      const name = (w.checkNames && w.checkNames[c.check]) || c.check;    // English: the verifier's own name
+      tr.append(el("td", w.marks[c.status], "mm-check-status"), el("th", name), el("td", c.detail, "mm-check-detail"));
       checks.append(tr);
     }
     box.append(checks);
