@@ -41,13 +41,19 @@ def site_server(site_build):
 
 
 @pytest.fixture(scope="session")
-def chromium():
-    """One Debian chromium for the session, driven by Playwright."""
+def playwright():
+    """Playwright's sync API, started once: a thread may hold only one at a time, so every browser test uses this."""
     sync_api = pytest.importorskip("playwright.sync_api")
     with sync_api.sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_FLAGS)
-        yield b
-        b.close()
+        yield p
+
+
+@pytest.fixture(scope="session")
+def chromium(playwright):
+    """One Debian chromium for the session, driven by Playwright."""
+    b = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_FLAGS)
+    yield b
+    b.close()
 
 
 from postgres_support import postgres_server  # noqa: E402,F401  (one PostgreSQL server for the whole session)

@@ -1,6 +1,7 @@
 """The exam as a learner meets it, in Debian's chromium: from the course's navigation to the exam page, sign in
 through the development mail link, start, reload mid-exam and continue, finish, review, download the credential
 and verify it on the site's /verify/ page. No 404, no console error, no request leaving the service."""
+import contextlib
 import json
 import math
 import os
@@ -69,10 +70,10 @@ def answer(page, n, response):
     sync_api.expect(page.locator(f"#fb{n}")).to_have_text("Recorded.")
 
 
-def test_sign_in_reload_finish_review_download_verify(service, tmp_path):
+def test_sign_in_reload_finish_review_download_verify(service, tmp_path, playwright):
     base, app = service
     expect = sync_api.expect
-    with sync_api.sync_playwright() as p:
+    with contextlib.nullcontext(playwright) as p:         # the session's Playwright (conftest.py)
         browser = p.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
         ctx = browser.new_context(accept_downloads=True)
         page = ctx.new_page()
@@ -137,10 +138,10 @@ def test_sign_in_reload_finish_review_download_verify(service, tmp_path):
     assert errors == [] and missing == [] and outside == [], (errors, missing, outside)
 
 
-def test_practice_quiz_options_are_shuffled_at_every_render(service):
+def test_practice_quiz_options_are_shuffled_at_every_render(service, playwright):
     """The site shuffles a practice item's options client-side; grading still uses bank indices."""
     base, _ = service
-    with sync_api.sync_playwright() as p:
+    with contextlib.nullcontext(playwright) as p:         # the session's Playwright (conftest.py)
         browser = p.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
         page = browser.new_page()
         orders = set()

@@ -259,18 +259,10 @@ def test_dutch_search_index_holds_the_dutch_pages(built):
 # ---------------------------------------------------------------------------------------------
 # In chromium: the language switcher, the Dutch exam against a stubbed API, screenshots
 
-CHROMIUM = "/usr/bin/chromium"
-FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
-         "--disable-component-update", "--disable-sync"]
-
 
 @pytest.fixture(scope="module")
-def browser():
-    sync_api = pytest.importorskip("playwright.sync_api")
-    with sync_api.sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
-        yield b
-        b.close()
+def browser(chromium):
+    return chromium                       # the session's one chromium (conftest.py)
 
 
 def _context(browser, base, width=1280):

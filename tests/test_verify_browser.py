@@ -1,6 +1,7 @@
 """The verify page on the shared tamper cases (tests/verify_cases.py): under Node (the page's verifier
 module) and in chromium (the built page, its pinned trust, its rendering). Every check's name, status
 and words must equal what `credential.verify`, the CLI's verifier, reports for the same input."""
+import contextlib
 import functools
 import http.server
 import json
@@ -116,10 +117,8 @@ def served(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def page(served):
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
+def page(served, playwright):
+    with contextlib.nullcontext(playwright) as p:          # the session's Playwright (conftest.py)
         browser = p.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
         pg = browser.new_page()
         errors = []
