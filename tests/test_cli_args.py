@@ -48,6 +48,26 @@ def test_a_bad_value_is_one_line_naming_the_flag_and_what_to_give(argv, flag, ch
     assert "Config." not in err and "usage:" not in err
 
 
+PLAN = ["plan", "--model", "gpt2-124m", "--gpus", "8", "--global-batch", "8"]
+
+
+@pytest.mark.parametrize("argv,flag,change", [
+    (["plan", "--model", "gpt2-124m", "--nodes", "0", "--global-batch", "8"], "--nodes", ">= 1"),
+    (["plan", "--model", "gpt2-124m", "--gpus", "8", "--global-batch", "0"], "--global-batch", ">= 1"),
+    (PLAN + ["--top", "-1"], "--top", ">= 1"),
+    (PLAN + ["--memory-fraction", "1.5"], "--memory-fraction", "(0, 1]"),
+    (PLAN + ["--price", "-2"], "--price", ">= 0"),
+    (PLAN + ["--layers", "0"], "--layers", ">= 1"),
+    (PLAN + ["--experts", "-1"], "--experts", ">= 0"),
+    (["estimate", "--params", "7.5e9", "--dp", "0"], "--dp", ">= 1"),
+    (["estimate", "--params", "-1"], "--params", "> 0"),
+], ids=lambda v: " ".join(v[-2:]) if isinstance(v, list) else None)
+def test_plan_and_estimate_refuse_bad_values_by_flag(argv, flag, change, capsys):
+    err = refusal(argv, capsys)
+    assert err.count("\n") == 1 and err.startswith(f"minimega {argv[0]}: error: {flag}: "), err
+    assert change in err, err
+
+
 @pytest.mark.parametrize("argv,usage", [
     (["train", "--stpes", "3"], "usage: minimega train "),
     (["checkpoint", "consolidate", "ck", "out.safetensors", "--force"], "usage: minimega checkpoint consolidate "),

@@ -92,6 +92,28 @@ def positive_float(text: str) -> float:
     return value
 
 
+def nonnegative_float(text: str) -> float:
+    """A finite number >= 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number; give a number >= 0") from None
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"{text} is not allowed; give a finite number >= 0")
+    return value
+
+
+def fraction(text: str) -> float:
+    """A number in (0, 1]."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number; give a number in (0, 1]") from None
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(f"{text} is out of range; give a number in (0, 1]")
+    return value
+
+
 def flag_names(message: str, fields: dict[str, str]) -> str:
     """`message` with each ``Owner.field`` it mentions replaced by the flag that sets that field.
 

@@ -856,8 +856,9 @@ def add_estimate_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def _add_estimate_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--params", type=float, required=True, help="parameter count Psi, e.g. 7.5e9")
-    p.add_argument("--dp", type=int, default=1, help="data-parallel degree N_d (default 1)")
+    from .cli_args import positive_float, positive_int
+    p.add_argument("--params", type=positive_float, required=True, help="parameter count Psi, e.g. 7.5e9")
+    p.add_argument("--dp", type=positive_int, default=1, help="data-parallel degree N_d (default 1)")
     p.add_argument("--stage", type=int, choices=STAGES, default=None,
                    help="one ZeRO stage (default: all four)")
     p.add_argument("--precision", choices=PRECISIONS, default="mixed", help="default mixed (K = 12)")

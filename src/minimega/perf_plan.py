@@ -18,6 +18,7 @@ import json
 from dataclasses import asdict
 
 from . import estimate as est
+from .cli_args import fraction, nonnegative_float, nonnegative_int, positive_float, positive_int
 from .perf import STACKS, PerfConfig, days_and_cost, step_time
 from .perf_hardware import Hardware, add_hardware_args, hardware, hardware_from_args
 
@@ -149,30 +150,30 @@ def add_plan_parser(subparsers) -> argparse.ArgumentParser:
     g = p.add_argument_group("model")
     g.add_argument("--model", choices=sorted(est.PRESETS), default=None, help="a preset shape")
     for name in ("layers", "hidden", "heads", "vocab", "seq-len"):
-        g.add_argument(f"--{name}", type=int, default=None, help="overrides the preset")
+        g.add_argument(f"--{name}", type=positive_int, default=None, help="overrides the preset")
     g.add_argument("--precision", choices=est.PRECISIONS, default=None)
     g.add_argument("--fp32-grads", action="store_true", default=None, help="grads accumulate in fp32 (4 B/param)")
     g.add_argument("--no-dropout", action="store_true", help="the model has no dropout (BLOOM)")
     g.add_argument("--attention", choices=est.ATTENTION, default=None)
-    g.add_argument("--experts", type=int, default=None, help="experts per MoE layer (the search adds ep)")
-    g.add_argument("--top-k", type=int, default=None, help="experts per token (with --experts; default 2)")
-    g.add_argument("--capacity-factor", type=float, default=None, help="with --experts; default 1.25")
+    g.add_argument("--experts", type=nonnegative_int, default=None, help="experts per MoE layer (the search adds ep)")
+    g.add_argument("--top-k", type=positive_int, default=None, help="experts per token (with --experts; default 2)")
+    g.add_argument("--capacity-factor", type=positive_float, default=None, help="with --experts; default 1.25")
     c = p.add_argument_group("cluster")
     add_hardware_args(c)
-    c.add_argument("--nodes", type=int, default=None, help="nodes (GPUs = nodes x GPUs per node)")
-    c.add_argument("--gpus", type=int, default=None, help="total GPUs (instead of --nodes)")
+    c.add_argument("--nodes", type=positive_int, default=None, help="nodes (GPUs = nodes x GPUs per node)")
+    c.add_argument("--gpus", type=positive_int, default=None, help="total GPUs (instead of --nodes)")
     c.add_argument("--stack", choices=sorted(STACKS), default=None, help="pipeline engine (default: the preset's)")
     r = p.add_argument_group("run")
-    r.add_argument("--global-batch", type=int, required=True, help="sequences per step")
-    r.add_argument("--tokens", type=float, default=None, help="training tokens, for days and cost")
-    r.add_argument("--price", type=float, default=2.0, help="$ per GPU-hour (default 2.0)")
-    r.add_argument("--memory-fraction", type=float, default=0.9, help="share of GPU memory a layout may use (0.9)")
+    r.add_argument("--global-batch", type=positive_int, required=True, help="sequences per step")
+    r.add_argument("--tokens", type=positive_float, default=None, help="training tokens, for days and cost")
+    r.add_argument("--price", type=nonnegative_float, default=2.0, help="$ per GPU-hour (default 2.0)")
+    r.add_argument("--memory-fraction", type=fraction, default=0.9, help="share of GPU memory a layout may use (0.9)")
     s = p.add_argument_group("search")
     s.add_argument("--recompute", nargs="+", choices=est.RECOMPUTE, default=None)
     s.add_argument("--zero-stages", nargs="+", type=int, choices=est.STAGES, default=None)
     s.add_argument("--schedules", nargs="+", choices=est.SCHEDULES, default=None)
     s.add_argument("--no-sp", action="store_true", help="search without Megatron sequence parallelism")
-    s.add_argument("--top", type=int, default=10)
+    s.add_argument("--top", type=positive_int, default=10, help="layouts to print (default 10)")
     s.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=run_plan)
     return p
