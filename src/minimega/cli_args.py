@@ -83,34 +83,26 @@ def _int_at_least(text: str, low: int) -> int:
 
 def positive_float(text: str) -> float:
     """A finite number > 0."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number; give a number > 0") from None
-    if not math.isfinite(value) or value <= 0:
-        raise argparse.ArgumentTypeError(f"{text} is not allowed; give a finite number > 0")
-    return value
+    return _number(text, lambda v: v > 0, "a finite number > 0")
 
 
 def nonnegative_float(text: str) -> float:
     """A finite number >= 0."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number; give a number >= 0") from None
-    if not math.isfinite(value) or value < 0:
-        raise argparse.ArgumentTypeError(f"{text} is not allowed; give a finite number >= 0")
-    return value
+    return _number(text, lambda v: v >= 0, "a finite number >= 0")
 
 
 def fraction(text: str) -> float:
     """A number in (0, 1]."""
+    return _number(text, lambda v: 0 < v <= 1, "a number in (0, 1]")
+
+
+def _number(text: str, ok, want: str) -> float:
     try:
         value = float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number; give a number in (0, 1]") from None
-    if not 0 < value <= 1:
-        raise argparse.ArgumentTypeError(f"{text} is out of range; give a number in (0, 1]")
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number; give {want}") from None
+    if not (math.isfinite(value) and ok(value)):
+        raise argparse.ArgumentTypeError(f"{text} is not allowed; give {want}")
     return value
 
 
