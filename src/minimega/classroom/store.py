@@ -205,12 +205,28 @@ class Store:
         if c is None:
             c = sqlite3.connect(self.path, isolation_level=None, timeout=30)
             c.row_factory = sqlite3.Row
-            c.execute("PRAGMA journal_mode=WAL")
+            self._enter_wal(c)
             c.execute("PRAGMA synchronous=FULL")
             c.execute("PRAGMA foreign_keys=ON")
             c.execute("PRAGMA busy_timeout=30000")
             self._local.conn = c
         return c
+
+    def _enter_wal(self, c: sqlite3.Connection, wait_s: float = 30.0) -> None:
+        """Switch the file to WAL. The switch takes an exclusive lock without calling the busy handler,
+        so instances opening a new database at once see "database is locked": retry until wait_s."""
+        deadline = time.monotonic() + wait_s
+        while True:
+            try:
+                mode = c.execute("PRAGMA journal_mode=WAL").fetchone()[0]
+                break
+            except sqlite3.OperationalError as err:
+                if "locked" not in str(err) or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.01)
+        if mode.lower() != "wal":
+            raise StoreError(f"{self.where}: SQLite would not use write-ahead logging (journal mode {mode!r}); "
+                             "put --db on a local file system")
 
     @contextmanager
     def write(self):
