@@ -152,6 +152,35 @@ def test_cli_round_trip_revoke_and_rotate(server, tmp_path, capsys):
     assert len(listed) == 2 and "signs new certificates" in listed[1] and listed[0].split()[0] in json.dumps(cred)
 
 
+def test_erase_a_learner_and_their_copy_still_verifies(server, tmp_path, capsys):
+    base, var = server["base"], server["tmp"] / "var"
+    code = pass_via_http(base, "Grace Hopper", var / "classroom.sqlite3")
+    with urllib.request.urlopen(f"{base}/api/v1/credentials/{code}") as r:
+        held = tmp_path / "held.json"                               # the copy the learner keeps
+        held.write_bytes(r.read())
+
+    assert "--email" in cli_fast(capsys, "cert", "erase", "--var-dir", var).stderr       # who: required
+    bad = cli_fast(capsys, "cert", "erase", "--email", "not-an-address", "--var-dir", var)
+    assert bad.returncode != 0 and "--email" in bad.stderr
+    erased = cli_fast(capsys, "cert", "erase", "--email", "Grace.Hopper@example.org", "--var-dir", var)
+    assert erased.returncode == 0, erased.stderr
+    assert erased.stdout.startswith("erased that address: 1 attempts,") and "1 credentials" in erased.stdout
+
+    for path in (f"/api/v1/credentials/{code}", f"/certificates/{code}", f"/certificates/{code}.svg"):
+        status, body = call(base, "GET", path)
+        assert status == 410 and "erased at its holder's request" in body["detail"], (path, status, body)
+    lookup = cli_fast(capsys, "cert", "verify", code, "--issuer-url", base)
+    assert lookup.returncode != 0 and "HTTP 410 (this credential was erased" in lookup.stderr
+    kept = json.loads(cli_fast(capsys, "cert", "verify", held, "--issuer-url", base, "--json").stdout)
+    assert kept["valid"] and kept["revocation"].startswith("not revoked")
+    assert b"Grace Hopper" not in (var / "classroom.sqlite3").read_bytes()
+
+    again = cli_fast(capsys, "cert", "erase", "--code", code.lower(), "--var-dir", var)
+    assert again.returncode == 0 and "erased already" in again.stdout
+    none = cli_fast(capsys, "cert", "erase", "--email", "nobody@example.org", "--var-dir", var)
+    assert none.returncode == 0 and none.stdout.startswith("nothing stored for that address")
+
+
 LOAD_THREADS, LOAD_ANSWERS = 20, 2000
 
 

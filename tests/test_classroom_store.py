@@ -4,6 +4,7 @@ stored once, a finish once and never beside an answer, limits that hold when sev
 
 Each race opens a store object per worker, so on PostgreSQL every worker has its own connection pool,
 as separate service processes would; nothing in the store may rely on a lock inside one process."""
+import json
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -167,6 +168,53 @@ def test_revocation_once_and_in_one_snapshot(opener):
     assert store.revocation_state("fp") == (1, {77}) and store.status_lists() == {"fp"}
     with pytest.raises(KeyError):
         store.revoke("NOPE", "", time.time())
+
+
+def test_erasure_removes_one_learner_and_keeps_the_status_bits(opener, tmp_path):
+    store, other = opener(), opener()
+    now = time.time()
+    ids = {}
+    for learner, name in (("k", "Grace Hopper"), ("j", "Ada Lovelace")):
+        store.create_signin(token_hash=f"t-{learner}", learner_key=learner, email_id={"h": learner}, now=now,
+                            ttl_s=600, per_hour=5)
+        store.redeem_signin(token_hash=f"t-{learner}", session_hash=f"s-{learner}", now=now, session_ttl_s=600)
+        aid = store.create_attempt(learner_key=learner, display_name=name, email_id={"h": learner}, ip="10.1.2.3",
+                                   day="2026-01-01", now=now, ttl_s=3600, items=[(1, "a", [0, 1]), (1, "b", [1, 0])],
+                                   per_day=5)
+        store.record_answer(aid, 1, [0], True, now)
+        store.finish_attempt(aid, now, pass_fraction=0.5)
+        store.store_credential(credential_id=f"urn:uuid:{learner}", code=f"C-{learner}", attempt_id=aid,
+                               status_list="fp", status_index=len(ids), now=now,
+                               document={"name": name, "proof": "z" * 6000})   # a real one spills into overflow pages
+        ids[learner] = aid
+    open_one = new_attempt(store, learner="k")                    # an open attempt is ended too
+    store.revoke("C-j", "test", now)
+    before = store.revocation_state("fp")
+
+    counts = other.erase_learner("k", now + 1)
+    assert counts == {"attempts": 2, "answers": 1, "attempt_items": 2 + 6, "credentials": 1, "signins": 1,
+                      "sessions": 1}
+    for aid in (ids["k"], open_one):
+        row = store.attempt(aid)
+        assert (row["learner_key"], row["display_name"], row["email_id"], row["ip"]) == ("erased", "erased", None, "")
+        assert row["erased_at"] == pytest.approx(now + 1) and row["expires_at"] <= now + 1
+        assert store.items(aid) == [] and store.answers(aid) == []
+    assert store.attempt(ids["k"])["score"] == 1                  # what is not personal stays
+    erased = store.credential_by_code("C-k")
+    assert erased["document"] == "" and erased["erased_at"] is not None and erased["status_index"] == 0
+    assert store.revocation_state("fp") == before                 # nothing revoked, nothing freed
+    with pytest.raises(Duplicate):                                # the erased index is never handed out again
+        store.store_credential(credential_id="urn:uuid:n", code="C-n", attempt_id=new_attempt(store, learner="n"),
+                               status_list="fp", status_index=0, document={}, now=now)
+    assert store.session("s-k", now) is None and store.open_attempt("k", now) is None
+    assert store.session("s-j", now) is not None                  # the other learner is untouched
+    assert store.attempt(ids["j"])["display_name"] == "Ada Lovelace" and len(store.items(ids["j"])) == 2
+    assert json.loads(store.credential_by_code("C-j")["document"])["name"] == "Ada Lovelace"
+    assert other.erase_learner("k", now + 2) == dict.fromkeys(counts, 0)
+    if opener.backend == "sqlite":                                # nothing of the name left in the files
+        files = list((tmp_path / "var").glob("classroom.sqlite3*"))
+        assert files and all(b"Grace Hopper" not in f.read_bytes() for f in files)
+        assert any(b"Ada Lovelace" in f.read_bytes() for f in files)
 
 
 def test_rate_window_is_shared_and_slides(opener):

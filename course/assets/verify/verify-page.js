@@ -35,6 +35,7 @@
       pasted: "pasted JSON", code: (c) => `code ${c}`,
       chooseFirst: "Choose a file or paste a credential first.",
       noCode: "no certificate has this code",
+      erased: "the course erased this certificate at its holder's request; the holder's own file still verifies here",
       fetchFailed: (c, m) => `Could not fetch the certificate for code ${c}: ${m}`,
     },
     nl: {
@@ -86,6 +87,7 @@
       pasted: "geplakte JSON", code: (c) => `code ${c}`,
       chooseFirst: "Kies eerst een bestand of plak een credential.",
       noCode: "er is geen certificaat met deze code",
+      erased: "de cursus heeft dit certificaat op verzoek van de houder gewist; het eigen bestand van de houder is hier nog te controleren",
       fetchFailed: (c, m) => `Het certificaat voor code ${c} kon niet opgehaald worden: ${m}`,
     },
   };
@@ -244,7 +246,7 @@
     if (code) {
       const url = siteUrl(`api/v1/credentials/${encodeURIComponent(code)}`);
       fetch(url, { cache: "no-store" }).then(async (resp) => {
-        if (!resp.ok) throw new Error(resp.status === 404 ? t().noCode : `HTTP ${resp.status}`);
+        if (!resp.ok) throw new Error(resp.status === 404 ? t().noCode : resp.status === 410 ? t().erased : `HTTP ${resp.status}`);
         await verifyText(root, await resp.text(), t().code(code));
       }).catch((e) => root.querySelector("#mm-verify-result").replaceChildren(
         el("p", t().fetchFailed(code, e.message), "mm-verify-verdict is-invalid")));

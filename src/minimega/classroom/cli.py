@@ -3,6 +3,7 @@
     python -m minimega.classroom.cli serve [--host 127.0.0.1 --port 8000 …]
     python -m minimega.classroom.cli cert verify FILE|CODE [--trust DID] [--issuer-url URL] [--offline] [--json]
     python -m minimega.classroom.cli cert revoke CODE [--reason TEXT]
+    python -m minimega.classroom.cli cert erase --email ADDRESS | --code CODE
     python -m minimega.classroom.cli cert keys | rotate-key
 
 `cert verify` checks the proofs offline (did:key needs nothing; did:web needs --did-document or the
@@ -200,7 +201,7 @@ def run_serve(args) -> int:
 
 def add_cert_parser(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser("cert", help="verify, revoke and manage certificates",
-                              description="Verify a certificate anywhere; revoke or rotate keys on the service host.")
+                              description="Verify a certificate anywhere; revoke, erase or rotate keys on the service host.")
     sub = p.add_subparsers(dest="cert_command", required=True)
 
     v = sub.add_parser("verify", help="check a certificate's proofs, dates and revocation; show every claim")
@@ -227,6 +228,18 @@ def add_cert_parser(subparsers) -> argparse.ArgumentParser:
     r.add_argument("--db", default=os.environ.get("MINIMEGA_DB") or None,
                    help="the service's SQLite file or postgresql:// URL (default $MINIMEGA_DB, else VAR_DIR/classroom.sqlite3)")
     r.set_defaults(func=run_revoke)
+
+    e = sub.add_parser("erase", help="erase a learner's data at their request (service host)",
+                       description="Delete a learner's sign-ins, sessions, answers and hosted certificates and blank "
+                                   "their attempts (GDPR art. 17). Their certificate codes and status bits stay, so "
+                                   "the copies they hold still verify, as not revoked.")
+    who = e.add_mutually_exclusive_group(required=True)
+    who.add_argument("--email", help="the address the learner signed in with")
+    who.add_argument("--code", help="the verification code of one of the learner's certificates")
+    e.add_argument("--var-dir", type=Path, default=ClassroomConfig().var_dir)
+    e.add_argument("--db", default=os.environ.get("MINIMEGA_DB") or None,
+                   help="the service's SQLite file or postgresql:// URL (default $MINIMEGA_DB, else VAR_DIR/classroom.sqlite3)")
+    e.set_defaults(func=run_erase)
 
     s = sub.add_parser("keys", help="show the signing keys' fingerprints and did:key ids (to pin or publish)")
     s.add_argument("--var-dir", type=Path, default=ClassroomConfig().var_dir)
@@ -271,9 +284,18 @@ def load_credential_arg(arg: str, issuer_url: str | None, offline: bool):
     try:
         return _fetch_json(url), url
     except urllib.error.HTTPError as err:
-        raise SystemExit(f"{url}: HTTP {err.code} (unknown code?)")
+        raise SystemExit(f"{url}: HTTP {err.code} ({_error_detail(err) or 'unknown code?'})")
     except (urllib.error.URLError, OSError) as err:
         raise SystemExit(f"{url}: unreachable ({err})")
+
+
+def _error_detail(err: urllib.error.HTTPError, limit: int = 4096) -> str:
+    """The service's one-line reason (``{"detail": …}``), bounded and printable; '' if there is none."""
+    try:
+        detail = json.loads(err.read(limit)).get("detail")
+    except (OSError, ValueError, AttributeError):
+        return ""
+    return "".join(ch for ch in detail[:300] if ch.isprintable()) if isinstance(detail, str) else ""
 
 
 def trusted_issuers(args_trust=(), trust_file: Path | None = None, env=os.environ) -> dict[str, str]:
@@ -398,20 +420,66 @@ def run_verify(args) -> int:
     return code
 
 
-def run_revoke(args) -> int:
+def _service_store(args):
+    """The service's store, as --db or --var-dir name it; never creates a database that is not there."""
     from .store import StoreError, open_store
-    from .verification_code import CodeError, normalize
 
     db = args.db or args.var_dir / "classroom.sqlite3"
     if "://" not in str(db) and not Path(db).exists():
         raise SystemExit(f"no database at {db} (pass --db or --var-dir of the service)")
     try:
+        return open_store(db)
+    except StoreError as err:
+        raise SystemExit(f"minimega cert {args.cert_command}: {err}")
+
+
+def run_erase(args) -> int:
+    import time
+
+    from .exam import ExamError, clean_email, learner_key
+    from .store import ERASED
+    from .verification_code import CodeError, normalize
+
+    store = _service_store(args)
+    if args.email is not None:
+        try:
+            key = learner_key(store.pepper(), clean_email(args.email))
+        except ExamError as err:
+            raise SystemExit(f"--email: {err}")
+        who = "that address"
+    else:
+        try:
+            code = normalize(args.code)
+        except CodeError as err:
+            raise SystemExit(f"--code {args.code!r}: {err}")
+        row = store.credential_by_code(code)
+        if row is None:
+            raise SystemExit(f"no credential with code {code} in {store.where}")
+        key = store.attempt(row["attempt_id"])["learner_key"]
+        if key == ERASED:
+            print(f"{code}: its holder's data was erased already")
+            return 0
+        who = f"the holder of {code}"
+    counts = store.erase_learner(key, time.time())
+    if not any(counts.values()):
+        print(f"nothing stored for {who} in {store.where}")
+        return 0
+    print(f"erased {who}: " + ", ".join(f"{n} {table}" for table, n in counts.items()) +
+          "; certificate codes and status bits kept (the holder's copies still verify)")
+    return 0
+
+
+def run_revoke(args) -> int:
+    from .store import StoreError
+    from .verification_code import CodeError, normalize
+
+    try:
         code = normalize(args.code)
     except CodeError as err:
         raise SystemExit(f"{args.code!r}: {err}")
     import time
+    store = _service_store(args)
     try:
-        store = open_store(db)
         changed = store.revoke(code, args.reason, time.time())
     except StoreError as err:
         raise SystemExit(f"minimega cert revoke: {err}")

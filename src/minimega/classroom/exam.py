@@ -217,6 +217,12 @@ def clean_email(email: str) -> str:
     return email
 
 
+def learner_key(pepper: bytes, email: str) -> str:
+    """A learner's key: the database's pepper over their address (the store never holds the address)."""
+    ident = f"email:{email.strip().lower()}"
+    return hmac.new(pepper, ident.encode("utf-8"), hashlib.sha256).hexdigest()
+
+
 def rules_text(config: ClassroomConfig, n_chapters: int, lang: str = "en") -> str:
     """The exam's rules in one paragraph, from the configuration (the page and GET /api/v1/exam)."""
     k = config.questions_per_chapter
@@ -274,8 +280,7 @@ class Exam:
     # --- identity ------------------------------------------------------------------------------
 
     def learner_key(self, email: str) -> str:
-        ident = f"email:{email.strip().lower()}"
-        return hmac.new(self._pepper, ident.encode("utf-8"), hashlib.sha256).hexdigest()
+        return learner_key(self._pepper, email)
 
     def request_signin(self, email: str, next_path: str = "/exam/", lang: str = "en") -> dict:
         """Mail a one-time sign-in link, in `lang`. In development (`config.dev`) the reply carries the link too.

@@ -399,6 +399,9 @@ def create_app(config: ClassroomConfig, *, keyring: Keyring | None = None, clock
             raise ExamError(f"verification code: {err}", 404) from None
         if row is None:
             raise ExamError("no credential has this verification code", 404)
+        if row["erased_at"] is not None:
+            raise ExamError("this credential was erased at its holder's request; the copy its holder keeps still "
+                            "verifies (its proof and its status, not revoked)", 410)
         return row
 
     @app.get("/api/v1/credentials/{code}", responses=ERRORS,

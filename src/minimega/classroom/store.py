@@ -116,7 +116,13 @@ MIGRATIONS: list[tuple[int, str, str]] = [
     (5, "the language an attempt is taken in", """
         ALTER TABLE attempts ADD COLUMN lang TEXT NOT NULL DEFAULT 'en';  -- items, review and certificate text
     """),
+    (6, "erasure at a learner's request", """
+        ALTER TABLE attempts ADD COLUMN erased_at REAL;              -- personal fields blanked, answers deleted
+        ALTER TABLE credentials ADD COLUMN erased_at REAL;           -- document deleted, code and status bit kept
+    """),
 ]
+ERASED = "erased"
+"""The learner key and display name of an erased attempt (no personal data; counts per day start afresh)."""
 
 
 class StoreError(RuntimeError):
@@ -208,6 +214,7 @@ class Store:
             self._enter_wal(c)
             c.execute("PRAGMA synchronous=FULL")
             c.execute("PRAGMA foreign_keys=ON")
+            c.execute("PRAGMA secure_delete=ON")            # erased rows are overwritten, not left in free pages
             c.execute("PRAGMA busy_timeout=30000")
             self._local.conn = c
         return c
@@ -264,6 +271,11 @@ class Store:
 
     def _serialize(self, c, scope: str, key: str) -> None:
         """Hold a lock on (scope, key) until the transaction ends (SQLite: BEGIN IMMEDIATE already does)."""
+
+    def _flush_erased(self) -> None:
+        """After an erasure: copy the write-ahead log into the file and empty it, so the old pages (which held
+        the erased rows) leave the log too."""
+        self.conn().execute("PRAGMA wal_checkpoint(TRUNCATE)")
 
     def _is_unique_violation(self, err: Exception) -> bool:
         return isinstance(err, sqlite3.IntegrityError) and "UNIQUE" in str(err)
@@ -500,6 +512,34 @@ class Store:
             c.execute("UPDATE credentials SET revoked_at=?, revoked_why=? WHERE code=?", (now, reason, code))
             c.execute("UPDATE meta SET value=CAST(CAST(value AS INTEGER)+1 AS TEXT) WHERE key='status_version'")
         return True
+
+    # --8<-- [start:erase_learner]
+    def erase_learner(self, learner_key: str, now: float) -> dict[str, int]:
+        """Erase what the store holds about one learner (GDPR art. 17), in one transaction.
+
+        Deleted: sign-ins, sessions, every answer and drawn item of their attempts, the documents of their
+        credentials (which carry the name). Blanked: each attempt's learner key, name, email hash and address
+        (its score, dates and seed stay, with nothing that points to a person). Kept: each credential's
+        verification code and status bit, so the index is never given to someone else (revoking that one would
+        revoke the erased learner's copy) and the copy the learner holds still verifies offline, as not revoked.
+        Returns the rows touched per table."""
+        with self.write() as c:
+            self._serialize(c, "attempts", learner_key)
+            rows = c.execute("SELECT id, expires_at FROM attempts WHERE learner_key=?" + self.FOR_UPDATE,
+                             (learner_key,)).fetchall()
+            counts = {"attempts": len(rows), "answers": 0, "attempt_items": 0, "credentials": 0}
+            for aid, expires_at in rows:
+                for table in ("answers", "attempt_items"):
+                    counts[table] += c.execute(f"DELETE FROM {table} WHERE attempt_id=?", (aid,)).rowcount
+                counts["credentials"] += c.execute(
+                    "UPDATE credentials SET document='', erased_at=? WHERE attempt_id=?", (now, aid)).rowcount
+                c.execute("UPDATE attempts SET learner_key=?, display_name=?, email_id=NULL, ip='', expires_at=?, "
+                          "erased_at=? WHERE id=?", (ERASED, ERASED, min(expires_at, now), now, aid))   # an open one ends
+            for table in ("signins", "sessions"):
+                counts[table] = c.execute(f"DELETE FROM {table} WHERE learner_key=?", (learner_key,)).rowcount
+        self._flush_erased()
+        return counts
+    # --8<-- [end:erase_learner]
 
     def status_lists(self) -> set[str]:
         return {r[0] for r in self.fetchall("SELECT DISTINCT status_list FROM credentials")}

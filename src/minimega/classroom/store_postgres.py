@@ -121,6 +121,13 @@ class PostgresStore(Store):
     def _serialize(self, c, scope: str, key: str) -> None:
         c.execute("SELECT pg_advisory_xact_lock(?, hashtext(?))", (LOCK_SCOPES[scope], key))
 
+    def _flush_erased(self) -> None:
+        """VACUUM the tables an erasure touched, so the space of the erased row versions is reclaimed soon.
+        PostgreSQL does not overwrite it at once: the old versions stay in free space (and in backups and WAL
+        archives) until reused; the operator's retention of those is part of the erasure."""
+        with self.pool.connection() as conn:
+            conn.execute("VACUUM answers, attempt_items, attempts, credentials, signins, sessions")
+
     def _is_unique_violation(self, err: Exception) -> bool:
         return isinstance(err, self._psycopg.errors.UniqueViolation)
 
