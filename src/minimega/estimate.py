@@ -34,6 +34,7 @@ RECOMPUTE = ("none", "selective", "full")
 SCHEDULES = ("gpipe", "1f1b", "interleaved")
 OFFLOAD = ("none", "optimizer", "optimizer+params")
 PP_PARTITION = ("blocks", "blocks+embedding")
+CP_ATTENTION = ("ring", "ulysses")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -339,6 +340,25 @@ def cp_ring_bytes(n_layer: int, rows: int, seq_len: int, d_model: int, cp: int, 
         return 0.0
     blocks = (3 * cp - 2) + (cp - 1 if recompute else 0)                      # K/V-sized blocks sent per layer
     return n_layer * 2 * blocks * rows * (seq_len / cp) * (d_model / tp) * bytes_per_elem
+
+
+def cp_ulysses_bytes(n_layer: int, rows: int, seq_len: int, d_model: int, cp: int, tp: int = 1,
+                     bytes_per_elem: int = 4, recompute: bool = False) -> float:
+    """Bytes one rank sends in a training step's Ulysses attention (`minimega.ulysses`): per layer four
+    all-to-alls forward (q, k, v, output) and four backward, each over a rows · (T/cp) · (D/tp) buffer of
+    which (cp-1)/cp leaves the rank: 8 · (cp-1)/cp · rows · (T/cp) · (D/tp) per layer; ``recompute`` runs
+    the forward's four again (12). cp = 1: 0."""
+    if cp == 1:
+        return 0.0
+    exchanges = 8 + (4 if recompute else 0)                                   # all-to-alls per layer
+    return n_layer * exchanges * (cp - 1) / cp * rows * (seq_len / cp) * (d_model / tp) * bytes_per_elem
+
+
+def cp_bytes(attention: str, *args, **kwargs) -> float:
+    """`cp_ring_bytes` or `cp_ulysses_bytes` by ``attention`` ('ring' or 'ulysses', `TrainConfig.cp_attention`)."""
+    if attention not in CP_ATTENTION:
+        raise ValueError(f"cp attention {attention!r}: expected one of {CP_ATTENTION}")
+    return (cp_ring_bytes if attention == "ring" else cp_ulysses_bytes)(*args, **kwargs)
 # --8<-- [end:cp_estimate]
 
 
