@@ -114,7 +114,11 @@ def test_ulysses_matches_single_process(world, ref):
             assert r["a2a_sent"] == want, f"{name}: all-to-all {r['a2a_sent']} != {want}"
         # Saved activations: one process's for the same rows over cp, plus the kernel's head-split output.
         if tp == 1 and not recompute:
-            extra = TINY.n_layer * rows * (TINY.block_size // cp) * TINY.n_embd * 4
+            shape = est.MemoryConfig(layers=TINY.n_layer, hidden=TINY.n_embd, heads=TINY.n_head, vocab=256,
+                                     seq_len=TINY.block_size, micro_batch=rows, precision="fp32", cp=cp, dp=dp,
+                                     attention="fused", cp_attention="ulysses")
+            extra = TINY.n_layer * est.ulysses_activation_bytes(shape)[0]     # the estimator's term, as measured
+            assert extra == TINY.n_layer * rows * (TINY.block_size // cp) * TINY.n_embd * 4
             want_act = _single_process_activation_bytes(rows) / cp + extra
             for r in per_rank:
                 assert abs(r["activation_bytes"] - want_act) <= 4, \
@@ -139,6 +143,26 @@ def test_ulysses_sends_less_than_the_ring_from_cp_3():
     assert est.cp_bytes("ulysses", *args, 4) == est.cp_ulysses_bytes(*args, 4)
     with pytest.raises(ValueError, match="cp attention 'tree'"):
         est.cp_bytes("tree", *args, 4)
+
+
+def test_step_time_counts_eight_all_to_alls_per_layer_on_the_critical_path():
+    """perf: cp_comm is 8 all-to-alls per layer and micro-batch (12 with recomputation), hidden by nothing."""
+    from minimega import perf
+    base = dict(layers=32, hidden=4096, heads=32, vocab=32000, seq_len=32768, cp=8, dp=8, global_batch=8,
+                attention="fused", precision="bf16", zero_stage=1)
+    hw = perf.hardware("h100")
+    for recompute, n in (("none", 8), ("selective", 12), ("full", 12)):
+        cfg = perf.PerfConfig(**base, recompute=recompute, cp_attention="ulysses")
+        a2a = perf.collective_time("all_to_all", 1 * (32768 // 8) * 4096 * 2, 8, hw.link(8))
+        got = perf.step_time(cfg, hw)["cp_comm"]
+        assert math.isclose(got, cfg.micro_batches * 32 * n * a2a, rel_tol=1e-12), (recompute, got)
+        assert perf.step_time(perf.replace(cfg, overlap_comm=False), hw)["cp_comm"] == got
+    ring = perf.PerfConfig(**base)
+    uly = perf.replace(ring, cp_attention="ulysses")
+    mem = {c.cp_attention: est.memory_per_gpu(c.memory_config()) for c in (ring, uly)}
+    assert mem["ulysses"]["activations"] - mem["ring"]["activations"] == 32 * 2 * (32768 // 8) * 4096
+    with pytest.raises(ValueError, match=r"heads=32 is not divisible by tp\*cp = 8\*8 = 64"):
+        perf.PerfConfig(**base, tp=8, cp_attention="ulysses").check()
 
 
 @pytest.mark.parametrize("change, dims, message", [

@@ -66,7 +66,7 @@
                   recompute: "none", schedule: "1f1b", virtual_stages: 1, offload: "none", attention: "unfused",
                   position_embedding: true, fp32_grads: false, pp_partition: "blocks", global_batch: 1,
                   dropout: true, bucket_bytes: 25e6, stack: "megatron", overlap_comm: true,
-                  experts: 0, top_k: 2, capacity_factor: 1.25, ep: 1};
+                  experts: 0, top_k: 2, capacity_factor: 1.25, ep: 1, cp_attention: "ring"};
 
   function perfConfig(input) {                       // perf.PerfConfig (+ check)
     var c = {}, k;
@@ -91,7 +91,7 @@
     var out = {}, k;
     ["layers", "hidden", "heads", "vocab", "seq_len", "micro_batch", "precision", "zero_stage", "tp", "dp", "pp", "cp", "sp",
      "recompute", "schedule", "micro_batches", "virtual_stages", "offload", "attention", "position_embedding",
-     "fp32_grads", "pp_partition", "experts", "top_k", "capacity_factor", "ep"].forEach(function (k2) { out[k2] = c[k2]; });
+     "fp32_grads", "pp_partition", "experts", "top_k", "capacity_factor", "ep", "cp_attention"].forEach(function (k2) { out[k2] = c[k2]; });
     return out;
   }
 
@@ -163,7 +163,7 @@
       epComm = (4 + (c.recompute === "full" ? 2 : 0)) * collectiveTime("all_to_all", size, c.ep, linkFor(h, c.tp * c.ep));
     }
     return {forward: fwd, backward: 2 * fwd, recompute: recompute, tp_comm: nAr * ar, ep_comm: epComm,
-            cp_comm: ringAttentionTime(c, h, core)};
+            cp_comm: c.cp_attention === "ulysses" ? ulyssesAttentionTime(c, h) : ringAttentionTime(c, h, core)};
   }
 
   function ringAttentionTime(c, h, core) {           // perf.ring_attention_time
@@ -174,6 +174,13 @@
     var fwd = (c.cp - 1) * hop, bwd = (2 * c.cp - 1) * hop;
     if (c.overlap_comm) { fwd = Math.max(0, fwd - core); bwd = Math.max(0, bwd - 2 * core); }
     return fwd + bwd + (c.recompute !== "none" ? fwd : 0);
+  }
+
+  function ulyssesAttentionTime(c, h) {             // perf.ulysses_attention_time
+    if (c.cp === 1) return 0;
+    var e = c.precision === "fp32" ? 4 : 2;
+    var size = c.micro_batch * Math.floor(c.seq_len / c.cp) * c.hidden / c.tp * e;
+    return (8 + (c.recompute !== "none" ? 4 : 0)) * collectiveTime("all_to_all", size, c.cp, linkFor(h, c.cp * c.tp));
   }
 
   function stageLayers(c) {
