@@ -108,6 +108,11 @@ def test_planner_js_ranks_like_python():
         jobs.append((model, rng.choice([16, 64, 128]), rng.choice([256, 512]), rng.choice(sorted(perf.HARDWARE)), {}))
     moe = dict(layers=24, hidden=2048, heads=16, vocab=50257, seq_len=2048, experts=8, top_k=2, capacity_factor=1.25)
     jobs.append((moe, 64, 256, "h100", dict(recompute=("none", "full"), micro_batches=(1, 2))))
+    long = dict(layers=32, hidden=4096, heads=32, vocab=32000, seq_len=131072, precision="bf16", attention="fused",
+                position_embedding=False)
+    jobs.append((long, 64, 16, "h100", dict(cps=(1, 2, 4, 8, 16))))
+    jobs.append((dict(long, heads=24, hidden=3072), 32, 32, "a100-80gb", dict(cps=(1, 4, 8), cp_attentions=("ulysses",),
+                                                                             recompute=("none", "selective"))))
     shapes = [perf_plan.preset_shape(m) if isinstance(m, str) else m for m, *_ in jobs]
     got = _run([{"kind": "plan", "model": s, "n": n, "B": B, "hw": hw, "opts": {k: list(v) for k, v in o.items()}}
                 for s, (_, n, B, hw, o) in zip(shapes, jobs)])
