@@ -79,6 +79,7 @@ def test_long_sequences_plan_context_parallelism_first():
     with_cp = perf_plan.plan(LONG, 64, 16, "h100", top=3000, cps=(1, 2, 4, 8, 16))
     best = with_cp["top"][0]
     assert best["config"]["cp"] > 1, best["layout"]
+    assert (best["config"]["cp"], best["config"]["cp_attention"]) == (8, "ring"), best["layout"]   # chapter 15 says so
     assert not without["top"] or best["tokens_per_s"] > without["top"][0]["tokens_per_s"]
     assert with_cp["searched"] > without["searched"]
     # The search keeps the engine's rules: no cp with pp or sp; 2·cp chunks; Ulysses only where tp·cp divides heads.
