@@ -133,8 +133,8 @@ def test_exchange_puts_the_sequence_in_order():
             assert heads == list(range(8 * cp)) and local_heads == 2
 
 
-def test_ulysses_sends_less_than_the_ring_from_cp_3():
-    """Per layer: ring (6cp-4)·B·(T/cp)·(D/tp), Ulysses 8(cp-1)/cp of it; equal at cp = 2·... never, less from cp = 2."""
+def test_ulysses_sends_less_than_the_ring():
+    """Per layer: ring (6cp-4)·B·(T/cp)·(D/tp) elements, Ulysses 8(cp-1)/cp·B·(T/cp)·(D/tp): less from cp = 2 on."""
     args = (1, 1, 4096, 4096)
     for cp in (2, 4, 8):
         ring, uly = est.cp_ring_bytes(*args, cp), est.cp_ulysses_bytes(*args, cp)

@@ -364,7 +364,8 @@ def step_time(cfg: PerfConfig, hw: Hardware | str = "a100-80gb") -> dict:
     ``ep_comm`` (the expert all-to-alls, on the critical path), ``cp_comm`` (exposed ring attention,
     `ring_attention_time`, or Ulysses' all-to-alls, `ulysses_attention_time`), ``p2p``, ``bubble``,
     ``stack_overhead`` (see `STACKS`), ``dp_comm`` (exposed; over dp·cp, the ranks holding the same
-    parameters), ``offload`` (exposed PCIe transfers), ``optimizer`` (on the CPU when offloaded), ``total``, and ``tokens_per_s``,
+    parameters), ``offload`` (exposed PCIe transfers), ``optimizer`` (on the CPU when offloaded), ``total``,
+    and ``tokens_per_s``,
     ``tflops_per_gpu`` (Narayanan's Eq. 3 hardware FLOPs with full recomputation, what Megatron logs),
     ``mfu`` (model FLOPs, Korthikanti App. A), ``hfu``, ``memory`` (`estimate.memory_per_gpu`), ``fits``.
     """

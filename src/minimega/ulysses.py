@@ -54,12 +54,13 @@ def seq_to_heads(x: torch.Tensor, group: Group, tag: str) -> torch.Tensor:
     sequence, in order, of head group r."""
     cp = group.size
     B, nh, Tl, hs = x.shape
-    x = x.reshape(B, cp, nh // cp, Tl, hs).transpose(0, 1)                   # (cp, B, nh/cp, T/cp, hs): group j → rank j
-    x = _AllToAll.apply(x, group, tag)                                        # (cp, B, nh/cp, T/cp, hs): rank j's tokens
-    x = x.unflatten(3, (2, Tl // 2))                                          # (cp, B, nh/cp, 2, c, hs)
+    # Head group j (nh/cp heads) goes to rank j; what comes back from rank j is rank j's tokens of my group.
+    x = x.reshape(B, cp, nh // cp, Tl, hs).transpose(0, 1)                        # (cp, B, nh/cp, T/cp, hs)
+    x = _AllToAll.apply(x, group, tag)                                            # (cp, B, nh/cp, T/cp, hs)
+    x = x.unflatten(3, (2, Tl // 2))                                              # (cp, B, nh/cp, 2, c, hs)
     # Rank j sent chunks j and 2cp-1-j: the early chunks come in rank order, the late ones in reverse.
-    early, late = x[:, :, :, 0].movedim(0, 2), x[:, :, :, 1].flip(0).movedim(0, 2)   # 2 × (B, nh/cp, cp, c, hs)
-    return torch.cat([early, late], dim=2).flatten(2, 3)                      # (B, nh/cp, T, hs)
+    early, late = x[:, :, :, 0].movedim(0, 2), x[:, :, :, 1].flip(0).movedim(0, 2)  # 2 × (B, nh/cp, cp, c, hs)
+    return torch.cat([early, late], dim=2).flatten(2, 3)                          # (B, nh/cp, T, hs)
 
 
 def heads_to_seq(y: torch.Tensor, group: Group, tag: str) -> torch.Tensor:
@@ -67,12 +68,13 @@ def heads_to_seq(y: torch.Tensor, group: Group, tag: str) -> torch.Tensor:
     memory so the caller's transpose(1, 2).reshape to (B, T/cp, D) is a view."""
     cp = group.size
     B, h, T, hs = y.shape
-    y = y.unflatten(2, (2 * cp, T // (2 * cp)))                              # (B, nh/cp, 2cp, c, hs)
-    early, late = y[:, :, :cp].movedim(2, 0), y[:, :, cp:].flip(2).movedim(2, 0)     # 2 × (cp, B, nh/cp, c, hs)
-    y = torch.stack([early, late], dim=3)                                     # (cp, B, nh/cp, 2, c, hs): rank j's chunks
-    y = _AllToAll.apply(y, group, tag).flatten(3, 4)                          # (cp, B, nh/cp, T/cp, hs): head group j
-    y = y.permute(1, 3, 0, 2, 4).reshape(B, T // cp, cp * h, hs)              # (B, T/cp, nh, hs)
-    return y.transpose(1, 2)                                                  # (B, nh, T/cp, hs)
+    y = y.unflatten(2, (2 * cp, T // (2 * cp)))                                   # (B, nh/cp, 2cp, c, hs)
+    early, late = y[:, :, :cp].movedim(2, 0), y[:, :, cp:].flip(2).movedim(2, 0)  # 2 × (cp, B, nh/cp, c, hs)
+    # Rank j's two chunks go back to rank j; what comes back from rank j is head group j of my tokens.
+    y = torch.stack([early, late], dim=3)                                         # (cp, B, nh/cp, 2, c, hs)
+    y = _AllToAll.apply(y, group, tag).flatten(3, 4)                              # (cp, B, nh/cp, T/cp, hs)
+    y = y.permute(1, 3, 0, 2, 4).reshape(B, T // cp, cp * h, hs)                  # (B, T/cp, nh, hs)
+    return y.transpose(1, 2)                                                      # (B, nh, T/cp, hs)
 # --8<-- [end:exchange]
 
 
