@@ -58,6 +58,7 @@ SAMPLES = {
     "overlap_comm": ({}, dict(overlap_comm=False)),
     "ep": ({}, dict(ep=2)),
     "cp": ({}, dict(cp=2)),
+    "cp_attention": (dict(cp=2), dict(cp=2, cp_attention="ulysses")),
     "loss_scale": (dict(zero_stage=1, precision="fp16"), dict(zero_stage=1, precision="fp16", loss_scale=128.0)),
     "initial_scale_power": (dict(zero_stage=1, precision="fp16"), dict(zero_stage=1, precision="fp16", initial_scale_power=8)),
     "loss_scale_window": (dict(zero_stage=1, precision="fp16"), dict(zero_stage=1, precision="fp16", loss_scale_window=50)),

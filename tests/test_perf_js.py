@@ -57,6 +57,8 @@ def _random_config(rng):
                 bucket_bytes=rng.choice([25e6, 5e8]),
                 offload=rng.choice(["none", "optimizer"] + (["optimizer+params"] if stage == 3 else [])),
                 overlap_comm=rng.random() < 0.7)
+    if cp > 1 and heads % (tp * cp) == 0 and rng.random() < 0.5:
+        cfg["cp_attention"] = "ulysses"                                       # all-to-all over heads
     return {**cfg, **(_random_experts(rng, dp, tp) if cfg["cp"] == 1 else {})}   # no MoE under cp
 
 
@@ -86,7 +88,9 @@ def test_step_time_js_rejects_what_python_rejects():
     base = dict(layers=24, hidden=1024, heads=16, vocab=50000, seq_len=1024, global_batch=64, dp=2)
     bad = [{**base, "zero_stage": 3, "pp": 2}, {**base, "global_batch": 63}, {**base, "schedule": "interleaved"},
            {**base, "virtual_stages": 2}, {**base, "stack": "jax"}, {**base, "offload": "optimizer+params"}, {**base, "tp": 3},
-           {**base, "cp": 2}, {**base, "cp": 3, "attention": "fused"}]
+           {**base, "cp": 2}, {**base, "cp": 3, "attention": "fused"},
+           {**base, "cp": 4, "tp": 8, "attention": "fused", "cp_attention": "ulysses"},
+           {**base, "cp": 2, "attention": "fused", "cp_attention": "tree"}]
     for cfg, js in zip(bad, _run([{"kind": "step", "cfg": c, "hw": "h100"} for c in bad])):
         with pytest.raises(ValueError):
             perf.step_time(perf.PerfConfig(**cfg), "h100")
@@ -104,6 +108,11 @@ def test_planner_js_ranks_like_python():
         jobs.append((model, rng.choice([16, 64, 128]), rng.choice([256, 512]), rng.choice(sorted(perf.HARDWARE)), {}))
     moe = dict(layers=24, hidden=2048, heads=16, vocab=50257, seq_len=2048, experts=8, top_k=2, capacity_factor=1.25)
     jobs.append((moe, 64, 256, "h100", dict(recompute=("none", "full"), micro_batches=(1, 2))))
+    long = dict(layers=32, hidden=4096, heads=32, vocab=32000, seq_len=131072, precision="bf16", attention="fused",
+                position_embedding=False)
+    jobs.append((long, 64, 16, "h100", dict(cps=(1, 2, 4, 8, 16))))
+    jobs.append((dict(long, heads=24, hidden=3072), 32, 32, "a100-80gb", dict(cps=(1, 4, 8), cp_attentions=("ulysses",),
+                                                                             recompute=("none", "selective"))))
     shapes = [perf_plan.preset_shape(m) if isinstance(m, str) else m for m, *_ in jobs]
     got = _run([{"kind": "plan", "model": s, "n": n, "B": B, "hw": hw, "opts": {k: list(v) for k, v in o.items()}}
                 for s, (_, n, B, hw, o) in zip(shapes, jobs)])

@@ -66,3 +66,49 @@ def test_plan_cli_json_and_errors(capsys):
     assert "--layers" in capsys.readouterr().err
     assert main(["plan", "--model", "gpt2-124m", "--gpus", "8", "--global-batch", "64", "--custom", "peak_tflops=1"]) == 2
     assert "missing" in capsys.readouterr().err
+
+
+# A 7B-class model (Llama-2 7B's shape: 32 layers, h = 4096, 32 heads, RoPE) at s = 131072 on 64 GPUs of 80 GB.
+LONG = dict(layers=32, hidden=4096, heads=32, vocab=32000, seq_len=131072, precision="bf16", attention="fused",
+            position_embedding=False)
+
+
+def test_long_sequences_plan_context_parallelism_first():
+    """At s = 131072 every layout without cp is slower than the best one with it, and the plan's #1 uses cp > 1."""
+    without = perf_plan.plan(LONG, 64, 16, "h100", top=1)
+    with_cp = perf_plan.plan(LONG, 64, 16, "h100", top=3000, cps=(1, 2, 4, 8, 16))
+    best = with_cp["top"][0]
+    assert best["config"]["cp"] > 1, best["layout"]
+    assert (best["config"]["cp"], best["config"]["cp_attention"]) == (8, "ring"), best["layout"]   # chapter 15 says so
+    assert not without["top"] or best["tokens_per_s"] > without["top"][0]["tokens_per_s"]
+    assert with_cp["searched"] > without["searched"]
+    # The search keeps the engine's rules: no cp with pp or sp; 2·cp chunks; Ulysses only where tp·cp divides heads.
+    variants = set()
+    for r in with_cp["top"]:
+        c = r["config"]
+        assert c["dp"] * c["cp"] * c["tp"] * c["pp"] == 64
+        if c["cp"] > 1:
+            assert c["pp"] == 1 and not c["sp"] and LONG["seq_len"] % (2 * c["cp"]) == 0
+            assert c["cp_attention"] == "ring" or LONG["heads"] % (c["tp"] * c["cp"]) == 0
+            variants.add(c["cp_attention"])
+            assert r["layout"].split()[-1] == c["cp_attention"] and f"-cp{c['cp']}-" in r["layout"]
+    assert variants == {"ring", "ulysses"}
+    only = perf_plan.plan(LONG, 64, 16, "h100", top=3000, cps=(4,), cp_attentions=("ulysses",))
+    assert only["fit"] and all(r["config"]["cp"] == 4 and r["config"]["cp_attention"] == "ulysses" for r in only["top"])
+    unfused = perf_plan.plan({**LONG, "attention": "unfused"}, 64, 16, "h100", top=0, cps=(1, 2))
+    assert unfused["searched"] == perf_plan.plan({**LONG, "attention": "unfused"}, 64, 16, "h100", top=0)["searched"]
+
+
+def test_plan_cli_searches_cp(capsys):
+    argv = ["plan", "--layers", "32", "--hidden", "4096", "--heads", "32", "--vocab", "32000", "--seq-len", "131072",
+            "--attention", "fused", "--precision", "bf16", "--gpus", "64", "--gpu", "h100", "--global-batch", "16",
+            "--top", "3"]
+    assert main([*argv, "--cp", "1", "2", "4", "8", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["top"][0]["config"]["cp"] > 1 and "-cp" in out["top"][0]["layout"]
+    assert main([*argv, "--cp", "8", "--cp-attention", "ulysses"]) == 0
+    text = capsys.readouterr().out
+    assert "-cp8-" in text and " ulysses" in text and " ring" not in text
+    assert main([*argv, "--cp-attention", "ulysses"]) == 2
+    assert "--cp-attention has an effect only with --cp" in capsys.readouterr().err
+    assert main([*argv, "--cp", "0"]) == 2

@@ -291,6 +291,8 @@ def _random_config(rng: random.Random) -> dict:
                 offload=rng.choice(est.OFFLOAD if stage == 3 else est.OFFLOAD[:2]),
                 attention=attention, position_embedding=rng.random() < 0.5,
                 fp32_grads=rng.random() < 0.5 and precision != "fp32", pp_partition=rng.choice(est.PP_PARTITION))
+    if cp > 1 and heads % (tp * cp) == 0 and rng.random() < 0.5:
+        cfg["cp_attention"] = "ulysses"                                       # all-to-all over heads
     return {**cfg, **(_random_experts(rng) if cfg["cp"] == 1 else {})}   # no MoE under cp
 
 
@@ -334,7 +336,9 @@ def test_calculator_js_rejects_what_python_rejects():
            {**base, "position_embedding": 1}, {**base, "ep": 2}, {**base, "experts": 4, "ep": 3, "dp": 3},
            {**base, "experts": 4, "top_k": 5}, {**base, "experts": 4, "capacity_factor": 0},
            {**base, "experts": 4, "sp": True, "tp": 2}, {**base, "experts": -1},
-           {**base, "cp": 2}, {**base, "cp": 3, "attention": "fused"}, {**base, "experts": 4, "cp": 2, "attention": "fused"}]
+           {**base, "cp": 2}, {**base, "cp": 3, "attention": "fused"}, {**base, "experts": 4, "cp": 2, "attention": "fused"},
+           {**base, "cp": 8, "tp": 2, "attention": "fused", "cp_attention": "ulysses"},
+           {**base, "cp": 2, "attention": "fused", "cp_attention": "tree"}]
     for cfg, js in zip(bad, _run_js(bad)):
         with pytest.raises(ValueError):
             est.memory_per_gpu(est.MemoryConfig(**cfg))

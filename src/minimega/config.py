@@ -87,6 +87,7 @@ PRECISIONS = ("fp32", "bf16", "fp16")
 CHECKPOINTING = ("none", "full", "selective")
 SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b")
 OPTIMIZERS = ("adamw", "adam", "sgd")
+CP_ATTENTION = ("ring", "ulysses")
 
 
 def _flag(*names: str, **extra) -> dict:
@@ -108,7 +109,7 @@ _REAL = {  # name: (lower bound, lower bound allowed?)
     "bucket_mb": (0.0, False), "loss_scale": (0.0, True), "min_loss_scale": (0.0, False)}
 _BOOL = ("sequence_parallel", "offload_optimizer", "prefetch", "overlap_comm")
 _CHOICES = {"precision": PRECISIONS, "activation_checkpointing": CHECKPOINTING, "schedule": SCHEDULES,
-            "optimizer": OPTIMIZERS}
+            "optimizer": OPTIMIZERS, "cp_attention": CP_ATTENTION}
 
 
 def _check_fields(cfg) -> None:
@@ -154,6 +155,7 @@ _ONLY_WHEN = (
     ("prefetch", True, lambda c: c.zero_stage == 3, "zero_stage=3"),
     ("param_persistence_threshold", 0, lambda c: c.zero_stage == 3, "zero_stage=3"),
     ("checkpoint_every", 1, lambda c: c.activation_checkpointing == "full", "activation_checkpointing='full'"),
+    ("cp_attention", "ring", lambda c: c.cp > 1, "cp > 1"),
     ("micro_batches", 1, lambda c: c.pp > 1, "pp > 1 (without a pipeline use gradient_accumulation_steps)"),
     ("betas", (0.9, 0.95), lambda c: c.optimizer != "sgd", "optimizer='adamw' or 'adam'"),
     ("eps", 1e-8, lambda c: c.optimizer != "sgd", "optimizer='adamw' or 'adam'"),
@@ -178,7 +180,9 @@ class TrainConfig:
     pp: int = 1
     """Pipeline stages; at most n_layer."""
     cp: int = 1
-    """Context parallelism: each sequence split over a ring of cp ranks (ring attention); seq_len must divide by 2·cp."""
+    """Context parallelism: each sequence split over cp ranks (two chunks each); seq_len must divide by 2·cp."""
+    cp_attention: str = "ring"
+    """With cp > 1: 'ring' (K/V passed around the ring) or 'ulysses' (all-to-all over heads; cp·tp divides n_head)."""
     ep: int = 1
     """Expert parallelism (mixture-of-experts models only): carved out of dp, divides dp and the expert count."""
     zero_stage: int = field(default=0, metadata=_flag("--zero-stage", "--stage"))

@@ -1,4 +1,5 @@
-"""Context parallelism: each sequence split over a ring of cp ranks, attention computed by ring attention.
+"""Context parallelism: each sequence split over a ring of cp ranks, attention computed by ring attention
+(or by Ulysses' all-to-all over heads, `minimega.ulysses`, with ``TrainConfig.cp_attention='ulysses'``).
 
 Layout (causal load balancing). A sequence of T tokens is cut into 2·cp chunks of c = T/(2·cp) tokens;
 cp rank r holds chunks r and 2·cp-1-r, in that order (Megatron-LM's context parallelism). Under a causal
@@ -26,7 +27,8 @@ the same count on every rank, so averaging gradients over the dp·cp group (`mes
 over it) gives the gradient of the mean over every token of the global batch.
 
 Composes with dp (and ZeRO over dp·cp) and tp (each tp rank runs the ring on its n_head/tp heads). Refused
-by name (`check`): pipeline parallelism, sequence parallelism, mixtures of experts, dropout.
+by name (`check`): pipeline parallelism, sequence parallelism, mixtures of experts, dropout (and, for
+Ulysses, an n_head that tp·cp does not divide).
 """
 from __future__ import annotations
 
@@ -36,7 +38,9 @@ import torch
 import torch.nn as nn
 
 from . import comm
+from . import ulysses
 from .comm import Group
+from .ulysses import ulysses_attention
 
 
 def chunk_ids(cp_rank: int, cp: int) -> tuple[int, int]:
@@ -193,15 +197,21 @@ def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: Gro
     return _RingAttention.apply(q, k, v, group)
 
 
-def apply_context_parallel(model: nn.Module, mesh) -> nn.Module:
-    """In place (on the engine's own copy): attention cores run ring attention over ``mesh.cp_group`` and the
-    embedding reads each token's global position. A `model.GPT` or its tensor-parallel form; cp = 1: unchanged."""
+ATTENTION = {"ring": ring_attention, "ulysses": ulysses_attention}
+"""The attention cores context parallelism runs (`TrainConfig.cp_attention`); both on the same chunk layout."""
+
+
+def apply_context_parallel(model: nn.Module, mesh, attention: str = "ring") -> nn.Module:
+    """In place (on the engine's own copy): attention cores run ``attention`` ('ring' or 'ulysses') over
+    ``mesh.cp_group`` and the embedding reads each token's global position. A `model.GPT` or its
+    tensor-parallel form; cp = 1: unchanged."""
     group = mesh.cp_group
     if group is None or group.size == 1:
         return model
     cp, rank = group.size, mesh.cp_rank
+    core = ATTENTION[attention]
     for block in model.blocks:
-        block.attn.core = lambda q, k, v: ring_attention(q, k, v, group)
+        block.attn.core = lambda q, k, v: core(q, k, v, group)
 
     def embed(idx: torch.Tensor) -> torch.Tensor:                              # idx: (B, T/cp), chunks (r, 2cp-1-r)
         T = idx.shape[1] * cp
@@ -236,3 +246,4 @@ def check(model_config, config, dims, moe=None) -> None:
     if model_config.dropout:
         raise ValueError(f"cp={dims.cp}: GPTConfig.dropout={model_config.dropout} is not supported (ring attention "
                          f"has no dropout); use dropout=0")
+    ulysses.check(model_config, config, dims)

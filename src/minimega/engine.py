@@ -5,7 +5,7 @@ seed) and wraps it, in this order:
 
     1. pipeline split   (pp > 1)  keep only this stage's blocks
     2. tensor parallel  (tp > 1)  split attention heads and the MLP across the tp group
-    2b. context parallel (cp > 1) ring attention over the cp group, global positions (`context_parallel`)
+    2b. context parallel (cp > 1) ring or Ulysses attention over the cp group, global positions (`context_parallel`)
     3. activation checkpointing
     3b. mixture of experts (ep)   keep this rank's experts; they sync over the edp group (`moe`)
     4. precision        (bf16 / fp16 storage, fp32 master weights)
@@ -114,7 +114,7 @@ class Engine:
         tensor_parallel = moe_.apply_tensor_parallel if moe_.is_moe(model) else (
             lambda m, mesh: apply_tensor_parallel(m, mesh, config.sequence_parallel))
         model = (tensor_parallel(model, mesh) if config.tp > 1 else copy.deepcopy(model)).to(mesh.device)
-        cp_.apply_context_parallel(model, mesh)       # cp > 1: ring attention, global positions
+        cp_.apply_context_parallel(model, mesh, config.cp_attention)   # cp > 1: ring or Ulysses, global positions
         apply_activation_checkpointing(model, config.activation_checkpointing, config.checkpoint_every)
         # Mixture of experts: keep this rank's experts; they sync over edp, the rest over dp (see moe).
         self.experts = None

@@ -34,6 +34,7 @@ RECOMPUTE = ("none", "selective", "full")
 SCHEDULES = ("gpipe", "1f1b", "interleaved")
 OFFLOAD = ("none", "optimizer", "optimizer+params")
 PP_PARTITION = ("blocks", "blocks+embedding")
+CP_ATTENTION = ("ring", "ulysses")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -339,6 +340,25 @@ def cp_ring_bytes(n_layer: int, rows: int, seq_len: int, d_model: int, cp: int, 
         return 0.0
     blocks = (3 * cp - 2) + (cp - 1 if recompute else 0)                      # K/V-sized blocks sent per layer
     return n_layer * 2 * blocks * rows * (seq_len / cp) * (d_model / tp) * bytes_per_elem
+
+
+def cp_ulysses_bytes(n_layer: int, rows: int, seq_len: int, d_model: int, cp: int, tp: int = 1,
+                     bytes_per_elem: int = 4, recompute: bool = False) -> float:
+    """Bytes one rank sends in a training step's Ulysses attention (`minimega.ulysses`): per layer four
+    all-to-alls forward (q, k, v, output) and four backward, each over a rows · (T/cp) · (D/tp) buffer of
+    which (cp-1)/cp leaves the rank: 8 · (cp-1)/cp · rows · (T/cp) · (D/tp) per layer; ``recompute`` runs
+    the forward's four again (12). cp = 1: 0."""
+    if cp == 1:
+        return 0.0
+    exchanges = 8 + (4 if recompute else 0)                                   # all-to-alls per layer
+    return n_layer * exchanges * (cp - 1) / cp * rows * (seq_len / cp) * (d_model / tp) * bytes_per_elem
+
+
+def cp_bytes(attention: str, *args, **kwargs) -> float:
+    """`cp_ring_bytes` or `cp_ulysses_bytes` by ``attention`` ('ring' or 'ulysses', `TrainConfig.cp_attention`)."""
+    if attention not in CP_ATTENTION:
+        raise ValueError(f"cp attention {attention!r}: expected one of {CP_ATTENTION}")
+    return (cp_ring_bytes if attention == "ring" else cp_ulysses_bytes)(*args, **kwargs)
 # --8<-- [end:cp_estimate]
 
 
@@ -573,6 +593,9 @@ class MemoryConfig:
     cp: int = 1
     """Context parallelism: each sequence split over cp ranks (ring attention, a fused kernel): activations are
     those of s/cp tokens, and the parameters, replicated over dp · cp, are ZeRO-sharded over dp · cp."""
+    cp_attention: str = "ring"
+    """How attention sees the whole sequence under cp > 1: 'ring' (K/V passed around) or 'ulysses' (all-to-all
+    over heads: a/(t·cp) heads per GPU, one more activation per layer, `ulysses_activation_bytes`)."""
     sp: bool = False
     """Megatron sequence parallelism (needs tp > 1 to change anything)."""
     recompute: str = "none"
@@ -631,6 +654,11 @@ class MemoryConfig:
         if self.cp > 1 and self.attention != "fused":
             raise ValueError(f"cp={self.cp} runs ring attention, which never stores the s x s scores: "
                              "set attention='fused'")
+        if self.cp_attention not in CP_ATTENTION:
+            raise ValueError(f"cp_attention={self.cp_attention!r}: expected one of {CP_ATTENTION}")
+        if self.cp > 1 and self.cp_attention == "ulysses" and self.heads % (self.tp * self.cp):
+            raise ValueError(f"cp_attention='ulysses': heads={self.heads} is not divisible by tp*cp = "
+                             f"{self.tp}*{self.cp} = {self.tp * self.cp}")
         if self.seq_len % (2 * self.cp):
             if self.cp > 1:
                 raise ValueError(f"cp={self.cp}: seq_len={self.seq_len} is not divisible by 2*cp = {2 * self.cp}")
@@ -736,15 +764,32 @@ def memory_per_gpu(cfg: MemoryConfig) -> dict:
     shape = (cfg.seq_len // cfg.cp, cfg.micro_batch, h, cfg.heads)      # this rank's tokens of each sequence
     moe = moe_activation_delta(*shape[:3], cfg.experts, cfg.top_k, cfg.capacity_factor, tp=t,
                                act_bytes=act["act_bytes"]) if cfg.experts else 0.0
-    per_layer = activation_bytes_per_layer(*shape, **act) + (0.0 if cfg.recompute == "full" else moe)
+    uly_kept, uly_working = ulysses_activation_bytes(cfg)
+    per_layer = activation_bytes_per_layer(*shape, **act) + (0.0 if cfg.recompute == "full" else moe) + uly_kept
     in_flight = in_flight_microbatches(cfg.pp, cfg.micro_batches, cfg.schedule, cfg.virtual_stages) \
         if cfg.pp > 1 else 1.0
     out = {**states, "gathered": gathered, "activations": per_layer * stage_blocks(cfg) * in_flight,
-           "recompute": recompute_working_bytes(*shape, **act) + (moe if cfg.recompute == "full" else 0.0)}
+           "recompute": recompute_working_bytes(*shape, **act) + (moe if cfg.recompute == "full" else 0.0)
+           + uly_working}
     out["total"] = sum(out.values())
     out["cpu"] = cpu
     out["stage_params"] = n_dense + n_expert
     return out
+
+
+def ulysses_activation_bytes(cfg: MemoryConfig) -> tuple[float, float]:
+    """(kept per layer, recompute working set) that Ulysses attention adds to ring attention's bytes.
+
+    The attention kernel keeps its output head-split, (b, a/(t·cp), s, h/a), for its backward, while the
+    output projection keeps its input sequence-split, (b, s/cp, h/t): e · b · (s/cp) · h/t bytes more per
+    layer than ring attention, whose projection input is a view of the kernel's output (measured in
+    tests/test_ulysses.py). Recomputation drops it: with 'full' the working set holds it again, with
+    'selective' the recomputed core holds its head-split q, k, v and output (four of it). (0, 0) for ring or cp = 1.
+    """
+    if cfg.cp == 1 or cfg.cp_attention != "ulysses":
+        return 0.0, 0.0
+    one = (4 if cfg.precision == "fp32" else 2) * cfg.micro_batch * (cfg.seq_len // cfg.cp) * cfg.hidden / cfg.tp
+    return (one if cfg.recompute == "none" else 0.0), {"none": 0.0, "full": one, "selective": 4 * one}[cfg.recompute]
 # --8<-- [end:memory_per_gpu]
 
 

@@ -72,6 +72,11 @@ TABLE: tuple[tuple[str, str, str, str], ...] = (
     ("cp", "— DeepSpeed's context parallelism is Ulysses (all-to-all over heads), not ring attention",
      "--context-parallel-size",
      "— not mapped: this exporter does not write torchtitan's context-parallel options"),
+    ("cp_attention", "— DeepSpeed-Ulysses is wired in the model code (deepspeed.sequence.layer.DistributedAttention) "
+     "and Megatron-DeepSpeed's --ds-sequence-parallel-size, not ds_config.json",
+     "--cp-comm-type p2p|a2a (a2a: Ulysses' head split, on the same mirrored chunks)",
+     "— torchtitan v0.2.2 has no head-split context parallelism (its rotate method 'alltoall' still passes K/V "
+     "around the ring)"),
     ("ep", "— expert parallelism is set in DeepSpeed-MoE's model code (MoE(ep_size=…)), not ds_config.json",
      "— the exported model is dense (minimega.moe models are not exported)",
      "— the exported model is dense (minimega.moe models are not exported)"),
@@ -161,6 +166,10 @@ def to_deepspeed(cfg: TrainConfig, dp: int, *, megatron: bool = False) -> dict:
         ExportError: a setting ds_config.json cannot hold, named.
     """
     target = "deepspeed"
+    if _get(cfg, "cp_attention") != "ring":
+        raise _refuse(target, "cp_attention", _get(cfg, "cp_attention"), "DeepSpeed-Ulysses is wired in the model "
+                      "code (DistributedAttention) and Megatron-DeepSpeed's --ds-sequence-parallel-size, not "
+                      "ds_config.json (set cp=1)")
     if _get(cfg, "cp") != 1:
         raise _refuse(target, "cp", _get(cfg, "cp"), "DeepSpeed's context parallelism is Ulysses (all-to-all over "
                       "heads), not minimega's ring attention (set cp=1)")
@@ -353,6 +362,8 @@ def to_megatron(cfg: TrainConfig, dp: int, model: GPTConfig) -> list[str]:
     a: list[tuple[str, object]] = [("--tensor-model-parallel-size", cfg.tp), ("--pipeline-model-parallel-size", cfg.pp)]
     if _get(cfg, "cp") != 1:      # Megatron's ring (cp_comm_type p2p, the default) with the same mirrored chunks
         a.append(("--context-parallel-size", cfg.cp))
+        if _get(cfg, "cp_attention") == "ulysses":      # a2a: heads scattered over cp, DeepSpeed-Ulysses' scheme
+            a.append(("--cp-comm-type", "a2a"))
     if cfg.pp > 1:
         if cfg.schedule == "gpipe":
             raise _refuse(target, "schedule", cfg.schedule, "Megatron-LM runs 1F1B and interleaved 1F1B only")
@@ -444,6 +455,9 @@ TORCHTITAN_KEYS = {
 def torchtitan_sections(cfg: TrainConfig, dp: int, model: GPTConfig) -> dict[str, dict]:
     """torchtitan's job config for the run, as {section: {key: value}}."""
     target = "torchtitan"
+    if _get(cfg, "cp_attention") != "ring":
+        raise _refuse(target, "cp_attention", _get(cfg, "cp_attention"), "torchtitan v0.2.2 has no head-split "
+                      "context parallelism (its rotate method 'alltoall' still passes K/V around the ring)")
     if _get(cfg, "cp") != 1:
         raise _refuse(target, "cp", _get(cfg, "cp"), "this exporter does not write torchtitan's context-parallel "
                       "options (set cp=1)")

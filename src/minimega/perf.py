@@ -275,8 +275,9 @@ def layer_times(cfg: PerfConfig, hw: Hardware | str) -> dict:
                                                                 cfg.capacity_factor) * cfg.hidden * e
         a2a = collective_time("all_to_all", size, cfg.ep, hw.link(cfg.tp * cfg.ep))
         ep_comm = (4 + (2 if cfg.recompute == "full" else 0)) * a2a
+    cp_comm = ulysses_attention_time(cfg, hw) if cfg.cp_attention == "ulysses" else ring_attention_time(cfg, hw, core)
     return {"forward": fwd, "backward": 2 * fwd, "recompute": recompute, "tp_comm": n_ar * ar, "ep_comm": ep_comm,
-            "cp_comm": ring_attention_time(cfg, hw, core)}
+            "cp_comm": cp_comm}
 
 
 # --8<-- [start:ring_attention_time]
@@ -299,6 +300,24 @@ def ring_attention_time(cfg: PerfConfig, hw: Hardware | str, core: float) -> flo
         fwd, bwd = max(0.0, fwd - core), max(0.0, bwd - 2 * core)
     return fwd + bwd + (fwd if cfg.recompute != "none" else 0.0)
 # --8<-- [end:ring_attention_time]
+
+
+# --8<-- [start:ulysses_attention_time]
+def ulysses_attention_time(cfg: PerfConfig, hw: Hardware | str) -> float:
+    """Seconds of one layer's Ulysses all-to-alls (`minimega.ulysses`), one micro-batch.
+
+    Four all-to-alls forward (q, k, v and the output) and four backward, each over this rank's
+    b·(s/cp)·(h/t) elements on the link spanning cp·tp ranks; recomputation runs the forward's four again.
+    All on the critical path: the attention kernel waits for q, k, v, and the projection for the output.
+    """
+    if cfg.cp == 1:
+        return 0.0
+    hw = _hw(hw)
+    e = 4 if cfg.precision == "fp32" else 2
+    size = cfg.micro_batch * (cfg.seq_len // cfg.cp) * cfg.hidden / cfg.tp * e
+    a2a = collective_time("all_to_all", size, cfg.cp, hw.link(cfg.cp * cfg.tp))
+    return (8 + (4 if cfg.recompute != "none" else 0)) * a2a
+# --8<-- [end:ulysses_attention_time]
 
 
 def microbatch_time(cfg: PerfConfig, hw: Hardware | str) -> dict:
@@ -343,9 +362,10 @@ def step_time(cfg: PerfConfig, hw: Hardware | str = "a100-80gb") -> dict:
 
     Returns a dict: ``compute`` (forward + backward + recompute over all micro-batches), ``tp_comm``,
     ``ep_comm`` (the expert all-to-alls, on the critical path), ``cp_comm`` (exposed ring attention,
-    `ring_attention_time`), ``p2p``, ``bubble``, ``stack_overhead`` (see `STACKS`), ``dp_comm`` (exposed; over
-    dp·cp, the ranks holding the same parameters), ``offload`` (exposed PCIe
-    transfers), ``optimizer`` (on the CPU when offloaded), ``total``, and ``tokens_per_s``,
+    `ring_attention_time`, or Ulysses' all-to-alls, `ulysses_attention_time`), ``p2p``, ``bubble``,
+    ``stack_overhead`` (see `STACKS`), ``dp_comm`` (exposed; over dp·cp, the ranks holding the same
+    parameters), ``offload`` (exposed PCIe transfers), ``optimizer`` (on the CPU when offloaded), ``total``,
+    and ``tokens_per_s``,
     ``tflops_per_gpu`` (Narayanan's Eq. 3 hardware FLOPs with full recomputation, what Megatron logs),
     ``mfu`` (model FLOPs, Korthikanti App. A), ``hfu``, ``memory`` (`estimate.memory_per_gpu`), ``fits``.
     """

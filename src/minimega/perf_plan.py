@@ -9,6 +9,13 @@ Rules of the search (each one a constraint the stacks themselves impose):
     sequence parallelism only with tp > 1 (and never with experts); with experts, ep runs over the
     divisors of dp that also divide the experts (ep is carved out of dp). GPipe is searched only when asked for (``schedules``): it times
     like 1F1B and holds m micro-batches instead of p, so it never beats it.
+
+Context parallelism is searched when asked for (``cps``, ``minimega plan --cp 1 2 4 8``), with the engine's
+rules (`context_parallel.check`): cp divides the GPUs left after tp and splits seq_len into 2·cp chunks; no
+cp with pp, with experts or with sequence parallelism (cp already splits the sequence); the attention is a
+fused kernel. cp·tp may span nodes (the ring's hops and the all-to-alls are priced on the link that spans
+cp·tp ranks). Each cp > 1 is searched with every variant in ``cp_attentions``: 'ring', and 'ulysses' where
+tp·cp divides the heads. ZeRO shards over dp·cp, so a ZeRO stage needs dp·cp > 1, not dp > 1.
 """
 from __future__ import annotations
 
@@ -31,33 +38,54 @@ def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
+def _cp_variants(model: dict, n: int, tp: int, cps, cp_attentions) -> list[tuple[int, str]]:
+    """(cp, attention) pairs to search with tensor parallelism ``tp`` on ``n`` GPUs (see the module docstring)."""
+    out = []
+    for cp in cps:
+        if cp == 1:
+            out.append((1, "ring"))
+        elif n % (tp * cp) == 0 and model["seq_len"] % (2 * cp) == 0 and not model.get("experts", 0) \
+                and model.get("attention", "unfused") == "fused":
+            out += [(cp, a) for a in cp_attentions if a == "ring" or model["heads"] % (tp * cp) == 0]
+    return out
+
+
 def layouts(model: dict, n_gpus: int, global_batch: int, hw: Hardware, *, zero_stages=(0, 1, 2, 3),
             recompute=("none", "selective", "full"), schedules=("1f1b", "interleaved"),
-            micro_batches=MICRO_BATCHES, sp=(False, True), **fixed):
+            micro_batches=MICRO_BATCHES, sp=(False, True), cps=(1,), cp_attentions=est.CP_ATTENTION, **fixed):
     """Yield every valid `PerfConfig` of `model` (layers, hidden, heads, vocab, seq_len) on `n_gpus`."""
     for tp in _divisors(n_gpus):
         if tp > hw.gpus_per_node or model["heads"] % tp:
             continue
-        for pp in _divisors(n_gpus // tp):
-            dp = n_gpus // (tp * pp)
-            if pp > model["layers"] or global_batch % dp:
+        for cp, cp_attention in _cp_variants({**model, **fixed}, n_gpus, tp, cps, cp_attentions):
+            yield from _layouts_at(model, n_gpus, global_batch, tp, cp, cp_attention, zero_stages, recompute,
+                                   schedules, micro_batches, sp, fixed)
+
+
+def _layouts_at(model, n_gpus, global_batch, tp, cp, cp_attention, zero_stages, recompute, schedules,
+                micro_batches, sp, fixed):
+    """The layouts with this tp and (cp, variant): pp over what is left, then dp, ZeRO, recomputation, ..."""
+    for pp in _divisors(n_gpus // (tp * cp)):
+        dp = n_gpus // (tp * cp * pp)
+        if pp > model["layers"] or global_batch % dp or (cp > 1 and pp > 1):
+            continue
+        experts = model.get("experts", 0)
+        eps = [e for e in _divisors(dp) if experts % e == 0] if experts else [1]
+        for z, rc, b, s, ep in itertools.product(zero_stages, recompute, micro_batches, sp, eps):
+            if (z >= 2 and pp > 1) or (z > 0 and dp * cp == 1) or (s and (tp == 1 or experts or cp > 1)) \
+                    or (global_batch // dp) % b:
                 continue
-            experts = model.get("experts", 0)
-            eps = [e for e in _divisors(dp) if experts % e == 0] if experts else [1]
-            for z, rc, b, s, ep in itertools.product(zero_stages, recompute, micro_batches, sp, eps):
-                if (z >= 2 and pp > 1) or (z > 0 and dp == 1) or (s and (tp == 1 or experts)) \
-                        or (global_batch // dp) % b:
+            m = global_batch // (dp * b)
+            scheds = [("1f1b", 1)] if pp == 1 else \
+                [(sc, v) for sc in schedules for v in ((1,) if sc != "interleaved" else VIRTUAL)
+                 if sc != "interleaved" or (model["layers"] % (pp * v) == 0 and m % pp == 0)]
+            for sched, v in scheds:
+                if pp > 1 and sched not in schedules:
                     continue
-                m = global_batch // (dp * b)
-                scheds = [("1f1b", 1)] if pp == 1 else \
-                    [(sc, v) for sc in schedules for v in ((1,) if sc != "interleaved" else VIRTUAL)
-                     if sc != "interleaved" or (model["layers"] % (pp * v) == 0 and m % pp == 0)]
-                for sched, v in scheds:
-                    if pp > 1 and sched not in schedules:
-                        continue
-                    yield PerfConfig(**model, **fixed, tp=tp, pp=pp, dp=dp, zero_stage=z, recompute=rc,
-                                     micro_batch=b, sp=s, schedule=sched, virtual_stages=v, global_batch=global_batch,
-                                     **({"ep": ep} if experts else {}))
+                yield PerfConfig(**model, **fixed, tp=tp, pp=pp, dp=dp, zero_stage=z, recompute=rc,
+                                 micro_batch=b, sp=s, schedule=sched, virtual_stages=v, global_batch=global_batch,
+                                 **({"ep": ep} if experts else {}),
+                                 **({"cp": cp, "cp_attention": cp_attention} if cp > 1 else {}))
 
 
 # --8<-- [start:plan]
@@ -68,7 +96,8 @@ def plan(model: dict, n_gpus: int, global_batch: int, hw: Hardware | str = "a100
     Args:
         model: layers, hidden, heads, vocab, seq_len (and optionally precision, fp32_grads, dropout,
             attention, position_embedding, pp_partition, stack: fixed for every layout).
-        options: restrict the search, e.g. ``recompute=("full",)``, ``schedules=("1f1b",)``, ``zero_stages=(0, 1)``.
+        options: restrict the search, e.g. ``recompute=("full",)``, ``schedules=("1f1b",)``, ``zero_stages=(0, 1)``,
+            or widen it: ``cps=(1, 2, 4, 8)`` searches context parallelism (``cp_attentions``: its variants).
     Returns:
         ``{"searched", "fit", "top": [row, ...]}``; a row is the layout, its `step_time` breakdown, memory
         per GPU and, with `tokens`, days, GPU-hours and cost.
@@ -78,7 +107,8 @@ def plan(model: dict, n_gpus: int, global_batch: int, hw: Hardware | str = "a100
         raise ValueError(f"memory_fraction={memory_fraction}: must be in (0, 1]")
     if not (isinstance(n_gpus, int) and n_gpus >= 1):
         raise ValueError(f"n_gpus={n_gpus!r}: expected an integer >= 1")
-    search = {k: options.pop(k) for k in ("zero_stages", "recompute", "schedules", "micro_batches", "sp") if k in options}
+    search = {k: options.pop(k) for k in ("zero_stages", "recompute", "schedules", "micro_batches", "sp", "cps",
+                                          "cp_attentions") if k in options}
     shape = {**model, **options}
     searched, fits = 0, []
     budget = hw.memory_bytes * memory_fraction
@@ -123,9 +153,12 @@ def plan_rank(preset: str, n_gpus: int, global_batch: int, layout: str, hw: str 
 
 
 def layout_name(cfg: PerfConfig) -> str:
-    """dp8-tp4-pp12 z1 full b2 1f1b (+sp, +v2; dp8-ep4-tp1-pp1 with experts)."""
+    """dp8-tp4-pp12 z1 full b2 1f1b (+sp, +v2; dp8-ep4-tp1-pp1 with experts; dp2-cp8-tp4-pp1 … ulysses with cp)."""
     ep = f"-ep{cfg.ep}" if cfg.experts else ""
-    s = f"dp{cfg.dp}{ep}-tp{cfg.tp}-pp{cfg.pp} z{cfg.zero_stage} {cfg.recompute} b{cfg.micro_batch}"
+    cp = f"-cp{cfg.cp}" if cfg.cp > 1 else ""
+    s = f"dp{cfg.dp}{ep}{cp}-tp{cfg.tp}-pp{cfg.pp} z{cfg.zero_stage} {cfg.recompute} b{cfg.micro_batch}"
+    if cfg.cp > 1:
+        s += f" {cfg.cp_attention}"
     if cfg.pp > 1:
         s += f" {cfg.schedule}" + (f" v{cfg.virtual_stages}" if cfg.schedule == "interleaved" else "")
     return s + (" sp" if cfg.sp else "")
@@ -144,8 +177,9 @@ def rank_of(result: dict, name: str) -> int | None:
 
 def add_plan_parser(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser("plan", help="rank parallel layouts by predicted throughput (α-β + roofline model)",
-                              description="Enumerate dp x tp x pp x ZeRO x recomputation x micro-batch x schedule, "
-                                          "drop what does not fit memory, print the fastest. Example: minimega plan "
+                              description="Enumerate dp x tp x pp (x cp with --cp) x ZeRO x recomputation x micro-batch "
+                                          "x schedule, drop what does not fit memory, print the fastest. Example: "
+                                          "minimega plan "
                                           "--model bloom-176b --nodes 48 --global-batch 2048 --recompute full")
     g = p.add_argument_group("model")
     g.add_argument("--model", choices=sorted(est.PRESETS), default=None, help="a preset shape")
@@ -173,6 +207,11 @@ def add_plan_parser(subparsers) -> argparse.ArgumentParser:
     s.add_argument("--zero-stages", nargs="+", type=int, choices=est.STAGES, default=None)
     s.add_argument("--schedules", nargs="+", choices=est.SCHEDULES, default=None)
     s.add_argument("--no-sp", action="store_true", help="search without Megatron sequence parallelism")
+    s.add_argument("--cp", nargs="+", type=positive_int, default=None, metavar="CP",
+                   help="context-parallel degrees to search, e.g. --cp 1 2 4 8 (default: 1, no context parallelism; "
+                        "needs --attention fused)")
+    s.add_argument("--cp-attention", nargs="+", choices=est.CP_ATTENTION, default=None,
+                   help="context-parallel attention to search with cp > 1 (default: ring ulysses)")
     s.add_argument("--top", type=positive_int, default=10, help="layouts to print (default 10)")
     s.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=run_plan)
@@ -202,6 +241,12 @@ def run_plan(args: argparse.Namespace) -> int:
                                                     ("schedules", "schedules")) if getattr(args, a)}
     if args.no_sp:
         opts["sp"] = (False,)
+    if args.cp:
+        opts["cps"] = tuple(dict.fromkeys(args.cp))
+    if args.cp_attention:
+        if not args.cp or max(args.cp) == 1:
+            raise ValueError("--cp-attention has an effect only with --cp searching a degree > 1 (e.g. --cp 1 2 4 8)")
+        opts["cp_attentions"] = tuple(dict.fromkeys(args.cp_attention))
     res = plan(_model_from_args(args), n, args.global_batch, hw, top=args.top, memory_fraction=args.memory_fraction,
                tokens=args.tokens, price_per_gpu_hour=args.price, **opts)
     if args.json:
@@ -210,18 +255,22 @@ def run_plan(args: argparse.Namespace) -> int:
         return 0
     print(f"{res['hardware']} x {n}: {res['searched']} layouts searched, {res['fit']} fit "
           f"{args.memory_fraction:.0%} of {hw.memory_bytes / GB:.0f} GB")
-    head = f"{'#':>2} {'layout':<38} {'s/step':>8} {'tok/s':>9} {'TF/s':>6} {'MFU':>5} {'GB':>5}  " \
+    w = max([38] + [len(r["layout"]) for r in res["top"]])
+    head = f"{'#':>2} {'layout':<{w}} {'s/step':>8} {'tok/s':>9} {'TF/s':>6} {'MFU':>5} {'GB':>5}  " \
            f"{'compute':>7} {'tp':>6} {'p2p':>6} {'bubble':>6} {'stack':>6} {'dp':>6}" + \
-           (f" {'ep':>6}" if any(r["ep_comm"] for r in res["top"]) else "")
+           (f" {'ep':>6}" if any(r["ep_comm"] for r in res["top"]) else "") + \
+           (f" {'cp':>6}" if any(r["cp_comm"] for r in res["top"]) else "")
     if args.tokens:
         head += f" {'days':>7} {'cost $':>11}"
     print(head)
     for i, r in enumerate(res["top"], 1):
-        line = (f"{i:>2} {r['layout']:<38} {r['total']:>8.2f} {r['tokens_per_s']:>9.0f} {r['tflops_per_gpu']:>6.1f} "
+        line = (f"{i:>2} {r['layout']:<{w}} {r['total']:>8.2f} {r['tokens_per_s']:>9.0f} {r['tflops_per_gpu']:>6.1f} "
                 f"{r['mfu']:>5.1%} {r['memory_gb']:>5.1f}  {r['compute']:>7.2f} {r['tp_comm']:>6.2f} {r['p2p']:>6.2f} "
                 f"{r['bubble']:>6.2f} {r['stack_overhead']:>6.2f} {r['dp_comm']:>6.2f}")
         if any(x["ep_comm"] for x in res["top"]):
             line += f" {r['ep_comm']:>6.2f}"
+        if any(x["cp_comm"] for x in res["top"]):
+            line += f" {r['cp_comm']:>6.2f}"
         if args.tokens:
             line += f" {r['days']:>7.1f} {r['cost']:>11,.0f}"
         print(line)

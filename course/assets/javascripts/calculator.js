@@ -14,13 +14,14 @@
   var OFFLOAD = ["none", "optimizer", "optimizer+params"];
   var ATTENTION = ["unfused", "fused"];
   var PP_PARTITION = ["blocks", "blocks+embedding"];
+  var CP_ATTENTION = ["ring", "ulysses"];
   var BOOLS = ["sp", "position_embedding", "fp32_grads"];
   var INTS = ["layers", "hidden", "heads", "vocab", "seq_len", "micro_batch", "tp", "dp", "pp", "cp",
               "micro_batches", "virtual_stages"];
   var DEFAULTS = {micro_batch: 1, precision: "mixed", zero_stage: 0, tp: 1, dp: 1, pp: 1, cp: 1, sp: false,
                   recompute: "none", schedule: "1f1b", micro_batches: 1, virtual_stages: 1, offload: "none",
                   attention: "unfused", position_embedding: true, fp32_grads: false, pp_partition: "blocks",
-                  experts: 0, top_k: 2, capacity_factor: 1.25, ep: 1};
+                  experts: 0, top_k: 2, capacity_factor: 1.25, ep: 1, cp_attention: "ring"};
 
   function stateBytesPerParam(precision) {          // estimate.state_bytes_per_param
     if (precision === "mixed" || precision === "bf16" || precision === "fp16") return [2, 2, 12];
@@ -95,6 +96,9 @@
       throw new Error("offloading parameters needs ZeRO stage 3 (they are offloaded as shards)");
     if (cfg.cp > 1 && cfg.attention !== "fused")
       throw new Error("context parallelism runs ring attention, which never stores the scores: choose fused attention");
+    if (CP_ATTENTION.indexOf(cfg.cp_attention) < 0) throw new Error("cp attention " + cfg.cp_attention + ": expected ring or ulysses");
+    if (cfg.cp > 1 && cfg.cp_attention === "ulysses" && cfg.heads % (cfg.tp * cfg.cp) !== 0)
+      throw new Error("Ulysses: heads = " + cfg.heads + " is not divisible by tp × cp = " + cfg.tp * cfg.cp);
     if (cfg.cp > 1 && cfg.seq_len % (2 * cfg.cp) !== 0)
       throw new Error("seq_len = " + cfg.seq_len + " is not divisible by 2 × cp = " + 2 * cfg.cp);
     if (!(Number.isInteger(cfg.experts) && cfg.experts >= 0)) throw new Error("experts = " + cfg.experts + ": expected an integer >= 0");
@@ -111,6 +115,12 @@
       throw new Error("ep = " + cfg.ep + " must divide experts = " + cfg.experts + " and dp = " + cfg.dp);
     if (cfg.sp && cfg.tp > 1) throw new Error("sequence parallelism with experts: use sp = false");
     if (cfg.cp > 1) throw new Error("context parallelism with experts: use cp = 1");
+  }
+
+  function ulyssesActivationBytes(cfg) {            // estimate.ulysses_activation_bytes
+    if (cfg.cp === 1 || cfg.cp_attention !== "ulysses") return [0, 0];
+    var one = (cfg.precision === "fp32" ? 4 : 2) * cfg.micro_batch * Math.floor(cfg.seq_len / cfg.cp) * cfg.hidden / cfg.tp;
+    return [cfg.recompute === "none" ? one : 0, {none: 0, full: one, selective: 4 * one}[cfg.recompute]];
   }
 
   function stageBlocks(cfg) {                         // estimate.stage_blocks
@@ -163,13 +173,14 @@
     var moe = cfg.experts ? moeActivationDelta(cfg.seq_len, cfg.micro_batch, h, cfg.experts, cfg.top_k,
                                                cfg.capacity_factor, t, actBytes) : 0;
     var sLocal = Math.floor(cfg.seq_len / cfg.cp);   // this rank's tokens of each sequence
+    var uly = ulyssesActivationBytes(cfg);
     var perLayer = activationBytesPerLayer(sLocal, cfg.micro_batch, h, cfg.heads, t, sp,
-                                           cfg.recompute, cfg.attention, actBytes, 1) + (cfg.recompute === "full" ? 0 : moe);
+                                           cfg.recompute, cfg.attention, actBytes, 1) + (cfg.recompute === "full" ? 0 : moe) + uly[0];
     var inFlight = cfg.pp > 1 ? inFlightMicrobatches(cfg.pp, cfg.micro_batches, cfg.schedule, cfg.virtual_stages) : 1;
     var out = {params: st.params, grads: st.grads, optimizer: st.optimizer, gathered: gathered,
                activations: perLayer * stageBlocks(cfg) * inFlight,
                recompute: recomputeWorkingBytes(sLocal, cfg.micro_batch, h, cfg.heads, t, sp,
-                                                cfg.recompute, cfg.attention, actBytes, 1) + (cfg.recompute === "full" ? moe : 0)};
+                                                cfg.recompute, cfg.attention, actBytes, 1) + (cfg.recompute === "full" ? moe : 0) + uly[1]};
     out.total = out.params + out.grads + out.optimizer + out.gathered + out.activations + out.recompute;
     out.cpu = cpu;
     out.stage_params = n;

@@ -66,7 +66,7 @@
                   recompute: "none", schedule: "1f1b", virtual_stages: 1, offload: "none", attention: "unfused",
                   position_embedding: true, fp32_grads: false, pp_partition: "blocks", global_batch: 1,
                   dropout: true, bucket_bytes: 25e6, stack: "megatron", overlap_comm: true,
-                  experts: 0, top_k: 2, capacity_factor: 1.25, ep: 1};
+                  experts: 0, top_k: 2, capacity_factor: 1.25, ep: 1, cp_attention: "ring"};
 
   function perfConfig(input) {                       // perf.PerfConfig (+ check)
     var c = {}, k;
@@ -91,7 +91,7 @@
     var out = {}, k;
     ["layers", "hidden", "heads", "vocab", "seq_len", "micro_batch", "precision", "zero_stage", "tp", "dp", "pp", "cp", "sp",
      "recompute", "schedule", "micro_batches", "virtual_stages", "offload", "attention", "position_embedding",
-     "fp32_grads", "pp_partition", "experts", "top_k", "capacity_factor", "ep"].forEach(function (k2) { out[k2] = c[k2]; });
+     "fp32_grads", "pp_partition", "experts", "top_k", "capacity_factor", "ep", "cp_attention"].forEach(function (k2) { out[k2] = c[k2]; });
     return out;
   }
 
@@ -163,7 +163,7 @@
       epComm = (4 + (c.recompute === "full" ? 2 : 0)) * collectiveTime("all_to_all", size, c.ep, linkFor(h, c.tp * c.ep));
     }
     return {forward: fwd, backward: 2 * fwd, recompute: recompute, tp_comm: nAr * ar, ep_comm: epComm,
-            cp_comm: ringAttentionTime(c, h, core)};
+            cp_comm: c.cp_attention === "ulysses" ? ulyssesAttentionTime(c, h) : ringAttentionTime(c, h, core)};
   }
 
   function ringAttentionTime(c, h, core) {           // perf.ring_attention_time
@@ -174,6 +174,13 @@
     var fwd = (c.cp - 1) * hop, bwd = (2 * c.cp - 1) * hop;
     if (c.overlap_comm) { fwd = Math.max(0, fwd - core); bwd = Math.max(0, bwd - 2 * core); }
     return fwd + bwd + (c.recompute !== "none" ? fwd : 0);
+  }
+
+  function ulyssesAttentionTime(c, h) {             // perf.ulysses_attention_time
+    if (c.cp === 1) return 0;
+    var e = c.precision === "fp32" ? 4 : 2;
+    var size = c.micro_batch * Math.floor(c.seq_len / c.cp) * c.hidden / c.tp * e;
+    return (8 + (c.recompute !== "none" ? 4 : 0)) * collectiveTime("all_to_all", size, c.cp, linkFor(h, c.cp * c.tp));
   }
 
   function stageLayers(c) {
@@ -292,40 +299,57 @@
   function divisors(n) { var d = []; for (var i = 1; i <= n; i++) if (n % i === 0) d.push(i); return d; }
 
   function layoutName(c) {                           // perf_plan.layout_name
-    var s = "dp" + c.dp + (c.experts ? "-ep" + c.ep : "") + "-tp" + c.tp + "-pp" + c.pp + " z" + c.zero_stage + " " + c.recompute + " b" + c.micro_batch;
+    var s = "dp" + c.dp + (c.experts ? "-ep" + c.ep : "") + (c.cp > 1 ? "-cp" + c.cp : "") + "-tp" + c.tp + "-pp" + c.pp +
+            " z" + c.zero_stage + " " + c.recompute + " b" + c.micro_batch;
+    if (c.cp > 1) s += " " + c.cp_attention;
     if (c.pp > 1) s += " " + c.schedule + (c.schedule === "interleaved" ? " v" + c.virtual_stages : "");
     return s + (c.sp ? " sp" : "");
+  }
+
+  function cpVariants(model, n, tp, o) {             // perf_plan._cp_variants
+    var out = [];
+    o.cps.forEach(function (cp) {
+      if (cp === 1) out.push([1, "ring"]);
+      else if (n % (tp * cp) === 0 && model.seq_len % (2 * cp) === 0 && !model.experts && model.attention === "fused")
+        o.cp_attentions.forEach(function (a) { if (a === "ring" || model.heads % (tp * cp) === 0) out.push([cp, a]); });
+    });
+    return out;
   }
 
   function layouts(model, n, B, h, o) {              // perf_plan.layouts
     var out = [];
     divisors(n).forEach(function (tp) {
       if (tp > h.gpus_per_node || model.heads % tp !== 0) return;
-      divisors(n / tp).forEach(function (pp) {
-        var dp = n / (tp * pp);
-        if (pp > model.layers || B % dp !== 0) return;
-        var experts = model.experts || 0;
-        var eps = experts ? divisors(dp).filter(function (e) { return experts % e === 0; }) : [1];
-        o.zero_stages.forEach(function (z) { o.recompute.forEach(function (rc) {
-          o.micro_batches.forEach(function (b) { o.sp.forEach(function (sp) { eps.forEach(function (ep) {
-            if ((z >= 2 && pp > 1) || (z > 0 && dp === 1) || (sp && (tp === 1 || experts)) || (B / dp) % b !== 0) return;
-            var m = B / (dp * b), scheds = [];
-            if (pp === 1) scheds = [["1f1b", 1]];
-            else o.schedules.forEach(function (sc) {
-              (sc === "interleaved" ? [2, 4] : [1]).forEach(function (v) {
-                if (sc !== "interleaved" || (model.layers % (pp * v) === 0 && m % pp === 0)) scheds.push([sc, v]);
+      cpVariants(model, n, tp, o).forEach(function (cv) {
+        var cp = cv[0];
+        divisors(n / (tp * cp)).forEach(function (pp) {
+          var dp = n / (tp * cp * pp);
+          if (pp > model.layers || B % dp !== 0 || (cp > 1 && pp > 1)) return;
+          var experts = model.experts || 0;
+          var eps = experts ? divisors(dp).filter(function (e) { return experts % e === 0; }) : [1];
+          o.zero_stages.forEach(function (z) { o.recompute.forEach(function (rc) {
+            o.micro_batches.forEach(function (b) { o.sp.forEach(function (sp) { eps.forEach(function (ep) {
+              if ((z >= 2 && pp > 1) || (z > 0 && dp * cp === 1) || (sp && (tp === 1 || experts || cp > 1)) ||
+                  (B / dp) % b !== 0) return;
+              var m = B / (dp * b), scheds = [];
+              if (pp === 1) scheds = [["1f1b", 1]];
+              else o.schedules.forEach(function (sc) {
+                (sc === "interleaved" ? [2, 4] : [1]).forEach(function (v) {
+                  if (sc !== "interleaved" || (model.layers % (pp * v) === 0 && m % pp === 0)) scheds.push([sc, v]);
+                });
               });
-            });
-            scheds.forEach(function (sv) {
-              var c = {}, k;
-              for (k in model) c[k] = model[k];
-              c.tp = tp; c.pp = pp; c.dp = dp; c.zero_stage = z; c.recompute = rc; c.micro_batch = b; c.sp = sp;
-              c.schedule = sv[0]; c.virtual_stages = sv[1]; c.global_batch = B;
-              if (experts) c.ep = ep;
-              out.push(c);
-            });
-          }); }); });
-        }); });
+              scheds.forEach(function (sv) {
+                var c = {}, k;
+                for (k in model) c[k] = model[k];
+                c.tp = tp; c.pp = pp; c.dp = dp; c.zero_stage = z; c.recompute = rc; c.micro_batch = b; c.sp = sp;
+                c.schedule = sv[0]; c.virtual_stages = sv[1]; c.global_batch = B;
+                if (experts) c.ep = ep;
+                if (cp > 1) { c.cp = cp; c.cp_attention = cv[1]; }
+                out.push(c);
+              });
+            }); }); });
+          }); });
+        });
       });
     });
     return out;
@@ -338,7 +362,7 @@
     var top = opts.top === undefined ? 10 : opts.top;
     var o = {zero_stages: opts.zero_stages || [0, 1, 2, 3], recompute: opts.recompute || ["none", "selective", "full"],
              schedules: opts.schedules || ["1f1b", "interleaved"], micro_batches: opts.micro_batches || [1, 2, 4, 8, 16],
-             sp: opts.sp || [false, true]};
+             sp: opts.sp || [false, true], cps: opts.cps || [1], cp_attentions: opts.cp_attentions || ["ring", "ulysses"]};
     var all = layouts(model, n, B, h, o), fits = [];
     all.forEach(function (c) {
       var m = mem.memoryPerGpu(memCfg(perfConfig(c))).total;
