@@ -148,6 +148,16 @@ def test_calculator_updates_and_matches_python(server, browser):
     py4 = est.memory_per_gpu(est.MemoryConfig(**{**cfg, "micro_batch": 1, "attention": "fused", "cp": 4}))
     page.wait_for_function("t => document.querySelector('.mm-calc-status').innerText.includes(t)",
                            arg=f"Total per GPU: {py4['total'] / 1e9:.2f} GB")
+    page.select_option("select[name=recompute]", "none")             # Ulysses keeps one more activation per layer
+    page.select_option("select[name=cp_attention]", "ulysses")
+    shown = {a: est.memory_per_gpu(est.MemoryConfig(**{**cfg, "micro_batch": 1, "attention": "fused", "cp": 4,
+                                                      "recompute": "none", "cp_attention": a}))["total"] / 1e9
+             for a in ("ring", "ulysses")}
+    assert f"{shown['ulysses']:.2f}" != f"{shown['ring']:.2f}"
+    page.wait_for_function("t => document.querySelector('.mm-calc-status').innerText.includes(t)",
+                           arg=f"Total per GPU: {shown['ulysses']:.2f} GB")
+    page.select_option("select[name=cp_attention]", "ring")
+    page.select_option("select[name=recompute]", "full")
     page.fill("input[name=cp]", "3")                                  # 2048 tokens do not split into 6 chunks
     assert "Cannot compute" in status.inner_text()
     page.fill("input[name=cp]", "1")

@@ -241,7 +241,7 @@
     var cfg = {};
     INTS.forEach(function (k) { cfg[k] = Number(form.elements[k].value); });
     cfg.zero_stage = Number(form.elements.zero_stage.value);
-    ["precision", "recompute", "schedule", "offload", "attention", "pp_partition"].forEach(function (k) {
+    ["precision", "recompute", "schedule", "offload", "attention", "cp_attention", "pp_partition"].forEach(function (k) {
       cfg[k] = form.elements[k].value;
     });
     BOOLS.forEach(function (k) { cfg[k] = form.elements[k].checked; });
@@ -260,7 +260,7 @@
     var cfg = {}, k;
     for (k in DEFAULTS) cfg[k] = DEFAULTS[k];
     for (k in preset) cfg[k] = preset[k];
-    INTS.concat(["zero_stage", "precision", "recompute", "schedule", "offload", "attention", "pp_partition",
+    INTS.concat(["zero_stage", "precision", "recompute", "schedule", "offload", "attention", "cp_attention", "pp_partition",
                  "experts", "top_k", "ep", "capacity_factor"])
       .forEach(function (k) { form.elements[k].value = String(cfg[k]); });
     BOOLS.forEach(function (k) { form.elements[k].checked = !!cfg[k]; });

@@ -430,7 +430,7 @@
     ["layers", "hidden", "heads", "vocab", "seq_len", "micro_batch", "tp", "dp", "pp", "cp", "virtual_stages"]
       .forEach(function (k) { cfg[k] = Number(f.elements[k].value); });
     cfg.zero_stage = Number(f.elements.zero_stage.value);
-    ["precision", "recompute", "schedule", "offload", "attention", "pp_partition"].forEach(function (k) { cfg[k] = f.elements[k].value; });
+    ["precision", "recompute", "schedule", "offload", "attention", "cp_attention", "pp_partition"].forEach(function (k) { cfg[k] = f.elements[k].value; });
     ["sp", "position_embedding", "fp32_grads"].forEach(function (k) { cfg[k] = f.elements[k].checked; });
     cfg.global_batch = cfg.dp * cfg.micro_batch * Number(f.elements.micro_batches.value);
     mem.readExperts(f, cfg);
