@@ -1,0 +1,112 @@
+"""ZeRO-Offload (`zero/offload.py`): what stays on the device is what the estimator says, in real 2-rank jobs.
+
+With ``offload_optimizer=True`` each unit's reduced gradient shard goes to the host as soon as its reduce is
+done; the device keeps the parameters (stage 1 also its unsharded gradient buffer, which the backward
+accumulates into). Measured two ways against `minimega.estimate`:
+
+- at the optimizer step (``report()["memory_at_step"]``), by category and location, against
+  `estimate.memory_per_gpu` for the same shape, stage, precision and dp, and against
+  `estimate.model_state_placement` in bytes;
+- through the whole step (`measure.PeakTracker` samples after every tensor operation), against
+  `estimate.peak_memory_bytes(..., offload=True)`: the device's gradients never exceed one unit's full
+  gradients at stages 2-3, so no shard waits on the device for the step.
+"""
+import pytest
+import torch
+import torch.distributed as dist
+
+import minimega as mm
+from minimega import data, estimate
+from minimega.zero import model_units
+
+# Odd widths, so units do not split evenly over dp: the padding is part of what is checked.
+MODEL = dict(vocab_size=255, block_size=64, n_layer=3, n_head=3, n_embd=33)
+DP = 2
+CASES = [(stage, precision) for stage in (1, 2, 3) for precision in ("fp32", "bf16")]
+
+
+def _offload_worker(cases):
+    mesh = mm.init_mesh(mm.ParallelDims(dp=dist.get_world_size()))
+    out = {}
+    for stage, precision in cases:
+        # Two micro-steps: stages 2-3 reduce on each, so the host sums two arrivals per unit and step.
+        config = mm.TrainConfig(zero_stage=stage, precision=precision, offload_optimizer=True, batch_size=8,
+                                gradient_accumulation_steps=2, seed=0)
+        torch.manual_seed(0)
+        engine = mm.initialize(mm.GPT(mm.GPTConfig(**MODEL)), config, mesh)
+        for batch in data.batches(mesh, 2, 8, 64):
+            engine.train_step(batch)
+        report = engine.report()
+        out[(stage, precision)] = {"at_step": report["memory_at_step"], "peak": report["memory_peak"]}
+    return out
+
+
+@pytest.fixture(scope="module")
+def runs():
+    return mm.launch(_offload_worker, DP, CASES, timeout=300)
+
+
+def _units():
+    return [[p.numel() for _, p in params] for _, params in model_units(mm.GPT(mm.GPTConfig(**MODEL)))]
+
+
+def _by_location(m: dict) -> dict:
+    """Measured bytes at the step in the estimator's categories: the device's, and the host's ('cpu').
+
+    Torch's 0-d Adam step counters are left out on both sides (the estimator does not count them).
+    """
+    states = m["master"] + m["optimizer_states"]
+    on_host = m["optimizer_location"] == "cpu"
+    return {"params": m["params"], "grads": m["grads"], "optimizer": 0 if on_host else states,
+            "cpu": states + m.get("host_grads", 0) if on_host else 0}
+
+
+@pytest.mark.parametrize("stage,precision", CASES, ids=[f"stage{s}-{p}" for s, p in CASES])
+def test_device_bytes_at_the_step_are_the_estimators(runs, stage, precision):
+    psi = sum(estimate.padded_numel(sum(u), DP) for u in _units())        # the padded Ψ the flat buffers hold
+    cfg = estimate.MemoryConfig(layers=MODEL["n_layer"], hidden=MODEL["n_embd"], heads=MODEL["n_head"],
+                                vocab=MODEL["vocab_size"], seq_len=MODEL["block_size"], precision=precision,
+                                zero_stage=stage, dp=DP, offload="optimizer")
+    per_gpu = estimate.memory_per_gpu(cfg)
+    placed = estimate.model_state_placement(psi, DP, stage, precision, "optimizer")
+    for rank, result in enumerate(runs):
+        got = _by_location(result[(stage, precision)]["at_step"])
+        # In bytes, for minimega's padded Ψ: exactly.
+        assert got == placed, f"rank {rank}"
+        # Per parameter, against the calculator's function: memory_per_gpu counts Ψ from the shape with GPT-2's
+        # biases and a tied head (minimega's GPT has neither) and no padding, so bytes are compared per parameter.
+        for key in ("params", "grads", "optimizer", "cpu"):
+            assert got[key] / psi == pytest.approx(per_gpu[key] / per_gpu["stage_params"], rel=1e-12), (rank, key)
+        # Gradient shards on the device at the step: none from stage 2 on; stage 1 keeps its unsharded buffer.
+        width = 4 if precision == "fp32" else 2
+        assert got["grads"] == (width * psi if stage == 1 else 0)
+
+
+@pytest.mark.parametrize("stage,precision", CASES, ids=[f"stage{s}-{p}" for s, p in CASES])
+def test_device_peak_through_the_step_is_the_estimators(runs, stage, precision):
+    want = estimate.peak_memory_bytes(_units(), DP, stage, precision=precision, offload=True)
+    for rank, result in enumerate(runs):
+        got = result[(stage, precision)]["peak"]
+        for category, value in want.items():
+            assert got[category] == value, f"rank {rank} {category}: measured {got[category]:,} != {value:,}"
+
+
+def test_offload_placement_matches_deepspeeds_estimator():
+    """DeepSpeed's ZeRO-3 estimator for 2851M parameters on one node of 8 GPUs (docs `memory.rst`, reproduced by its
+    code): CPU 63.72 GiB with the optimizer offloaded, 71.69 GiB with the parameters too (16Ψ and 18Ψ per node, times
+    its 1.5 buffer factor); the GPU keeps 2Ψ/G of model states with the optimizer offloaded, none with both."""
+    psi, gpus, gib = 2851e6, 8, 2 ** 30
+    opt = estimate.model_state_placement(psi, gpus, 3, "mixed", "optimizer")
+    both = estimate.model_state_placement(psi, gpus, 3, "mixed", "optimizer+params")
+    assert round(opt["cpu"] * gpus * 1.5 / gib, 2) == 63.72
+    assert round(both["cpu"] * gpus * 1.5 / gib, 2) == 71.69
+    assert opt["params"] + opt["grads"] + opt["optimizer"] == 2 * psi / gpus
+    assert both["params"] + both["grads"] + both["optimizer"] == 0
+    # Stage 2, one GPU (DeepSpeed's ZeRO-2 estimator with offload: GPU 2Ψ, CPU 16Ψ before the 1.5 factor).
+    one = estimate.model_state_placement(psi, 1, 2, "mixed", "optimizer")
+    assert (one["params"], one["grads"], one["optimizer"], one["cpu"]) == (2 * psi, 0, 0, 16 * psi)
+    # Stage 1 does not shard gradients: the buffer the backward accumulates into stays; the host gets the shard.
+    s1 = estimate.model_state_placement(psi, gpus, 1, "mixed", "optimizer")
+    assert (s1["grads"], s1["cpu"]) == (2 * psi, 16 * psi / gpus)
+    with pytest.raises(ValueError, match="offload"):
+        estimate.model_state_placement(psi, 1, 2, "mixed", "gpu")
