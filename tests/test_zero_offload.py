@@ -110,3 +110,130 @@ def test_offload_placement_matches_deepspeeds_estimator():
     assert (s1["grads"], s1["cpu"]) == (2 * psi, 16 * psi / gpus)
     with pytest.raises(ValueError, match="offload"):
         estimate.model_state_placement(psi, 1, 2, "mixed", "gpu")
+
+
+# ------------------------------------------------------------------------------------------------
+# The CUDA copy stream's ordering, checked on CPU with stand-in streams and events that log what happens where.
+
+class _Streams:
+    """Stand-ins for ``torch.cuda``'s Stream, Event, current_stream and stream(); ``log`` records the order."""
+
+    def __init__(self):
+        self.log, self.where, self.events = [], ["compute"], 0
+        self.compute, self.copy = self._stream("compute"), self._stream("copy")
+
+    def _stream(self, name):
+        log = self.log
+
+        class Stream:
+            def wait_stream(self, other):
+                log.append(f"{name} waits {other.name}")
+
+            def wait_event(self, event):
+                log.append(f"{name} waits {event.name}")
+        stream = Stream()
+        stream.name = name
+        return stream
+
+    def event(self):
+        streams = self
+        streams.events += 1
+
+        class Event:
+            name = f"event{streams.events}"
+
+            def record(self, stream):
+                streams.log.append(f"{self.name} recorded on {stream.name}")
+
+            def synchronize(self):
+                streams.log.append(f"host waits {self.name}")
+        return Event()
+
+    def use(self, stream):
+        streams = self
+
+        class Use:
+            def __enter__(self):
+                streams.where[0] = stream.name
+
+            def __exit__(self, *exc):
+                streams.where[0] = "compute"
+        return Use()
+
+    def install(self, store):
+        from minimega.zero.offload import CopyStream
+        store.copies = CopyStream(stream=self.copy, event=self.event, current=lambda: self.compute, use=self.use)
+        real_copy = store.copies.copy
+        store.copies.copy = lambda dst, src: (self.log.append(f"copy on {self.where[0]}"), real_copy(dst, src))
+        real_step = store.optimizer.step
+        store.optimizer.step = lambda: (self.log.append("optimizer step on the host"), real_step())
+
+
+def test_gradient_shards_go_down_after_their_reduce_and_are_freed_after_the_host_has_them():
+    """Per unit: the reduce is waited for, then the copy stream waits for compute and copies the shard; the host
+    waits for the last copy event once, sums, and only then are the device's reduce outputs freed. At the step
+    the optimizer runs after that wait; the upload is on the copy stream and compute waits for it."""
+    import weakref
+    from minimega import comm, zero
+    from minimega.engine import make_optimizer
+    group = comm.Group(None, [0], "dp")               # one rank: collectives complete at once, no process group
+    config = mm.TrainConfig(zero_stage=2, offload_optimizer=True)
+    torch.manual_seed(0)
+    stage = zero.wrap(mm.GPT(mm.GPTConfig(**MODEL)), config, group, 0, lambda p: make_optimizer(p, config))
+    streams = _Streams()
+    streams.install(stage.store)
+    log = streams.log
+    x, y = data.global_batch(0, 2, 16)
+    stage(x, y)[1].backward()
+    assert stage._reducing and not stage.grad_shards           # every unit's reduce started; no device shard buffers
+    for i, (out, handle) in list(stage._reducing.items()):
+        class Logged:
+            def __init__(self, i, handle):
+                self.i, self.handle = i, handle
+
+            def wait(self):
+                log.append(f"reduce {self.i} waited")
+                self.handle.wait()
+        stage._reducing[i] = out, Logged(i, handle)
+        weakref.finalize(out, log.append, f"reduce output {i} freed")
+    del out, handle                                  # the loop's last ones: only the stage holds them now
+    stage.finish_grad_sync()
+    n = len(stage.units)
+    per_unit = [[f"reduce {i} waited", "copy waits compute", "copy on copy", f"event{k + 1} recorded on copy"]
+                for k, i in enumerate(range(n))]
+    want = [line for unit in per_unit for line in unit] + [f"host waits event{n}"]
+    assert log[:len(want)] == want
+    assert sorted(log[len(want):]) == sorted(f"reduce output {i} freed" for i in range(n))
+    del log[:]
+    stage.step()
+    assert log == ["optimizer step on the host", "copy waits compute"] + ["copy on copy"] * n + [
+        f"event{n + 1} recorded on copy", "compute waits event" + str(n + 1)]
+
+
+def test_the_offloaded_store_steps_as_the_device_store_does():
+    """Shards summed on the host over two arrivals, divided there, stepped by SGD (a wrong divide or a lost arrival
+    shows: SGD is not scale-invariant like Adam), uploaded in the parameters' dtype: the numbers of `MasterStore`."""
+    from minimega.zero.offload import CPUOffloadStore, MasterStore
+    torch.manual_seed(0)
+    params = [torch.randn(6).to(torch.bfloat16), torch.randn(3).to(torch.bfloat16)]
+    grads = [torch.randn(6).to(torch.bfloat16), torch.randn(3).to(torch.bfloat16)]
+    sgd = lambda p: torch.optim.SGD(p, lr=0.5)
+    ref_params, before = [p.clone() for p in params], [p.clone() for p in params]
+    ref, store = MasterStore(ref_params, sgd), CPUOffloadStore(params, sgd)
+    assert type(store.copies).__name__ == "HostCopies"               # CPU shards: no streams
+    for _ in range(2):
+        ref.set_grads([(2 * g).clone() for g in grads], 4.0)          # two micro-steps' sum, as the device holds it
+        ref.step()
+        ref.zero_grad()
+        for _ in range(2):                                             # two arrivals per unit, summed on the host
+            for i, g in enumerate(grads):
+                store.receive_grad(i, g)
+            store.grads_received()
+        store.set_grads([], 4.0)
+        store.step()
+        store.zero_grad()
+    assert all(torch.equal(a, b) for a, b in zip(params, ref_params))     # same math, same bf16 results
+    assert not any(torch.equal(a, b) for a, b in zip(params, before))      # and the step did update them
+    assert all(h.dtype == torch.float32 and not h.any() for h in store.host_grads)   # zeroed for the next step
+    with pytest.raises(RuntimeError, match="none stay on the device"):
+        store.set_grads(grads, 4.0)
