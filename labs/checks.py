@@ -956,21 +956,28 @@ def _offload_hint(precision: str, stage: int, offload: bool, got: dict, want: di
     where = f"{precision}, stage {stage}, offload={offload}"
     width = 4 if precision == "fp32" else 2
     head = f"{where}: got device {got['device']:,} / cpu {got['cpu']:,} B, measured {want['device']:,} / {want['cpu']:,}"
-    grads_stage = width * psi // (dp if stage >= 2 else 1)
-    if offload and got["cpu"] == want["cpu"] + grads_stage and got["device"] == want["device"] - grads_stage:
-        return head + (": the gradients stay on the device (the backward hooks reduce into them); only the fp32 "
-                       "master shard and Adam's moments move to the CPU")
+    shard, host_grads = width * psi // dp, 4 * psi // dp
+    if offload and stage >= 2 and got["device"] == want["device"] + shard and got["cpu"] == want["cpu"] - host_grads:
+        return head + (": under offload each unit's reduced gradient shard goes to the host as soon as it is reduced "
+                       "(summed there in fp32, 4 bytes per element); from stage 2 on none stays on the device")
+    if offload and got["device"] == want["device"] and got["cpu"] == want["cpu"] - host_grads + shard and width != 4:
+        return head + (": the host sums the gradient shards in fp32: 4 bytes per element, whatever the parameters' "
+                       "dtype")
+    if offload and stage == 1 and got["device"] == want["device"] - width * psi:
+        return head + (": stage 1 does not shard gradients: the whole buffer the backward accumulates into stays on "
+                       "the device; only this rank's reduced shard goes to the host")
     master = 4 * psi // dp
     if not offload and got["cpu"]:
         return head + ": without offload everything stays on the device"
     if offload and not got["cpu"]:
-        return head + ": offload moves the fp32 master shard and Adam's moments to the CPU"
+        return head + ": offload moves the fp32 master shard, Adam's moments and the gradient shard to the CPU"
     if precision == "fp32" and not offload and got["device"] == want["device"] + master:
         return head + (": in fp32 on the device the parameter shard *is* the master copy (the optimizer steps it in "
                        "place): no extra 4 bytes per element")
     if precision == "fp32" and offload and got["cpu"] == want["cpu"] - master:
         return head + (": offloading always makes a separate fp32 master copy on the host, even when the parameters "
                        "are fp32 (the device keeps its own parameters)")
+    grads_stage = width * psi // (dp if stage >= 2 else 1)
     if (got["cpu"] or got["device"]) and (got["cpu"] == dp * want["cpu"] or
                                           got["device"] - want["device"] == (dp - 1) * (want["device"] - (
                                               width * psi // (dp if stage >= 3 else 1) + grads_stage))):
@@ -978,7 +985,8 @@ def _offload_hint(precision: str, stage: int, offload: bool, got: dict, want: di
     if got["device"] != want["device"]:
         params = width * psi // (dp if stage >= 3 else 1)
         return head + (f": the device holds parameters ({params:,} B at stage {stage}: sharded only at stage 3) and "
-                       f"gradients ({grads_stage:,} B: sharded from stage 2), each {width} bytes per element in {precision}")
+                       f"gradients ({grads_stage:,} B: sharded from stage 2), each {width} bytes per element in "
+                       f"{precision}" + ("; under offload the gradient shards are on the host" if offload else ""))
     return head
 
 
@@ -994,7 +1002,8 @@ def check_offload(fn) -> None:
     for (precision, stage, offload), m in zip(OFFLOAD_CASES, measured):
         states = m["master"] + m["optimizer_states"]
         on_cpu = m["optimizer_location"] == "cpu"
-        want = {"device": m["params"] + m["grads"] + (0 if on_cpu else states), "cpu": states if on_cpu else 0}
+        want = {"device": m["params"] + m["grads"] + (0 if on_cpu else states),
+                "cpu": states + m["host_grads"] if on_cpu else 0}
         try:
             got = fn(psi, 2, stage, precision, offload)
         except Exception as exc:  # noqa: BLE001

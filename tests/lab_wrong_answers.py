@@ -449,11 +449,25 @@ class ScalerForgetsSkipped(_GoodScaler):
 
 
 
-def location_moves_grads(n_params, dp, stage, precision, offload):
+def location_keeps_grad_shard(n_params, dp, stage, precision, offload):
     out = _good_location(n_params, dp, stage, precision, offload)
-    if offload:
-        grads = (4 if precision == "fp32" else 2) * n_params // (dp if stage >= 2 else 1)
-        out = {"device": out["device"] - grads, "cpu": out["cpu"] + grads}
+    if offload and stage >= 2:                 # the shard kept on the device until the step, none on the host
+        shard = (4 if precision == "fp32" else 2) * n_params // dp
+        out = {"device": out["device"] + shard, "cpu": out["cpu"] - 4 * n_params // dp}
+    return out
+
+
+def location_host_grads_16bit(n_params, dp, stage, precision, offload):
+    out = _good_location(n_params, dp, stage, precision, offload)
+    if offload and precision != "fp32":
+        out["cpu"] -= 2 * n_params // dp
+    return out
+
+
+def location_stage1_grads_moved(n_params, dp, stage, precision, offload):
+    out = _good_location(n_params, dp, stage, precision, offload)
+    if offload and stage == 1:
+        out["device"] -= (4 if precision == "fp32" else 2) * n_params
     return out
 
 

@@ -174,9 +174,16 @@ def test_memory_per_gpu_composes_the_parts():
     assert out["recompute"] == 0
     assert out["total"] == pytest.approx(sum(out[k] for k in ("params", "grads", "optimizer", "gathered", "activations",
                                                               "recompute")))
-    # offload moves optimizer states and gradients to CPU; total on the GPU falls by exactly that
-    off = est.memory_per_gpu(est.MemoryConfig(**{**est.PRESETS["zero-7.5b"], "offload": "optimizer"}))
-    assert off["cpu"] == out["grads"] + out["optimizer"] and off["total"] == out["total"] - off["cpu"]
+    # offload moves the optimizer states and this rank's gradient shard, summed in fp32 (4 bytes), to CPU memory;
+    # from stage 2 on no gradient stays on the GPU, stages 0-1 keep the unsharded buffer the backward fills
+    for stage in (0, 1, 2, 3):
+        on = est.memory_per_gpu(est.MemoryConfig(**{**est.PRESETS["zero-7.5b"], "zero_stage": stage}))
+        off = est.memory_per_gpu(est.MemoryConfig(**{**est.PRESETS["zero-7.5b"], "zero_stage": stage,
+                                                     "offload": "optimizer"}))
+        shard = n / (64 if stage else 1)
+        assert off["cpu"] == pytest.approx(on["optimizer"] + 4 * shard, rel=1e-12)
+        assert off["grads"] == (0 if stage >= 2 else on["grads"]) and off["optimizer"] == 0
+        assert off["total"] == pytest.approx(on["total"] - on["optimizer"] - (on["grads"] if stage >= 2 else 0))
     # pipeline: first stage holds ceil(L/p) blocks x in-flight micro-batches
     bloom = est.MemoryConfig(**est.PRESETS["bloom-176b"])
     b = est.memory_per_gpu(bloom)

@@ -8,8 +8,11 @@ minimega's ZeRO keeps on each rank (Ψ = the padded parameter count, n = dp):
                          master (no extra bytes) — unless it is offloaded, which always makes a host copy
     Adam's moments       Ψ/n × 8 bytes (exp_avg, exp_avg_sq), fp32
 
-``offload_optimizer=True`` (ZeRO-Offload) moves the master shard and the moments to the CPU and runs the step there;
-parameters and gradients stay on the device. Adam's 4-byte step counters are left out here.
+``offload_optimizer=True`` (ZeRO-Offload) moves the master shard and the moments to the CPU and runs the step there.
+Each unit's reduced gradient shard goes to the CPU too, as soon as it is reduced, and is summed there in fp32
+(Ψ/n × 4 bytes, whatever the precision); from stage 2 on no gradient stays on the device. Stage 1 does not shard
+gradients: its whole gradient buffer, which the backward accumulates into, stays on the device. The parameters stay
+on the device. Adam's 4-byte step counters are left out here.
 
 Complete ``bytes_by_location``; the lab's check measures real 2-rank jobs in every combination and compares.
 """

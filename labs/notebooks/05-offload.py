@@ -4,8 +4,9 @@
 # **Why.** In mixed precision 12 of the 16 bytes per parameter are the optimizer's: the fp32 master weights and Adam's
 # two moments. They are touched once per step, by an element-wise update — work a CPU does well. ZeRO-Offload
 # (Ren et al. 2021, arXiv:2101.06840) keeps them in host memory and runs the step there; the GPU keeps the 16-bit
-# parameters and runs the forward and backward, and the gradients stream to the host as the backward produces them.
-# Model states on the GPU fall from 16 to 2 bytes per parameter. The paper's headline: models of over 13 B parameters
+# parameters and runs the forward and backward, and the gradients stream to the host as the backward produces them:
+# each unit's reduced gradient shard goes down as soon as its reduce is done. Model states on the GPU fall from 16 to
+# 2 bytes per parameter. The paper's headline: models of over 13 B parameters
 # train on a single GPU, 10× the size PyTorch alone trains there.
 #
 # This lab runs ZeRO-2 with and without `offload_optimizer=True` on 2 ranks and measures where the bytes are, then
@@ -42,11 +43,14 @@ for offload, reports in runs.items():
     m = reports[0]["memory_at_step"]
     states = m["master"] + m["optimizer_states"]
     on_cpu = m["optimizer_location"] == "cpu"
-    rows[offload] = {"device": m["params"] + m["grads"] + (0 if on_cpu else states), "cpu": states if on_cpu else 0}
+    rows[offload] = {"device": m["params"] + m["grads"] + (0 if on_cpu else states),
+                     "cpu": states + m["host_grads"] if on_cpu else 0}
     print(f"offload_optimizer={offload}: optimizer states on the {m['optimizer_location']}; rank 0 holds "
-          f"{rows[offload]['device']:,} B on the device ({rows[offload]['device'] / psi:.0f} B/param) and "
-          f"{rows[offload]['cpu']:,} B on the CPU ({rows[offload]['cpu'] / psi:.0f} B/param)")
-print(f"formula, ZeRO-2 over dp={dp}: device 2Ψ + 2Ψ/dp = {2 * psi + 2 * psi // dp:,} B, CPU 12Ψ/dp = {12 * psi // dp:,} B")
+          f"{rows[offload]['device']:,} B on the device ({rows[offload]['device'] / psi:.0f} B/param), "
+          f"{m['grads']:,} B of them gradients, and {rows[offload]['cpu']:,} B on the CPU "
+          f"({rows[offload]['cpu'] / psi:.0f} B/param)")
+print(f"formula, ZeRO-2 over dp={dp}: without offload device 2Ψ + 2Ψ/dp + 12Ψ/dp = {2 * psi + 14 * psi // dp:,} B; "
+      f"with offload device 2Ψ = {2 * psi:,} B, CPU (12 + 4)Ψ/dp = {16 * psi // dp:,} B")
 gap = max(abs(a - b) for a, b in zip(runs[True][0]["losses"], runs[False][0]["losses"]))
 print("losses", [round(x, 4) for x in runs[False][0]["losses"]], "; offloaded run within 1e-5:", gap < 1e-5)
 
@@ -63,17 +67,20 @@ fig
 # the PCIe traffic — gradients down (2Ψ/dp bytes) and updated parameters up (2Ψ/dp) every step — and the CPU's
 # slower step, which ZeRO-Offload overlaps with the next backward.
 #
-# The estimator (and the ZeRO-Offload paper) also counts the gradient shard on the CPU: ZeRO-Offload streams each
-# gradient to host memory as backward produces it. minimega keeps its 16-bit gradient shard on the device (the hooks
-# reduce into it) and hands the CPU an fp32 copy at the step.
+# With offload the device holds no gradients at the step: as soon as a unit's reduce-scatter is done, its 16-bit shard
+# is copied to the host and summed there into an fp32 buffer (4 bytes per element, as DeepSpeed's pinned fp32
+# gradient partition), and the device's copy is freed. The host so holds 16 bytes per parameter of its shard: the
+# fp32 master (4), Adam's moments (8) and the gradients (4) — DeepSpeed's estimator counts the same 16Ψ before its
+# 1.5× buffer factor. With gradient accumulation the host sums the micro-steps in fp32, where the device without
+# offload sums them in the parameters' dtype, so in bf16 the two runs then differ by rounding.
 #
 # ## 2. A billion parameters on one GPU
 # `estimate.memory_per_gpu` adds activations to the model states. A 1.3 B-parameter GPT (24 layers, width 2048), one
-# GPU, sequences of 1024, micro-batch 1:
+# GPU, ZeRO-2 (what ZeRO-Offload builds on: gradients leave per unit), sequences of 1024, micro-batch 1:
 
 # %%
 # NBVAL_CHECK_OUTPUT
-shape = dict(layers=24, hidden=2048, heads=16, vocab=50257, seq_len=1024)
+shape = dict(layers=24, hidden=2048, heads=16, vocab=50257, seq_len=1024, zero_stage=2)
 for offload in ("none", "optimizer"):
     for recompute in ("none", "full"):
         mem = estimate.memory_per_gpu(estimate.MemoryConfig(**shape, offload=offload, recompute=recompute))
@@ -82,8 +89,9 @@ for offload in ("none", "optimizer"):
               f"{(mem['activations'] + mem['recompute']) / 1e9:4.1f}), CPU {mem['cpu'] / 1e9:5.1f} GB; Ψ = {mem['stage_params'] / 1e9:.2f} B")
 
 # %% [markdown]
-# Without offload the 16 bytes per parameter alone need 21 GB; with it the GPU keeps 2 bytes per parameter, and the
-# 1.3 B model fits a 16 GB GPU with room for activations. (With full recomputation the activations include the one
+# Without offload the 16 bytes per parameter alone need 21 GB; with it the GPU keeps 2 bytes per parameter and the host
+# the other 16 (the optimizer's 12 and the gradients' 4, in fp32), and the 1.3 B model fits a 16 GB GPU with room for
+# activations. (With full recomputation the activations include the one
 # layer the backward rebuilds.) The paper's headline, from its abstract: over 13 B parameters on a single GPU, 10× the
 # largest model PyTorch trains on that GPU.
 
@@ -102,7 +110,8 @@ def show_fit(gpu_gb, offload, recompute):
     best = None
     for layers in range(1, 400):
         mem = estimate.memory_per_gpu(estimate.MemoryConfig(layers=layers, hidden=2048, heads=16, vocab=50257,
-                                                            seq_len=1024, offload=offload, recompute=recompute))
+                                                            seq_len=1024, zero_stage=2, offload=offload,
+                                                            recompute=recompute))
         if mem["total"] > gpu_gb * 1e9:
             break
         best = (layers, mem)
@@ -129,6 +138,7 @@ mine = checks.exercise("offload")   # labs/exercises/ (labs/solutions/ if MINIME
 checks.check_offload(mine.bytes_by_location)
 
 # %% [markdown]
-# **Takeaway.** Optimizer offload leaves 2 bytes of parameters (plus the gradient shard) per parameter on the GPU and
-# moves the other 12 to host memory, which is larger and cheaper; the step runs there on the same numbers. The cost is
-# PCIe traffic and a CPU step per iteration — a good trade when the GPU is what limits the model's size.
+# **Takeaway.** Optimizer offload with ZeRO-2 leaves 2 bytes of parameters per parameter on the GPU and moves the
+# rest to host memory, which is larger and cheaper: the optimizer's 12 bytes and the gradient shard, summed there in
+# fp32; the step runs there on the same numbers. The cost is PCIe traffic and a CPU step per iteration — a good trade
+# when the GPU is what limits the model's size.

@@ -95,6 +95,40 @@ def model_state_bytes(n_params: float, dp: int, stage: int, precision: str = "mi
 # --8<-- [end:model_state_bytes]
 
 
+# --8<-- [start:offload_placement]
+def model_state_placement(n_params: float, dp: int, stage: int, precision: str = "mixed",
+                          offload: str = "none", *, grad_bytes: int | None = None) -> dict:
+    """`model_state_breakdown` split by location: {'params', 'grads', 'optimizer'} on the GPU, 'cpu' in host memory.
+
+    Offload ('optimizer', ZeRO-Offload, arXiv:2101.06840) moves to host memory this rank's shard of the
+    optimizer states with its fp32 master (K·Ψ/N_d; with fp32 parameters the host still needs its own fp32
+    master, 4Ψ/N_d, as the GPU keeps its parameters) and of the gradients: each unit's reduced shard goes
+    down as soon as it is reduced and is summed there in fp32 (4Ψ/N_d, DeepSpeed's pinned fp32 gradient
+    partition). So the host holds (4 + 4 + 8)Ψ/N_d = 16Ψ/N_d whatever the precision: DeepSpeed's 16Ψ
+    (before its 1.5 buffer factor) for optimizer offload, 18Ψ with the 16-bit parameters too.
+    On the GPU the gradients vanish from stage 2 on (no shard waits there for the step); at stages 0-1,
+    which do not shard gradients, the whole buffer the backward accumulates into stays (g·Ψ).
+    'optimizer+params' (stage 3, ZeRO-Infinity) moves the 16-bit parameter shards to the host as well.
+    """
+    if offload not in OFFLOAD:
+        raise ValueError(f"offload {offload!r}: expected one of {OFFLOAD}")
+    out = model_state_breakdown(n_params, dp, stage, precision, grad_bytes=grad_bytes)
+    out["cpu"] = 0.0
+    if offload == "none":
+        return out
+    shard = n_params / (dp if stage >= 1 else 1)                  # this rank's part of the optimizer's work
+    separate_master = 4 * shard if precision == "fp32" else 0.0   # K = 8 has no master; the host needs one
+    out["cpu"] = out["optimizer"] + separate_master + 4 * shard
+    out["optimizer"] = 0.0
+    if stage >= 2:
+        out["grads"] = 0.0
+    if offload == "optimizer+params":
+        out["cpu"] += out["params"]
+        out["params"] = 0.0
+    return out
+# --8<-- [end:offload_placement]
+
+
 def padded_numel(numel: int, dp: int) -> int:
     """`numel` rounded up to a multiple of dp: the length of a flat buffer that splits evenly."""
     return -(-int(numel) // dp) * dp
@@ -121,7 +155,7 @@ def model_state_bytes_padded(numels, dp: int, stage: int, precision: str = "mixe
 
 # --8<-- [start:peak_memory]
 def peak_memory_bytes(units: list[list[int]], dp: int, stage: int, *, precision: str = "fp32",
-                      prefetch: bool = True, overlap: bool = True) -> dict:
+                      prefetch: bool = True, overlap: bool = True, offload: bool = False) -> dict:
     """Peak bytes per rank by category during a step of minimega's DDP (stage 0) or ZeRO 1-3 with Adam.
 
     ``units``: the element count of each parameter, grouped by ZeRO unit in forward order (embeddings,
@@ -146,6 +180,10 @@ def peak_memory_bytes(units: list[list[int]], dp: int, stage: int, *, precision:
         optimizer_step_counters  torch's 0-d fp32 ``step`` per optimizer tensor: one per parameter
                           (stage 0), one per unit (1-3)
 
+    ``offload`` (``offload_optimizer``, stages 1-3) counts the device only: master, optimizer states and
+    step counters live on the host (0 here), and so do the reduced gradient shards, so grads are
+    stage 1: the flat buffers Σ P_u·e | stage 2-3: one unit's full gradients, max_u N_u·e.
+
     Activations (tensors saved for backward) are those of `model.py` on the rank's rows in the same dtype:
     measured by `activation_checkpoint.saved_activation_bytes`, estimated by `gpt_activation_bytes_per_layer`.
     """
@@ -153,6 +191,8 @@ def peak_memory_bytes(units: list[list[int]], dp: int, stage: int, *, precision:
     if precision not in ("fp32", "bf16") or (precision == "bf16" and stage == 0):
         raise ValueError(f"peak_memory_bytes: precision={precision!r} at stage {stage}; modelled: fp32 at "
                          "stages 0-3, bf16 at stages 1-3")
+    if offload and stage == 0:
+        raise ValueError("peak_memory_bytes: offload at stage 0; minimega offloads ZeRO's shards (stages 1-3)")
     e, n = (4 if precision == "fp32" else 2), dp
     N = [sum(u) for u in units]
     P = [padded_numel(x, n) for x in N]
@@ -164,7 +204,10 @@ def peak_memory_bytes(units: list[list[int]], dp: int, stage: int, *, precision:
            "optimizer_step_counters": 4 * (sum(len(u) for u in units) if stage == 0 else len(units))}
     if stage == 3:
         out["gathered"] = e * (max(a + b for a, b in zip(P, P[1:])) if prefetch and len(P) > 1 else max(P))
-    if stage < 2:
+    if offload:                                          # on the host: not this device's bytes
+        out.update(master=0, optimizer_states=0, optimizer_step_counters=0)
+        out["grads"] = full if stage < 2 else max(N) * e
+    elif stage < 2:
         out["grads"] = full + masters
     else:
         out["grads"] = shard_elems * e + max(max(N) * e, masters)
@@ -605,8 +648,9 @@ class MemoryConfig:
     virtual_stages: int = 1
     """Model chunks v per pipeline rank (interleaved only)."""
     offload: str = "none"
-    """'optimizer': optimizer states and gradients live in CPU memory (ZeRO-Offload);
-    'optimizer+params': parameters too (ZeRO-Infinity with stage 3)."""
+    """'optimizer': the optimizer states and the reduced gradient shards live in CPU memory (ZeRO-Offload;
+    stages 0-1 keep their unsharded gradient buffer on the GPU); 'optimizer+params': parameters too
+    (ZeRO-Infinity with stage 3). See `model_state_placement`."""
     attention: str = "unfused"
     """'unfused' stores the as²b attention scores (Korthikanti's table); 'fused' (FlashAttention,
     SDPA) stores one fp32 log-sum-exp per row and head instead."""
@@ -736,8 +780,9 @@ def memory_per_gpu(cfg: MemoryConfig) -> dict:
     `activation_bytes_per_layer` × the first stage's blocks × `in_flight_microbatches`, plus the
     recomputation working set (`recompute_working_bytes`, one layer of one micro-batch).
     ZeRO-3 also holds, one block at a time, the parameters it gathers from the other ranks
-    ("gathered": a block's 16-bit parameters times (1 - 1/N_d)). With experts the expert states are
-    whole on every rank (`stage_param_split`) and each block's activations change by `moe_activation_delta`
+    ("gathered": a block's 16-bit parameters times (1 - 1/N_d)). Offload splits the states by location
+    (`model_state_placement`; "cpu" is the host's share). With experts the expert states are
+    whole on every rank (`stage_param_split`), on the GPU, and each block's activations change by `moe_activation_delta`
     (minimega's MoE layer; with full recomputation only in the working set). Not counted:
     communication buckets, allocator fragmentation, the embedding/loss activations and logits.
     """
@@ -745,17 +790,12 @@ def memory_per_gpu(cfg: MemoryConfig) -> dict:
     n_dense, n_expert = stage_param_split(cfg)
     replicas = cfg.dp * cfg.cp                     # ranks holding the same parameters: ZeRO shards over them
     grad_bytes = 4 if cfg.fp32_grads else None
-    states = model_state_breakdown(n_dense, replicas, cfg.zero_stage, cfg.precision, grad_bytes=grad_bytes)
-    if n_expert:                            # experts: whole on each rank of their expert-data-parallel group
+    states = model_state_placement(n_dense, replicas, cfg.zero_stage, cfg.precision, cfg.offload,
+                                   grad_bytes=grad_bytes)
+    cpu = states.pop("cpu")
+    if n_expert:                            # experts: whole on each rank of their expert-data-parallel group,
         for k, v in model_state_breakdown(n_expert, 1, 0, cfg.precision, grad_bytes=grad_bytes).items():
-            states[k] += v
-    cpu = 0.0
-    if cfg.offload in ("optimizer", "optimizer+params"):
-        cpu += states["optimizer"] + states["grads"]
-        states["optimizer"] = states["grads"] = 0.0
-    if cfg.offload == "optimizer+params":
-        cpu += states["params"]
-        states["params"] = 0.0
+            states[k] += v                  # stepped by their own optimizer on the GPU (offload or not)
     p_bytes = state_bytes_per_param(cfg.precision)[0]
     h, t = cfg.hidden, cfg.tp
     gathered = p_bytes * block_params(cfg)[0] * (1 - 1 / replicas) if cfg.zero_stage == 3 else 0.0

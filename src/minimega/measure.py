@@ -151,7 +151,8 @@ class PeakTracker:
 
 
 def state_tensors(dp_wrappers, optimizer=None) -> dict[str, list[torch.Tensor]]:
-    """The model-state tensors of one rank by category, for `PeakTracker`.
+    """The model-state tensors of one rank's device by category, for `PeakTracker` (an offloading store's
+    host tensors are left out: on a CPU-only run too, they are not the device's).
 
     Args:
         dp_wrappers: the rank's data-parallel wrappers (`DataParallel` or a ZeRO stage), one per chunk.
@@ -168,10 +169,12 @@ def state_tensors(dp_wrappers, optimizer=None) -> dict[str, list[torch.Tensor]]:
                     out["gathered"].append(u.flat)
                 else:
                     out["params"].append(u.flat)
-            out["master"] += list(w.store.master)
             out["grads"] += list(w.grad_buffers()) + [p.grad for u in w.units for p in u.params]
-            out["grads"] += [m.grad for m in w.store.master]
-            states = optimizer_state_tensors(w.store.optimizer)
+            states = []
+            if w.store.location == "device":      # offloaded (CPUOffloadStore): host memory, not this device's
+                out["master"] += list(w.store.master)
+                out["grads"] += [m.grad for m in w.store.master]
+                states = optimizer_state_tensors(w.store.optimizer)
         else:
             params = list(w.parameters())
             out["params"] += params

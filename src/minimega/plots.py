@@ -224,10 +224,9 @@ def offload_split(n_params: float = 7.5e9, dp: int = 1, lang: str = "en") -> go.
     rows = []
     for name, stage, off in (("stage 2", 2, "none"), ("stage 2 + offload optimizer", 2, "optimizer"),
                              ("stage 3 + offload optimizer + params", 3, "optimizer+params")):
-        parts = est.model_state_breakdown(n_params, dp, stage)
-        cpu = (parts["optimizer"] + parts["grads"]) if off != "none" else 0.0
-        cpu += parts["params"] if off == "optimizer+params" else 0.0
-        rows.append((name if off == "none" else t(name), sum(parts.values()) - cpu, cpu))
+        parts = est.model_state_placement(n_params, dp, stage, "mixed", off)
+        cpu = parts.pop("cpu")
+        rows.append((name if off == "none" else t(name), sum(parts.values()), cpu))
     fig = go.Figure()
     fig.add_bar(x=[r[0] for r in rows], y=[r[1] / est.GB for r in rows], name=t("on the GPU"), marker_color=REFERENCE,
                 texttemplate="%{y:.3g}", textposition="outside")

@@ -39,6 +39,19 @@
     };
   }
 
+  function modelStatePlacement(n, dp, stage, precision, offload, gradBytes) {   // estimate.model_state_placement
+    var out = modelStateBreakdown(n, dp, stage, precision, gradBytes);
+    out.cpu = 0;
+    if (offload === "none") return out;
+    var shard = n / (stage >= 1 ? dp : 1);             // this rank's part of the optimizer's work
+    var separateMaster = precision === "fp32" ? 4 * shard : 0;   // K = 8 has no master; the host needs one
+    out.cpu = out.optimizer + separateMaster + 4 * shard;          // + the gradient shard, summed in fp32 on the host
+    out.optimizer = 0;
+    if (stage >= 2) out.grads = 0;                    // each unit's shard leaves when reduced; stages 0-1 keep theirs
+    if (offload === "optimizer+params") { out.cpu += out.params; out.params = 0; }
+    return out;
+  }
+
   function activationBytesPerLayer(s, b, h, a, t, sp, recompute, attention, actBytes, maskBytes) {
     var sbh = s * b * h;                             // estimate.activation_bytes_per_layer
     if (recompute === "full") return actBytes * sbh / (sp ? t : 1);
@@ -154,17 +167,13 @@
     check(cfg);
     var split = stageParamSplit(cfg), n = split[0] + split[1];
     var replicas = cfg.dp * cfg.cp;                   // ZeRO shards over every rank holding the same parameters
-    var st = modelStateBreakdown(split[0], replicas, cfg.zero_stage, cfg.precision, cfg.fp32_grads ? 4 : null);
-    if (split[1]) {                                   // experts: whole on each rank of their group
+    var st = modelStatePlacement(split[0], replicas, cfg.zero_stage, cfg.precision, cfg.offload,
+                                 cfg.fp32_grads ? 4 : null);
+    var cpu = st.cpu;
+    if (split[1]) {                                   // experts: whole on each rank of their group, on the GPU
       var ex = modelStateBreakdown(split[1], 1, 0, cfg.precision, cfg.fp32_grads ? 4 : null);
       st.params += ex.params; st.grads += ex.grads; st.optimizer += ex.optimizer;
     }
-    var cpu = 0;
-    if (cfg.offload === "optimizer" || cfg.offload === "optimizer+params") {
-      cpu += st.optimizer + st.grads;
-      st.optimizer = 0; st.grads = 0;
-    }
-    if (cfg.offload === "optimizer+params") { cpu += st.params; st.params = 0; }
     var pBytes = stateBytesPerParam(cfg.precision)[0];
     var h = cfg.hidden, t = cfg.tp;
     var gathered = cfg.zero_stage === 3 ? pBytes * blockParams(cfg)[0] * (1 - 1 / replicas) : 0;

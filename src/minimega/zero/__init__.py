@@ -2,7 +2,7 @@
 
     flat.py     flat padded buffers per unit, shard bounds
     stages.py   Zero1 ⊂ Zero2 ⊂ Zero3
-    offload.py  where the fp32 master weights and optimizer states live (device or CPU), and the step
+    offload.py  where the fp32 master weights, optimizer states and (offloaded) gradient shards live, and the step
     state.py    what a rank's shards hold of each parameter, for sharded checkpoints
 """
 from __future__ import annotations

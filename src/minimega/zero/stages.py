@@ -10,10 +10,12 @@ reduce-scatter when its last gradient is in, ``finish_grad_sync()`` (called afte
 ``Zero1`` (optimizer states sharded):
     Phase 1 (backward): gradients accumulate in a full flat gradient buffer per unit; when a unit's
         last gradient is in, its buffer's reduce-scatter starts (async); rank r will keep its shard's sum.
-    Phase 2 (``finish_grad_sync()``): wait for every unit and write the reduced shard into the buffer.
+    Phase 2 (``finish_grad_sync()``): wait for every unit and write the reduced shard into the buffer
+        (with ``offload_optimizer``: copy it to the host's fp32 buffer instead and drop the device's copy).
     Phase 3 (step): the optimizer updates this rank's master shard; all-gather the parameters.
 ``Zero2(Zero1)`` (+ gradients sharded): the unit's gradients are flattened into the reduce-scatter's
-    input and the full gradients dropped, so a rank keeps only its shard's gradients (N/dp). Gradient
+    input and the full gradients dropped, so a rank keeps only its shard's gradients (N/dp), or with
+    offload none at all (each reduced shard goes to the host as it arrives; ZeRO-Offload). Gradient
     accumulation reduces on every micro-step (DeepSpeed's semantics); under ``no_sync()`` (the pipeline's
     micro-batches before the last) the full gradients accumulate and the last backward reduces them once.
 ``Zero3(Zero2)`` (+ parameters sharded): at rest each unit holds only its shard. ``unshard()``
@@ -89,9 +91,9 @@ class Zero1(GradSync, nn.Module):
                       for name, params in self._units(module)]
         self._unit_of = {p: u for u in self.units for p in u.params}
         self.shards = [self._make_shard(u) for u in self.units]
-        self.grad_shards = self._make_grad_buffers()
         store = CPUOffloadStore if config.offload_optimizer else MasterStore
         self.store = store(self.shards, make_optimizer)
+        self.grad_shards = self._make_grad_buffers()      # on the device; none under offload (the host keeps them)
         self._reducing: dict[int, tuple[torch.Tensor, comm.Handle]] = {}     # unit index -> (output, handle)
         self._watch([u.params for u in self.units])
 
@@ -103,11 +105,16 @@ class Zero1(GradSync, nn.Module):
         return unit.flat[unit.start:unit.end]          # a view: the parameters themselves
 
     def _make_grad_buffers(self) -> list[torch.Tensor]:
-        """Full flat gradient buffers; each ``p.grad`` is a view, so autograd accumulates in place."""
+        """Full flat gradient buffers; each ``p.grad`` is a view, so autograd accumulates in place.
+
+        Returns this rank's shard of each (a view), where the reduced sum is written; none under offload.
+        """
         self.flat_grads = [torch.zeros_like(u.flat) for u in self.units]
         for u, g in zip(self.units, self.flat_grads):
             for p, view in zip(u.params, u.views(g)):
                 p.grad = view
+        if self.store.keeps_grads:
+            return []
         return [g[u.start:u.end] for u, g in zip(self.units, self.flat_grads)]
 
     # -- forward and backward --------------------------------------------------------------------
@@ -124,7 +131,8 @@ class Zero1(GradSync, nn.Module):
     # --8<-- [start:zero1_reduce]
     def _start(self, i: int) -> None:
         """Phase 1: unit i's gradients are all in its flat buffer: start the buffer's reduce-scatter."""
-        unit, out = self.units[i], torch.empty_like(self.grad_shards[i])
+        unit = self.units[i]
+        out = torch.empty(unit.shard_numel, dtype=unit.flat.dtype, device=unit.flat.device)
         self._event("reduce_scatter_issued", unit=unit.name)
         self._reducing[i] = out, comm.reduce_scatter(out, self._reduce_input(i), self.group, async_op=True,
                                                      tag=unit.name)
@@ -133,10 +141,19 @@ class Zero1(GradSync, nn.Module):
         return self.flat_grads[i]
 
     def _complete(self) -> None:
-        """Phase 2 (from ``finish_grad_sync()``): wait for every unit; this rank's shard holds the sum."""
+        """Phase 2 (from ``finish_grad_sync()``): wait for every unit; this rank's shard holds the sum.
+
+        Under offload the store takes each shard as soon as its reduce is waited for (to the host, see
+        `offload.py`); once the host has it, the reduce outputs are dropped: no shard stays on the device.
+        """
         for i, (out, handle) in sorted(self._reducing.items()):
             handle.wait()
-            self._write_shard(i, out)
+            if self.store.keeps_grads:
+                self.store.receive_grad(i, out)
+            else:
+                self._write_shard(i, out)
+        if self.store.keeps_grads:
+            self.store.grads_received()
         self._reducing = {}
         self._event("grads_reduced")
 
@@ -222,7 +239,11 @@ class Zero1(GradSync, nn.Module):
         return {n: out[n] for n, _ in dp_named_parameters(self.module)}
 
     def memory(self) -> dict:
-        """Bytes this rank holds by category (storages shared by views are counted once)."""
+        """Bytes this rank holds by category (storages shared by views are counted once).
+
+        ``params`` and ``grads`` are on the device; ``master``, ``optimizer_states`` and the step counters
+        where ``optimizer_location`` says; ``host_grads`` (offload only) in host memory.
+        """
         params = [u.flat for u in self.units] + self.shards
         return {"params": measure.tensor_bytes(params),
                 "grads": measure.tensor_bytes(self.grad_buffers() + [p.grad for p in self._unit_of]),
@@ -241,6 +262,8 @@ class Zero2(Zero1):
     reduce_every_micro_step = True
 
     def _make_grad_buffers(self) -> list[torch.Tensor]:
+        if self.store.keeps_grads:                             # offload: the shards accumulate on the host
+            return []
         return [torch.zeros(u.shard_numel, dtype=u.flat.dtype, device=u.flat.device) for u in self.units]
 
     def grad_buffers(self) -> list[torch.Tensor]:
