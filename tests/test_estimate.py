@@ -175,8 +175,8 @@ def test_memory_per_gpu_composes_the_parts():
     assert out["total"] == pytest.approx(sum(out[k] for k in ("params", "grads", "optimizer", "gathered", "activations",
                                                               "recompute")))
     # offload moves the optimizer states and this rank's gradient shard, summed in fp32 (4 bytes), to CPU memory;
-    # from stage 2 on no gradient stays on the GPU, stages 0-1 keep the unsharded buffer the backward fills
-    for stage in (0, 1, 2, 3):
+    # from stage 2 on no gradient stays on the GPU, stage 1 keeps the unsharded buffer the backward fills
+    for stage in (1, 2, 3):
         on = est.memory_per_gpu(est.MemoryConfig(**{**est.PRESETS["zero-7.5b"], "zero_stage": stage}))
         off = est.memory_per_gpu(est.MemoryConfig(**{**est.PRESETS["zero-7.5b"], "zero_stage": stage,
                                                      "offload": "optimizer"}))
@@ -194,7 +194,10 @@ def test_memory_per_gpu_composes_the_parts():
     with pytest.raises(ValueError, match="tp must divide heads"):
         est.memory_per_gpu(est.MemoryConfig(layers=2, hidden=64, heads=4, vocab=10, seq_len=8, tp=3))
     with pytest.raises(ValueError, match="zero_stage=3"):
-        est.memory_per_gpu(est.MemoryConfig(layers=2, hidden=64, heads=4, vocab=10, seq_len=8, offload="optimizer+params"))
+        est.memory_per_gpu(est.MemoryConfig(layers=2, hidden=64, heads=4, vocab=10, seq_len=8, offload="optimizer+params",
+                                            zero_stage=1, dp=2))
+    with pytest.raises(ValueError, match="offload='optimizer' needs zero_stage >= 1"):     # the trainer refuses it too
+        est.memory_per_gpu(est.MemoryConfig(layers=2, hidden=64, heads=4, vocab=10, seq_len=8, offload="optimizer"))
 
 
 def test_bloom_layer_sizes_match_the_training_notes():

@@ -55,7 +55,7 @@ def _random_config(rng):
                 fp32_grads=rng.random() < 0.5 and precision != "fp32", pp_partition=rng.choice(est.PP_PARTITION),
                 global_batch=dp * b * m, dropout=rng.random() < 0.5, stack=rng.choice(sorted(perf.STACKS)),
                 bucket_bytes=rng.choice([25e6, 5e8]),
-                offload=rng.choice(["none", "optimizer"] + (["optimizer+params"] if stage == 3 else [])),
+                offload=rng.choice(["none"] + (["optimizer"] if stage else []) + (["optimizer+params"] if stage == 3 else [])),
                 overlap_comm=rng.random() < 0.7)
     if cp > 1 and heads % (tp * cp) == 0 and rng.random() < 0.5:
         cfg["cp_attention"] = "ulysses"                                       # all-to-all over heads

@@ -288,7 +288,7 @@ def _random_config(rng: random.Random) -> dict:
                 dp=rng.choice([1, 2, 3, 8, 64, 1000]), pp=rng.choice([1, 2, 3, 4, 12, 35]),
                 sp=rng.random() < 0.5, recompute=rng.choice(est.RECOMPUTE), schedule=rng.choice(est.SCHEDULES),
                 micro_batches=rng.randint(1, 300), virtual_stages=rng.randint(1, 4),
-                offload=rng.choice(est.OFFLOAD if stage == 3 else est.OFFLOAD[:2]),
+                offload=rng.choice(est.OFFLOAD if stage == 3 else est.OFFLOAD[:2] if stage else est.OFFLOAD[:1]),
                 attention=attention, position_embedding=rng.random() < 0.5,
                 fp32_grads=rng.random() < 0.5 and precision != "fp32", pp_partition=rng.choice(est.PP_PARTITION))
     if cp > 1 and heads % (tp * cp) == 0 and rng.random() < 0.5:
@@ -330,7 +330,8 @@ def test_calculator_js_matches_python_on_random_configs():
 @pytest.mark.skipif(NODE is None, reason="needs node")
 def test_calculator_js_rejects_what_python_rejects():
     base = dict(est.PRESETS["gpt2-124m"])
-    bad = [{**base, "tp": 5}, {**base, "offload": "optimizer+params", "zero_stage": 2}, {**base, "dp": 0},
+    bad = [{**base, "tp": 5}, {**base, "offload": "optimizer+params", "zero_stage": 2},
+           {**base, "offload": "optimizer", "zero_stage": 0}, {**base, "dp": 0},
            {**base, "recompute": "half"}, {**base, "layers": 2.5}, {**base, "attention": "flash"},
            {**base, "pp_partition": "uniform"}, {**base, "fp32_grads": True, "precision": "fp32"},
            {**base, "position_embedding": 1}, {**base, "ep": 2}, {**base, "experts": 4, "ep": 3, "dp": 3},

@@ -693,6 +693,9 @@ class MemoryConfig:
         if self.hidden % self.heads or self.heads % self.tp:
             raise ValueError(f"hidden={self.hidden}, heads={self.heads}, tp={self.tp}: "
                              "heads must divide hidden and tp must divide heads")
+        if self.offload != "none" and self.zero_stage == 0:
+            raise ValueError(f"offload={self.offload!r} needs zero_stage >= 1 (ZeRO-Offload moves ZeRO's optimizer "
+                             "shards, as minimega and DeepSpeed do); set zero_stage or offload='none'")
         if self.offload == "optimizer+params" and self.zero_stage != 3:
             raise ValueError("offload='optimizer+params' needs zero_stage=3 (parameters are offloaded as shards)")
         if self.cp > 1 and self.attention != "fused":

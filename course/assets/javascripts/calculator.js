@@ -105,6 +105,8 @@
     if (cfg.hidden % cfg.heads !== 0 || cfg.heads % cfg.tp !== 0)
       throw new Error("hidden = " + cfg.hidden + ", heads = " + cfg.heads + ", tp = " + cfg.tp +
                       ": heads must divide hidden and tp must divide heads");
+    if (cfg.offload !== "none" && cfg.zero_stage === 0)
+      throw new Error("offload moves ZeRO's optimizer shards: choose ZeRO stage 1 or higher, or no offload");
     if (cfg.offload === "optimizer+params" && cfg.zero_stage !== 3)
       throw new Error("offloading parameters needs ZeRO stage 3 (they are offloaded as shards)");
     if (cfg.cp > 1 && cfg.attention !== "fused")
