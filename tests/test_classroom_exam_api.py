@@ -520,6 +520,9 @@ def test_bare_exam_page_in_dutch_at_the_sites_dutch_path(client):
     assert '<html lang="en">' in english.text and english.headers["content-language"] == "en"
     for other in ("/fr/exam/", "/de/", "/nl/exam/index.html"):
         assert client.get(other, follow_redirects=False).status_code == 404, other
+    # the query string chooses nothing either: not the page, not its language, not where / redirects
+    assert client.get("/exam/?path=/nl/exam/&lang=nl").text == english.text
+    assert client.get("/?path=//elsewhere.example", follow_redirects=False).headers["location"] == "/exam/"
 
 
 def test_bare_exam_page_refuses_a_language_it_has_no_words_for(tmp_path, monkeypatch):

@@ -283,6 +283,18 @@ class SharedRateLimiter:
 
 # --- the app -------------------------------------------------------------------------------------
 
+def _fixed_page(page: str, lang: str):
+    def endpoint():
+        return HTMLResponse(page, headers={"Content-Language": lang})
+    return endpoint
+
+
+def _redirect_to(path: str):
+    def endpoint():
+        return RedirectResponse(path)
+    return endpoint
+
+
 def create_app(config: ClassroomConfig, *, keyring: Keyring | None = None, clock=time.time,
                mailer=None) -> FastAPI:
     banks = load_exam_banks(config.banks_dir, config.questions_per_chapter)    # fail before touching var/
@@ -455,15 +467,9 @@ def create_app(config: ClassroomConfig, *, keyring: Keyring | None = None, clock
         pages = bare_exam_pages(config, exam.languages, len(exam.banks))
         for lang in exam.languages:
             path = exam_path(lang)
-
-            def bare_page(path=path, lang=lang):
-                return HTMLResponse(pages[path], headers={"Content-Language": lang})
-
-            def home(path=path):
-                return RedirectResponse(path)
-
-            app.add_api_route(path, bare_page, methods=["GET"], include_in_schema=False)
-            app.add_api_route(path.removesuffix("exam/"), home, methods=["GET"], include_in_schema=False)
+            # endpoints without parameters: FastAPI would read any parameter from the query string
+            app.add_api_route(path, _fixed_page(pages[path], lang), methods=["GET"], include_in_schema=False)
+            app.add_api_route(path.removesuffix("exam/"), _redirect_to(path), methods=["GET"], include_in_schema=False)
 
         @app.get("/favicon.ico", include_in_schema=False)
         def favicon():
