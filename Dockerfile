@@ -31,6 +31,7 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
     PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    UV_NO_CACHE=1 \
     NO_MKDOCS_2_WARNING=1 \
     VIRTUAL_ENV=/opt/venv \
     PATH=/opt/venv/bin:$PATH
@@ -44,16 +45,18 @@ RUN if ! command -v python3 >/dev/null; then \
         && apt-get install -y --no-install-recommends python3 python3-venv \
         && rm -rf /var/lib/apt/lists/*; \
     fi \
-    && python3 -m venv /opt/venv \
     && useradd --create-home --uid 1000 learner
 
 WORKDIR /app
 
-# Dependencies first (a layer that survives source edits); torch pinned so pip never picks another build.
+# Dependencies first (a layer that survives source edits), installed as `make` installs them: tools/setup_venv.py
+# (uv, pip as the fallback), the Makefile's torch pin, `make serve`'s extras (site,serve) plus the labs' (lab, as
+# `make lab`). torch alone comes from TORCH_INDEX (the CPU wheel by default), everything else from PyPI.
 COPY pyproject.toml README.md ./
+COPY tools/setup_venv.py ./tools/
 COPY src ./src
-RUN pip install "torch==2.13.0" --index-url "${TORCH_INDEX}" \
-    && pip install -e ".[serve,site,lab]" "torch==2.13.0" --extra-index-url "${TORCH_INDEX}"
+RUN python3 tools/setup_venv.py --venv /opt/venv --extras lab,site,serve \
+        --torch "torch==2.13.0" --torch-index "${TORCH_INDEX}"
 
 COPY . .
 RUN if [ -f mkdocs.yml ]; then mkdocs build -q; fi \

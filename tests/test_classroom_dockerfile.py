@@ -25,9 +25,37 @@ def test_dockerfile_lints_clean():
 def test_dockerfile_pins_torch_and_serves():
     text = (ROOT / "Dockerfile").read_text()
     assert re.search(r'^ARG BASE=python:3\.\d+-slim', text, re.M)                 # CPU by default
-    assert text.count('"torch==2.13.0"') == 2                                      # never an unpinned torch
+    assert re.search(r'^ARG TORCH_INDEX=https://download\.pytorch\.org/whl/cpu$', text, re.M)
+    assert set(re.findall(r"torch==[\w.+]+", text)) == {"torch==2.13.0"} and '"torch"' not in text   # pinned only
     assert 'CMD ["minimega", "serve", "--host", "0.0.0.0", "--port", "8000"' in text
-    assert ".[serve,site,lab]" in text and "jupyter lab" in text
+    assert "jupyter lab" in text
+
+
+def setup_calls(text: str) -> list[dict[str, str]]:
+    """The options of every tools/setup_venv.py call in a Dockerfile or a Makefile (continuation lines joined)."""
+    logical = re.sub(r"\\\n\s*", " ", text)
+    return [dict(re.findall(r'(--[a-z-]+) "?([^"\s]+)"?', line.split("setup_venv.py", 1)[1]))
+            for line in logical.splitlines() if re.search(r"setup_venv\.py\s+--", line)]
+
+
+def test_dockerfile_installs_as_make_does():
+    """One installer for `make` and the image: tools/setup_venv.py with the Makefile's torch pin and the extras of
+    `make serve` plus the labs' (those of `make lab`); torch alone from TORCH_INDEX; pip never called directly."""
+    docker, make = (ROOT / "Dockerfile").read_text(), (ROOT / "Makefile").read_text()
+    assert "pip install" not in docker
+    (call,) = setup_calls(docker)
+    torch = re.search(r"^TORCH\s*:=\s*(\S+)", make, re.M).group(1)
+    assert call == {"--venv": "/opt/venv", "--extras": call["--extras"], "--torch": torch,
+                    "--torch-index": "${TORCH_INDEX}"} and torch == "torch==2.13.0"
+    setup = "$(PY) tools/setup_venv.py --venv $(VENV) --torch \"$(TORCH)\""
+    make = make.replace("$(SETUP)", setup)
+    serve = re.search(r"^\$\(SERVESTAMP\):\n\t@(.*)$", make, re.M).group(1)
+    lab = re.search(r"^\$\(LABSTAMP\):.*\n\t@(.*)$", make, re.M).group(1)
+    (serve_call,), (lab_call,) = setup_calls(serve), setup_calls(lab)
+    extras = set(call["--extras"].split(","))
+    assert extras == set(lab_call["--extras"].split(",")) >= set(serve_call["--extras"].split(",")) == {"site", "serve"}
+    copied = docker.index("COPY tools/setup_venv.py")
+    assert copied < docker.index("RUN python3 tools/setup_venv.py"), "the installer is copied before it runs"
 
 
 # --- the container's CMD: mail settings from the environment, development mode only when asked for ---------------

@@ -1,5 +1,6 @@
 """Exam API: sign-in, no key shipped, answers recorded without feedback, review after, identity-keyed limits,
 cooldown, resume, HTTP hardening, concurrency, migrations, fuzzing."""
+import html
 import json
 import math
 import sqlite3
@@ -489,13 +490,55 @@ def test_smtp_mailer_sends_the_link(tmp_path):
 
 
 def test_bare_exam_page_without_a_site(client):
-    assert client.get("/exam/", follow_redirects=False).headers["location"] == "/exam-app/"
-    page = client.get("/exam-app/")
-    assert page.status_code == 200 and 'src = "exam.js"' in page.text and 'rel="icon"' in page.text
-    body = client.get("/exam-app/exam-body.html").text
+    assert client.get("/", follow_redirects=False).headers["location"] == "/exam/"
+    page = client.get("/exam/")
+    assert page.status_code == 200 and page.headers["content-language"] == "en"
+    assert '<html lang="en">' in page.text and "<h1>Graded exam</h1>" in page.text and 'rel="icon"' in page.text
+    assert '<script src="/exam-app/exam.js">' in page.text and 'href="/exam-app/exam.css"' in page.text
     for id_ in ("mm-exam-signin-form", "mm-exam-start-form", "mm-exam-finish", "mm-exam-review"):
-        assert f'id="{id_}"' in body
-    assert client.get("/exam-app/exam.js").status_code == 200 and client.get("/favicon.ico").status_code == 204
+        assert f'id="{id_}"' in page.text
+    rules = client.get("/api/v1/exam").json()["rules"]                 # this service's numbers, not the defaults'
+    assert f'<p id="mm-exam-rules">{html.escape(rules)}</p>' in page.text and "{{" not in page.text
+    assert '<a href="/nl/exam/" hreflang="nl" lang="nl">Nederlands</a>' in page.text
+    for asset in ("exam.js", "exam.css"):
+        assert client.get(f"/exam-app/{asset}").status_code == 200
+    assert client.get("/favicon.ico").status_code == 204
+
+
+def test_bare_exam_page_in_dutch_at_the_sites_dutch_path(client):
+    """/nl/exam/ is the bare page's Dutch twin, as it is the built site's; the path alone picks the language."""
+    assert client.get("/nl/", follow_redirects=False).headers["location"] == "/nl/exam/"
+    page = client.get("/nl/exam/")
+    assert page.status_code == 200 and page.headers["content-language"] == "nl"
+    assert '<html lang="nl">' in page.text and "<h1>Examen met certificaat</h1>" in page.text
+    assert "Stuur me een inloglink" in page.text and "Send me a sign-in link" not in page.text
+    rules = client.get("/api/v1/exam", params={"lang": "nl"}).json()["rules"]
+    assert rules.split()[1] == "vragen," and f'<p id="mm-exam-rules">{html.escape(rules)}</p>' in page.text
+    assert '<a href="/exam/" hreflang="en" lang="en">English</a>' in page.text
+    assert '<script src="/exam-app/exam.js">' in page.text
+    english = client.get("/exam/", headers={"Accept-Language": "nl-NL,nl;q=0.9"})    # a header chooses nothing
+    assert '<html lang="en">' in english.text and english.headers["content-language"] == "en"
+    for other in ("/fr/exam/", "/de/", "/nl/exam/index.html"):
+        assert client.get(other, follow_redirects=False).status_code == 404, other
+    # the query string chooses nothing either: not the page, not its language, not where / redirects
+    assert client.get("/exam/?path=/nl/exam/&lang=nl").text == english.text
+    assert client.get("/?path=//elsewhere.example", follow_redirects=False).headers["location"] == "/exam/"
+
+
+def test_bare_exam_page_refuses_a_language_it_has_no_words_for(tmp_path, monkeypatch):
+    from minimega.classroom import bare_page
+    monkeypatch.delitem(bare_page.WORDS, "nl")
+    with pytest.raises(ValueError, match=r"the bare exam page has no words for \['nl'\]"):
+        create_app(make_config(tmp_path))
+
+
+def test_a_built_site_replaces_the_bare_page(tmp_path):
+    (tmp_path / "site" / "nl" / "exam").mkdir(parents=True)
+    (tmp_path / "site" / "index.html").write_text("<html lang=en>home</html>")
+    (tmp_path / "site" / "nl" / "exam" / "index.html").write_text("<html lang=nl>site</html>")
+    with TestClient(create_app(make_config(tmp_path))) as c:
+        assert c.get("/").text == "<html lang=en>home</html>" and c.get("/nl/exam/").text == "<html lang=nl>site</html>"
+        assert c.get("/exam/").status_code == 404                      # the site has no English exam page here
 
 
 def test_two_apps_on_postgres_share_sessions_limits_and_credentials(tmp_path, postgres_server):

@@ -108,3 +108,32 @@ def test_test_tools_stay_out_of_the_serving_extras():
 def test_ci_runs_make_test():
     lines = [ln.strip() for ln in (ROOT / ".ci" / "run").read_text().splitlines()]
     assert "make test" in lines
+
+
+def test_torch_index_installs_torch_alone_first_then_the_package(monkeypatch, tmp_path):
+    """--torch-index: torch from that index alone, then the package with the same pin from the usual indexes
+    (the torch installed satisfies it); each step falls back from uv to pip on its own."""
+    calls, codes = [], iter([0, 3, 0])                     # uv installs torch; uv fails on the package; pip does it
+    monkeypatch.setattr(sv, "run", lambda cmd, env=None, hide_package_lines=False: calls.append(cmd) or next(codes))
+    monkeypatch.setattr(sv.subprocess, "run", lambda *a, **k: subprocess.CompletedProcess(a, 0))   # pip is there
+    cpu = "https://download.pytorch.org/whl/cpu"
+    assert sv.install(tmp_path, "lab,site,serve", "torch==2.13.0", "/bin/uv", {}, torch_index=cpu) == 0
+    py = str(tmp_path / "bin" / "python")
+    assert calls == [["/bin/uv", "pip", "install", "--python", py, "torch==2.13.0", "--index-url", cpu],
+                     ["/bin/uv", "pip", "install", "--python", py, "-e", ".[lab,site,serve]", "torch==2.13.0"],
+                     [py, "-m", "pip", "install", "--disable-pip-version-check", "-e", ".[lab,site,serve]",
+                      "torch==2.13.0"]]
+    calls.clear()
+    codes = iter([0])
+    assert sv.install(tmp_path, "site,serve", "torch==2.13.0", "/bin/uv", {}) == 0      # no index: one step, as make
+    assert calls == [["/bin/uv", "pip", "install", "--python", py, "-e", ".[site,serve]", "torch==2.13.0"]]
+    calls.clear()
+    codes = iter([5])
+    assert sv.install(tmp_path, "x", "torch==2.13.0", None, {}, torch_index=cpu) == 5   # torch failed: stop there
+    assert calls == [[py, "-m", "pip", "install", "--disable-pip-version-check", "torch==2.13.0", "--index-url", cpu]]
+
+
+def test_setup_refuses_a_torch_index_that_is_no_url(capsys):
+    with pytest.raises(SystemExit):
+        sv.main(["--torch", "torch==2.13.0", "--torch-index", "cpu"])
+    assert "--torch-index must be an index URL" in capsys.readouterr().err

@@ -2,7 +2,8 @@
 
     python3 tools/setup_venv.py --extras site,serve --torch torch==2.13.0 --stamp .venv/.serve-<hash>
 
-The Makefile calls this; run it by hand only to see what it would do (``--dry-run``). Installs go through
+The Makefile calls this, and so does the Dockerfile (into /opt/venv), so `make` and the image install the
+same way; ``make -n serve`` shows the call without running it. Installs go through
 uv (github.com/astral-sh/uv: parallel downloads, a shared cache) when it can be had: a ``uv`` on the PATH,
 or one bootstrapped into the venv from the package index with pip. pip is the fallback.
 
@@ -11,7 +12,9 @@ uv does not read pip's configuration, so the index settings pip would use here (
 variables; a ``UV_*`` variable already set wins. Nothing machine-specific lives in the repository.
 
 torch is pinned in every install command (``--torch``): left free, the resolver takes the newest torch,
-which on Linux is a multi-GB CUDA build.
+which on Linux is a multi-GB CUDA build. ``--torch-index`` picks the build: torch is installed first from
+that index alone (https://download.pytorch.org/whl/cpu: the CPU wheel, as the Dockerfile does), then the
+package and its extras from the usual indexes, where the torch already installed satisfies the pin.
 """
 from __future__ import annotations
 
@@ -157,19 +160,29 @@ def bootstrap_uv(venv: Path) -> str | None:
     return str(venv / "bin" / "uv")
 
 
-def install(venv: Path, extras: str, torch: str, uv: str | None, env: dict[str, str]) -> int:
-    spec = f".[{extras}]" if extras else "."
-    target = str(venv / "bin" / "python")
+def pip_install(target: str, args: list[str], what: str, uv: str | None, env: dict[str, str]) -> int:
+    """``pip install <args>`` into the venv of `target`: with uv when there is one, else (or when it fails) pip."""
     if uv:
-        say(f"installing {spec} and {torch} with uv (torch is about 200 MB the first time; then cached)")
-        code = run([uv, "pip", "install", "--python", target, "-e", spec, torch], env=env, hide_package_lines=True)
+        say(f"installing {what} with uv (torch is about 200 MB the first time; then cached)")
+        code = run([uv, "pip", "install", "--python", target, *args], env=env, hide_package_lines=True)
         if code == 0:
             return 0
         say(f"uv failed (exit {code}); trying pip")
     if subprocess.run([target, "-m", "pip", "--version"], capture_output=True).returncode != 0:
         run([target, "-m", "ensurepip", "--upgrade"])
-    say(f"installing {spec} and {torch} with pip (a few minutes the first time)")
-    return run([target, "-m", "pip", "install", "--disable-pip-version-check", "-e", spec, torch])
+    say(f"installing {what} with pip (a few minutes the first time)")
+    return run([target, "-m", "pip", "install", "--disable-pip-version-check", *args])
+
+
+def install(venv: Path, extras: str, torch: str, uv: str | None, env: dict[str, str],
+            torch_index: str | None = None) -> int:
+    spec = f".[{extras}]" if extras else "."
+    target = str(venv / "bin" / "python")
+    if torch_index:
+        code = pip_install(target, [torch, "--index-url", torch_index], f"{torch} from {torch_index} alone", uv, env)
+        if code != 0:
+            return code
+    return pip_install(target, ["-e", spec, torch], f"{spec} and {torch}", uv, env)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -178,6 +191,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--python", default=sys.executable, help="interpreter for a new venv (default: this one)")
     p.add_argument("--extras", default="", help="comma-separated extras of pyproject.toml, e.g. site,serve")
     p.add_argument("--torch", required=True, help="the pinned torch requirement, e.g. torch==2.13.0")
+    p.add_argument("--torch-index", help="the index torch alone comes from, installed first "
+                   "(https://download.pytorch.org/whl/cpu: the CPU build)")
     p.add_argument("--stamp", type=Path, help="file to create on success; older files with its prefix are removed")
     p.add_argument("--no-uv", action="store_true", help="install with pip only")
     args = p.parse_args(argv)
@@ -185,6 +200,8 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--torch must pin one version (torch==X.Y.Z), got {args.torch!r}: a free torch is a CUDA build")
     if not re.fullmatch(r"([a-z0-9-]+(,[a-z0-9-]+)*)?", args.extras):
         p.error(f"--extras must be comma-separated extra names, got {args.extras!r}")
+    if args.torch_index is not None and not re.fullmatch(r"(https?|file)://\S+", args.torch_index):
+        p.error(f"--torch-index must be an index URL (https://…, file://…), got {args.torch_index!r}")
 
     start = time.monotonic()
     venv = args.venv
@@ -194,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
         create_venv(venv, args.python, uv, env)
     if uv is None and not args.no_uv:
         uv = bootstrap_uv(venv)
-    code = install(venv, args.extras, args.torch, uv, env)
+    code = install(venv, args.extras, args.torch, uv, env, args.torch_index)
     if code != 0:
         raise SystemExit(f"setup_venv: installing .[{args.extras}] failed (exit {code}); the messages above say why")
     if args.stamp:

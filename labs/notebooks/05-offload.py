@@ -14,12 +14,12 @@
 
 # %%
 import ipywidgets as widgets
-import plotly.graph_objects as go
 from IPython.display import display
 
 import minimega as mm
 from minimega import estimate, plots
 import checks      # labs/checks.py: the exercise checks
+import figures     # labs/figures.py: plotly figures from reports
 import workers     # labs/workers.py: the functions each rank runs
 
 # %% [markdown]
@@ -56,11 +56,8 @@ print("losses", [round(x, 4) for x in runs[False][0]["losses"]], "; offloaded ru
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-fig = go.Figure([go.Bar(name=where, x=["on the device", "offloaded"], y=[rows[o][where] / 1024 for o in (False, True)])
-                 for where in ("device", "cpu")])
-fig.update_layout(title="ZeRO-2, bf16, dp = 2: model states of rank 0 by location", yaxis_title="KiB",
-                  barmode="group", height=340)
-fig
+figures.model_states_by_location([runs[False][0], runs[True][0]], ["on the device", "offloaded"],
+                                 "ZeRO-2, bf16, dp = 2: model states of rank 0 by location")
 
 # %% [markdown]
 # The step is the same torch AdamW on the same fp32 numbers, only elsewhere: the losses agree. On a GPU the price is

@@ -10,11 +10,11 @@
 
 # %%
 import ipywidgets as widgets
-import plotly.graph_objects as go
 from IPython.display import display
 
 import minimega as mm
 import checks      # labs/checks.py: the exercise checks
+import figures     # labs/figures.py: plotly figures from reports
 import workers     # labs/workers.py: the functions each rank runs
 
 # %% [markdown]
@@ -34,10 +34,8 @@ for m in modes:
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-fig = go.Figure([go.Scatter(x=lengths, y=[b / 2**20 for b in saved[m]], name=m, mode="lines+markers") for m in modes])
-fig.update_layout(title="tiny GPT, batch 8: bytes kept for backward", xaxis_title="sequence length T (tokens)",
-                  yaxis_title="MiB", height=360)
-fig
+figures.activation_lines(lengths, {m: [b / 2**20 for b in saved[m]] for m in modes},
+                         "tiny GPT, batch 8: bytes kept for backward", "sequence length T (tokens)", "MiB")
 
 # %% [markdown]
 # Full checkpointing keeps only each block's (B, T, D) input plus the embedding and head activations. Selective
@@ -77,8 +75,7 @@ for m in modes:
 def show_saved(preset, seq_len):
     row = {m: workers.saved_activations(preset, m, 4, seq_len) / 2**20 for m in modes}
     print(", ".join(f"{m}: {v:.1f} MiB" for m, v in row.items()))
-    go.Figure(go.Bar(x=list(row), y=list(row.values()))).update_layout(
-        title=f"{preset}, batch 4, T={seq_len}: bytes kept for backward", yaxis_title="MiB", height=320).show()
+    figures.activation_bars(row, f"{preset}, batch 4, T={seq_len}: bytes kept for backward", "MiB").show()
 
 
 display(widgets.interactive(show_saved, preset=["tiny", "small"],

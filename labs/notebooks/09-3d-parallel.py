@@ -12,12 +12,12 @@
 
 # %%
 import ipywidgets as widgets
-import plotly.graph_objects as go
 from IPython.display import display
 
 import minimega as mm
 from minimega import estimate
 import checks      # labs/checks.py: the exercise checks
+import figures     # labs/figures.py: plotly figures from reports
 import workers     # labs/workers.py: the functions each rank runs
 
 GB = 1e9
@@ -68,11 +68,7 @@ for name, layout in layouts.items():
 # %%
 # NBVAL_IGNORE_OUTPUT
 parts = ["params", "grads", "optimizer", "gathered", "activations", "recompute"]
-fig = go.Figure([go.Bar(name=p, x=list(rows), y=[r[p] / GB for r in rows.values()]) for p in parts])
-fig.add_hline(y=80, line_dash="dash", annotation_text="A100 80 GB")
-fig.update_layout(barmode="stack", title="BLOOM-176B on 384 GPUs: memory per GPU by layout", yaxis_title="GB",
-                  yaxis_type="log", height=420)
-fig
+figures.estimate_stack(rows, "BLOOM-176B on 384 GPUs: memory per GPU by layout", limit_gb=80, log=True)
 
 # %% [markdown]
 # ## 3. Design your own

@@ -13,7 +13,8 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 import minimega as mm
-from minimega import export_config, peers
+from minimega import export_config, palette, peers
+import figures     # labs/figures.py: plotly figures from reports
 
 # %% [markdown]
 # ## 1. One run, three configs
@@ -86,23 +87,25 @@ for r in results:
 # %% [markdown]
 # ## 4. Losses and bytes, on one figure
 # Left: the two engines' loss curves (they lie on top of each other). Right: the bytes each engine holds on one rank
-# after training, by category. The parameters and Adam moments are the same; DeepSpeed frees its gradients after the
-# step and keeps a separate fp32 copy of its partition at stages 1 and 2, where minimega keeps flat gradient buffers
-# and steps its fp32 parameters in place.
+# after training, by category, in the course's colour for each (hatched: DeepSpeed). The parameters and Adam
+# moments are the same; DeepSpeed frees its gradients after the step and keeps a separate fp32 copy of its partition
+# at stages 1 and 2, where minimega keeps flat gradient buffers and steps its fp32 parameters in place.
 
 # %%
 # NBVAL_IGNORE_OUTPUT
 fig = make_subplots(rows=1, cols=2, subplot_titles=("loss per step", "bytes held by rank 0 after training"))
-colors = {1: "#1f77b4", 2: "#ff7f0e", 3: "#2ca02c"}
+symbols = {1: "circle", 2: "square", 3: "diamond"}    # the loss curves stay grey: colour means a memory category
 categories = ["params", "grads", "master", "optimizer_states"]
 for r in results:
     s = r["config"].zero_stage
     for engine, dash in (("minimega", "solid"), ("deepspeed", "dot")):
         fig.add_trace(go.Scatter(y=r[engine]["losses"], x=list(range(1, 11)), name=f"{engine} ZeRO-{s}",
-                                 line=dict(color=colors[s], dash=dash), legendgroup=engine), row=1, col=1)
+                                 line=dict(color=palette.REFERENCE, dash=dash), mode="lines+markers",
+                                 marker=dict(symbol=symbols[s]), legendgroup=engine), row=1, col=1)
         fig.add_trace(go.Bar(x=[f"ZeRO-{s} {c}" for c in categories],
                              y=[r[engine]["memory"].get(c, 0) / 1024 for c in categories],
-                             name=f"{engine} ZeRO-{s} bytes", marker_color=colors[s],
+                             name=f"{engine} ZeRO-{s} bytes",
+                             marker_color=[figures.category_style(c)["marker_color"] for c in categories],
                              marker_pattern_shape="" if engine == "minimega" else "/", showlegend=False),
                       row=1, col=2)
 fig.update_xaxes(title_text="step", row=1, col=1)

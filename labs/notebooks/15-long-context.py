@@ -11,11 +11,11 @@
 # train the same model, counts the ring's bytes against the closed form, and measures the activations per rank.
 
 # %%
-import plotly.graph_objects as go
 
 import minimega as mm
 from minimega import estimate as est
 import checks      # labs/checks.py: the exercise checks
+import figures     # labs/figures.py: plotly figures from reports
 import workers     # labs/workers.py: the functions each rank runs
 
 # %% [markdown]
@@ -67,11 +67,9 @@ for s, a, b in zip(seq_lens, one, two):
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-fig = go.Figure()
-fig.add_scatter(x=seq_lens, y=one, name="cp = 1", mode="lines+markers")
-fig.add_scatter(x=seq_lens, y=two, name="cp = 2, per rank", mode="lines+markers")
-fig.update_layout(title="saved activations of one forward, tiny GPT, 4 sequences", xaxis_title="sequence length s (tokens)",
-                  yaxis_title="bytes per rank")
+fig = figures.activation_lines(seq_lens, {"cp = 1": one, "cp = 2, per rank": two},
+                              "saved activations of one forward, tiny GPT, 4 sequences", "sequence length s (tokens)",
+                              "bytes per rank")
 fig.show()
 
 # %% [markdown]

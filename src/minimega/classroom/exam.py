@@ -285,8 +285,8 @@ class Exam:
     def request_signin(self, email: str, next_path: str = "/exam/", lang: str = "en") -> dict:
         """Mail a one-time sign-in link, in `lang`. In development (`config.dev`) the reply carries the link too.
 
-        A Dutch mail links to the Dutch exam page (``/nl/exam/``) when the built site has one, so the
-        attempt the learner then starts is in Dutch too."""
+        A Dutch mail links to the Dutch exam page (``/nl/exam/``) when the service serves one (the built
+        site's, or the bare page when no site is built), so the attempt the learner then starts is in Dutch too."""
         from .credential import email_identity
 
         email = clean_email(email)
@@ -301,7 +301,9 @@ class Exam:
         minutes = int(self.config.signin_ttl_s // 60)
         if lang == "nl":
             localized = f"/nl{next_path}"
-            if (Path(self.config.site_dir) / localized.strip("/") / "index.html").is_file():
+            if not self.config.has_site:                    # the service's bare exam page, in every exam language
+                next_path = localized if next_path == "/exam/" and "nl" in self.languages else next_path
+            elif (Path(self.config.site_dir) / localized.strip("/") / "index.html").is_file():
                 next_path = localized
             link = f"{self.config.base_url}{next_path}#signin={token}"
             self.mailer.send(email, "Je aanmeldlink voor het minimega-examen",

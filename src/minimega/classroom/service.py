@@ -1,4 +1,5 @@
-"""The exam service: the built site at ``/`` (its exam page at ``/exam/``), the API under ``/api/v1``.
+"""The exam service: the built site at ``/`` (its exam page at ``/exam/``, in Dutch at ``/nl/exam/``), the API
+under ``/api/v1``. Without a built site, a bare exam page at the same paths (`bare_page`).
 
     POST /api/v1/signin                            {email} -> a one-time link is mailed (in --dev: returned)
     POST /api/v1/signin/confirm                    {token} -> {session}: send it as "Authorization: Bearer"
@@ -41,6 +42,7 @@ from fastapi.staticfiles import StaticFiles
 from pydantic import BaseModel, ConfigDict, Field
 
 from . import certificate
+from .bare_page import bare_exam_pages, exam_path
 from .exam import Exam, ExamError, load_exam_banks, load_translations, rules_text
 from .mailer import mailer_for
 from .issuer import Issuer
@@ -63,7 +65,7 @@ class SigninIn(Strict):
     email: str = Field(min_length=3, max_length=254, description="The link is mailed here; only a keyed hash "
                        "(attempts) and a salted hash (the credential) are stored.")
     lang: Literal["en", "nl"] = Field(default="en", description="Language of the mail, and of the exam page "
-                                      "its link opens when the site has one in that language.")
+                                      "its link opens when the service has one in that language.")
 
 
 class SigninOut(BaseModel):
@@ -281,6 +283,18 @@ class SharedRateLimiter:
 
 # --- the app -------------------------------------------------------------------------------------
 
+def _fixed_page(page: str, lang: str):
+    def endpoint():
+        return HTMLResponse(page, headers={"Content-Language": lang})
+    return endpoint
+
+
+def _redirect_to(path: str):
+    def endpoint():
+        return RedirectResponse(path)
+    return endpoint
+
+
 def create_app(config: ClassroomConfig, *, keyring: Keyring | None = None, clock=time.time,
                mailer=None) -> FastAPI:
     banks = load_exam_banks(config.banks_dir, config.questions_per_chapter)    # fail before touching var/
@@ -450,16 +464,15 @@ def create_app(config: ClassroomConfig, *, keyring: Keyring | None = None, clock
     static = resources.files(__package__).joinpath("static")
     app.mount("/exam-app", StaticFiles(directory=str(static), html=True), name="exam-app")
     site = Path(config.site_dir)
-    if site.is_dir() and (site / "index.html").exists():
+    if config.has_site:
         app.mount("/", StaticFiles(directory=str(site), html=True), name="site")
-    else:                                       # no course site built: the bare exam page
-        @app.get("/", include_in_schema=False)
-        def no_site():
-            return RedirectResponse("/exam-app/")
-
-        @app.get("/exam/", include_in_schema=False)
-        def no_site_exam():
-            return RedirectResponse("/exam-app/")
+    else:                                       # no course site built: the bare exam page, at the site's paths
+        pages = bare_exam_pages(config, exam.languages, len(exam.banks))
+        for lang in exam.languages:
+            path = exam_path(lang)
+            # endpoints without parameters: FastAPI would read any parameter from the query string
+            app.add_api_route(path, _fixed_page(pages[path], lang), methods=["GET"], include_in_schema=False)
+            app.add_api_route(path.removesuffix("exam/"), _redirect_to(path), methods=["GET"], include_in_schema=False)
 
         @app.get("/favicon.ico", include_in_schema=False)
         def favicon():

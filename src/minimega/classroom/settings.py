@@ -77,6 +77,11 @@ class ClassroomConfig:
             raise ValueError(f"issuer_did={self.issuer_did!r}: use did:web:<host>, or leave unset for did:key")
 
     @property
+    def has_site(self) -> bool:
+        """Whether `site_dir` holds a built site; without one the service serves its bare exam page."""
+        return (Path(self.site_dir) / "index.html").is_file()
+
+    @property
     def db_path(self) -> Path | str:
         """The SQLite file, or the PostgreSQL URL (`store.open_store` takes either)."""
         return self.db or self.var_dir / "classroom.sqlite3"

@@ -6,7 +6,7 @@
  * open attempt from GET /api/v1/me and /api/v1/attempts/{id}?questions=true, answers given shown
  * locked. Text from the server goes in through textContent; the key never reaches this page before
  * the attempt is over. The same script serves the course page (course/exam/index.md) and the bare
- * page of a service without a site (/exam-app/).
+ * page of a service without a site (bare_page.py, at the same /exam/ and /nl/exam/).
  */
 (function () {
   "use strict";
