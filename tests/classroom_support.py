@@ -72,10 +72,10 @@ def sign_in(client, email: str | None = None) -> dict:
     return {"Authorization": f"Bearer {r.json()['session']}"}
 
 
-def pass_exam(client, name: str = "Ada Lovelace", email: str | None = "ada@example.org") -> dict:
-    """Sign in, take an attempt through the API with every answer right; returns the finish response."""
+def pass_exam(client, name: str = "Ada Lovelace", email: str | None = "ada@example.org", lang: str = "en") -> dict:
+    """Sign in, take an attempt (in `lang`) through the API with every answer right; returns the finish response."""
     auth = sign_in(client, email)
-    attempt = client.post("/api/v1/attempts", json={"display_name": name}, headers=auth).json()
+    attempt = client.post("/api/v1/attempts", json={"display_name": name, "lang": lang}, headers=auth).json()
     key = answer_key(client.app.state.store, attempt["attempt_id"])
     for q in attempt["questions"]:
         r = client.post(f"/api/v1/attempts/{attempt['attempt_id']}/answers/{q['number']}",
