@@ -179,3 +179,21 @@ def measured_vs_estimate(rows: list[tuple[str, dict, dict]], title: str, unit: s
     fig.update_layout(title=title, barmode="group", yaxis_title=f"{unit} on one rank", height=400,
                       legend=dict(orientation="h", y=-0.2))
     return fig
+
+
+def formula_lines(formulas: dict[str, tuple[list, list]], measured: dict[str, tuple[float, float]], title: str,
+                  xaxis_title: str, yaxis_title: str) -> go.Figure:
+    """Closed forms as lines (``name -> (xs, ys)``) with what was measured on them (``name -> (x, y)``) as
+    large open markers of the same colour. Not memory categories: the colours are `palette.SERIES`."""
+    fig = go.Figure()
+    for i, (name, (xs, ys)) in enumerate(formulas.items()):
+        colour = palette.SERIES[i % len(palette.SERIES)]
+        fig.add_scatter(x=xs, y=ys, name=f"{name} (formula)", mode="lines+markers", line=dict(color=colour),
+                        marker=dict(size=6))
+        if name in measured:
+            x, y = measured[name]
+            fig.add_scatter(x=[x], y=[y], name=f"{name} (measured)", mode="markers",
+                            marker=dict(color=colour, size=16, symbol="circle-open", line=dict(width=3)))
+    fig.update_layout(title=title, xaxis_title=xaxis_title, yaxis_title=yaxis_title, height=360)
+    fig.update_yaxes(rangemode="tozero")
+    return fig

@@ -196,18 +196,20 @@ def train_cp(config: mm.TrainConfig, steps: int = 3, seq_len: int = 32) -> dict:
     return {"model": model_config, "dp": mesh.dp_size, **engine.report()}
 
 
-def cp_activation_bytes(seq_lens: list[int], rows: int = 4) -> list[int]:
+def cp_activation_bytes(seq_lens: list[int], rows: int = 4, attention: str = "ring") -> list[int]:
     """Bytes autograd saves on this rank for one forward of ``rows`` sequences, per sequence length, with the
-    sequence split over every rank of the job (cp = world size; one rank: the whole sequence)."""
+    sequence split over every rank of the job (cp = world size; one rank: the whole sequence) and attention
+    across ranks by ``attention`` (`TrainConfig.cp_attention`: 'ring' or 'ulysses')."""
     from minimega import context_parallel
     from minimega.activation_checkpoint import saved_activation_bytes
     world = dist.get_world_size() if dist.is_initialized() else 1
     mesh = mm.init_mesh(mm.ParallelDims(cp=world))
+    config = mm.TrainConfig(batch_size=rows, cp=world, cp_attention=attention)   # one rank: 'ring' only (no cp)
     out = []
     for seq_len in seq_lens:
         model_config = mm.GPTConfig.tiny(block_size=seq_len)
         torch.manual_seed(0)
-        engine = mm.initialize(mm.GPT(model_config), mm.TrainConfig(batch_size=rows, cp=world), mesh)
+        engine = mm.initialize(mm.GPT(model_config), config, mesh)
         x, y = data.global_batch(0, rows, seq_len)
         if world > 1:
             x, y = (context_parallel.shard_sequence(t, mesh.cp_rank, world) for t in (x, y))

@@ -74,3 +74,13 @@ def test_estimate_stack_and_activation_plots_use_the_palette():
     assert {t.line.color for t in lines.data} == {palette.COLOURS["activations"]}
     assert len({t.line.dash for t in lines.data}) == 2
     assert figures.activation_bars({"none": 1.0}, "t", "MiB").data[0].marker.color == palette.COLOURS["activations"]
+
+
+def test_formula_lines_put_each_measurement_on_its_formula_in_a_series_colour():
+    fig = figures.formula_lines({"ring": ([2, 4], [10, 12]), "Ulysses": ([2, 4], [5, 3])}, {"Ulysses": (2, 5)},
+                                "t", "cp", "kB")
+    traces = [(t.name, list(t.x), list(t.y), t.line.color if t.mode != "markers" else t.marker.color)
+              for t in fig.data]
+    assert traces == [("ring (formula)", [2, 4], [10, 12], palette.SERIES[0]),
+                      ("Ulysses (formula)", [2, 4], [5, 3], palette.SERIES[1]),
+                      ("Ulysses (measured)", [2], [5], palette.SERIES[1])]
