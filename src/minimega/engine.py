@@ -120,7 +120,7 @@ class Engine:
         self.experts = None
         if moe_.is_moe(model):
             moe_.shard_experts(model, mesh.ep_group, mesh.ep_rank)
-            self.experts = moe_.ExpertGradSync(model, mesh.edp_group, mesh.dp_size)
+            self.experts = moe_.ExpertGradSync(model, mesh.edp_group, mesh.dp_size, mesh.ep_group)
         self.config, self.mesh, self.module = config, mesh, model
 
         def data_parallel(module):       # ZeRO shards the optimizer itself (the wrapper steps); DDP does not
@@ -223,7 +223,8 @@ class Engine:
         """Clip by the global gradient norm, whatever the layout (see `grad_sync.clip_grad_norm_`)."""
         if not self.config.gradient_clipping:
             return None
-        return clip_grad_norm_(self.sync_parts, self.mesh, self.config.gradient_clipping)
+        return clip_grad_norm_(self.sync_parts, self.mesh, self.config.gradient_clipping,
+                               own=[self.experts] if self.experts is not None else [])
 
     @torch.no_grad()
     def eval_step(self, batch: tuple[torch.Tensor, torch.Tensor]) -> float:

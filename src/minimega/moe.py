@@ -317,8 +317,7 @@ def check(moe: MoEConfig | None, config, dims) -> None:
                ("zero_stage", config.zero_stage > 1, "zero_stage 0 or 1 (ZeRO-1 shards the non-expert states)"),
                ("precision", config.precision != "fp32", "precision='fp32'"),
                ("activation_checkpointing", config.activation_checkpointing != "none",
-                "activation_checkpointing='none' (recomputation would repeat the all-to-alls and the counts)"),
-               ("gradient_clipping", config.gradient_clipping != 0, "gradient_clipping=0")]
+                "activation_checkpointing='none' (recomputation would repeat the all-to-alls and the counts)")]
     for name, bad, fix in refused:
         if bad:
             raise ValueError(f"TrainConfig.{name}={getattr(config, name)!r} is not supported with a "
@@ -347,10 +346,16 @@ class ExpertGradSync(GradSync):
     After backward a rank's expert gradients hold Σ over its ep group's tokens of ∂L_r/∂θ (the all-to-all
     brought them); the global loss is the mean of the dp ranks' losses, so the gradient is the sum over
     the edp replicas divided by dp (not by edp's size).
+
+    Clipping (`grad_sync.clip_grad_norm_`, ``own``): after the sync the edp replicas (and the tp ranks)
+    hold equal expert gradients and the ep ranks different experts, so the squares are summed over ep only.
     """
 
-    def __init__(self, model: nn.Module, edp_group: Group, dp: int):
-        self.module, self.group, self.dp = model, edp_group, dp
+    grads_sharded = False
+
+    def __init__(self, model: nn.Module, edp_group: Group, dp: int, ep_group: Group):
+        self.module, self.group, self.dp, self.ep_group = model, edp_group, dp, ep_group
+        self.norm_groups = [ep_group]
         self.params = [p for _, p in expert_params(model)]
         self._handle = self._flat = None
         for p in self.params:
@@ -374,6 +379,19 @@ class ExpertGradSync(GradSync):
                 p.grad.copy_(view)
             offset += p.numel()
         self._handle = self._flat = None
+
+    def grad_sq_norm(self, weight=None) -> torch.Tensor:
+        """Σ ‖g‖² over this rank's expert gradients (float64, not reduced: see ``norm_groups``)."""
+        sq = torch.zeros((), dtype=torch.float64, device=self.params[0].device)
+        for p in self.params:
+            if p.grad is not None:
+                sq += p.grad.detach().double().pow(2).sum()
+        return sq
+
+    def scale_grads_(self, coef: float) -> None:
+        for p in self.params:
+            if p.grad is not None:
+                p.grad.mul_(coef)
 
     @torch.no_grad()
     def full_state_dict(self) -> dict[str, torch.Tensor]:
