@@ -432,28 +432,28 @@ def copy_dense_into(moe_model: MoEGPT, dense: GPT) -> MoEGPT:
 
 
 class WithExperts:
-    """The optimizer when ZeRO steps the non-expert shards: steps the ZeRO wrapper and the experts' optimizer."""
+    """The optimizer under ZeRO: steps the ZeRO wrapper of the non-expert parameters and the experts'
+    ZeRO-1 over edp (`moe_zero.ExpertZero1`)."""
 
-    def __init__(self, main, experts: ExpertGradSync, optimizer: torch.optim.Optimizer):
-        self.main, self.experts, self.expert_optimizer = main, experts, optimizer
+    def __init__(self, main, experts):
+        self.main, self.experts = main, experts
+
+    @property
+    def expert_optimizer(self) -> torch.optim.Optimizer:
+        return self.experts.expert_optimizer
 
     def step(self) -> bool:
         ok = self.main.step()
-        self.expert_optimizer.step()
+        self.experts.step()
         return ok
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         self.main.zero_grad(set_to_none)
-        self.expert_optimizer.zero_grad(set_to_none=True)
+        self.experts.zero_grad()
 
     def memory(self) -> dict:
         """The ZeRO wrapper's bytes by category plus the experts' parameters, gradients and Adam states."""
-        from . import measure
         out = dict(self.main.memory())
-        params = self.experts.params
-        extra = {"params": measure.tensor_bytes(params), "grads": measure.tensor_bytes(p.grad for p in params),
-                 "optimizer_states": measure.tensor_bytes(
-                     t for t in measure.optimizer_state_tensors(self.expert_optimizer) if t.dim() > 0)}
-        for k, v in extra.items():
+        for k, v in self.experts.memory().items():
             out[k] = out.get(k, 0) + v
         return out
