@@ -36,14 +36,17 @@ the same experts form the expert-data-parallel group (edp, dp/ep ranks). Per MoE
 Backward runs the same two all-to-alls on the gradients (an all-to-all with equal splits is its own
 adjoint). Gradients: the non-expert parameters are averaged over dp by DDP or ZeRO-1 as usual; the
 experts' gradients already hold the contributions of every token of their ep group (the all-to-all
-brought them), so they are summed over edp and divided by dp (`ExpertGradSync`).
+brought them), so they are summed over edp and divided by dp (`ExpertGradSync`). With ``zero_stage=1``
+their Adam states are sharded over edp as well (DeepSpeed-MoE): a reduce-scatter over edp before the step,
+an all-gather after it (`moe_zero.ExpertZero1`). Gradient clipping counts each expert once: its squares
+are summed over ep, and over edp only where edp holds shards (`grad_sync.clip_grad_norm_`, ``own``).
 
 Per rank and MoE layer, every all-to-all sends (ep-1)/ep of an (E, B_local·C, D) buffer; forward and
 backward run two each: 4 · (ep-1)/ep · E · B_local · C · D · bytes per layer and step (`alltoall_bytes`).
 
 Tensor parallelism splits attention, embeddings and head; the MoE layers stay whole on every tp rank
 (`apply_tensor_parallel`). Not built, and refused by name (`check`): sequence or pipeline parallelism,
-ZeRO-2/3, bf16/fp16, activation checkpointing and gradient clipping with a MoE model.
+ZeRO-2/3, bf16/fp16 and activation checkpointing with a MoE model.
 """
 from __future__ import annotations
 
@@ -314,7 +317,8 @@ def check(moe: MoEConfig | None, config, dims) -> None:
     refused = [("sequence_parallel", config.sequence_parallel,
                 "sequence_parallel=False (routing groups are whole sequences; sp would cut them over tp)"),
                ("pp", config.pp != 1, "pp=1"),
-               ("zero_stage", config.zero_stage > 1, "zero_stage 0 or 1 (ZeRO-1 shards the non-expert states)"),
+               ("zero_stage", config.zero_stage > 1,
+                "zero_stage 0 or 1 (ZeRO-1 shards the non-expert states over dp, the experts' over edp)"),
                ("precision", config.precision != "fp32", "precision='fp32'"),
                ("activation_checkpointing", config.activation_checkpointing != "none",
                 "activation_checkpointing='none' (recomputation would repeat the all-to-alls and the counts)")]
