@@ -17,6 +17,7 @@ import minimega as mm
 from minimega import data, moe, perf
 from minimega import estimate as est
 from minimega.engine import make_optimizer, validate
+from minimega.zero import padded_numel
 from parity import max_rel_error, parity_config
 
 STEPS = 10
@@ -24,9 +25,10 @@ TINY = mm.GPTConfig.tiny(block_size=32)
 MOE = moe.MoEConfig(n_experts=4, top_k=2, capacity_factor=1.25)     # C = ceil(1.25·2·32/4) = 20 of 32: drops
 
 
-def reference(model_config, moe_config, config, steps, after=None):
+def reference(model_config, moe_config, config, steps, after=None, norms=None):
     """Single-process MoEGPT, torch's AdamW: final state, losses and per-layer routed/dropped counts
-    (of the first ``steps`` steps); ``after`` more steps give a second state (for the resumed run)."""
+    (of the first ``steps`` steps); ``after`` more steps give a second state (for the resumed run).
+    With ``config.gradient_clipping``: torch's clip_grad_norm_, each step's norm appended to ``norms``."""
     torch.manual_seed(config.seed)
     model = moe.MoEGPT(model_config, moe_config)
     opt = make_optimizer(model.parameters(), config)
@@ -39,6 +41,10 @@ def reference(model_config, moe_config, config, steps, after=None):
                       "dropped": [m.dropped.tolist() for m in model.moe_layers()]}
         _, loss = model(x, y)
         loss.backward()
+        if config.gradient_clipping:
+            norm = torch.nn.utils.clip_grad_norm_(model.parameters(), config.gradient_clipping)
+            if norms is not None:
+                norms.append(float(norm))
         opt.step()
         opt.zero_grad(set_to_none=True)
         losses.append(loss.item())
@@ -49,9 +55,9 @@ def reference(model_config, moe_config, config, steps, after=None):
     return state, losses[:steps], counts, final
 
 
-def _cases(cases, save_dir=None, save_case=0):
+def _cases(cases, save_dir=None, save_cases=()):
     """Rank function: train each (dp, ep, config) case on its own mesh; report state, losses, counts, bytes.
-    Case ``save_case`` saves a sharded checkpoint into ``save_dir`` when given."""
+    Each case i in ``save_cases`` saves a sharded checkpoint into ``save_dir``/i."""
     out = []
     for i, (dp, ep, config) in enumerate(cases):
         try:
@@ -62,11 +68,13 @@ def _cases(cases, save_dir=None, save_case=0):
                 engine.train_step(batch)
             report = engine.report()
             state = engine.full_state_dict()
-            if save_dir and i == save_case:
-                engine.save(save_dir)
+            if save_dir and i in save_cases:
+                engine.save(f"{save_dir}/{i}")
             a2a = [e for e in report["comm_events"] if e["op"] == "all_to_all"]
             out.append({"state": state if mesh.rank == 0 else None, "losses": report["losses"],
+                        "grad_norms": report["grad_norms"],
                         "memory": report["memory_at_step"],
+                        "expert_memory": engine.experts.memory() if hasattr(engine.experts, "memory") else None,
                         "moe": report["moe"], "a2a_sent": sum(e["sent_bytes"] for e in a2a),
                         "a2a_calls": len(a2a), "a2a_group": sorted({e["group"] for e in a2a})})
         except Exception:
@@ -76,12 +84,12 @@ def _cases(cases, save_dir=None, save_case=0):
 
 CASES = {   # world size -> [(id, dp, ep, TrainConfig overrides)]
     2: [("dp2-ep2-ga2", 2, 2, {"gradient_accumulation_steps": 2})],
-    4: [("dp4-ep4", 4, 4, {}), ("ep2xdp2-zero1", 4, 2, {"zero_stage": 1}), ("tp2-dp2-ep2", 2, 2, {"tp": 2})],
+    4: [("dp4-ep4", 4, 4, {}), ("dp4-ep2-zero1", 4, 2, {"zero_stage": 1}), ("tp2-dp2-ep2", 2, 2, {"tp": 2})],
 }
 
 
 RESUMED = 2      # steps trained after loading the ep2 checkpoint at ep1
-SAVED = {2: 0, 4: 2}     # the case whose checkpoint is loaded at ep1: dp2-ep2 and tp2-dp2-ep2
+SAVED = {2: [0], 4: [1, 2]}     # the cases whose checkpoints are loaded at ep1: dp2-ep2, ZeRO-1 and tp2-dp2-ep2
 
 
 @pytest.fixture(scope="module")
@@ -123,12 +131,53 @@ def test_expert_parallel_matches_single_process(world, ref, tmp_path):
             m = r["memory"]
             got_mem = m["params"] + m["grads"] + m["optimizer_states"] + m.get("master", 0)
             assert math.isclose(got_mem, want_mem, rel_tol=1e-3), f"{name}: measured {got_mem} != estimate {want_mem}"
+        if kw.get("zero_stage"):      # ZeRO-1 over edp: Adam's m and v for 1/edp of this rank's padded experts
+            edp, local = dp // ep, experts // ep
+            for r in per_rank:
+                got_opt = r["expert_memory"]["optimizer_states"]
+                assert got_opt == 2 * 4 * padded_numel(local, edp) // edp, f"{name}: expert Adam states {got_opt} B"
     assert sum(ref_counts["dropped"][0]) > 0          # the capacity is tight enough to drop tokens
-    # The ep2 checkpoint (and the tp2 × ep2 one), resharded onto one process: same weights, Adam resumes.
-    loaded, resumed = _resume_at_ep1(str(tmp_path / "ckpt"), parity_config(ep=1))
-    assert max_rel_error(loaded, results[0][SAVED[world]]["state"]) == 0.0
-    err = max_rel_error(resumed, ref_resumed)
-    assert err <= 1e-5, f"resumed at ep1: {err:.2e} off the single-process run after {STEPS + RESUMED} steps"
+    # Each ep2 checkpoint (dp2-ep2, ZeRO-1 over edp, tp2 × ep2), resharded onto one process: same weights, Adam resumes.
+    for i in SAVED[world]:
+        zero = {"zero_stage": cases[i][3]["zero_stage"]} if "zero_stage" in cases[i][3] else {}    # loads into ZeRO-1
+        loaded, resumed = _resume_at_ep1(str(tmp_path / "ckpt" / str(i)), parity_config(ep=1, **zero))
+        assert max_rel_error(loaded, results[0][i]["state"]) == 0.0, cases[i][0]
+        err = max_rel_error(resumed, ref_resumed)
+        assert err <= 1e-5, f"{cases[i][0]} resumed at ep1: {err:.2e} off the single-process run after {STEPS + RESUMED} steps"
+
+
+CLIP = 0.3        # below every step's norm (asserted): each of the 10 steps clips
+CLIPPED = {      # world size -> [(id, dp, ep, TrainConfig overrides)], each with gradient_clipping=CLIP
+    2: [("dp2-ep2-clip", 2, 2, {})],
+    4: [("tp2-dp2-ep2-clip", 2, 2, {"tp": 2}), ("dp4-ep2-clip", 4, 2, {}),     # dp4-ep2: edp 2 replicas
+        ("dp4-ep2-zero1-clip", 4, 2, {"zero_stage": 1})],                           # edp 2 gradient shards
+}
+
+
+@pytest.fixture(scope="module")
+def ref_clipped():
+    norms = []
+    state, losses, _ = reference(TINY, MOE, parity_config(ep=1, gradient_clipping=CLIP), STEPS, norms=norms)
+    return state, losses, norms
+
+
+@pytest.mark.parametrize("world", sorted(CLIPPED), ids=lambda w: f"world{w}")
+def test_clipping_counts_every_expert_once(world, ref_clipped):
+    """The global norm = the single process's: dense parameters once (dp replicas or ZeRO shards, tp slices),
+    every expert once (summed over ep, not over its edp or tp replicas); the clipped run matches."""
+    ref_state, ref_losses, ref_norms = ref_clipped
+    assert min(ref_norms) > CLIP, f"norms {ref_norms}: the clip must bite on every step"
+    cases = CLIPPED[world]
+    results = mm.launch(_cases, world, [(dp, ep, parity_config(ep=ep, gradient_clipping=CLIP, **kw))
+                                        for _, dp, ep, kw in cases], timeout=600)
+    for i, (name, dp, ep, kw) in enumerate(cases):
+        for r in results:
+            assert "error" not in r[i], f"{name}: {r[i].get('error')}"
+            norm_err = max(abs(a - b) / b for a, b in zip(r[i]["grad_norms"], ref_norms))
+            assert len(r[i]["grad_norms"]) == STEPS and norm_err <= 1e-5, f"{name}: norms {norm_err:.2e} off"
+        err = max_rel_error(results[0][i]["state"], ref_state)
+        assert err <= 1e-5, f"{name}: weights {err:.2e} off the clipped single-process MoE after {STEPS} steps"
+        assert max(abs(a - b) / abs(b) for a, b in zip(results[0][i]["losses"], ref_losses)) <= 1e-5, name
 
 
 def test_one_expert_is_the_dense_model():
@@ -187,9 +236,8 @@ def test_capacity_and_dropping_follow_gshard_priority():
 @pytest.mark.parametrize("change, message", [
     ({"tp": 2, "sequence_parallel": True}, "TrainConfig.sequence_parallel=True is not supported with a mixture"),
     ({"zero_stage": 2}, "TrainConfig.zero_stage=2 is not supported"),
-    ({"gradient_clipping": 1.0}, "TrainConfig.gradient_clipping=1.0 is not supported"),
     ({"ep": 3}, "ep is carved out of dp and must divide it"),
-], ids=["sp", "zero2", "clip", "ep-not-dividing-dp"])
+], ids=["sp", "zero2", "ep-not-dividing-dp"])
 def test_refusals_name_the_setting(change, message):
     config = parity_config(**change)
     with pytest.raises(ValueError, match=message):

@@ -39,6 +39,7 @@ from .grad_sync import clip_grad_norm_
 from .mesh import Mesh, ParallelDims
 from .model import GPT
 from . import moe as moe_
+from .moe_zero import ExpertZero1
 from .pipeline import Pipeline, check as check_pipeline
 from .rng import RNGStream
 from .tensor_parallel import full_like_param, apply_tensor_parallel, check_divisible
@@ -120,7 +121,11 @@ class Engine:
         self.experts = None
         if moe_.is_moe(model):
             moe_.shard_experts(model, mesh.ep_group, mesh.ep_rank)
-            self.experts = moe_.ExpertGradSync(model, mesh.edp_group, mesh.dp_size)
+            if config.zero_stage:         # ZeRO-1 over edp: each edp rank keeps Adam's states for 1/edp
+                self.experts = ExpertZero1(model, mesh.edp_group, mesh.edp_group.rank_of(mesh.rank),
+                                           mesh.dp_size, mesh.ep_group, lambda p: make_optimizer(p, config))
+            else:
+                self.experts = moe_.ExpertGradSync(model, mesh.edp_group, mesh.dp_size, mesh.ep_group)
         self.config, self.mesh, self.module = config, mesh, model
 
         def data_parallel(module):       # ZeRO shards the optimizer itself (the wrapper steps); DDP does not
@@ -145,9 +150,8 @@ class Engine:
             self.optimizer = make_optimizer(self.module.parameters(), config)
         else:
             self.optimizer = ChunkOptimizers(wrappers) if config.pp > 1 else self.model
-            if self.experts is not None:      # ZeRO shards the rest; the experts step replicated over edp
-                self.optimizer = moe_.WithExperts(self.optimizer, self.experts, make_optimizer(
-                    self.experts.params, config))
+            if self.experts is not None:      # ZeRO shards the rest over dp, the experts' states over edp
+                self.optimizer = moe_.WithExperts(self.optimizer, self.experts)
         self.memory_at_step: dict = {}
         self._peak = measure.PeakTracker(lambda: measure.state_tensors(wrappers, None if config.zero_stage else self.optimizer))
         self.comm_log = comm.CommLog()
@@ -223,7 +227,8 @@ class Engine:
         """Clip by the global gradient norm, whatever the layout (see `grad_sync.clip_grad_norm_`)."""
         if not self.config.gradient_clipping:
             return None
-        return clip_grad_norm_(self.sync_parts, self.mesh, self.config.gradient_clipping)
+        return clip_grad_norm_(self.sync_parts, self.mesh, self.config.gradient_clipping,
+                               own=[self.experts] if self.experts is not None else [])
 
     @torch.no_grad()
     def eval_step(self, batch: tuple[torch.Tensor, torch.Tensor]) -> float:

@@ -321,11 +321,13 @@ def moe_model_state_bytes(n_dense: float, n_expert: float, dp: int, ep: int, sta
     """Model-state bytes per rank with expert parallelism carved out of dp.
 
     The non-expert parameters follow ZeRO over dp (`model_state_bytes`); a rank holds E/ep of the experts,
-    whole (replicated over the dp/ep ranks of its edp group, reduced there by an all-reduce as in DDP).
+    whole, on each of the dp/ep ranks of its edp group. From stage 1 on their optimizer states are sharded
+    over that group (ZeRO-1 over edp, `moe_zero.ExpertZero1`); their parameters and gradients stay whole.
     """
     if dp % ep:
         raise ValueError(f"ep={ep} must divide dp={dp}")
-    return model_state_bytes(n_dense, dp, stage, precision) + model_state_bytes(n_expert / ep, 1, 0, precision)
+    return (model_state_bytes(n_dense, dp, stage, precision)
+            + model_state_bytes(n_expert / ep, dp // ep, min(stage, 1), precision))
 
 
 def moe_alltoall_bytes(n_layer: int, rows: int, seq_len: int, d_model: int, ep: int, n_experts: int,
@@ -665,8 +667,9 @@ class MemoryConfig:
     `type:transformer|embedding`), so the first stage holds ceil((L+2)/p) - 1 blocks."""
     experts: int = 0
     """E experts in every block's MLP, as minimega's `moe.MoEGPT` builds them (no biases, a D·E router); 0: a dense
-    MLP. The experts run whole on every tp rank, E/ep of them per rank, and their states are never ZeRO-sharded:
-    each is replicated over the dp/ep ranks of its expert-data-parallel group."""
+    MLP. The experts run whole on every tp rank, E/ep of them per rank, replicated over the dp/ep ranks of their
+    expert-data-parallel group; from zero_stage 1 on their optimizer states are sharded over that group
+    (ZeRO-1 over edp, as minimega's `moe_zero` and DeepSpeed-MoE), their parameters and gradients stay whole."""
     top_k: int = 2
     """Experts each token is sent to (with experts > 0)."""
     capacity_factor: float = 1.25
@@ -784,8 +787,9 @@ def memory_per_gpu(cfg: MemoryConfig) -> dict:
     recomputation working set (`recompute_working_bytes`, one layer of one micro-batch).
     ZeRO-3 also holds, one block at a time, the parameters it gathers from the other ranks
     ("gathered": a block's 16-bit parameters times (1 - 1/N_d)). Offload splits the states by location
-    (`model_state_placement`; "cpu" is the host's share). With experts the expert states are
-    whole on every rank (`stage_param_split`), on the GPU, and each block's activations change by `moe_activation_delta`
+    (`model_state_placement`; "cpu" is the host's share). With experts the expert parameters and gradients are
+    whole on every rank (`stage_param_split`), their optimizer states too at stage 0 and sharded over the dp/ep
+    ranks of their edp group from stage 1 on, all on the GPU, and each block's activations change by `moe_activation_delta`
     (minimega's MoE layer; with full recomputation only in the working set). Not counted:
     communication buckets, allocator fragmentation, the embedding/loss activations and logits.
     """
@@ -797,7 +801,8 @@ def memory_per_gpu(cfg: MemoryConfig) -> dict:
                                    grad_bytes=grad_bytes)
     cpu = states.pop("cpu")
     if n_expert:                            # experts: whole on each rank of their expert-data-parallel group,
-        for k, v in model_state_breakdown(n_expert, 1, 0, cfg.precision, grad_bytes=grad_bytes).items():
+        edp, stage = cfg.dp // cfg.ep, min(cfg.zero_stage, 1)      # Adam's states sharded over it from stage 1
+        for k, v in model_state_breakdown(n_expert, edp, stage, cfg.precision, grad_bytes=grad_bytes).items():
             states[k] += v                  # stepped by their own optimizer on the GPU (offload or not)
     p_bytes = state_bytes_per_param(cfg.precision)[0]
     h, t = cfg.hidden, cfg.tp

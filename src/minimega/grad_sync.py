@@ -143,7 +143,7 @@ def clip_coefficient(norm: float, max_norm: float) -> float:
 
 
 # --8<-- [start:clip]
-def clip_grad_norm_(parts: Sequence[GradSync], mesh, max_norm: float) -> float:
+def clip_grad_norm_(parts: Sequence[GradSync], mesh, max_norm: float, own: Sequence[GradSync] = ()) -> float:
     """Clip every gradient this rank holds by the global norm; returns that norm (before clipping).
 
     Args:
@@ -151,6 +151,9 @@ def clip_grad_norm_(parts: Sequence[GradSync], mesh, max_norm: float) -> float:
             ``finish_grad_sync()``; each has ``module`` (parameter names as in `model.py`).
         mesh: the groups; every rank of the job calls this (the norm is a collective).
         max_norm: the clipping threshold.
+        own: wrappers of parameters laid out over groups of their own (a mixture of experts' experts,
+            `moe.ExpertGradSync`): each gives its local squares and ``norm_groups``, the groups over which
+            its ranks hold different elements; its squares are summed over those groups only.
 
     Each element of the model is in one stage (pp), one tp slice or, replicated over tp, weighted 1/tp,
     and under ZeRO in one dp shard (dp × cp under context parallelism): the weighted squares are summed over
@@ -162,9 +165,12 @@ def clip_grad_norm_(parts: Sequence[GradSync], mesh, max_norm: float) -> float:
         raise ValueError("clip_grad_norm_: parts mix dp-sharded (ZeRO) and replicated (DDP) gradients")
     groups = ([mesh.grad_group] if sharded.pop() else []) + [mesh.tp_group, mesh.pp_group]
     norm = global_norm(sq, groups)
+    if own:                   # each counted once: summed over the groups holding its other elements only
+        extra = sum(global_norm(part.grad_sq_norm(), part.norm_groups) ** 2 for part in own)
+        norm = (norm * norm + extra) ** 0.5
     coef = clip_coefficient(norm, max_norm)
     if coef < 1.0:
-        for part in parts:
+        for part in [*parts, *own]:
             part.scale_grads_(coef)
     return norm
 # --8<-- [end:clip]

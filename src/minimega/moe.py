@@ -36,14 +36,17 @@ the same experts form the expert-data-parallel group (edp, dp/ep ranks). Per MoE
 Backward runs the same two all-to-alls on the gradients (an all-to-all with equal splits is its own
 adjoint). Gradients: the non-expert parameters are averaged over dp by DDP or ZeRO-1 as usual; the
 experts' gradients already hold the contributions of every token of their ep group (the all-to-all
-brought them), so they are summed over edp and divided by dp (`ExpertGradSync`).
+brought them), so they are summed over edp and divided by dp (`ExpertGradSync`). With ``zero_stage=1``
+their Adam states are sharded over edp as well (DeepSpeed-MoE): a reduce-scatter over edp before the step,
+an all-gather after it (`moe_zero.ExpertZero1`). Gradient clipping counts each expert once: its squares
+are summed over ep, and over edp only where edp holds shards (`grad_sync.clip_grad_norm_`, ``own``).
 
 Per rank and MoE layer, every all-to-all sends (ep-1)/ep of an (E, B_local·C, D) buffer; forward and
 backward run two each: 4 · (ep-1)/ep · E · B_local · C · D · bytes per layer and step (`alltoall_bytes`).
 
 Tensor parallelism splits attention, embeddings and head; the MoE layers stay whole on every tp rank
 (`apply_tensor_parallel`). Not built, and refused by name (`check`): sequence or pipeline parallelism,
-ZeRO-2/3, bf16/fp16, activation checkpointing and gradient clipping with a MoE model.
+ZeRO-2/3, bf16/fp16 and activation checkpointing with a MoE model.
 """
 from __future__ import annotations
 
@@ -314,11 +317,11 @@ def check(moe: MoEConfig | None, config, dims) -> None:
     refused = [("sequence_parallel", config.sequence_parallel,
                 "sequence_parallel=False (routing groups are whole sequences; sp would cut them over tp)"),
                ("pp", config.pp != 1, "pp=1"),
-               ("zero_stage", config.zero_stage > 1, "zero_stage 0 or 1 (ZeRO-1 shards the non-expert states)"),
+               ("zero_stage", config.zero_stage > 1,
+                "zero_stage 0 or 1 (ZeRO-1 shards the non-expert states over dp, the experts' over edp)"),
                ("precision", config.precision != "fp32", "precision='fp32'"),
                ("activation_checkpointing", config.activation_checkpointing != "none",
-                "activation_checkpointing='none' (recomputation would repeat the all-to-alls and the counts)"),
-               ("gradient_clipping", config.gradient_clipping != 0, "gradient_clipping=0")]
+                "activation_checkpointing='none' (recomputation would repeat the all-to-alls and the counts)")]
     for name, bad, fix in refused:
         if bad:
             raise ValueError(f"TrainConfig.{name}={getattr(config, name)!r} is not supported with a "
@@ -347,10 +350,16 @@ class ExpertGradSync(GradSync):
     After backward a rank's expert gradients hold Σ over its ep group's tokens of ∂L_r/∂θ (the all-to-all
     brought them); the global loss is the mean of the dp ranks' losses, so the gradient is the sum over
     the edp replicas divided by dp (not by edp's size).
+
+    Clipping (`grad_sync.clip_grad_norm_`, ``own``): after the sync the edp replicas (and the tp ranks)
+    hold equal expert gradients and the ep ranks different experts, so the squares are summed over ep only.
     """
 
-    def __init__(self, model: nn.Module, edp_group: Group, dp: int):
-        self.module, self.group, self.dp = model, edp_group, dp
+    grads_sharded = False
+
+    def __init__(self, model: nn.Module, edp_group: Group, dp: int, ep_group: Group):
+        self.module, self.group, self.dp, self.ep_group = model, edp_group, dp, ep_group
+        self.norm_groups = [ep_group]
         self.params = [p for _, p in expert_params(model)]
         self._handle = self._flat = None
         for p in self.params:
@@ -374,6 +383,19 @@ class ExpertGradSync(GradSync):
                 p.grad.copy_(view)
             offset += p.numel()
         self._handle = self._flat = None
+
+    def grad_sq_norm(self, weight=None) -> torch.Tensor:
+        """Σ ‖g‖² over this rank's expert gradients (float64, not reduced: see ``norm_groups``)."""
+        sq = torch.zeros((), dtype=torch.float64, device=self.params[0].device)
+        for p in self.params:
+            if p.grad is not None:
+                sq += p.grad.detach().double().pow(2).sum()
+        return sq
+
+    def scale_grads_(self, coef: float) -> None:
+        for p in self.params:
+            if p.grad is not None:
+                p.grad.mul_(coef)
 
     @torch.no_grad()
     def full_state_dict(self) -> dict[str, torch.Tensor]:
@@ -414,28 +436,28 @@ def copy_dense_into(moe_model: MoEGPT, dense: GPT) -> MoEGPT:
 
 
 class WithExperts:
-    """The optimizer when ZeRO steps the non-expert shards: steps the ZeRO wrapper and the experts' optimizer."""
+    """The optimizer under ZeRO: steps the ZeRO wrapper of the non-expert parameters and the experts'
+    ZeRO-1 over edp (`moe_zero.ExpertZero1`)."""
 
-    def __init__(self, main, experts: ExpertGradSync, optimizer: torch.optim.Optimizer):
-        self.main, self.experts, self.expert_optimizer = main, experts, optimizer
+    def __init__(self, main, experts):
+        self.main, self.experts = main, experts
+
+    @property
+    def expert_optimizer(self) -> torch.optim.Optimizer:
+        return self.experts.expert_optimizer
 
     def step(self) -> bool:
         ok = self.main.step()
-        self.expert_optimizer.step()
+        self.experts.step()
         return ok
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         self.main.zero_grad(set_to_none)
-        self.expert_optimizer.zero_grad(set_to_none=True)
+        self.experts.zero_grad()
 
     def memory(self) -> dict:
         """The ZeRO wrapper's bytes by category plus the experts' parameters, gradients and Adam states."""
-        from . import measure
         out = dict(self.main.memory())
-        params = self.experts.params
-        extra = {"params": measure.tensor_bytes(params), "grads": measure.tensor_bytes(p.grad for p in params),
-                 "optimizer_states": measure.tensor_bytes(
-                     t for t in measure.optimizer_state_tensors(self.expert_optimizer) if t.dim() > 0)}
-        for k, v in extra.items():
+        for k, v in self.experts.memory().items():
             out[k] = out.get(k, 0) + v
         return out

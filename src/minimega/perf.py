@@ -30,7 +30,8 @@ The model, phase by phase, for the slowest pipeline stage of one step:
        the dense dispatch and combine and the experts' GEMMs over their capacity slots (``moe_ops``); the
        layer runs whole on every tp rank (one tp all-reduce per pass, not two); its four all-to-alls per
        layer and micro-batch sit on the critical path (``ep_comm``); expert gradients are all-reduced over
-       the dp/ep ranks holding the same experts, bucketed like DDP's.
+       the dp/ep ranks holding the same experts, bucketed like DDP's, or from zero_stage 1 on reduce-scattered
+       and the experts all-gathered there, Adam stepping 1/(dp/ep) of them (ZeRO-1 over edp, `moe_zero`).
 
 Collectives use the α-β model (Thakur, Rabenseifner and Gropp 2005) on the link tier the group spans.
 """
@@ -411,11 +412,14 @@ def step_time(cfg: PerfConfig, hw: Hardware | str = "a100-80gb") -> dict:
             if cfg.zero_stage in (1, 2):
                 dp_comm += collective_time("all_gather", n_stage * e, replicas, link)
     edp = cfg.dp // cfg.ep
-    if n_expert and edp > 1:               # expert gradients: an all-reduce over the expert-data-parallel group
-        total, last = _bucketed("all_reduce", n_expert * grad_b, edp, link, cfg.bucket_bytes)
+    if n_expert and edp > 1:               # expert gradients over the expert-data-parallel group: an all-reduce,
+        op = "all_reduce" if cfg.zero_stage == 0 else "reduce_scatter"      # or ZeRO-1's reduce-scatter + all-gather
+        total, last = _bucketed(op, n_expert * grad_b, edp, link, cfg.bucket_bytes)
         dp_comm += max(last, total - last_bwd) if p == 1 and cfg.overlap_comm else total
+        if cfg.zero_stage >= 1:
+            dp_comm += collective_time("all_gather", n_expert * e, edp, link)
     # Adam: read p32, m, v, grad; write p32, m, v and the 16-bit copy; on this rank's shard
-    shard = n_stage / (replicas if cfg.zero_stage >= 1 else 1) + n_expert
+    shard = n_stage / (replicas if cfg.zero_stage >= 1 else 1) + n_expert / (edp if cfg.zero_stage >= 1 else 1)
     adam_bytes = shard * (4 * 6 + grad_b + e)
     offload = 0.0
     if cfg.offload == "none":

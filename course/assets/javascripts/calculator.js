@@ -172,8 +172,9 @@
     var st = modelStatePlacement(split[0], replicas, cfg.zero_stage, cfg.precision, cfg.offload,
                                  cfg.fp32_grads ? 4 : null);
     var cpu = st.cpu;
-    if (split[1]) {                                   // experts: whole on each rank of their group, on the GPU
-      var ex = modelStateBreakdown(split[1], 1, 0, cfg.precision, cfg.fp32_grads ? 4 : null);
+    if (split[1]) {                                   // experts: whole on each rank of their edp group, on the GPU;
+      var ex = modelStateBreakdown(split[1], cfg.dp / cfg.ep, Math.min(cfg.zero_stage, 1), cfg.precision,
+                                   cfg.fp32_grads ? 4 : null);   // Adam's states sharded over it from stage 1
       st.params += ex.params; st.grads += ex.grads; st.optimizer += ex.optimizer;
     }
     var pBytes = stateBytesPerParam(cfg.precision)[0];

@@ -254,11 +254,12 @@
       }
     }
     var edp = c.dp / c.ep;
-    if (nExpert && edp > 1) {
-      var xl = bucketed("all_reduce", nExpert * gradB, edp, l, c.bucket_bytes);
+    if (nExpert && edp > 1) {                         // all-reduce, or ZeRO-1 over edp: reduce-scatter + all-gather
+      var xl = bucketed(c.zero_stage === 0 ? "all_reduce" : "reduce_scatter", nExpert * gradB, edp, l, c.bucket_bytes);
       dpComm += p === 1 && c.overlap_comm ? Math.max(xl[1], xl[0] - lastBwd) : xl[0];
+      if (c.zero_stage >= 1) dpComm += collectiveTime("all_gather", nExpert * e, edp, l);
     }
-    var shard = nStage / (c.zero_stage >= 1 ? replicas : 1) + nExpert;
+    var shard = nStage / (c.zero_stage >= 1 ? replicas : 1) + nExpert / (c.zero_stage >= 1 ? edp : 1);
     var adamBytes = shard * (4 * 6 + gradB + e), optimizer, offload = 0;
     if (c.offload === "none") optimizer = adamBytes / (h.hbm_bandwidth * h.memory_efficiency);
     else {                                           // Adam on the CPU; gradients down, 16-bit parameters up

@@ -198,12 +198,15 @@ def engine_locals(engine) -> list[Local]:
             experts = {n: m for n, m in part.named_modules() if getattr(m, "own_grad_sync", False)}
             edp = mesh.dp_size // mesh.ep_size           # replicas: the edp group, times tp (experts stay whole)
             edp_rep = (mesh.tp_rank * edp + mesh.dp_rank // mesh.ep_size, edp * mesh.tp_size)
-            opt = getattr(engine.optimizer, "expert_optimizer", engine.optimizer)
-            for key, p in part.named_parameters():
+            sharded = hasattr(engine.experts, "units")  # ZeRO-1 over edp: disjoint flat shards, replicas over tp
+            for e in zero_state.local_entries(engine.experts) if sharded else ():
+                out.append(Local(e.kind, e.key, e.data, e.local_shape, e.lo, e.hi,
+                                 experts[e.key.rsplit(".", 1)[0]], tp_rep))
+            for key, p in () if sharded else part.named_parameters():     # stage 0: the engine's optimizer
                 module = experts.get(key.rsplit(".", 1)[0])
                 if module is None:
                     continue
-                for kind, t in [("param", p.detach())] + sorted(opt.state.get(p, {}).items()):
+                for kind, t in [("param", p.detach())] + sorted(engine.optimizer.state.get(p, {}).items()):
                     shape = () if t.dim() == 0 else tuple(p.shape)
                     out.append(Local(kind, key, t.detach().reshape(-1) if shape else t.detach(), shape, 0,
                                      p.numel() if shape else 1, module, edp_rep))

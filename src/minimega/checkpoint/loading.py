@@ -135,7 +135,7 @@ def load(engine, directory: str | os.PathLike, verify_files: bool = True, stats:
     # --8<-- [end:execute_plan]
     if errors := [e for e in comm.all_gather_object(error, mesh.world) if e]:
         raise CheckpointError(errors[0])
-    for wrapper in engine.zero_stages:
+    for wrapper in engine.zero_stages + ([engine.experts] if engine.zero_stages and engine.experts else []):
         zero_state.finish_load(wrapper)
     engine.step = manifest["step"]
     if stats is not None:
@@ -150,15 +150,12 @@ def _prepare(engine, manifest: dict, kinds: dict) -> None:
     """Empty optimizer states of the saved kinds, for the plan to fill (none if the checkpoint has none)."""
     for wrapper in engine.zero_stages:
         zero_state.prepare_load(wrapper, kinds)
-    if engine.zero_stages:                  # ZeRO holds all but the experts (MoE), which its own optimizer steps
-        if engine.experts is None:
-            return
-        named = [(k, p) for part in engine.parts for k, p in part.named_parameters()
-                 if id(p) in {id(q) for q in engine.experts.params}]
-        state = engine.optimizer.expert_optimizer.state
-    else:
-        named = [(k, p) for part in engine.parts for k, p in part.named_parameters()]
-        state = engine.optimizer.state
+    if engine.zero_stages:                  # ZeRO holds all but the experts (MoE): their ZeRO-1 over edp
+        if engine.experts is not None:
+            zero_state.prepare_load(engine.experts, kinds)
+        return
+    named = [(k, p) for part in engine.parts for k, p in part.named_parameters()]
+    state = engine.optimizer.state
     for key, p in named:
         mine = {k: v for k, v in kinds.items() if f"{k}/{key}" in manifest["tensors"]}
         old = state.get(p, {})

@@ -1,0 +1,101 @@
+"""ZeRO-1 for the experts: their Adam states sharded over the expert-data-parallel group (DeepSpeed-MoE).
+
+With ``zero_stage=1`` the non-expert parameters follow `zero.Zero1` over dp. The experts are whole on the
+dp/ep ranks of their edp group (`minimega.moe`), so those ranks are where their optimizer states can be
+split: every expert tensor of this rank goes into one flat buffer (`zero.FlatUnit`, padded to a multiple
+of edp) and edp rank r keeps Adam's moments for ``[r·N/edp, (r+1)·N/edp)`` of it only:
+
+    Phase 1 (backward): the expert gradients accumulate in a full flat gradient buffer (each ``p.grad`` a
+        view of it); when the last one is in, its reduce-scatter over edp starts (async).
+    Phase 2 (``finish_grad_sync()``): wait; this rank's shard of the buffer holds the edp sum, divided by dp
+        (the experts' gradient is the sum over edp of the ep group's contributions over dp, see
+        `moe.ExpertGradSync`).
+    Phase 3 (step): the optimizer updates this rank's shard (fp32: the parameters' own storage), and an
+        all-gather over edp refreshes every expert on every edp rank.
+
+Communication per step, in elements of N (this rank's padded expert count), × (edp-1)/edp: reduce-scatter
+N + all-gather N, as the all-reduce it replaces. Adam's moments: 2N/edp fp32 instead of 2N.
+
+Clipping: the gradient shards differ over edp and the experts over ep, so a rank's squares are summed
+over both groups (``norm_groups``); tp ranks hold replicas and are not summed over.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+
+from . import comm, measure
+from .comm import Group
+from .moe import ExpertGradSync, expert_params
+from .zero import FlatUnit, MasterStore
+
+
+class ExpertZero1(ExpertGradSync):
+    """The experts' gradient sync and optimizer under ZeRO-1 over edp (see the module docstring).
+
+    Args:
+        model: the model holding this rank's E/ep experts of every layer (`moe.shard_experts`).
+        edp_group, edp_rank: the ranks holding the same experts, and this rank's place among them.
+        dp: the data-parallel size (the gradient's divisor).
+        ep_group: the ranks holding the other experts.
+        make_optimizer: ``params -> torch.optim.Optimizer``, applied to this rank's shard.
+
+    Shapes: flat (N_pad,), shard and its gradient (N_pad/edp,), N = Σ this rank's expert tensors' elements.
+    """
+
+    grads_sharded = True
+
+    def __init__(self, model: nn.Module, edp_group: Group, edp_rank: int, dp: int, ep_group: Group,
+                 make_optimizer):
+        super().__init__(model, edp_group, dp, ep_group)          # broadcast over edp, watch the gradients
+        self.norm_groups = [ep_group, edp_group]
+        self.units = [FlatUnit("experts", expert_params(model), edp_group.size, edp_rank, torch.float32)]
+        unit = self.units[0]
+        self.shards = [unit.flat[unit.start:unit.end]]            # a view: the parameters themselves
+        self.store = MasterStore(self.shards, make_optimizer)
+        self.flat_grad = torch.zeros_like(unit.flat)
+        for p, view in zip(unit.params, unit.views(self.flat_grad)):
+            p.grad = view                                          # autograd accumulates in place
+        self.grad_shard = self.flat_grad[unit.start:unit.end]
+        self._reducing = None
+
+    @property
+    def expert_optimizer(self) -> torch.optim.Optimizer:
+        return self.store.optimizer
+
+    def _start(self, i: int) -> None:
+        out = torch.empty_like(self.grad_shard)
+        self._reducing = out, comm.reduce_scatter(out, self.flat_grad, self.group, async_op=True, tag="experts")
+
+    def _complete(self) -> None:
+        out, handle = self._reducing
+        handle.wait()
+        self.grad_shard.copy_(out).div_(self.dp)
+        self._reducing = None
+
+    def grad_sq_norm(self, weight=None) -> torch.Tensor:
+        """Σ ‖g‖² over this rank's gradient shard (float64; the padding is zero)."""
+        return self.grad_shard.detach().double().pow(2).sum()
+
+    def scale_grads_(self, coef: float) -> None:
+        self.grad_shard.mul_(coef)
+
+    @torch.no_grad()
+    def step(self) -> None:
+        """Phase 3: Adam on this rank's shard, then all-gather the shards over edp."""
+        self.store.master[0].grad = self.grad_shard
+        self.store.step()
+        self._gather_after_step()
+
+    def _gather_after_step(self) -> None:
+        unit = self.units[0]
+        comm.all_gather(unit.flat, self.shards[0].clone(), self.group, tag="experts")
+
+    def zero_grad(self) -> None:
+        self.flat_grad.zero_()
+        self.store.zero_grad()
+
+    def memory(self) -> dict:
+        """Bytes of the experts: parameters and gradients whole (E/ep), Adam's moments for one edp shard."""
+        return {"params": measure.tensor_bytes([self.units[0].flat]), "grads": measure.tensor_bytes([self.flat_grad]),
+                **self.store.memory()}
