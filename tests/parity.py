@@ -33,6 +33,19 @@ def max_rel_error(got: dict, ref: dict) -> float:
     return worst
 
 
+def assert_case_matches(name: str, per_rank: list[dict], ref_state: dict, ref_losses: list[float], what: str,
+                        steps: int, rel: float = 1e-5) -> dict:
+    """One case of a multi-rank launch: no rank failed, and rank 0's weights and every step's loss are within
+    `rel` of the single-process run (`what` names it in the message). Returns rank 0's result."""
+    for r in per_rank:
+        assert "error" not in r, f"{name}: {r.get('error')}"
+    got = per_rank[0]
+    err = max_rel_error(got["state"], ref_state)
+    assert err <= rel, f"{name}: weights {err:.2e} off the single-process {what} after {steps} steps"
+    assert max(abs(a - b) / abs(b) for a, b in zip(got["losses"], ref_losses)) <= rel, name
+    return got
+
+
 def reference_run(model_config: mm.GPTConfig, config: mm.TrainConfig, steps: int,
                   seq_len: int | None = None, norms: list | None = None) -> tuple[dict, list[float]]:
     """The single-process run every layout must reproduce: same seed, same global batches, torch's optimizer.
