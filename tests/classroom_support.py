@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import itertools
 import json
+import socket
+import threading
+import time
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 
@@ -82,3 +86,28 @@ def pass_exam(client, name: str = "Ada Lovelace", email: str | None = "ada@examp
                         json=key[q["number"]][0], headers=auth)
         assert r.status_code == 200 and r.json()["recorded"], r.text
     return client.post(f"/api/v1/attempts/{attempt['attempt_id']}/finish", headers=auth).json()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextmanager
+def served(app, port: int, **options):
+    """Serve an ASGI app with uvicorn on a thread at 127.0.0.1:port until the block ends."""
+    import uvicorn
+
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", **options))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    for _ in range(200):
+        if server.started:
+            break
+        time.sleep(0.05)
+    try:
+        yield server
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)

@@ -1,18 +1,15 @@
 """The bare exam page of a service with no course site, in Debian's chromium: a Dutch learner opens /nl/exam/,
 signs in through the mailed (development) link, which brings them back to /nl/exam/, and takes an attempt in
 Dutch. An English learner on /exam/ gets English. No 404, no console error, no request leaving the service."""
-import socket
-import threading
-import time
 
 import pytest
 
-from classroom_support import answer_key, make_config
+from classroom_support import answer_key, free_port, make_config, served
 from minimega.classroom.exam import CHAPTERS
 
 pytestmark = pytest.mark.browser
 sync_api = pytest.importorskip("playwright.sync_api")
-uvicorn = pytest.importorskip("uvicorn")
+pytest.importorskip("uvicorn")
 
 
 @pytest.fixture(scope="module")
@@ -20,21 +17,11 @@ def bare_service(tmp_path_factory):
     from minimega.classroom.service import create_app
 
     tmp = tmp_path_factory.mktemp("bare-exam")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     base = f"http://127.0.0.1:{port}"
     app = create_app(make_config(tmp, base_url=base))                 # tmp/site does not exist: no site built
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    for _ in range(200):
-        if server.started:
-            break
-        time.sleep(0.05)
-    yield base, app
-    server.should_exit = True
-    thread.join(timeout=10)
+    with served(app, port):
+        yield base, app
 
 
 def _watched(chromium, base):

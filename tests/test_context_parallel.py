@@ -16,20 +16,12 @@ import minimega as mm
 from minimega import context_parallel as cpm
 from minimega import data
 from minimega import estimate as est
-from minimega.activation_checkpoint import saved_activation_bytes
 from minimega.engine import validate
+from cp_support import TINY, activation_bytes, single_process_activation_bytes
 from parity import assert_case_matches, max_rel_error, parity_config, reference_run
 
 STEPS = 10
 RESUMED = 2
-TINY = mm.GPTConfig.tiny(block_size=32)
-
-
-def _activation_bytes(engine, mesh, config) -> int:
-    """Bytes autograd saves for one forward of this rank's part of the first batch (collective over cp)."""
-    x, y = next(data.batches(mesh, 1, config.batch_size, TINY.block_size, seed=config.seed))
-    x, y = engine._context_shard(x), engine._context_shard(y)
-    return saved_activation_bytes(engine.module, x, y)
 
 
 def _cases(cases, save_dir=None, save_case=0):
@@ -40,7 +32,7 @@ def _cases(cases, save_dir=None, save_case=0):
             mesh = mm.init_mesh(mm.ParallelDims(dp=dp, cp=cp, tp=config.tp))
             torch.manual_seed(config.seed)
             engine = mm.initialize(mm.GPT(TINY), config, mesh)
-            act = _activation_bytes(engine, mesh, config)
+            act = activation_bytes(engine, mesh, config)
             for batch in data.batches(mesh, STEPS, config.batch_size, TINY.block_size, seed=config.seed):
                 engine.train_step(batch)
             report = engine.report()
@@ -74,14 +66,6 @@ def ref():
             reference_run(TINY, config, STEPS + 2 * RESUMED))
 
 
-def _single_process_activation_bytes(rows: int) -> int:
-    """What one process saves for ``rows`` whole sequences (a dp rank's rows)."""
-    config = parity_config(batch_size=rows)
-    torch.manual_seed(config.seed)
-    engine = mm.initialize(mm.GPT(TINY), config, mm.init_mesh())
-    return _activation_bytes(engine, engine.mesh, config)
-
-
 @pytest.mark.parametrize("world", sorted(CASES), ids=lambda w: f"world{w}")
 def test_context_parallel_matches_single_process(world, ref, tmp_path):
     (ref_state, ref_losses), _, _ = ref
@@ -111,7 +95,7 @@ def test_context_parallel_matches_single_process(world, ref, tmp_path):
         # Saved activations per rank: one process's for the same B/dp rows, divided by cp (the 0-d loss
         # aside: 4 bytes). Checked where only cp and dp change (tp splits some of them once more).
         if tp == 1 and not recompute:
-            want_act = _single_process_activation_bytes(8 // dp) / cp
+            want_act = single_process_activation_bytes(8 // dp) / cp
             for r in per_rank:
                 assert abs(r["activation_bytes"] - want_act) <= 4, \
                     f"{name}: {r['activation_bytes']} saved bytes per rank, want {want_act:.0f} (1/cp of one process's)"

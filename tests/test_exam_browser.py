@@ -6,16 +6,13 @@ import json
 import math
 import os
 import re
-import socket
 import subprocess
 import sys
-import threading
-import time
 from pathlib import Path
 
 import pytest
 
-from classroom_support import ROOT, answer_key, make_config
+from classroom_support import ROOT, answer_key, free_port, make_config, served
 from minimega.classroom import trust
 from minimega.classroom.exam import CHAPTERS
 from minimega.classroom.keys import Keyring
@@ -28,7 +25,7 @@ FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "-
 if not Path(CHROMIUM).exists():
     pytest.skip("needs Debian chromium at /usr/bin/chromium", allow_module_level=True)
 sync_api = pytest.importorskip("playwright.sync_api")
-uvicorn = pytest.importorskip("uvicorn")
+pytest.importorskip("uvicorn")
 
 
 @pytest.fixture(scope="module")
@@ -36,9 +33,7 @@ def service(tmp_path_factory):
     from minimega.classroom.service import create_app
 
     tmp = tmp_path_factory.mktemp("exam-browser")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     base = f"http://127.0.0.1:{port}"
     config = make_config(tmp, site_dir=tmp / "site", base_url=base)
     ring = Keyring.open(config.keys_path, create=True)              # the key the service will sign with,
@@ -48,16 +43,8 @@ def service(tmp_path_factory):
                            cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert build.returncode == 0, build.stderr[-3000:]
     app = create_app(config)
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    for _ in range(200):
-        if server.started:
-            break
-        time.sleep(0.05)
-    yield base, app
-    server.should_exit = True
-    thread.join(timeout=10)
+    with served(app, port):
+        yield base, app
 
 
 def answer(page, n, response):

@@ -18,19 +18,11 @@ from minimega import context_parallel as cpm
 from minimega import data
 from minimega import estimate as est
 from minimega import ulysses
-from minimega.activation_checkpoint import saved_activation_bytes
 from minimega.engine import validate
+from cp_support import TINY, activation_bytes, single_process_activation_bytes
 from parity import assert_case_matches, parity_config, reference_run
 
 STEPS = 10
-TINY = mm.GPTConfig.tiny(block_size=32)
-
-
-def _activation_bytes(engine, mesh, config) -> int:
-    """Bytes autograd saves for one forward of this rank's part of the first batch (collective over cp)."""
-    x, y = next(data.batches(mesh, 1, config.batch_size, TINY.block_size, seed=config.seed))
-    x, y = engine._context_shard(x), engine._context_shard(y)
-    return saved_activation_bytes(engine.module, x, y)
 
 
 def _exchange_order(cp: int) -> tuple[list[int], list[int]]:
@@ -53,7 +45,7 @@ def _cases(cases):
             mesh = mm.init_mesh(mm.ParallelDims(dp=dp, cp=cp, tp=config.tp))
             torch.manual_seed(config.seed)
             engine = mm.initialize(mm.GPT(TINY), config, mesh)
-            act = _activation_bytes(engine, mesh, config)
+            act = activation_bytes(engine, mesh, config)
             for batch in data.batches(mesh, STEPS, config.batch_size, TINY.block_size, seed=config.seed):
                 engine.train_step(batch)
             report = engine.report()
@@ -78,13 +70,6 @@ CASES = {   # world size -> [(id, dp, cp, TrainConfig overrides)]
 @pytest.fixture(scope="module")
 def ref():
     return reference_run(TINY, parity_config(), STEPS)
-
-
-def _single_process_activation_bytes(rows: int) -> int:
-    config = parity_config(batch_size=rows)
-    torch.manual_seed(config.seed)
-    engine = mm.initialize(mm.GPT(TINY), config, mm.init_mesh())
-    return _activation_bytes(engine, engine.mesh, config)
 
 
 @pytest.mark.parametrize("world", sorted(CASES), ids=lambda w: f"world{w}")
@@ -114,7 +99,7 @@ def test_ulysses_matches_single_process(world, ref):
                                      attention="fused", cp_attention="ulysses")
             extra = TINY.n_layer * est.ulysses_activation_bytes(shape)[0]     # the estimator's term, as measured
             assert extra == TINY.n_layer * rows * (TINY.block_size // cp) * TINY.n_embd * 4
-            want_act = _single_process_activation_bytes(rows) / cp + extra
+            want_act = single_process_activation_bytes(rows) / cp + extra
             for r in per_rank:
                 assert abs(r["activation_bytes"] - want_act) <= 4, \
                     f"{name}: {r['activation_bytes']} saved bytes per rank, want {want_act:.0f}"
