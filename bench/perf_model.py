@@ -19,8 +19,8 @@ import torch.distributed as dist
 
 import minimega as mm
 from minimega import data
-from minimega.perf import PerfConfig
-from minimega.perf_calibrate import calibrate, measure_compute, predict_minimega
+from minimega.analysis.perf import PerfConfig
+from minimega.analysis.calibrate import calibrate, measure_compute, predict_minimega
 
 # name: (dp, tp, pp, TrainConfig overrides)
 LAYOUTS = {

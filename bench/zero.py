@@ -21,9 +21,10 @@ import torch
 import torch.distributed as dist
 
 import minimega as mm
-from minimega import data, peers
+from minimega import data
+from minimega.tools import peers
 from minimega.engine import make_optimizer
-from minimega.export_config import to_deepspeed
+from minimega.tools.export_config import to_deepspeed
 
 
 def _timed(step_fn, mesh, steps, batch, seq):

@@ -1191,9 +1191,9 @@ def _alpha_beta_problem(op: str, got: float, n: int, size: float, alpha: float, 
 
 
 def check_collective_seconds(fn) -> None:
-    """Compare ``fn(op, size_bytes, n, alpha, beta)`` with `minimega.perf.collective_time` (ring)."""
-    from minimega import perf
-    from minimega.perf_hardware import Link
+    """Compare ``fn(op, size_bytes, n, alpha, beta)`` with `minimega.analysis.perf.collective_time` (ring)."""
+    from minimega.analysis import perf
+    from minimega.analysis.hardware import Link
     try:
         fn("all_reduce", 1.0, 2, 1e-6, 1e9)
     except Exception as exc:  # noqa: BLE001

@@ -1,6 +1,6 @@
 """Plotly figures the labs draw from `Engine.report()`s (the ones returned by `labs/workers.py`).
 
-Memory categories wear `minimega.palette`'s colours and legend labels, as on the course site: the orange
+Memory categories wear `minimega.figures.palette`'s colours and legend labels, as on the course site: the orange
 of optimizer states in a lab is the orange of chapter 3's figures and the calculator. A measured category
 (`minimega.measure.CATEGORIES`) that is one part of a palette category (fp32 masters and Adam's step
 counters are optimizer states in the ZeRO paper's K) wears that category's colour with a pattern of its own.
@@ -11,7 +11,7 @@ import math
 
 import plotly.graph_objects as go
 
-from minimega import palette
+from minimega.figures import palette
 
 MIB = 2**20
 

@@ -7,7 +7,7 @@ import sys
 import time
 from pathlib import Path
 
-from minimega.cli import main
+from minimega.tools.cli import main
 
 
 def test_train_two_ranks_loss_falls(capsys):

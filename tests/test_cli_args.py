@@ -4,10 +4,10 @@ import io
 
 import pytest
 
-from minimega.cli import build_parser, main
+from minimega.tools.cli import build_parser, main
 from minimega.pipeline.printer import grid_from_plan, legend
 from minimega.pipeline.schedules import plan
-from minimega.progress import StepProgress, mode_for
+from minimega.tools.progress import StepProgress, mode_for
 
 
 def refusal(argv, capsys) -> str:

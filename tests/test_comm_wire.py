@@ -43,7 +43,7 @@ def test_wire_bytes_refuses_what_it_cannot_measure():
 
 def test_recorded_trace_shows_the_same(tmp_path):
     """The course figure's data (`minimega record --only comm-wire`) says what the live test measures."""
-    from minimega import record
+    from minimega.figures import record
     trace = record.load("comm-wire")
     assert {(r["op"], r["ranks"]) for r in trace["rows"]} == \
         {(op, n) for op in measure.WIRE_OPS for n in record.WIRE_RANKS}

@@ -189,7 +189,7 @@ def test_refusals_of_dropout_experts_and_a_mismatched_mesh():
 def test_cli_trains_with_context_parallelism(capsys):
     """`minimega train --cp 2` on 2 ranks trains what `--nproc 2` (dp = 2) trains; a bad split is refused by name."""
     import json
-    from minimega.cli import main
+    from minimega.tools.cli import main
     runs = {}
     for flags in ([], ["--cp", "2"]):
         assert main(["train", "--nproc", "2", "--steps", "2", "--json", *flags]) == 0

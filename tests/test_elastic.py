@@ -12,7 +12,8 @@ import pytest
 import torch
 
 import minimega as mm
-from minimega.cli import FAULT_STEP_ENV, RESTART_ENV, main
+from minimega.tools.cli import main
+from minimega.tools.elastic import FAULT_STEP_ENV, RESTART_ENV
 
 STEPS, EVERY = 20, 5
 FLAGS = ["train", "--nproc", "2", "--steps", str(STEPS), "--save-every", str(EVERY), "--lr", "3e-3", "--json"]

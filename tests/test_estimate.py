@@ -5,6 +5,7 @@ import math
 import pytest
 
 from minimega import estimate as est
+from minimega.tools import estimate_cli
 
 # ZeRO paper (arXiv:1910.02054) Table 1, GB per device, columns P_os / P_os+g / P_os+g+p.
 ZERO_TABLE1 = {
@@ -217,11 +218,11 @@ def test_checkpoint_bytes_bloom():
 
 
 def test_cli_json(capsys):
-    assert est.main(["--params", "7.5e9", "--dp", "64", "--json"]) == 0
+    assert estimate_cli.main(["--params", "7.5e9", "--dp", "64", "--json"]) == 0
     rep = json.loads(capsys.readouterr().out)
     assert [round(r["total"] / 1e9, 1) for r in rep["stages"]] == [120.0, 31.4, 16.6, 1.9]
     assert rep["stages"][3]["comm_bytes_per_step"] == pytest.approx(1.5 * rep["stages"][0]["comm_bytes_per_step"])
-    assert est.main(["--params", "1e9", "--dp", "8", "--stage", "2"]) == 0
+    assert estimate_cli.main(["--params", "1e9", "--dp", "8", "--stage", "2"]) == 0
     text = capsys.readouterr().out
     assert "N_d = 8" in text and len(text.strip().splitlines()) == 3
 
@@ -229,9 +230,9 @@ def test_cli_json(capsys):
 def test_cli_parser_registers_on_subparsers():
     import argparse
     root = argparse.ArgumentParser(prog="minimega")
-    est.add_estimate_parser(root.add_subparsers(dest="cmd"))
+    estimate_cli.add_estimate_parser(root.add_subparsers(dest="cmd"))
     args = root.parse_args(["estimate", "--params", "7.5e9", "--dp", "64", "--stage", "3"])
-    assert args.func is est.run_estimate and args.stage == 3 and math.isclose(args.params, 7.5e9)
+    assert args.func is estimate_cli.run_estimate and args.stage == 3 and math.isclose(args.params, 7.5e9)
 
 
 def test_gpt_params_counts_minimega_gpt():

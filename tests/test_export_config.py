@@ -7,8 +7,8 @@ import tomllib
 import pytest
 
 from minimega import GPTConfig, TrainConfig
-from minimega import export_config as ex
-from minimega.cli import main
+from minimega.tools import export_config as ex
+from minimega.tools.cli import main
 
 HAS_DEEPSPEED = importlib.util.find_spec("deepspeed") is not None
 FIELDS = [f.name for f in dataclasses.fields(TrainConfig)]

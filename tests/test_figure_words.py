@@ -1,4 +1,4 @@
-"""The Dutch chapter figures (minimega.figure_words): every visible string in Dutch, numbers unchanged.
+"""The Dutch chapter figures (minimega.figures.words): every visible string in Dutch, numbers unchanged.
 
 The oracle is the English figure: both are walked side by side through plotly's JSON, and every text
 a reader sees (title, axis titles, tick labels, category labels, trace names, hover and value
@@ -10,9 +10,9 @@ import re
 
 import pytest
 
-from minimega import plots
-from minimega.figure_words import NL, num, words
-from minimega.palette import LABELS_BY_LANG
+from minimega.figures import plots
+from minimega.figures.words import NL, num, words
+from minimega.figures.palette import LABELS_BY_LANG
 
 # Keys whose strings a reader sees (plotly JSON): titles, names, templates, categories, tick labels.
 TEXT_KEYS = {"text", "title", "name", "hovertemplate", "texttemplate", "hovertext", "ticktext", "x", "y",
@@ -107,7 +107,7 @@ class _Recording(dict):
 
 
 def test_every_dutch_entry_is_used_by_some_figure(monkeypatch):
-    from minimega import figure_words
+    from minimega.figures import words as figure_words
     table = _Recording(NL)
     monkeypatch.setitem(figure_words.TABLES, "nl", table)
     for build in plots.FIGURES.values():
@@ -117,7 +117,7 @@ def test_every_dutch_entry_is_used_by_some_figure(monkeypatch):
 
 
 def test_missing_entry_and_unknown_language_are_named():
-    with pytest.raises(KeyError, match="add it to minimega.figure_words.NL"):
+    with pytest.raises(KeyError, match="add it to minimega.figures.words.NL"):
         words("nl")("a sentence nobody wrote")
     with pytest.raises(ValueError, match="figure language 'de'"):
         plots.FIGURES["tp-scaling"](lang="de")
@@ -133,7 +133,7 @@ def test_numbers_take_the_dutch_decimal_comma():
 def test_palette_labels_and_the_calculator_agree():
     """The calculator's Dutch chart and table labels come from palette_json("nl"), none of its own."""
     from pathlib import Path
-    from minimega.palette import palette_json
+    from minimega.figures.palette import palette_json
     rows = json.loads(palette_json("nl"))
     assert {r["key"]: r["label"] for r in rows} == LABELS_BY_LANG["nl"]
     assert LABELS_BY_LANG["nl"].keys() == LABELS_BY_LANG["en"].keys()

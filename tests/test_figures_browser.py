@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from minimega import plots
+from minimega.figures import plots
 
 sync_api = pytest.importorskip("playwright.sync_api")
 pytestmark = pytest.mark.browser
@@ -211,9 +211,9 @@ def test_calculator_chart_fits(pages, site_server, shots, width):
 
 @pytest.mark.parametrize("lang,total", [("en", "total on the GPU"), ("nl", "totaal op de GPU")])
 def test_calculator_uses_the_python_palette(pages, site_server, lang, total):
-    """The calculator's chart and table show each category in minimega.palette's colour and the page's
+    """The calculator's chart and table show each category in minimega.figures.palette's colour and the page's
     language's label, as every figure does."""
-    from minimega import palette
+    from minimega.figures import palette
     labels = palette.LABELS_BY_LANG[lang]
     page, errors = pages[1280]
     errors.clear()

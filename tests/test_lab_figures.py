@@ -1,11 +1,12 @@
-"""labs/figures.py: every memory category a lab plots wears minimega.palette's colour and label, as on the site."""
+"""labs/figures.py: every memory category a lab plots wears minimega.figures.palette's colour and label, as on the site."""
 import math
 import sys
 from pathlib import Path
 
 import pytest
 
-from minimega import estimate, palette
+from minimega import estimate
+from minimega.figures import palette
 
 LABS = Path(__file__).resolve().parents[1] / "labs"
 sys.path.insert(0, str(LABS))

@@ -14,7 +14,8 @@ import pytest
 import torch
 
 import minimega as mm
-from minimega import data, moe, perf
+from minimega import data, moe
+from minimega.analysis import perf
 from minimega import estimate as est
 from minimega.engine import make_optimizer, validate
 from minimega.zero import padded_numel
@@ -272,7 +273,7 @@ def _resume_at_ep1(directory: str, config: mm.TrainConfig) -> tuple[dict, dict]:
 
 def test_cli_trains_a_mixture_of_experts(capsys):
     """`minimega train --experts 4 --ep 2`: every token makes top_k assignments in every layer and step."""
-    from minimega.cli import main
+    from minimega.tools.cli import main
     steps = 2
     assert main(["train", "--nproc", "2", "--ep", "2", "--experts", "4", "--top-k", "2", "--steps", str(steps),
                  "--json"]) == 0

@@ -10,7 +10,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import minimega as mm
 from minimega import estimate as est
-from minimega import perf
+from minimega.analysis import perf
 from minimega.activation_checkpoint import saved_activation_bytes
 from minimega.moe import MoEConfig, MoEGPT
 
@@ -108,9 +108,9 @@ def test_one_expert_costs_what_the_dense_mlp_costs():
     ops_d, ops_m = dict((n, f) for n, f, _ in perf.layer_ops(dense)), dict((n, f) for n, f, _ in perf.layer_ops(one))
     for d, m in (("fc1", "expert fc1"), ("gelu", "expert gelu"), ("fc2", "expert fc2")):
         assert ops_m[m] == ops_d[d]
-    assert perf.moe_extra_flops(one) == 6 * 2 * 1024 * 8 * 1024 * 1
+    assert est.moe_extra_flops(one) == 6 * 2 * 1024 * 8 * 1024 * 1
     top2 = perf.replace(one, experts=8, top_k=2)
-    assert perf.moe_extra_flops(top2) == 48 * 2 * 1024 * 8 * 1024 ** 2 + 6 * 2 * 1024 * 8 * 1024 * 8
+    assert est.moe_extra_flops(top2) == 48 * 2 * 1024 * 8 * 1024 ** 2 + 6 * 2 * 1024 * 8 * 1024 * 8
 
 
 def test_expert_gradients_reduce_over_the_expert_data_parallel_group():
@@ -126,8 +126,8 @@ def test_expert_gradients_reduce_over_the_expert_data_parallel_group():
 
 
 def test_plan_searches_expert_parallelism(capsys):
-    from minimega.cli import main
-    from minimega.perf_plan import plan
+    from minimega.tools.cli import main
+    from minimega.analysis.plan import plan
     moe = dict(layers=24, hidden=2048, heads=16, vocab=50257, seq_len=2048, experts=8)
     res = plan(moe, 64, 256, "h100", top=3, recompute=("none",), micro_batches=(2,))
     eps = {c.split("-")[1] for c in res["ranked"]}

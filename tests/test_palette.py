@@ -1,4 +1,4 @@
-"""One colour per memory category: every chapter figure draws each category in `minimega.palette`'s colour.
+"""One colour per memory category: every chapter figure draws each category in `minimega.figures.palette`'s colour.
 
 A trace belongs to a category when its legend name starts with the category's label ("gradients (2 B/param)"
 is gradients). The calculator's half (the same colours in its chart and table, from the JSON the build
@@ -9,7 +9,7 @@ import re
 
 import pytest
 
-from minimega import palette, plots
+from minimega.figures import palette, plots
 
 # what each figure must draw by category, so that a renamed trace cannot slip past the colour check
 EXPECTED = {

@@ -5,7 +5,8 @@ Skipped, with the reason, where DeepSpeed cannot be imported.
 """
 import pytest
 
-from minimega import GPTConfig, TrainConfig, peers
+from minimega import GPTConfig, TrainConfig
+from minimega.tools import peers
 
 REASON = peers.deepspeed_missing()
 pytestmark = pytest.mark.skipif(REASON is not None, reason=f"DeepSpeed side by side skipped: {REASON}")

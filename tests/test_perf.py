@@ -1,13 +1,13 @@
-"""minimega.perf: the α-β collectives, the roofline, the overlap rules (no process group, no torch)."""
+"""minimega.analysis.perf: the α-β collectives, the roofline, the overlap rules (no process group, no torch)."""
 import math
 from dataclasses import replace
 
 import pytest
 
 from minimega import estimate as est
-from minimega import perf
-from minimega.perf import PerfConfig
-from minimega.perf_hardware import HARDWARE, Link, parse_custom
+from minimega.analysis import perf, plan
+from minimega.analysis.perf import PerfConfig
+from minimega.analysis.hardware import HARDWARE, Link, parse_custom
 
 A100 = perf.hardware("a100-80gb")
 LINK = Link(name="test", bandwidth=100e9, alpha=1e-5, efficiency=1.0)
@@ -126,7 +126,7 @@ def test_outputs_are_consistent():
     assert r["tokens_per_s"] == pytest.approx(128 * 2048 / r["total"])
     assert r["memory"] == est.memory_per_gpu(c.memory_config())
     assert r["mfu"] == pytest.approx(est.megatron_model_flops(128, 2048, 96, 12288, 51200) / r["total"] / 128 / 312e12)
-    days = perf.days_and_cost(r, 300e9, 2.0, 128, 2048)
+    days = plan.days_and_cost(r, 300e9, 2.0, 128, 2048)
     assert days["gpu_hours"] == pytest.approx(300e9 / (128 * 2048) * r["total"] * 128 / 3600)
     assert days["cost"] == pytest.approx(2.0 * days["gpu_hours"])
 

@@ -1,8 +1,8 @@
-"""minimega.perf_calibrate: the plumbing on a tiny case (never a timing: the machine is shared)."""
+"""minimega.analysis.calibrate: the plumbing on a tiny case (never a timing: the machine is shared)."""
 import pytest
 
-from minimega import perf
-from minimega.perf_calibrate import _fit, calibrate, cpu_hardware, predict_minimega
+from minimega.analysis import perf
+from minimega.analysis.calibrate import _fit, calibrate, cpu_hardware, predict_minimega
 
 
 def test_fit_recovers_alpha_and_beta_of_each_formula():

@@ -1,4 +1,4 @@
-"""The step-time calculator and planner in JavaScript (course/assets/javascripts/perf.js) against minimega.perf."""
+"""The step-time calculator and planner in JavaScript (course/assets/javascripts/perf.js) against minimega.analysis.perf."""
 import json
 import random
 import shutil
@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from minimega import estimate as est
-from minimega import perf, perf_plan
+from minimega.analysis import perf, plan as perf_plan
 
 NODE = shutil.which("node")
 PERF_JS = Path(__file__).resolve().parents[1] / "course" / "assets" / "javascripts" / "perf.js"

@@ -1,12 +1,12 @@
-"""minimega.perf_plan: the layout search, its constraints, and where the published layouts rank."""
+"""minimega.analysis.plan: the layout search, its constraints, and where the published layouts rank."""
 import json
 
 import pytest
 
 from minimega import estimate as est
-from minimega import perf
-from minimega import perf_plan
-from minimega.cli import main
+from minimega.analysis import perf
+from minimega.analysis import plan as perf_plan
+from minimega.tools.cli import main
 
 # What Megatron-DeepSpeed offered BLOOM and MT-NLG (training-stacks.md feature table): full recomputation only,
 # no interleaved schedule, ZeRO <= 1 with pipelines, no Megatron sequence parallelism.

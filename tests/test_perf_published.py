@@ -6,8 +6,8 @@ Korthikanti Table 4 (one 22B layer) and the Megatron-DeepSpeed stack factor on M
 """
 import pytest
 
-from minimega import perf
-from minimega.perf import PerfConfig
+from minimega.analysis import perf
+from minimega.analysis.perf import PerfConfig
 
 A100 = perf.hardware("a100-80gb")
 TOL = 0.20

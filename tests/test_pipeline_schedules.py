@@ -5,11 +5,11 @@ import pytest
 import torch
 
 import minimega as mm
-from minimega.cli import main
+from minimega.tools.cli import main
 from minimega.pipeline import SCHEDULES, bubble_slots, check, layer_bounds, peak_in_flight, plan, split_model
 from minimega.pipeline.printer import grid_from_plan, render
 from minimega.pipeline.schedules import ORDERS
-from minimega.plots import pipeline_schedule
+from minimega.figures.plots import pipeline_schedule
 
 
 @pytest.mark.parametrize("schedule", SCHEDULES)

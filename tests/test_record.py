@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from minimega import estimate as est
-from minimega import record
+from minimega.figures import record
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "course" / "data"

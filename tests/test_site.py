@@ -201,7 +201,7 @@ def test_no_third_party_requests_in_built_site(built):
 
 def test_figures_are_built_deterministic_and_self_hosted(built):
     out, _, _ = built
-    from minimega import plots
+    from minimega.figures import plots
     used = set()
     for f in out.rglob("index.html"):
         used |= set(re.findall(r'assets/figures/([a-z0-9-]+)\.html', f.read_text()))

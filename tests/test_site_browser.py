@@ -178,7 +178,7 @@ def test_calculator_updates_and_matches_python(server, browser):
 
 
 def test_step_time_panel_and_planner_match_python(server, browser):
-    from minimega import perf, perf_plan
+    from minimega.analysis import perf, plan as perf_plan
     ctx, page, watch = _page(browser, server)
     page.goto(f"{server}/calculator/")
     page.wait_for_function("document.getElementById('mm-calc-plot').data !== undefined")

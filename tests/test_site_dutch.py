@@ -230,7 +230,7 @@ def test_dutch_pages_reach_figures_labs_and_assets(built):
 
 def test_dutch_chapters_embed_only_dutch_figures_and_every_figure_has_a_dutch_page(built):
     """A twin's iframes point at assets/figures/nl/; each figure's Dutch page is there, in lang="nl"."""
-    from minimega import plots
+    from minimega.figures import plots
     embedded = set()
     for page in sorted(COURSE.glob("*.nl.md")):
         url = url_of(page.with_name(page.name.removesuffix(".nl.md") + ".md"))

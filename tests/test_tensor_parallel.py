@@ -13,7 +13,7 @@ from minimega import comm, data
 from minimega import tensor_parallel as tpm
 from minimega.activation_checkpoint import saved_activation_bytes
 from minimega.estimate import gpt_activation_bytes_per_layer
-from minimega.cli import main
+from minimega.tools.cli import main
 from parity import max_rel_error, parity_config, reference_run
 
 STEPS, SEQ = 10, 32

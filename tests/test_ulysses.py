@@ -127,7 +127,7 @@ def test_ulysses_sends_less_than_the_ring():
 
 def test_step_time_counts_eight_all_to_alls_per_layer_on_the_critical_path():
     """perf: cp_comm is 8 all-to-alls per layer and micro-batch (12 with recomputation), hidden by nothing."""
-    from minimega import perf
+    from minimega.analysis import perf
     base = dict(layers=32, hidden=4096, heads=32, vocab=32000, seq_len=32768, cp=8, dp=8, global_batch=8,
                 attention="fused", precision="bf16", zero_stage=1)
     hw = perf.hardware("h100")
@@ -166,7 +166,7 @@ def test_config_refuses_ulysses_without_cp_and_unknown_variants():
 def test_cli_trains_with_ulysses(capsys):
     """`minimega train --cp 2 --cp-attention ulysses` trains what dp = 2 trains; a bad head split is refused by name."""
     import json
-    from minimega.cli import main
+    from minimega.tools.cli import main
     runs = {}
     for flags in ([], ["--cp", "2", "--cp-attention", "ulysses"]):
         assert main(["train", "--nproc", "2", "--steps", "2", "--json", *flags]) == 0

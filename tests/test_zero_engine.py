@@ -3,7 +3,7 @@ import json
 
 import pytest
 
-from minimega.cli import main
+from minimega.tools.cli import main
 
 
 def test_cli_trains_with_zero_stage_3(capsys):

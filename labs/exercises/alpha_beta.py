@@ -8,7 +8,7 @@ collective over n ranks runs in steps, and every step pays α:
     send/recv (point to point)   one message: α + S/β, whatever n is
 
 One rank (n = 1) has nobody to talk to. Write the formula, then run the check cell: it compares your
-function with `minimega.perf.collective_time` on a grid of sizes, rank counts and links, and the lab then
+function with `minimega.analysis.perf.collective_time` on a grid of sizes, rank counts and links, and the lab then
 uses your function to predict gloo on this machine.
 """
 from __future__ import annotations

@@ -17,7 +17,8 @@ import ipywidgets as widgets
 from IPython.display import display
 
 import minimega as mm
-from minimega import estimate, plots
+from minimega import estimate
+from minimega.figures import plots
 import checks      # labs/checks.py: the exercise checks
 import figures     # labs/figures.py: plotly figures from reports
 import workers     # labs/workers.py: the functions each rank runs

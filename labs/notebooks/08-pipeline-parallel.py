@@ -15,7 +15,8 @@ import ipywidgets as widgets
 from IPython.display import display
 
 import minimega as mm
-from minimega import estimate, plots
+from minimega import estimate
+from minimega.figures import plots
 from minimega.pipeline import plan
 from minimega.pipeline.printer import grid_from_timelines, render
 import checks      # labs/checks.py: the exercise checks

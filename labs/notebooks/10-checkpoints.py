@@ -165,7 +165,7 @@ import signal
 import threading
 import time
 
-from minimega.cli import train_worker
+from minimega.tools.train import train_worker
 
 
 def rank_pids():
@@ -230,7 +230,7 @@ print("ranks still alive:", [p for p in ranks.values() if Path(f"/proc/{p}").exi
 import contextlib
 import io
 
-from minimega.cli import main as minimega
+from minimega.tools.cli import main as minimega
 
 
 def train(*flags):

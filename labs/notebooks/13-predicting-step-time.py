@@ -11,8 +11,8 @@ import plotly.graph_objects as go
 from IPython.display import display
 
 import minimega as mm
-from minimega import perf, perf_plan
-from minimega.perf_calibrate import calibrate, predict_minimega
+from minimega.analysis import perf, plan as perf_plan
+from minimega.analysis.calibrate import calibrate, predict_minimega
 import checks      # labs/checks.py: the exercise checks
 import workers     # labs/workers.py: the functions each rank runs
 

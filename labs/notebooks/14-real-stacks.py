@@ -13,7 +13,8 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 import minimega as mm
-from minimega import export_config, palette, peers
+from minimega.figures import palette
+from minimega.tools import export_config, peers
 import figures     # labs/figures.py: plotly figures from reports
 
 # %% [markdown]

@@ -9,7 +9,7 @@ current CUDA device's when the inputs live there) and every tensor-parallel stre
 before the first forward and restores them, in a fork so the training streams move on untouched,
 before the replay.
 
-How many bytes each mode keeps is `minimega.estimate.gpt_activation_bytes_per_layer` (next to
+How many bytes each mode keeps is `minimega.analysis.activations.gpt_activation_bytes_per_layer` (next to
 Korthikanti's table there); `saved_activation_bytes` measures it, and the tests compare the two.
 """
 from __future__ import annotations
@@ -17,7 +17,6 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from .estimate import gpt_activation_bytes_per_layer  # noqa: F401  (the formula `saved_activation_bytes` is tested against)
 from .model import GPT
 from .rng import live_streams
 

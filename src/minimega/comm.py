@@ -73,6 +73,11 @@ _RING_FACTOR = {
 # --8<-- [end:ring_factor]
 
 
+def ring_bytes(op: str, size_bytes: float, n: int) -> float:
+    """Bytes each of `n` ranks sends for `op` on a buffer of `size_bytes` (the ring model above)."""
+    return _RING_FACTOR[op](n) * size_bytes if n > 1 else 0.0
+
+
 @dataclass
 class CommRecord:
     op: str

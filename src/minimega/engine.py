@@ -39,7 +39,7 @@ from .grad_sync import clip_grad_norm_
 from .mesh import Mesh, ParallelDims
 from .model import GPT
 from . import moe as moe_
-from .moe_zero import ExpertZero1
+from .moe_zero import ExpertGradSync, ExpertZero1, WithExperts
 from .pipeline import Pipeline, check as check_pipeline
 from .rng import RNGStream
 from .tensor_parallel import full_like_param, apply_tensor_parallel, check_divisible
@@ -125,7 +125,7 @@ class Engine:
                 self.experts = ExpertZero1(model, mesh.edp_group, mesh.edp_group.rank_of(mesh.rank),
                                            mesh.dp_size, mesh.ep_group, lambda p: make_optimizer(p, config))
             else:
-                self.experts = moe_.ExpertGradSync(model, mesh.edp_group, mesh.dp_size, mesh.ep_group)
+                self.experts = ExpertGradSync(model, mesh.edp_group, mesh.dp_size, mesh.ep_group)
         self.config, self.mesh, self.module = config, mesh, model
 
         def data_parallel(module):       # ZeRO shards the optimizer itself (the wrapper steps); DDP does not
@@ -151,7 +151,7 @@ class Engine:
         else:
             self.optimizer = ChunkOptimizers(wrappers) if config.pp > 1 else self.model
             if self.experts is not None:      # ZeRO shards the rest over dp, the experts' states over edp
-                self.optimizer = moe_.WithExperts(self.optimizer, self.experts)
+                self.optimizer = WithExperts(self.optimizer, self.experts)
         self.memory_at_step: dict = {}
         self._peak = measure.PeakTracker(lambda: measure.state_tensors(wrappers, None if config.zero_stage else self.optimizer))
         self.comm_log = comm.CommLog()

@@ -152,7 +152,7 @@ def clip_grad_norm_(parts: Sequence[GradSync], mesh, max_norm: float, own: Seque
         mesh: the groups; every rank of the job calls this (the norm is a collective).
         max_norm: the clipping threshold.
         own: wrappers of parameters laid out over groups of their own (a mixture of experts' experts,
-            `moe.ExpertGradSync`): each gives its local squares and ``norm_groups``, the groups over which
+            `moe_zero.ExpertGradSync`): each gives its local squares and ``norm_groups``, the groups over which
             its ranks hold different elements; its squares are summed over those groups only.
 
     Each element of the model is in one stage (pp), one tp slice or, replicated over tp, weighted 1/tp,

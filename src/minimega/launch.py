@@ -29,17 +29,13 @@ from the environment, runs ``fn`` and gathers every rank's result.
 """
 from __future__ import annotations
 
-import ctypes
-import multiprocessing as mp
 import os
 import pickle
-import signal
 import sys
 import threading
 import tempfile
 import time
 import traceback
-from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -47,6 +43,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from .processes import (ForkserverDied, die_with_parent, forkserver_context, main_module_hidden, name_process,
+                        start_all, stop_forkserver, terminate)
 from .watchdog import (_FROZEN_S, _STATUS_BYTES, RankStatus, culprit, describe_exit, guard,
                        report_step, snapshots, table, verdict)
 
@@ -173,23 +171,6 @@ class _Job:
     """The caller's os.environ at launch(): the forkserver's own, frozen at its start, is replaced by it."""
 
 
-def _die_with_parent() -> None:
-    """Ask Linux to SIGKILL this rank if its parent (the forkserver) goes away. The launcher, which is not
-    the parent, is watched by `_guard`; this one also reaches a rank that is stopped (SIGSTOP)."""
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)   # PR_SET_PDEATHSIG
-    except OSError:
-        pass
-
-
-def _name_process(name: str) -> None:
-    """Show ``minimega-rank3`` in ps/top (the kernel keeps 15 bytes)."""
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(15, name.encode()[:15], 0, 0, 0)   # PR_SET_NAME
-    except OSError:
-        pass
-
-
 def _write_atomic(path: Path, payload: object) -> None:
     tmp = path.with_suffix(".tmp")
     tmp.write_bytes(pickle.dumps(payload))
@@ -209,8 +190,8 @@ def _init_group(rank: int, world_size: int, backend: str, init_method: str, time
 
 
 def _rank_main(rank: int, job: _Job) -> None:
-    _die_with_parent()
-    _name_process(f"minimega-rank{rank}" if rank < 100 else f"mm-rank{rank}")
+    die_with_parent()
+    name_process(f"minimega-rank{rank}" if rank < 100 else f"mm-rank{rank}")
     os.environ.clear()                 # the caller's environment now, not the forkserver's from its start
     os.environ.update(job.env)
     os.environ.update({_ENV_FLAG: "1", "RANK": str(rank), "WORLD_SIZE": str(job.world_size),
@@ -245,103 +226,6 @@ def _rank_main(rank: int, job: _Job) -> None:
 
 # ------------------------------------------------------------------------------------------------
 # The parent: start, watch, tear down.
-
-_CONTEXT = None
-_SOURCE_STAMP: float | None = None        # minimega's source mtime when the running forkserver started
-
-
-def _source_stamp() -> float:
-    """The newest mtime among minimega's own source files: an edit makes the preloaded copy stale."""
-    root = Path(__file__).parent
-    return max((p.stat().st_mtime for p in root.rglob("*.py")), default=0.0)
-
-
-def _stop_forkserver() -> None:
-    """Stop the forkserver (alive or dead); the next start launches a fresh one."""
-    from multiprocessing import forkserver
-    server = forkserver._forkserver
-    try:
-        server._stop()
-    except (ChildProcessError, OSError):            # it had died already: forget it
-        with server._lock:
-            server._forkserver_pid = server._forkserver_alive_fd = server._forkserver_address = None
-
-
-def _context():
-    """A forkserver that has imported torch once; every later rank is a cheap fork of it.
-
-    It is restarted when minimega's source changed since it started (its preloaded modules would run the
-    old code); a forkserver that died is restarted by multiprocessing itself on the next start.
-    """
-    global _CONTEXT, _SOURCE_STAMP
-    if _CONTEXT is None:
-        if "forkserver" in mp.get_all_start_methods():
-            _CONTEXT = mp.get_context("forkserver")
-            # torch._dynamo too: every torch.optim.Optimizer imports it on construction, which costs each
-            # rank seconds (measured 2-15 s per launch on 2 busy cores) unless the forkserver already holds it.
-            _CONTEXT.set_forkserver_preload(["torch", "torch.distributed", "torch._dynamo", "minimega"])
-        else:
-            _CONTEXT = mp.get_context("spawn")
-    if _CONTEXT.get_start_method() == "forkserver":
-        stamp = _source_stamp()
-        if _SOURCE_STAMP is not None and stamp != _SOURCE_STAMP:
-            _stop_forkserver()
-        _SOURCE_STAMP = stamp
-    return _CONTEXT
-
-
-class _ForkserverDied(RuntimeError):
-    """The forkserver went away while ranks were being started."""
-
-
-def _start(procs: list) -> None:
-    """Start every rank; if the forkserver dies under us, stop those started and say so."""
-    try:
-        for p in procs:
-            p.start()
-    except (EOFError, ConnectionError, FileNotFoundError, OSError) as exc:
-        _terminate(procs)
-        raise _ForkserverDied(f"{type(exc).__name__}: {exc or 'connection closed'}") from None
-
-
-@contextmanager
-def _main_module_hidden():
-    """Start ranks without re-running the caller's ``__main__`` script in each of them.
-
-    multiprocessing normally re-imports the main script in every child (hence the usual
-    ``if __name__ == "__main__"`` guard). Ranks never need it: workers must live in importable modules.
-    """
-    main = sys.modules.get("__main__")
-    saved = {k: main.__dict__[k] for k in ("__file__", "__spec__") if main is not None and k in main.__dict__}
-    try:
-        if main is not None:
-            main.__dict__.pop("__file__", None)
-            main.__spec__ = None
-        yield
-    finally:
-        if main is not None:
-            main.__dict__.update(saved)
-            if "__spec__" not in saved:
-                del main.__spec__
-
-
-def _terminate(procs: list, grace: float = 2.0) -> None:
-    procs = [p for p in procs if p.pid is not None]          # only those that started
-    for p in procs:
-        if p.is_alive():
-            p.terminate()
-            try:
-                os.kill(p.pid, signal.SIGCONT)               # a stopped rank takes SIGTERM only once resumed
-            except ProcessLookupError:
-                pass
-    deadline = time.monotonic() + grace
-    for p in procs:
-        p.join(max(0.0, deadline - time.monotonic()))
-    for p in procs:
-        if p.is_alive():
-            p.kill()
-            p.join(5)
-
 
 def _failure(rank: int, code: int, workdir: Path, seen_at: float) -> dict:
     path = workdir / f"error-{rank}.pkl"
@@ -457,20 +341,20 @@ def launch(fn, world_size: int, *args, backend: str = "auto", timeout: float | N
     env = dict(os.environ)
     try:
         return _run(fn, args, world_size, backend, timeout, threads, env)
-    except _ForkserverDied:
+    except ForkserverDied:
         # A fresh forkserver, a fresh work directory: a half-started rank of the first try, whose
         # launcher-side handle is gone, sees its sentinel close and ends itself without touching this one.
-        _stop_forkserver()
+        stop_forkserver()
     try:
         return _run(fn, args, world_size, backend, timeout, threads, env)
-    except _ForkserverDied as exc:
+    except ForkserverDied as exc:
         raise RuntimeError(f"launch(): could not start the ranks: the forkserver died while starting them, "
                            f"twice ({exc}); is the machine out of memory or processes?") from None
 
 
 def _run(fn, args: tuple, world_size: int, backend: str, timeout: float, threads: int, env: dict) -> list:
     """One job: start the ranks, watch them, tear down, collect the results."""
-    ctx = _context()
+    ctx = forkserver_context()
     with tempfile.TemporaryDirectory(prefix="minimega-") as tmp:
         workdir = Path(tmp)
         for r in range(world_size):
@@ -479,8 +363,8 @@ def _run(fn, args: tuple, world_size: int, backend: str, timeout: float, threads
         procs = [ctx.Process(target=_rank_main, args=(r, job), name=f"minimega-rank{r}", daemon=True)
                  for r in range(world_size)]
         try:
-            with _main_module_hidden():
-                _start(procs)
+            with main_module_hidden():
+                start_all(procs)
             start = time.monotonic()                 # the forkserver is up: from here on, ranks must beat
             failures: list[dict] = []
             settle_until = None
@@ -494,7 +378,7 @@ def _run(fn, args: tuple, world_size: int, backend: str, timeout: float, threads
                     settle_until = settle_until or time.monotonic() + 0.5
                     if time.monotonic() >= settle_until or all(p.exitcode is not None for p in procs):
                         snaps = snapshots(workdir, procs)
-                        _terminate(procs)
+                        terminate(procs)
                         _raise_failure(failures, world_size, snaps, timeout, start)
                 elif all(p.exitcode == 0 for p in procs):
                     break
@@ -502,11 +386,11 @@ def _run(fn, args: tuple, world_size: int, backend: str, timeout: float, threads
                     next_check = time.monotonic() + 0.25
                     snaps = snapshots(workdir, procs)
                     if stuck := verdict(snaps, timeout, start):
-                        _terminate(procs)
+                        terminate(procs)
                         _raise_watchdog(stuck, world_size, snaps, timeout)
                 time.sleep(0.02)
         except BaseException:
-            _terminate(procs)
+            terminate(procs)
             raise
         results = []
         for r in range(world_size):

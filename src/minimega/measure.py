@@ -262,12 +262,11 @@ def wire_bytes(op: str, numel: int, group: comm.Group, repeats: int = 3) -> floa
 def wire_table(numels: list[int], ops=WIRE_OPS) -> list[dict]:
     """Measured vs ring-model bytes per rank for each op and size, on the world group (run on every rank)."""
     import torch.distributed as dist
-    from . import estimate
     group = comm.Group(None, list(range(dist.get_world_size())), "world")
     rows = []
     for op in ops:
         for numel in numels:
             measured = wire_bytes(op, numel, group)
             rows.append({"op": op, "ranks": group.size, "bytes": numel * 4, "measured": measured,
-                         "model": estimate.ring_bytes(op, numel * 4, group.size)})
+                         "model": comm.ring_bytes(op, numel * 4, group.size)})
     return rows

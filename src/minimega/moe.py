@@ -58,10 +58,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from . import comm, estimate
 from .comm import Group
 from .config import GPTConfig, _is_int, _is_real
-from .grad_sync import GradSync
+from .exchange import exchange
 from .model import GPT
 
 
@@ -91,7 +90,7 @@ class MoEConfig:
 
     def capacity(self, seq_len: int) -> int:
         """C: slots per expert in one routing group (one sequence of ``seq_len`` tokens)."""
-        return estimate.moe_capacity(seq_len, self.n_experts, self.top_k, self.capacity_factor)
+        return moe_capacity(seq_len, self.n_experts, self.top_k, self.capacity_factor)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -121,11 +120,26 @@ class MoEGPTConfig(GPTConfig):
         return MoEGPT(*self.parts())
 
 
+# --8<-- [start:moe_capacity]
+def moe_capacity(seq_len: int, n_experts: int, top_k: int, capacity_factor: float) -> int:
+    """Slots per expert in one sequence: min(T, ceil(capacity_factor · k · T / E)) (GShard, Switch)."""
+    return max(1, min(seq_len, math.ceil(capacity_factor * top_k * seq_len / n_experts)))
+
+
+def moe_alltoall_bytes(n_layer: int, rows: int, seq_len: int, d_model: int, ep: int, n_experts: int,
+                       top_k: int, capacity_factor: float, bytes_per_elem: int = 4) -> float:
+    """Bytes one rank sends in a training step's all-to-alls: 4 per MoE layer (dispatch and combine, forward
+    and backward), each (ep-1)/ep of the (E, rows · C, D) slot buffer; ``rows``: this rank's sequences."""
+    slots = n_experts * rows * moe_capacity(seq_len, n_experts, top_k, capacity_factor) * d_model
+    return 4 * n_layer * (ep - 1) / ep * slots * bytes_per_elem
+# --8<-- [end:moe_capacity]
+
+
 def alltoall_bytes(moe: MoEConfig, n_layer: int, rows: int, seq_len: int, n_embd: int, ep: int,
                    bytes_per_element: int = 4) -> float:
-    """Algorithmic bytes one rank sends in the all-to-alls of one training step (`estimate.moe_alltoall_bytes`)."""
-    return estimate.moe_alltoall_bytes(n_layer, rows, seq_len, n_embd, ep, moe.n_experts, moe.top_k,
-                                       moe.capacity_factor, bytes_per_element)
+    """`moe_alltoall_bytes` for a `MoEConfig`: what the CommLog of one training step records."""
+    return moe_alltoall_bytes(n_layer, rows, seq_len, n_embd, ep, moe.n_experts, moe.top_k,
+                              moe.capacity_factor, bytes_per_element)
 
 
 # --8<-- [start:assign_slots]
@@ -144,24 +158,6 @@ def assign_slots(top_i: torch.Tensor, n_experts: int, capacity: int):
     slot = choice.cumsum(dim=1) - 1
     return choice, slot, (choice == 1) & (slot < capacity)
 # --8<-- [end:assign_slots]
-
-
-# --8<-- [start:all_to_all]
-class _AllToAll(torch.autograd.Function):
-    """Forward: all-to-all over ep (chunk j of dim 0 goes to rank j). Backward: the same all-to-all of the
-    gradient: the exchange is a permutation of equal chunks, and its transpose is the exchange itself."""
-
-    @staticmethod
-    def forward(ctx, x, group, tag):             # x: (E, N, D), E split into ep chunks of E/ep experts
-        ctx.group, ctx.tag = group, tag
-        x = x.contiguous()                       # the wire reads and writes flat memory: no strided views
-        return comm.all_to_all(torch.empty_like(x), x, group, tag=tag)
-
-    @staticmethod
-    def backward(ctx, grad):                     # grad: (E, N, D), often a strided view of the einsum's
-        grad = grad.contiguous()
-        return comm.all_to_all(torch.empty_like(grad), grad, ctx.group, tag=ctx.tag), None, None
-# --8<-- [end:all_to_all]
 
 
 class Experts(nn.Module):
@@ -245,10 +241,10 @@ class MoELayer(nn.Module):
             return self.experts(slots)
         E, N, D = slots.shape
         local = E // ep
-        got = _AllToAll.apply(slots, self.ep_group, "moe_dispatch")           # chunk i: rank i's slots
+        got = exchange(slots, self.ep_group, "moe_dispatch")                  # chunk i: rank i's slots
         got = got.view(ep, local, N, D).transpose(0, 1).reshape(local, ep * N, D)  # (E/ep, ep·N, D)
         out = self.experts(got).view(local, ep, N, D).transpose(0, 1).reshape(E, N, D)
-        return _AllToAll.apply(out, self.ep_group, "moe_combine")             # (E, N, D), home again
+        return exchange(out, self.ep_group, "moe_combine")                    # (E, N, D), home again
     # --8<-- [end:moe_forward]
 
 
@@ -344,81 +340,6 @@ def expert_params(model: nn.Module) -> list[tuple[str, nn.Parameter]]:
     return [(n, p) for n, p in model.named_parameters() if ".experts." in f".{n}"]
 
 
-class ExpertGradSync(GradSync):
-    """The experts' gradient sync: sum over edp, divide by dp (one bucket: all expert tensors).
-
-    After backward a rank's expert gradients hold Σ over its ep group's tokens of ∂L_r/∂θ (the all-to-all
-    brought them); the global loss is the mean of the dp ranks' losses, so the gradient is the sum over
-    the edp replicas divided by dp (not by edp's size).
-
-    Clipping (`grad_sync.clip_grad_norm_`, ``own``): after the sync the edp replicas (and the tp ranks)
-    hold equal expert gradients and the ep ranks different experts, so the squares are summed over ep only.
-    """
-
-    grads_sharded = False
-
-    def __init__(self, model: nn.Module, edp_group: Group, dp: int, ep_group: Group):
-        self.module, self.group, self.dp, self.ep_group = model, edp_group, dp, ep_group
-        self.norm_groups = [ep_group]
-        self.params = [p for _, p in expert_params(model)]
-        self._handle = self._flat = None
-        for p in self.params:
-            comm.broadcast(p.data, edp_group.ranks[0], edp_group, tag="init")
-        self._watch([self.params])
-
-    def _start(self, i: int) -> None:
-        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
-        self._flat = torch.cat([g.reshape(-1) for g in grads])
-        self._handle = comm.all_reduce(self._flat, self.group, async_op=True, tag="experts")
-
-    def _complete(self) -> None:
-        self._handle.wait()
-        self._flat.div_(self.dp)
-        offset = 0
-        for p in self.params:
-            view = self._flat[offset:offset + p.numel()].view_as(p)
-            if p.grad is None:
-                p.grad = view.clone()
-            else:
-                p.grad.copy_(view)
-            offset += p.numel()
-        self._handle = self._flat = None
-
-    def grad_sq_norm(self, weight=None) -> torch.Tensor:
-        """Σ ‖g‖² over this rank's expert gradients (float64, not reduced: see ``norm_groups``)."""
-        sq = torch.zeros((), dtype=torch.float64, device=self.params[0].device)
-        for p in self.params:
-            if p.grad is not None:
-                sq += p.grad.detach().double().pow(2).sum()
-        return sq
-
-    def scale_grads_(self, coef: float) -> None:
-        for p in self.params:
-            if p.grad is not None:
-                p.grad.mul_(coef)
-
-    @torch.no_grad()
-    def full_state_dict(self) -> dict[str, torch.Tensor]:
-        """Every expert tensor whole (E, ...) on every rank: all-gather the ep ranks' slices (a collective)."""
-        out = {}
-        for name, p in expert_params(self.module):
-            ep = self.module_ep_group(name)
-            full = torch.empty((ep.size * p.shape[0], *p.shape[1:]), dtype=p.dtype, device=p.device)
-            comm.all_gather(full, p.detach().contiguous(), ep, tag="state_dict")
-            out[name] = full.float().cpu().clone()
-        return out
-
-    def module_ep_group(self, name: str) -> Group:
-        layer = self.module.get_submodule(name.rsplit(".experts.", 1)[0])
-        return layer.ep_group
-
-    def counts(self) -> dict:
-        """Per layer, this rank's token-to-expert assignments and drops over all training steps so far."""
-        layers = [m for m in self.module.modules() if isinstance(m, MoELayer)]
-        return {"routed": [layer.routed.tolist() for layer in layers],
-                "dropped": [layer.dropped.tolist() for layer in layers]}
-
-
 def copy_dense_into(moe_model: MoEGPT, dense: GPT) -> MoEGPT:
     """A one-expert ``moe_model`` given ``dense``'s weights (each MLP becomes expert 0): the dense-equality check."""
     if moe_model.moe_config.n_experts != 1:
@@ -433,31 +354,3 @@ def copy_dense_into(moe_model: MoEGPT, dense: GPT) -> MoEGPT:
             elif ".mlp.router." not in name:
                 t.copy_(state[name])
     return out
-
-
-class WithExperts:
-    """The optimizer under ZeRO: steps the ZeRO wrapper of the non-expert parameters and the experts'
-    ZeRO-1 over edp (`moe_zero.ExpertZero1`)."""
-
-    def __init__(self, main, experts):
-        self.main, self.experts = main, experts
-
-    @property
-    def expert_optimizer(self) -> torch.optim.Optimizer:
-        return self.experts.expert_optimizer
-
-    def step(self) -> bool:
-        ok = self.main.step()
-        self.experts.step()
-        return ok
-
-    def zero_grad(self, set_to_none: bool = True) -> None:
-        self.main.zero_grad(set_to_none)
-        self.experts.zero_grad()
-
-    def memory(self) -> dict:
-        """The ZeRO wrapper's bytes by category plus the experts' parameters, gradients and Adam states."""
-        out = dict(self.main.memory())
-        for k, v in self.experts.memory().items():
-            out[k] = out.get(k, 0) + v
-        return out

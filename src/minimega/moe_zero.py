@@ -9,7 +9,7 @@ of edp) and edp rank r keeps Adam's moments for ``[r·N/edp, (r+1)·N/edp)`` of 
         view of it); when the last one is in, its reduce-scatter over edp starts (async).
     Phase 2 (``finish_grad_sync()``): wait; this rank's shard of the buffer holds the edp sum, divided by dp
         (the experts' gradient is the sum over edp of the ep group's contributions over dp, see
-        `moe.ExpertGradSync`).
+        `moe_zero.ExpertGradSync`).
     Phase 3 (step): the optimizer updates this rank's shard (fp32: the parameters' own storage), and an
         all-gather over edp refreshes every expert on every edp rank.
 
@@ -26,8 +26,84 @@ import torch.nn as nn
 
 from . import comm, measure
 from .comm import Group
-from .moe import ExpertGradSync, expert_params
+from .grad_sync import GradSync
+from .moe import MoELayer, expert_params
 from .zero import FlatUnit, MasterStore
+
+
+class ExpertGradSync(GradSync):
+    """The experts' gradient sync: sum over edp, divide by dp (one bucket: all expert tensors).
+
+    After backward a rank's expert gradients hold Σ over its ep group's tokens of ∂L_r/∂θ (the all-to-all
+    brought them); the global loss is the mean of the dp ranks' losses, so the gradient is the sum over
+    the edp replicas divided by dp (not by edp's size).
+
+    Clipping (`grad_sync.clip_grad_norm_`, ``own``): after the sync the edp replicas (and the tp ranks)
+    hold equal expert gradients and the ep ranks different experts, so the squares are summed over ep only.
+    """
+
+    grads_sharded = False
+
+    def __init__(self, model: nn.Module, edp_group: Group, dp: int, ep_group: Group):
+        self.module, self.group, self.dp, self.ep_group = model, edp_group, dp, ep_group
+        self.norm_groups = [ep_group]
+        self.params = [p for _, p in expert_params(model)]
+        self._handle = self._flat = None
+        for p in self.params:
+            comm.broadcast(p.data, edp_group.ranks[0], edp_group, tag="init")
+        self._watch([self.params])
+
+    def _start(self, i: int) -> None:
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
+        self._flat = torch.cat([g.reshape(-1) for g in grads])
+        self._handle = comm.all_reduce(self._flat, self.group, async_op=True, tag="experts")
+
+    def _complete(self) -> None:
+        self._handle.wait()
+        self._flat.div_(self.dp)
+        offset = 0
+        for p in self.params:
+            view = self._flat[offset:offset + p.numel()].view_as(p)
+            if p.grad is None:
+                p.grad = view.clone()
+            else:
+                p.grad.copy_(view)
+            offset += p.numel()
+        self._handle = self._flat = None
+
+    def grad_sq_norm(self, weight=None) -> torch.Tensor:
+        """Σ ‖g‖² over this rank's expert gradients (float64, not reduced: see ``norm_groups``)."""
+        sq = torch.zeros((), dtype=torch.float64, device=self.params[0].device)
+        for p in self.params:
+            if p.grad is not None:
+                sq += p.grad.detach().double().pow(2).sum()
+        return sq
+
+    def scale_grads_(self, coef: float) -> None:
+        for p in self.params:
+            if p.grad is not None:
+                p.grad.mul_(coef)
+
+    @torch.no_grad()
+    def full_state_dict(self) -> dict[str, torch.Tensor]:
+        """Every expert tensor whole (E, ...) on every rank: all-gather the ep ranks' slices (a collective)."""
+        out = {}
+        for name, p in expert_params(self.module):
+            ep = self.module_ep_group(name)
+            full = torch.empty((ep.size * p.shape[0], *p.shape[1:]), dtype=p.dtype, device=p.device)
+            comm.all_gather(full, p.detach().contiguous(), ep, tag="state_dict")
+            out[name] = full.float().cpu().clone()
+        return out
+
+    def module_ep_group(self, name: str) -> Group:
+        layer = self.module.get_submodule(name.rsplit(".experts.", 1)[0])
+        return layer.ep_group
+
+    def counts(self) -> dict:
+        """Per layer, this rank's token-to-expert assignments and drops over all training steps so far."""
+        layers = [m for m in self.module.modules() if isinstance(m, MoELayer)]
+        return {"routed": [layer.routed.tolist() for layer in layers],
+                "dropped": [layer.dropped.tolist() for layer in layers]}
 
 
 class ExpertZero1(ExpertGradSync):
@@ -99,3 +175,31 @@ class ExpertZero1(ExpertGradSync):
         """Bytes of the experts: parameters and gradients whole (E/ep), Adam's moments for one edp shard."""
         return {"params": measure.tensor_bytes([self.units[0].flat]), "grads": measure.tensor_bytes([self.flat_grad]),
                 **self.store.memory()}
+
+
+class WithExperts:
+    """The optimizer under ZeRO: steps the ZeRO wrapper of the non-expert parameters and the experts'
+    ZeRO-1 over edp (`moe_zero.ExpertZero1`)."""
+
+    def __init__(self, main, experts):
+        self.main, self.experts = main, experts
+
+    @property
+    def expert_optimizer(self) -> torch.optim.Optimizer:
+        return self.experts.expert_optimizer
+
+    def step(self) -> bool:
+        ok = self.main.step()
+        self.experts.step()
+        return ok
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self.main.zero_grad(set_to_none)
+        self.experts.zero_grad()
+
+    def memory(self) -> dict:
+        """The ZeRO wrapper's bytes by category plus the experts' parameters, gradients and Adam states."""
+        out = dict(self.main.memory())
+        for k, v in self.experts.memory().items():
+            out[k] = out.get(k, 0) + v
+        return out

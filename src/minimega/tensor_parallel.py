@@ -426,14 +426,12 @@ def apply_tensor_parallel(model: GPT, mesh, sequence_parallel: bool = False) -> 
     return ParallelGPT(model, group, sequence_parallel)
 
 
-# [Note: checkpoints under tp] A checkpoint stores boxes of model.py's full tensors; which box of a
-# parameter's full tensor a rank's slice is lives in `minimega.checkpoint.layout` (the resharding helpers).
-
 def sharded_params(module: nn.Module) -> dict[str, nn.Module]:
     """{parameter name: the TP layer it belongs to} for every tp-sharded parameter under ``module``.
 
     Works on anything holding TP layers: a `ParallelGPT`, or a pipeline chunk of one (whose names are the
-    model's). Parameters not listed are replicated over tp.
+    model's). Parameters not listed are replicated over tp. Which box of the full tensor a rank's slice is,
+    for checkpoints, lives in `minimega.checkpoint.layout`.
     """
     out = {}
     for name, m in module.named_modules():

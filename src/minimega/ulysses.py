@@ -28,27 +28,11 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from . import comm
 from .comm import Group
+from .exchange import exchange
 
 
 # --8<-- [start:exchange]
-class _AllToAll(torch.autograd.Function):
-    """Forward: all-to-all over cp (chunk j of dim 0 goes to cp rank j). Backward: the same all-to-all of the
-    gradient: rank i's output chunk j is rank j's input chunk i, so the exchange is its own transpose."""
-
-    @staticmethod
-    def forward(ctx, x, group, tag):             # x: (cp, ...), chunk j for cp rank j
-        ctx.group, ctx.tag = group, tag
-        x = x.contiguous()                       # the wire reads and writes flat memory
-        return comm.all_to_all(torch.empty_like(x), x, group, tag=tag)
-
-    @staticmethod
-    def backward(ctx, grad):
-        grad = grad.contiguous()
-        return comm.all_to_all(torch.empty_like(grad), grad, ctx.group, tag=ctx.tag + "_grad"), None, None
-
-
 def seq_to_heads(x: torch.Tensor, group: Group, tag: str) -> torch.Tensor:
     """(B, nh, T/cp, hs) this rank's chunks (r, 2cp-1-r) of all nh heads → (B, nh/cp, T, hs) the whole
     sequence, in order, of head group r."""
@@ -56,7 +40,7 @@ def seq_to_heads(x: torch.Tensor, group: Group, tag: str) -> torch.Tensor:
     B, nh, Tl, hs = x.shape
     # Head group j (nh/cp heads) goes to rank j; what comes back from rank j is rank j's tokens of my group.
     x = x.reshape(B, cp, nh // cp, Tl, hs).transpose(0, 1)                        # (cp, B, nh/cp, T/cp, hs)
-    x = _AllToAll.apply(x, group, tag)                                            # (cp, B, nh/cp, T/cp, hs)
+    x = exchange(x, group, tag)                                                   # (cp, B, nh/cp, T/cp, hs)
     x = x.unflatten(3, (2, Tl // 2))                                              # (cp, B, nh/cp, 2, c, hs)
     # Rank j sent chunks j and 2cp-1-j: the early chunks come in rank order, the late ones in reverse.
     early, late = x[:, :, :, 0].movedim(0, 2), x[:, :, :, 1].flip(0).movedim(0, 2)  # 2 × (B, nh/cp, cp, c, hs)
@@ -72,7 +56,7 @@ def heads_to_seq(y: torch.Tensor, group: Group, tag: str) -> torch.Tensor:
     early, late = y[:, :, :cp].movedim(2, 0), y[:, :, cp:].flip(2).movedim(2, 0)  # 2 × (cp, B, nh/cp, c, hs)
     # Rank j's two chunks go back to rank j; what comes back from rank j is head group j of my tokens.
     y = torch.stack([early, late], dim=3)                                         # (cp, B, nh/cp, 2, c, hs)
-    y = _AllToAll.apply(y, group, tag).flatten(3, 4)                              # (cp, B, nh/cp, T/cp, hs)
+    y = exchange(y, group, tag).flatten(3, 4)                                     # (cp, B, nh/cp, T/cp, hs)
     y = y.permute(1, 3, 0, 2, 4).reshape(B, T // cp, cp * h, hs)                  # (B, T/cp, nh, hs)
     return y.transpose(1, 2)                                                      # (B, nh, T/cp, hs)
 # --8<-- [end:exchange]

@@ -210,7 +210,7 @@
   /* ---------------------------------------------------------------- page half */
   var scriptSrc = document.currentScript ? document.currentScript.src : "";
   var GB = 1e9;
-  // The memory categories' labels and colours come from minimega.palette, written into the page at
+  // The memory categories' labels and colours come from minimega.figures.palette, written into the page at
   // build time (palette_json, labels in the page's language), so the chart and table use the chapter
   // figures' colours and words.
   var GPU_CATS = ["params", "grads", "optimizer", "gathered", "activations", "recompute"];
@@ -334,7 +334,7 @@
               y: per.map(function (r) { return r[key] / GB; }),
               hovertemplate: "%{y:.3g} GB<extra>" + label(key, c) + "</extra>"};
     });
-    // as minimega.plots._layout: margins follow the title, labels and legend, the legend sits below all
+    // as minimega.figures.plots._layout: margins follow the title, labels and legend, the legend sits below all
     var layout = {barmode: "stack", paper_bgcolor: "rgba(0,0,0,0)", plot_bgcolor: "rgba(0,0,0,0)",
                   font: {color: col.fg, family: "system-ui, sans-serif", size: 13}, margin: {l: 10, r: 10, t: 10, b: 10},
                   title: {text: w.title, x: 0, xref: "container", xanchor: "left", y: 1, yref: "paper",

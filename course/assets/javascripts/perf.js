@@ -1,4 +1,4 @@
-/* Step-time calculator and layout planner: minimega.perf and minimega.perf_plan in JavaScript.
+/* Step-time calculator and layout planner: minimega.analysis.perf and minimega.analysis.plan in JavaScript.
  *
  * The compute half (mmPerf) mirrors perf.step_time and perf_plan.plan term by term, on top of the memory
  * calculator (calculator.js, mmMemory); the test suite runs both under Node on random configurations and

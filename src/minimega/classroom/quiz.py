@@ -18,7 +18,7 @@ A bank is one file per chapter::
         tolerance: 0.01                     # relative
         unit: GB
         explain: 2Psi + (2 + 12)Psi/Nd = ...
-        formula: "model_state_bytes(7.5e9, 64, 2) / 1e9"   # optional; tests recompute it with minimega.estimate
+        formula: "model_state_bytes(7.5e9, 64, 2) / 1e9"   # optional; tests recompute it with minimega.analysis
 
 Every choice carries an ``explain`` (why that option is right or wrong, in words), so feedback never
 reduces to a colour.
@@ -29,7 +29,7 @@ is accepted even where it lies outside ``tolerance`` (the course prints 1.875 GB
 
 A numeric item with ``params`` is a template (the graded exam's parametric items): each parameter lists
 the values it may take, either explicitly or as a range, the question names them in ``{braces}`` and
-``formula`` computes the answer from them with `minimega.estimate` (``answer`` is then left out)::
+``formula`` computes the answer from them with `minimega.analysis` (``answer`` is then left out)::
 
       - id: zero-stage-memory
         type: numeric
@@ -275,10 +275,10 @@ def _numeric(raw: dict, where: str) -> Item:
 
 
 def formula_namespace() -> dict:
-    """Names a formula may use: minimega.estimate's public API, minimega.perf's (``perf.__all__``) and
+    """Names a formula may use: minimega.analysis's public API, minimega.analysis.perf's (``perf.__all__``) and
     `plan_rank`, GB, math's functions. No builtins."""
-    from minimega import perf                      # the time model (chapter 13): step_time, collective_time, ...
-    from minimega.perf_plan import plan_rank
+    from minimega.analysis import perf                      # the time model (chapter 13): step_time, collective_time, ...
+    from minimega.analysis.plan import plan_rank
     ns = {k: getattr(est, k) for k in dir(est) if not k.startswith("_")}
     ns.update({k: getattr(perf, k) for k in perf.__all__})
     ns.update(plan_rank=plan_rank)

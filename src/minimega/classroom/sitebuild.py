@@ -3,7 +3,7 @@
 Pages call these macros (and the exam page ``exam_page()``); a call whose arguments do not parse fails
 the build, and other ``{{ … }}`` text (say, in a page someone else owns) is left alone:
 
-    {{ num("model_state_bytes(7.5e9, 64, 2) / GB", ".1f") }}   a number computed by minimega.estimate
+    {{ num("model_state_bytes(7.5e9, 64, 2) / GB", ".1f") }}   a number computed by minimega.analysis
     {{ figure("zero-memory-vs-dp", "Caption for screen readers and print") }}   a plotly figure (iframe;
                                                       figures.js sets its height to what the figure asks)
     {{ quiz() }}                                      the practice quiz quizzes/<page stem>.yaml
@@ -14,12 +14,12 @@ Languages: the Dutch edition (``NN-slug.nl.md`` beside ``NN-slug.md``, built by 
 under ``/nl/``) calls the same macros. On a Dutch page `num` writes a decimal comma, `quiz` renders
 the Dutch twin of the bank (``quizzes/nl/``) with Dutch controls, `exam_page` the Dutch exam form,
 and `figure` takes its caption from the page that calls it and embeds the Dutch figure
-(``assets/figures/nl/NAME.html``, its words from `minimega.figure_words`). An English page that stands in for a
+(``assets/figures/nl/NAME.html``, its words from `minimega.figures.words`). An English page that stands in for a
 missing twin under ``/nl/`` stays English throughout.
 
 `on_files` adds the lab notebooks (``labs/NN-slug.ipynb``, outside ``docs_dir``) to the site as
 ``labs/NN-slug.ipynb``, so a chapter links its lab as ``[…](labs/NN-slug.ipynb)`` and ``--strict``
-checks the link. After the build, `on_post_build` writes every figure of `minimega.plots.FIGURES` as a standalone page
+checks the link. After the build, `on_post_build` writes every figure of `minimega.figures.plots.FIGURES` as a standalone page
 in each language under ``assets/figures/`` (`figure_path`), and pins the verify page's trusted issuers (``$MINIMEGA_TRUSTED_ISSUERS``,
 see `minimega.classroom.trust`) in ``verify/trusted-issuers.json``. Figures and the calculator load the vendored plotly.js basic bundle
 (``course/assets/vendor/plotly/``, the same plotly.js version plotly.py bundles), so the site makes
@@ -176,7 +176,7 @@ def on_page_markdown(markdown: str, page, config, files) -> str:
                 raise PluginError(f"{page.file.src_path}: num({mm.group(1)!r}) failed: {e}") from e
         if mm := FIGURE.match(body):
             name, caption = mm.groups()
-            from minimega.plots import FIGURES
+            from minimega.figures.plots import FIGURES
             if name not in FIGURES:
                 raise PluginError(f"{page.file.src_path}: unknown figure {name!r}; have {sorted(FIGURES)}")
             return (f'<figure class="mm-figure" id="fig-{name}"><iframe src="{prefix}{figure_path(name, lang)}" '
@@ -199,7 +199,7 @@ def on_page_markdown(markdown: str, page, config, files) -> str:
             # goes inside <script type="application/json">, where entities are not decoded
             return json.dumps(est.PRESETS, sort_keys=True).replace("</", "<\\/")
         if PALETTE.match(body):
-            from minimega.palette import palette_json
+            from minimega.figures.palette import palette_json
             return palette_json(lang).replace("</", "<\\/")      # as presets_json: inside a JSON <script>
         raise PluginError(f"{page.file.src_path}: cannot parse the macro call {{{{{body}}}}}")
 
@@ -314,7 +314,7 @@ def building_language(config) -> str:
 
 
 def on_post_build(config) -> None:
-    from minimega import plots
+    from minimega.figures import plots
     from minimega.classroom import trust
 
     if building_language(config) != "en":

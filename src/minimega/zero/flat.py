@@ -17,7 +17,9 @@ import torch
 import torch.nn as nn
 
 
-from ..estimate import padded_numel      # the one definition: the estimator counts the same padding
+def padded_numel(numel: int, dp: int) -> int:
+    """`numel` rounded up to a multiple of dp: the length of a flat buffer that splits evenly."""
+    return -(-int(numel) // dp) * dp
 
 
 # --8<-- [start:shard_bounds]

@@ -23,15 +23,13 @@ no core left over gloo's communication threads compete with compute, so nothing 
 """
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import statistics
 import time
 
-from . import estimate as est
+from .. import analysis as est
 from . import perf
-from .perf_hardware import Hardware, Link
+from .hardware import Hardware, Link
 
 SIZES = (4096, 1 << 22)          # bytes: latency-bound and bandwidth-bound
 OPS = ("all_reduce", "reduce_scatter", "all_gather", "all_to_all", "send_recv")
@@ -83,7 +81,7 @@ def measure_compute(d: int = 384, n: int = 1024, reps: int = 5) -> dict:
 def _collectives_worker(sizes, reps):
     import torch
     import torch.distributed as dist
-    from . import comm
+    from .. import comm
     n, rank = dist.get_world_size(), dist.get_rank()
     world = comm.Group(dist.group.WORLD, list(range(n)), "world")
     out = {}
@@ -130,7 +128,7 @@ def measure_compute_now(reps: int = 5) -> dict:
 
 def calibrate(world_size: int = 2, reps: int = 5, sizes=SIZES) -> dict:
     """Measure this machine: compute (one process) and gloo collectives (`world_size` ranks)."""
-    from .launch import launch
+    from ..launch import launch
     if world_size < 2:
         raise ValueError(f"world_size={world_size}: collectives need at least 2 ranks")
     compute = measure_compute_now(reps)
@@ -189,35 +187,3 @@ def predict_minimega(cal: dict, cfg: perf.PerfConfig) -> dict:
     total = busy * slow + overhead + r["tp_comm"] + r["p2p"] + r["dp_comm"]
     return {"total": total, "compute": busy * slow, "optimizer": optimizer * slow, "overhead": overhead,
             "comm": r["tp_comm"] + r["p2p"] + r["dp_comm"], "share": share}
-
-
-# ----------------------------------------------------------------------------------------------
-# CLI: `minimega calibrate`
-
-def add_calibrate_parser(subparsers) -> argparse.ArgumentParser:
-    p = subparsers.add_parser("calibrate", help="measure this machine's matmul rate and gloo alpha/beta per collective",
-                              description="A few seconds of microbenchmarks: matmul FLOP/s, memory bandwidth, per-op "
-                                          "overhead, and alpha-beta of five gloo collectives.")
-    p.add_argument("--world-size", type=int, default=2, help="ranks for the collectives (default 2)")
-    p.add_argument("--reps", type=int, default=5, help="repeats per measurement (default 5, at most 50)")
-    p.add_argument("--json", action="store_true")
-    p.set_defaults(func=run_calibrate)
-    return p
-
-
-def run_calibrate(args: argparse.Namespace) -> int:
-    if not 2 <= args.world_size <= 8:
-        raise ValueError(f"--world-size {args.world_size}: use 2 to 8 local ranks")
-    if not 1 <= args.reps <= 50:
-        raise ValueError(f"--reps {args.reps}: use 1 to 50")
-    cal = calibrate(args.world_size, args.reps)
-    if args.json:
-        print(json.dumps(cal, indent=2))
-        return 0
-    print(f"matmul {cal['matmul_flops'] / 1e9:.1f} GFLOP/s ({cal['threads']} threads), memory "
-          f"{cal['memory_bandwidth'] / 1e9:.1f} GB/s, op overhead {cal['op_overhead'] * 1e6:.1f} us; "
-          f"load {cal['load']:.1f} on {cal['cores']} cores")
-    print(f"gloo, {cal['world_size']} ranks: {'op':<15} {'alpha us':>9} {'beta GB/s':>10}")
-    for op, c in cal["collectives"].items():
-        print(f"{'':<22}{op:<15} {c['alpha'] * 1e6:>9.1f} {c['beta'] / 1e9:>10.2f}")
-    return 0

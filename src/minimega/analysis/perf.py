@@ -40,10 +40,9 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, field, replace
 
-from . import estimate as est
-from .perf_hardware import HARDWARE, Hardware, Link, hardware
+from .. import analysis as est
+from .hardware import ALGORITHMS, COLLECTIVES, HARDWARE, Hardware, Link, collective_time, hardware
 
-ALGORITHMS = ("ring", "tree")
 STACKS = {"megatron": 1.0, "megatron-deepspeed": 0.77}
 """Per-micro-batch efficiency of the training stack's pipeline engine relative to Megatron-LM's own.
 
@@ -53,38 +52,6 @@ The 530B shape (105 layers, h = 20480, TP 8 x PP 35) ran at 163 TFLOP/s per GPU 
 (FLOPs, bytes, collectives) tells the two apart, so the ratio is fitted once, 126 / 163.4 (this model's
 prediction for MT-NLG's layout) = 0.77, on that one row; MT-NLG at 2800 and 3360 GPUs and BLOOM-176B
 (also Megatron-DeepSpeed) are then predictions."""
-COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather", "all_to_all", "send_recv")
-
-
-# ----------------------------------------------------------------------------------------------
-# Collectives (α-β)
-
-# --8<-- [start:collective_time]
-def collective_time(op: str, size_bytes: float, n: int, link: Link, algorithm: str = "ring") -> float:
-    """Seconds for one collective of a `size_bytes` buffer over `n` ranks on `link`.
-
-    ring (reduce-scatter, all-gather, all-reduce): `estimate.ring_time`, steps·α + ring bytes/β.
-    tree (all-reduce only, NCCL's double binary tree): 2·log2(n) steps of α, and the buffer goes up
-    and down the tree once each, pipelined: 2·log2(n)·α + 2S/β. Latency grows with log n, not n.
-    all-to-all (pairwise exchange): (n-1)·α + (n-1)/n·S/β. send/recv: α + S/β (n is ignored).
-    """
-    if op not in COLLECTIVES:
-        raise ValueError(f"collective {op!r}: expected one of {COLLECTIVES}")
-    if algorithm not in ALGORITHMS:
-        raise ValueError(f"algorithm {algorithm!r}: expected one of {ALGORITHMS}")
-    link = link.for_op(op)
-    if op == "send_recv":
-        return link.alpha + size_bytes / link.beta
-    if n <= 1:
-        return 0.0
-    if algorithm == "tree":
-        if op != "all_reduce":
-            raise ValueError(f"algorithm 'tree' is implemented for all_reduce only, not {op!r}; use 'ring'")
-        return 2 * math.log2(n) * link.alpha + 2 * size_bytes / link.beta
-    if op == "all_to_all":
-        return (n - 1) * link.alpha + (n - 1) / n * size_bytes / link.beta
-    return est.ring_time(op, size_bytes, n, link.alpha, link.beta)
-# --8<-- [end:collective_time]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -163,7 +130,7 @@ def layer_ops(cfg: PerfConfig) -> list[tuple[str, float, float]]:
     never writes the s × s scores: its FLOPs stay, its bytes are q, k, v and the output. Under context
     parallelism N = (s/cp)·b, the rank's tokens; its queries still see all s keys (ring attention, fused).
     """
-    s, b, h, a, t, V = cfg.seq_len, cfg.micro_batch, cfg.hidden, cfg.heads, cfg.tp, cfg.vocab
+    s, b, h, a, t = cfg.seq_len, cfg.micro_batch, cfg.hidden, cfg.heads, cfg.tp
     e = 4 if cfg.precision == "fp32" else 2
     N, ht, at = s // cfg.cp * b, h / t, a / t
     rep = t if (cfg.sp and t > 1) else 1
@@ -438,7 +405,7 @@ def step_time(cfg: PerfConfig, hw: Hardware | str = "a100-80gb") -> dict:
     out["total"] = (compute + out["tp_comm"] + out["ep_comm"] + out["cp_comm"] + out["p2p"] + bubble + stack_overhead
                     + dp_comm + offload + optimizer)
     tokens = cfg.global_batch * cfg.seq_len
-    moe = moe_extra_flops(cfg)
+    moe = est.moe_extra_flops(cfg)
     model_flops = est.megatron_model_flops(cfg.global_batch, cfg.seq_len, cfg.layers, cfg.hidden, cfg.vocab) + moe
     logged = est.megatron_hardware_flops(cfg.global_batch, cfg.seq_len, cfg.layers, cfg.hidden, cfg.vocab) + moe * 4 / 3
     hw_flops = {"none": model_flops, "full": logged,
@@ -453,24 +420,6 @@ def step_time(cfg: PerfConfig, hw: Hardware | str = "a100-80gb") -> dict:
                memory=mem, fits=mem["total"] <= hw.memory_bytes)
     return out
 # --8<-- [end:step_time]
-
-
-def moe_extra_flops(cfg: PerfConfig) -> float:
-    """Model FLOPs a MoE step adds to the dense formula (`estimate.megatron_model_flops`): each token's MLP runs
-    in k experts instead of one (48·B·s·L·h² per extra expert, forward and backward) and through the router
-    (6·B·s·L·h·E). Useful work only: empty capacity slots and the dense dispatch are not counted."""
-    if not cfg.experts:
-        return 0.0
-    tokens_layers = cfg.global_batch * cfg.seq_len * cfg.layers
-    return 48 * tokens_layers * cfg.hidden ** 2 * (cfg.top_k - 1) + 6 * tokens_layers * cfg.hidden * cfg.experts
-
-
-def days_and_cost(result: dict, tokens: float, price_per_gpu_hour: float, global_batch: int, seq_len: int) -> dict:
-    """Days to train on `tokens` at the predicted step time, GPU-hours and cost (`estimate.gpu_hours`, `run_cost`)."""
-    steps = tokens / (global_batch * seq_len)
-    seconds = steps * result["total"]
-    hours = est.gpu_hours(result["n_gpus"], seconds)
-    return {"days": seconds / 86400, "gpu_hours": hours, "cost": est.run_cost(hours, price_per_gpu_hour)}
 
 
 def moe_alltoall_time(n_layer: int, rows: int, seq_len: int, d_model: int, ep: int, n_experts: int, top_k: int,
@@ -496,18 +445,6 @@ def preset_config(name: str, **overrides) -> PerfConfig:
     return PerfConfig(**base)
 
 
-def plan(*args, **kwargs) -> dict:
-    """`perf_plan.plan`: rank every layout that fits by predicted throughput (``minimega plan``)."""
-    from .perf_plan import plan as _plan
-    return _plan(*args, **kwargs)
-
-
-def calibrate(*args, **kwargs) -> dict:
-    """`perf_calibrate.calibrate`: measure this machine's rates and gloo α, β (``minimega calibrate``)."""
-    from .perf_calibrate import calibrate as _calibrate
-    return _calibrate(*args, **kwargs)
-
-
-__all__ = ["ALGORITHMS", "COLLECTIVES", "HARDWARE", "PerfConfig", "collective_time", "days_and_cost", "hardware",
+__all__ = ["ALGORITHMS", "COLLECTIVES", "HARDWARE", "PerfConfig", "collective_time", "hardware",
            "layer_ops", "layer_times", "microbatch_time", "op_time", "preset_config", "roofline", "step_time",
            "replace"]

@@ -1,7 +1,6 @@
 """`minimega record`: run small real jobs and keep what they measured as JSON traces for the course.
 
-Each trace comes from 2 gloo ranks training the tiny GPT for a few steps through `minimega.launch`, the
-same way the labs and tests run:
+Each trace comes from 2 gloo ranks training the tiny GPT for a few steps through `minimega.launch`:
 
     ddp-overlap.json    DDP (dp = 2): when each gradient bucket's all-reduce was issued, against the
                         forward, backward and optimizer of every step on every rank, and its bytes
@@ -19,15 +18,13 @@ same way the labs and tests run:
                         per step, its slot grid, and its idle slots
     comm-wire.json      bytes each rank really sends (TCP payload, `measure.wire_bytes`) per all-reduce,
                         reduce-scatter and all-gather at 2 and 4 ranks and several sizes, against the
-                        ring model `estimate.ring_bytes` (the algorithmic bytes `CommLog` reports)
+                        ring model (`estimate.ring_bytes`, the algorithmic bytes `CommLog` reports)
 
-The site builds its recorded-run figures from these files (``plots.py``), so the build needs no process
-group and stays fast. Byte counts are exact and repeat run to run; times (milliseconds from the start of
-each step's forward) do not, but the schema does, and ``tests/test_record.py`` checks both.
+The site draws its recorded-run figures from these files (``recorded.py``): the build needs no process group.
+Byte counts are exact and repeat run to run; times (ms from each step's forward) do not, but the schema does.
 """
 from __future__ import annotations
 
-import argparse
 import json
 from collections import defaultdict
 from pathlib import Path
@@ -36,8 +33,7 @@ import torch
 
 SCHEMA = 1
 WORLD = 2
-TRACES = ("ddp-overlap", "memory", "tp-comm", "activations", "zero-memory", "zero-prefetch", "pipeline",
-          "comm-wire")
+TRACES = ("ddp-overlap", "memory", "tp-comm", "activations", "zero-memory", "zero-prefetch", "pipeline", "comm-wire")
 WIRE_RANKS = (2, 4)
 WIRE_NUMELS = tuple(2 ** k for k in (10, 12, 14, 16, 18, 20))     # fp32 elements: 4 KiB to 4 MiB
 DEFAULT_OUT = Path("course") / "data"
@@ -52,7 +48,7 @@ def _ms(t: float, t0: float) -> float:
 
 def _memory_pair(engine, mesh, seq: int, steps: int) -> dict:
     """report()["memory"] after the last step, and again after one more forward/backward (gradients held)."""
-    from . import data
+    from .. import data
     after_step = engine.report()["memory"]
     x, y = next(data.batches(mesh, 1, BATCH, seq, seed=SEED, start=steps))
     _, loss = engine.model(x, y)
@@ -68,11 +64,11 @@ def _memory_pair(engine, mesh, seq: int, steps: int) -> dict:
 
 def ddp_worker(steps: int, bucket_mb: float) -> dict:
     """One rank of a dp = 2 run; returns its timeline per step, its buckets and its memory."""
-    from . import data
-    from .config import GPTConfig, TrainConfig
-    from .engine import initialize
-    from .mesh import ParallelDims, init_mesh
-    from .model import GPT
+    from .. import data
+    from ..config import GPTConfig, TrainConfig
+    from ..engine import initialize
+    from ..mesh import ParallelDims, init_mesh
+    from ..model import GPT
 
     mesh = init_mesh(ParallelDims(dp=WORLD))
     model_config = GPTConfig.tiny()
@@ -194,10 +190,10 @@ def _saved_bytes(mesh, tp: int, sp: bool, mode: str) -> int:
     """Bytes block 0 keeps for backward on a (ACT_BATCH, T, D) input (T/tp rows of it under sequence parallelism)."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    from .activation_checkpoint import apply_activation_checkpointing, saved_activation_bytes
-    from .config import GPTConfig
-    from .model import GPT
-    from .tensor_parallel import apply_tensor_parallel
+    from ..activation_checkpoint import apply_activation_checkpointing, saved_activation_bytes
+    from ..config import GPTConfig
+    from ..model import GPT
+    from ..tensor_parallel import apply_tensor_parallel
 
     cfg = GPTConfig.tiny(dropout=ACT_DROPOUT)
     torch.manual_seed(SEED)
@@ -216,11 +212,11 @@ def _saved_bytes(mesh, tp: int, sp: bool, mode: str) -> int:
 
 def tp_worker(steps: int, sequence_parallel: bool, activations: bool) -> dict:
     """One rank of a tp = 2 run: its collectives by layer per step, its memory, and (optionally) saved bytes."""
-    from . import data
-    from .config import GPTConfig, TrainConfig
-    from .engine import initialize
-    from .mesh import ParallelDims, init_mesh
-    from .model import GPT
+    from .. import data
+    from ..config import GPTConfig, TrainConfig
+    from ..engine import initialize
+    from ..mesh import ParallelDims, init_mesh
+    from ..model import GPT
 
     mesh = init_mesh(ParallelDims(tp=WORLD))
     model_config = GPTConfig.tiny()
@@ -247,11 +243,11 @@ def tp_worker(steps: int, sequence_parallel: bool, activations: bool) -> dict:
 
 def zero_worker(steps: int, stage: int) -> dict:
     """One rank of a dp = 2 run at ZeRO ``stage`` (0 = DDP): memory at the step, units, and (stage 3) prefetch."""
-    from . import data
-    from .config import GPTConfig, TrainConfig
-    from .engine import initialize
-    from .mesh import ParallelDims, init_mesh
-    from .model import GPT
+    from .. import data
+    from ..config import GPTConfig, TrainConfig
+    from ..engine import initialize
+    from ..mesh import ParallelDims, init_mesh
+    from ..model import GPT
 
     mesh = init_mesh(ParallelDims(dp=WORLD))
     model_config = GPTConfig.tiny()
@@ -302,11 +298,11 @@ def _prefetch_steps(rep: dict, steps: int) -> list[dict]:
 
 def pipeline_worker(steps: int, schedule: str) -> dict:
     """One rank of a pp = 2, m = PP_MICRO run: its spans per step, its row of the slot grid, its idle slots."""
-    from . import data
-    from .config import GPTConfig, TrainConfig
-    from .engine import initialize
-    from .mesh import ParallelDims, init_mesh
-    from .model import GPT
+    from .. import data
+    from ..config import GPTConfig, TrainConfig
+    from ..engine import initialize
+    from ..mesh import ParallelDims, init_mesh
+    from ..model import GPT
 
     mesh = init_mesh(ParallelDims(pp=WORLD))
     model_config = GPTConfig.tiny()
@@ -342,9 +338,9 @@ def _source(steps: int, **extra) -> dict:
 def record(out: str | Path = DEFAULT_OUT, steps: int = 3, bucket_mb: float = 0.0625,
            only: tuple[str, ...] = TRACES, timeout: float = 600) -> dict[str, Path]:
     """Run the jobs and write the traces named in ``only`` under ``out``; returns {name: path}."""
-    from . import estimate as est
-    from .config import GPTConfig
-    from .launch import launch
+    from .. import analysis as est
+    from ..config import GPTConfig
+    from ..launch import launch
 
     unknown = sorted(set(only) - set(TRACES))
     if unknown:
@@ -418,7 +414,7 @@ def record(out: str | Path = DEFAULT_OUT, steps: int = 3, bucket_mb: float = 0.0
             "shape": shape, "p": WORLD, "m": PP_MICRO,
             "schedules": [{"schedule": sch, "ranks": rs} for sch, rs in runs.items()]}
     if "comm-wire" in only:
-        from .measure import wire_table
+        from ..measure import wire_table
         rows = []
         for n in WIRE_RANKS:
             per_rank = launch(wire_table, n, list(WIRE_NUMELS), backend="gloo", timeout=timeout)
@@ -444,7 +440,7 @@ def load(name: str, directory: str | Path | None = None) -> dict:
     """A recorded trace by name (``course/data`` of this checkout by default)."""
     if name not in TRACES:
         raise ValueError(f"unknown trace {name!r}; choose from {list(TRACES)}")
-    directory = Path(directory) if directory else Path(__file__).resolve().parents[2] / DEFAULT_OUT
+    directory = Path(directory) if directory else Path(__file__).resolve().parents[3] / DEFAULT_OUT
     path = directory / f"{name}.json"
     if not path.exists():
         raise FileNotFoundError(f"{path}: not recorded yet; run `minimega record --out {directory}`")
@@ -452,29 +448,3 @@ def load(name: str, directory: str | Path | None = None) -> dict:
     if trace.get("schema") != SCHEMA:
         raise ValueError(f"{path}: schema {trace.get('schema')} is not {SCHEMA}; re-run `minimega record`")
     return trace
-
-
-# ------------------------------------------------------------------------------------------------
-# CLI: `minimega record`
-
-def add_record_parser(subparsers) -> argparse.ArgumentParser:
-    """Register ``record`` on an argparse subparsers object; the handler is `run_record`."""
-    p = subparsers.add_parser("record", help="run small 2-rank jobs and write the course's JSON traces",
-                              description="Train the tiny GPT on 2 gloo ranks (DDP, ZeRO, tensor and pipeline "
-                                          "parallelism) and write "
-                                          "what they measured under --out: " + ", ".join(f"{t}.json" for t in TRACES))
-    p.add_argument("--out", default=str(DEFAULT_OUT), help=f"directory for the traces (default {DEFAULT_OUT})")
-    p.add_argument("--steps", type=int, default=3, help="training steps per job (default 3)")
-    p.add_argument("--bucket-mb", type=float, default=0.0625,
-                   help="DDP bucket size in MiB (default 0.0625: several buckets for the tiny model)")
-    p.add_argument("--only", nargs="+", choices=TRACES, default=list(TRACES), help="record only these traces")
-    p.set_defaults(func=run_record)
-    return p
-
-
-def run_record(args: argparse.Namespace) -> int:
-    """Handler for ``minimega record``; prints one line per trace written."""
-    paths = record(args.out, args.steps, args.bucket_mb, tuple(args.only))
-    for name, path in paths.items():
-        print(f"wrote {path} ({path.stat().st_size / 1024:.1f} KiB)")
-    return 0

@@ -1,6 +1,6 @@
 """The read plan, drawn: which rank reads which box of which saved file, from a real save and load.
 
-    python -m minimega.checkpoint.figure      # records course/data/checkpoint-plan.json (2 + 2 gloo ranks)
+    python -m minimega.figures.checkpoint_plan      # records course/data/checkpoint-plan.json (2 + 2 gloo ranks)
 
 The recording saves the tiny GPT under dp = 2, ZeRO-3, then loads it under tp = 2 and keeps each
 rank's plan (`loading.load(stats=...)`). `read_plan_figure` draws, for the first block's MLP weights,
@@ -64,8 +64,8 @@ def record_plan(out: Path = DATA) -> Path:
 def read_plan_figure(path: Path = DATA, lang: str = "en"):
     """Two panels (fc: rows split over tp; proj: columns split): saved chunks outlined, reads filled by rank."""
     from plotly.subplots import make_subplots
-    from minimega.figure_words import num, words
-    from minimega.plots import PALETTE, _layout
+    from minimega.figures.words import num, words
+    from minimega.figures.style import PALETTE, house_layout
     t = words(lang)
     trace = json.loads(Path(path).read_text())
     names = list(trace["tensors"])
@@ -98,7 +98,7 @@ def read_plan_figure(path: Path = DATA, lang: str = "en"):
         fig.update_yaxes(autorange="reversed", title_text=t("row") if col == 1 else None, row=1, col=col)
         fig.update_xaxes(title_text=t("column"), row=1, col=col)
     total = ", ".join(f"rank {r['rank']} {num(r['bytes_read'] / 1e3, '.0f', lang)} kB" for r in trace["ranks"])
-    _layout(fig, t("Saved under {saved}, loaded under {loaded}: each new rank reads only its slice ({total} in all), "
+    house_layout(fig, t("Saved under {saved}, loaded under {loaded}: each new rank reads only its slice ({total} in all), "
                    "first block's MLP").format(saved=trace["source"]["saved"], loaded=trace["source"]["loaded"],
                                                total=total), "", "", lang)
     fig.update_layout(title_pad_b=48)              # above the two-line panel titles

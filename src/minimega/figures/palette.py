@@ -1,7 +1,7 @@
 """One colour per memory category, for every chapter figure and the site's calculator.
 
 A reader who learns "orange is optimizer states" in chapter 3 keeps that meaning in chapters 5, 6 and
-12 and in the calculator. The keys are `minimega.estimate.memory_per_gpu`'s; the site build hands this
+12 and in the calculator. The keys are `minimega.analysis.memory_per_gpu`'s; the site build hands this
 table to the calculator's JavaScript as JSON (`palette_json`), so there is no second copy to drift.
 Colours that mean no category (formula markers, the stage curves of chapter 3) use `REFERENCE` or
 `SERIES`, never a category's colour, inside a figure that shows categories.

@@ -1,4 +1,4 @@
-/* Runs inside a figure's page (`minimega.plots.figure_html`), usually inside an iframe of a course page.
+/* Runs inside a figure's page (`minimega.figures.plots.figure_html`), usually inside an iframe of a course page.
  *
  * 1. Theme: follow the course page's palette (mkdocs-material sets data-md-color-scheme on <body>:
  *    "default" or "slate"), else the reader's preferred scheme.

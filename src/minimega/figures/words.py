@@ -1,6 +1,6 @@
 """The chapter figures' words in Dutch, keyed on the English text the figure code writes.
 
-A figure builder (`minimega.plots`) writes each visible string through ``t = words(lang)``:
+A figure builder (`minimega.figures.plots`) writes each visible string through ``t = words(lang)``:
 ``t("GB per GPU (log scale)")``. In English `t` returns the text; in Dutch it looks the text up in
 `NL`, and a string with no entry stops the build with its name, so no figure goes out half
 translated. Templates keep ``{name}`` fields for numbers, which `num` formats with the language's
@@ -124,7 +124,7 @@ NL: dict[str, str] = {
     "measured ÷ ring model": "gemeten ÷ ringmodel",
     "ring model": "ringmodel",
     "2× (reduce-scatter as an all-reduce)": "2× (reduce-scatter als een all-reduce)",
-    # checkpoint-read-plan (minimega.checkpoint.figure)
+    # checkpoint-read-plan (minimega.figures.checkpoint_plan)
     "new rank {rank} (tp) reads": "nieuwe rank {rank} (tp) leest",
     "new rank {rank} reads rows {r0}–{r1}, columns {c0}–{c1} of {file}":
         "nieuwe rank {rank} leest rijen {r0}–{r1}, kolommen {c0}–{c1} van {file}",
@@ -149,7 +149,7 @@ def words(lang: str) -> Callable[[str], str]:
 
     def t(text: str) -> str:
         if text not in table:
-            raise KeyError(f"figure text {text!r} has no {lang} entry: add it to minimega.figure_words.{lang.upper()}")
+            raise KeyError(f"figure text {text!r} has no {lang} entry: add it to minimega.figures.words.{lang.upper()}")
         return table[text]
     return t
 

@@ -22,8 +22,9 @@ import os
 
 import torch
 
-from . import data, measure
-from .config import GPTConfig, TrainConfig
+from .. import data
+from .. import measure
+from ..config import GPTConfig, TrainConfig
 from .export_config import to_deepspeed
 
 SUPPORTED = "zero_stage 1-3, precision fp32/bf16, gradient_accumulation_steps, gradient_clipping, adamw/adam"
@@ -103,9 +104,9 @@ def train_deepspeed(model_config: GPTConfig, config: TrainConfig, steps: int, se
     import deepspeed
     from deepspeed.utils import safe_get_full_fp32_param
 
-    from .engine import make_optimizer
-    from .mesh import ParallelDims, init_mesh
-    from .model import GPT
+    from ..engine import make_optimizer
+    from ..mesh import ParallelDims, init_mesh
+    from ..model import GPT
 
     check(config)
     import warnings   # DeepSpeed calls torch.distributed's deprecated *_tensor collectives: one warning per call
@@ -147,9 +148,9 @@ def train_minimega(model_config: GPTConfig, config: TrainConfig, steps: int, seq
     """Inside a launched rank: the same run with minimega's engine."""
     import torch.distributed as dist
 
-    from .engine import initialize
-    from .mesh import ParallelDims, init_mesh
-    from .model import GPT
+    from ..engine import initialize
+    from ..mesh import ParallelDims, init_mesh
+    from ..model import GPT
 
     mesh = init_mesh(ParallelDims(dp=dist.get_world_size()))
     torch.manual_seed(config.seed)
@@ -173,7 +174,7 @@ def pair_worker(model_config: GPTConfig, configs: list[TrainConfig], steps: int,
 def run_pairs(model_config: GPTConfig, configs: list[TrainConfig], world_size: int = 2, steps: int = 10,
               seq_len: int | None = None, timeout: float | None = None) -> list[dict]:
     """Launch `world_size` ranks and run every config both ways; rank 0's results, one dict per config."""
-    from .launch import launch
+    from ..launch import launch
 
     if reason := deepspeed_missing():
         raise RuntimeError(f"peers: {reason}")

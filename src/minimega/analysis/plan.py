@@ -19,19 +19,24 @@ tp·cp divides the heads. ZeRO shards over dp·cp, so a ZeRO stage needs dp·cp 
 """
 from __future__ import annotations
 
-import argparse
 import itertools
-import json
 from dataclasses import asdict
 
-from . import estimate as est
-from .cli_args import fraction, nonnegative_float, nonnegative_int, positive_float, positive_int
-from .perf import STACKS, PerfConfig, days_and_cost, step_time
-from .perf_hardware import Hardware, add_hardware_args, hardware, hardware_from_args
+from .. import analysis as est
+from .perf import PerfConfig, step_time
+from .hardware import Hardware, hardware
 
 GB = 1e9
 MICRO_BATCHES = (1, 2, 4, 8, 16)
 VIRTUAL = (2, 4)
+
+
+def days_and_cost(result: dict, tokens: float, price_per_gpu_hour: float, global_batch: int, seq_len: int) -> dict:
+    """Days to train on `tokens` at the predicted step time, GPU-hours and cost (`estimate.gpu_hours`, `run_cost`)."""
+    steps = tokens / (global_batch * seq_len)
+    seconds = steps * result["total"]
+    hours = est.gpu_hours(result["n_gpus"], seconds)
+    return {"days": seconds / 86400, "gpu_hours": hours, "cost": est.run_cost(hours, price_per_gpu_hour)}
 
 
 def _divisors(n: int) -> list[int]:
@@ -170,108 +175,3 @@ def rank_of(result: dict, name: str) -> int | None:
         return result["ranked"].index(name) + 1
     except ValueError:
         return None
-
-
-# ----------------------------------------------------------------------------------------------
-# CLI: `minimega plan`
-
-def add_plan_parser(subparsers) -> argparse.ArgumentParser:
-    p = subparsers.add_parser("plan", help="rank parallel layouts by predicted throughput (α-β + roofline model)",
-                              description="Enumerate dp x tp x pp (x cp with --cp) x ZeRO x recomputation x micro-batch "
-                                          "x schedule, drop what does not fit memory, print the fastest. Example: "
-                                          "minimega plan "
-                                          "--model bloom-176b --nodes 48 --global-batch 2048 --recompute full")
-    g = p.add_argument_group("model")
-    g.add_argument("--model", choices=sorted(est.PRESETS), default=None, help="a preset shape")
-    for name in ("layers", "hidden", "heads", "vocab", "seq-len"):
-        g.add_argument(f"--{name}", type=positive_int, default=None, help="overrides the preset")
-    g.add_argument("--precision", choices=est.PRECISIONS, default=None)
-    g.add_argument("--fp32-grads", action="store_true", default=None, help="grads accumulate in fp32 (4 B/param)")
-    g.add_argument("--no-dropout", action="store_true", help="the model has no dropout (BLOOM)")
-    g.add_argument("--attention", choices=est.ATTENTION, default=None)
-    g.add_argument("--experts", type=nonnegative_int, default=None, help="experts per MoE layer (the search adds ep)")
-    g.add_argument("--top-k", type=positive_int, default=None, help="experts per token (with --experts; default 2)")
-    g.add_argument("--capacity-factor", type=positive_float, default=None, help="with --experts; default 1.25")
-    c = p.add_argument_group("cluster")
-    add_hardware_args(c)
-    c.add_argument("--nodes", type=positive_int, default=None, help="nodes (GPUs = nodes x GPUs per node)")
-    c.add_argument("--gpus", type=positive_int, default=None, help="total GPUs (instead of --nodes)")
-    c.add_argument("--stack", choices=sorted(STACKS), default=None, help="pipeline engine (default: the preset's)")
-    r = p.add_argument_group("run")
-    r.add_argument("--global-batch", type=positive_int, required=True, help="sequences per step")
-    r.add_argument("--tokens", type=positive_float, default=None, help="training tokens, for days and cost")
-    r.add_argument("--price", type=nonnegative_float, default=2.0, help="$ per GPU-hour (default 2.0)")
-    r.add_argument("--memory-fraction", type=fraction, default=0.9, help="share of GPU memory a layout may use (0.9)")
-    s = p.add_argument_group("search")
-    s.add_argument("--recompute", nargs="+", choices=est.RECOMPUTE, default=None)
-    s.add_argument("--zero-stages", nargs="+", type=int, choices=est.STAGES, default=None)
-    s.add_argument("--schedules", nargs="+", choices=est.SCHEDULES, default=None)
-    s.add_argument("--no-sp", action="store_true", help="search without Megatron sequence parallelism")
-    s.add_argument("--cp", nargs="+", type=positive_int, default=None, metavar="CP",
-                   help="context-parallel degrees to search, e.g. --cp 1 2 4 8 (default: 1, no context parallelism; "
-                        "needs --attention fused)")
-    s.add_argument("--cp-attention", nargs="+", choices=est.CP_ATTENTION, default=None,
-                   help="context-parallel attention to search with cp > 1 (default: ring ulysses)")
-    s.add_argument("--top", type=positive_int, default=10, help="layouts to print (default 10)")
-    s.add_argument("--json", action="store_true", help="print JSON")
-    p.set_defaults(func=run_plan)
-    return p
-
-
-def _model_from_args(args) -> dict:
-    model = preset_shape(args.model) if args.model else {}
-    for k in ("layers", "hidden", "heads", "vocab", "seq_len", "precision", "fp32_grads", "attention", "stack",
-              "experts", "top_k", "capacity_factor"):
-        if getattr(args, k) is not None:
-            model[k] = getattr(args, k)
-    if args.no_dropout:
-        model["dropout"] = False
-    missing = [k for k in ("layers", "hidden", "heads", "vocab", "seq_len") if k not in model]
-    if missing:
-        raise ValueError(f"give --model or all of --layers --hidden --heads --vocab --seq-len (missing {missing})")
-    return model
-
-
-def run_plan(args: argparse.Namespace) -> int:
-    hw = hardware_from_args(args)
-    if (args.nodes is None) == (args.gpus is None):
-        raise ValueError("give exactly one of --nodes and --gpus")
-    n = args.gpus if args.gpus is not None else args.nodes * hw.gpus_per_node
-    opts = {k: tuple(getattr(args, a)) for k, a in (("recompute", "recompute"), ("zero_stages", "zero_stages"),
-                                                    ("schedules", "schedules")) if getattr(args, a)}
-    if args.no_sp:
-        opts["sp"] = (False,)
-    if args.cp:
-        opts["cps"] = tuple(dict.fromkeys(args.cp))
-    if args.cp_attention:
-        if not args.cp or max(args.cp) == 1:
-            raise ValueError("--cp-attention has an effect only with --cp searching a degree > 1 (e.g. --cp 1 2 4 8)")
-        opts["cp_attentions"] = tuple(dict.fromkeys(args.cp_attention))
-    res = plan(_model_from_args(args), n, args.global_batch, hw, top=args.top, memory_fraction=args.memory_fraction,
-               tokens=args.tokens, price_per_gpu_hour=args.price, **opts)
-    if args.json:
-        res = {k: v for k, v in res.items() if k != "ranked"}
-        print(json.dumps(res, indent=2, default=str))
-        return 0
-    print(f"{res['hardware']} x {n}: {res['searched']} layouts searched, {res['fit']} fit "
-          f"{args.memory_fraction:.0%} of {hw.memory_bytes / GB:.0f} GB")
-    w = max([38] + [len(r["layout"]) for r in res["top"]])
-    head = f"{'#':>2} {'layout':<{w}} {'s/step':>8} {'tok/s':>9} {'TF/s':>6} {'MFU':>5} {'GB':>5}  " \
-           f"{'compute':>7} {'tp':>6} {'p2p':>6} {'bubble':>6} {'stack':>6} {'dp':>6}" + \
-           (f" {'ep':>6}" if any(r["ep_comm"] for r in res["top"]) else "") + \
-           (f" {'cp':>6}" if any(r["cp_comm"] for r in res["top"]) else "")
-    if args.tokens:
-        head += f" {'days':>7} {'cost $':>11}"
-    print(head)
-    for i, r in enumerate(res["top"], 1):
-        line = (f"{i:>2} {r['layout']:<{w}} {r['total']:>8.2f} {r['tokens_per_s']:>9.0f} {r['tflops_per_gpu']:>6.1f} "
-                f"{r['mfu']:>5.1%} {r['memory_gb']:>5.1f}  {r['compute']:>7.2f} {r['tp_comm']:>6.2f} {r['p2p']:>6.2f} "
-                f"{r['bubble']:>6.2f} {r['stack_overhead']:>6.2f} {r['dp_comm']:>6.2f}")
-        if any(x["ep_comm"] for x in res["top"]):
-            line += f" {r['ep_comm']:>6.2f}"
-        if any(x["cp_comm"] for x in res["top"]):
-            line += f" {r['cp_comm']:>6.2f}"
-        if args.tokens:
-            line += f" {r['days']:>7.1f} {r['cost']:>11,.0f}"
-        print(line)
-    return 0

@@ -34,8 +34,10 @@ Assumptions (not datasheet numbers; `minimega calibrate` measures the CPU equiva
 """
 from __future__ import annotations
 
-import argparse
+import math
 from dataclasses import dataclass, field, replace
+
+from .communication import ring_time
 
 GB = 1e9
 
@@ -181,11 +183,36 @@ def parse_custom(spec: str) -> Hardware:
     return hw
 
 
-def add_hardware_args(p: argparse.ArgumentParser) -> None:
-    g = p.add_mutually_exclusive_group()
-    g.add_argument("--gpu", choices=sorted(HARDWARE), default="a100-80gb", help="hardware preset (default a100-80gb)")
-    g.add_argument("--custom", default=None, help="custom hardware: " + parse_custom.__doc__.split("\n\n")[1].strip())
+# ----------------------------------------------------------------------------------------------
+# Collectives on a link (α-β)
+
+ALGORITHMS = ("ring", "tree")
+COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather", "all_to_all", "send_recv")
 
 
-def hardware_from_args(args: argparse.Namespace) -> Hardware:
-    return parse_custom(args.custom) if args.custom else hardware(args.gpu)
+# --8<-- [start:collective_time]
+def collective_time(op: str, size_bytes: float, n: int, link: Link, algorithm: str = "ring") -> float:
+    """Seconds for one collective of a `size_bytes` buffer over `n` ranks on `link`.
+
+    ring (reduce-scatter, all-gather, all-reduce): `estimate.ring_time`, steps·α + ring bytes/β.
+    tree (all-reduce only, NCCL's double binary tree): 2·log2(n) steps of α, and the buffer goes up
+    and down the tree once each, pipelined: 2·log2(n)·α + 2S/β. Latency grows with log n, not n.
+    all-to-all (pairwise exchange): (n-1)·α + (n-1)/n·S/β. send/recv: α + S/β (n is ignored).
+    """
+    if op not in COLLECTIVES:
+        raise ValueError(f"collective {op!r}: expected one of {COLLECTIVES}")
+    if algorithm not in ALGORITHMS:
+        raise ValueError(f"algorithm {algorithm!r}: expected one of {ALGORITHMS}")
+    link = link.for_op(op)
+    if op == "send_recv":
+        return link.alpha + size_bytes / link.beta
+    if n <= 1:
+        return 0.0
+    if algorithm == "tree":
+        if op != "all_reduce":
+            raise ValueError(f"algorithm 'tree' is implemented for all_reduce only, not {op!r}; use 'ring'")
+        return 2 * math.log2(n) * link.alpha + 2 * size_bytes / link.beta
+    if op == "all_to_all":
+        return (n - 1) * link.alpha + (n - 1) / n * size_bytes / link.beta
+    return ring_time(op, size_bytes, n, link.alpha, link.beta)
+# --8<-- [end:collective_time]

@@ -1,0 +1,23 @@
+"""Analysis: what the core's numbers should be, predicted before anything runs.
+
+The estimators are pure functions of a few integers (no torch), one concern per file:
+
+    memory.py          model states per rank (ZeRO paper), padded flat buffers, peak bytes during a step
+    communication.py   bytes on the wire (ring model): data, tensor, context and expert parallelism
+    activations.py     saved activations per layer (Korthikanti et al.), recomputation, the experts'
+    pipeline.py        bubbles and micro-batches in flight
+    flops.py           parameters, FLOPs, MFU, time, GPU-hours and money
+    calculator.py      everything per GPU (`MemoryConfig`, `memory_per_gpu`, published presets)
+
+and above them the step-time model (``perf.py``, ``hardware.py``), the planner (``plan.py``) and the
+calibration on this machine (``calibrate.py``). This package gathers every estimator under one name,
+``minimega.analysis`` (the course's ``minimega.estimate``): ``est.model_state_bytes(7.5e9, 64, 3)``.
+The core never imports analysis; analysis reads the core where they share a rule (`zero.flat.padded_numel`,
+`moe.moe_capacity`), so the prediction and the code cannot disagree on it.
+"""
+from .activations import *  # noqa: F403
+from .calculator import *  # noqa: F403
+from .communication import *  # noqa: F403
+from .flops import *  # noqa: F403
+from .memory import *  # noqa: F403
+from .pipeline import *  # noqa: F403

@@ -1,0 +1,91 @@
+"""Elastic restarts and fault injection for ``minimega train``: when a rank dies, start again from the latest
+checkpoint, on fewer ranks if ``--min-nproc`` allows and the layout still validates (torchrun's elastic agent)."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+from typing import Callable
+
+from .. import checkpoint
+from ..launch import LaunchTimeout, WorkerError
+
+
+FAULT_STEP_ENV = "MINIMEGA_FAULT_STEP"
+"""Fault injection for tests and the lab: ``"<rank>:<step>"`` makes that rank SIGKILL itself once it has
+finished that step, on the first attempt only (``MINIMEGA_RESTART_COUNT`` = 0), as a lost node would."""
+RESTART_ENV = "MINIMEGA_RESTART_COUNT"
+"""Which attempt this is (0 first); set by ``minimega train`` for its ranks, like torchrun's
+TORCHELASTIC_RESTART_COUNT."""
+
+
+def maybe_fault(rank: int, step: int) -> None:
+    spec = os.environ.get(FAULT_STEP_ENV)
+    if not spec or os.environ.get(RESTART_ENV, "0") != "0":
+        return
+    try:
+        fault_rank, fault_step = (int(v) for v in spec.split(":"))
+    except ValueError:
+        raise ValueError(f"{FAULT_STEP_ENV}={spec!r}: expected '<rank>:<step>', e.g. '1:7'") from None
+    if (rank, step) == (fault_rank, fault_step):
+        sys.stdout.flush(), sys.stderr.flush()
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def checkpoint_step(directory) -> int:
+    path = checkpoint.resolve(directory)          # fails here, before any rank starts, if there is none
+    return int(json.loads((path / "manifest.json").read_text())["step"])
+
+
+def shrink(nproc: int, lost: int, min_nproc: int, fits: Callable[[int], bool]) -> int | None:
+    """The largest world size without the lost ranks that is >= min_nproc and that `fits` accepts (the
+    engine's `validate` on that world: every divisibility, batch and pipeline check). None if there is none."""
+    for n in range(nproc - lost, min_nproc - 1, -1):
+        if fits(n):
+            return n
+    return None
+
+
+# --8<-- [start:elastic]
+def run_elastic(start: Callable[[int, dict], list], nproc: int, ckpt: dict, *, max_restarts: int, min_nproc: int,
+                fits: Callable[[int], bool]) -> list:
+    """Launch; when a rank dies, relaunch from the latest complete checkpoint, as torchrun's elastic agent does.
+
+    Every attempt is a fresh job (``start(nproc, ckpt)``): new processes, a new process group, the state read
+    back from disk. A failed rank's slot is dropped only if ``min_nproc`` allows it (torchrun's
+    ``--nnodes=MIN:MAX``: a lost node does not come back) and a smaller world `fits`; the checkpoint reshards
+    onto it on load.
+    """
+    attempt = 0
+    ckpt["restarts"] = []
+    saved = os.environ.get(RESTART_ENV)
+    while True:
+        os.environ[RESTART_ENV] = str(attempt)        # the ranks get the launcher's environment as it is now
+        try:
+            return start(nproc, ckpt)
+        except WorkerError as err:
+            if attempt >= max_restarts:
+                raise
+            attempt += 1
+            latest = checkpoint.resolve_or_none(ckpt["dir"])
+            resume_step = checkpoint_step(latest) if latest else 0
+            if nproc > min_nproc:
+                nproc = shrink(nproc, 1, min_nproc, fits) or nproc
+            failed_at = err.step if err.step is not None else resume_step
+            why = str(err).splitlines()[0]
+            event = {"attempt": attempt, "rank": err.rank, "step": failed_at, "resume_step": resume_step,
+                     "redone": max(0, failed_at - resume_step), "nproc": nproc,
+                     "watchdog": isinstance(err, LaunchTimeout), "error": why}
+            ckpt["restarts"].append(event)
+            print(f"\nminimega train: restart {attempt}/{max_restarts}: rank {err.rank} failed at step "
+                  f"{failed_at} ({why}); resuming on {nproc} rank(s) from "
+                  + (f"the checkpoint at step {resume_step}" if latest else "step 0 (no checkpoint yet)")
+                  + f": {event['redone']} step(s) redone", file=sys.stderr, flush=True)
+            ckpt["resume"] = str(latest) if latest else None
+        finally:
+            if saved is None:
+                os.environ.pop(RESTART_ENV, None)
+            else:
+                os.environ[RESTART_ENV] = saved
+# --8<-- [end:elastic]

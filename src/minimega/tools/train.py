@@ -1,0 +1,211 @@
+"""``minimega train``: the GPT on the shipped corpus across N local ranks, with restarts, checkpoints and a summary."""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import functools
+import json
+import signal
+import sys
+import threading
+import time
+
+from ..config import GPTConfig, TrainConfig
+from .args import flag_names, nonnegative_int, positive_float, positive_int
+from .elastic import checkpoint_step, maybe_fault, run_elastic
+from .train_args import add_config_flags, build_train_config, given_flags, moe_config
+
+
+def add_train_parser(sub) -> None:
+    p = sub.add_parser("train", help="train the GPT on the shipped corpus across N local ranks",
+                       description="Train on N local ranks (gloo on CPU, NCCL with one GPU per rank).")
+    p.add_argument("--nproc", type=positive_int, default=1, help="number of ranks (processes) (default: 1)")
+    p.add_argument("--dp", type=positive_int, default=None, help="data-parallel degree (default: nproc / (tp*pp))")
+    p.add_argument("--steps", type=positive_int, default=20, help="optimizer steps (default: 20)")
+    p.add_argument("--preset", default="tiny", choices=["tiny", "small", "gpt2"], help="model size (default: tiny)")
+    p.add_argument("--config", default=None, help="a DeepSpeed-style JSON config; flags override it")
+    p.add_argument("--backend", default="auto", choices=["auto", "gloo", "nccl"])
+    p.add_argument("--json", action="store_true", help="print the final summary as JSON")
+    p.add_argument("--save-dir", default=None, help="checkpoint directory (default: the --resume directory)")
+    p.add_argument("--save-every", type=nonnegative_int, default=0, help="save a checkpoint every N steps (0: never)")
+    p.add_argument("--resume", default=None, help="continue from the latest checkpoint in this directory")
+    p.add_argument("--show-schedule", action="store_true", help="print the pipeline's rank x time grid of the last step")
+    p.add_argument("--timeout", type=positive_float, default=300.0,
+                   help="watchdog: seconds a collective may wait, or a rank stay silent, before the job is ended "
+                        "naming the stuck rank (default: 300)")
+    p.add_argument("--max-restarts", type=nonnegative_int, default=0,
+                   help="when a rank dies, restart the job from the latest checkpoint in --save-dir up to N "
+                        "times (default: 0)")
+    p.add_argument("--min-nproc", type=positive_int, default=None,
+                   help="let a restart drop the failed ranks and continue on as few as M ranks, resharding on "
+                        "load (default: --nproc, i.e. always restart at full size)")
+    p.add_argument("--experts", type=positive_int, default=None,
+                   help="make every MLP a mixture of N experts (minimega.moe; default: dense)")
+    p.add_argument("--top-k", type=positive_int, default=None, help="with --experts: experts per token (default: 2)")
+    p.add_argument("--capacity-factor", type=positive_float, default=None,
+                   help="with --experts: slots per expert = factor * top_k * T / E per sequence (default: 1.25)")
+    add_config_flags(p)
+    p.set_defaults(func=_cmd_train)
+
+
+def train_worker(preset: str, config: TrainConfig, steps: int, show: bool | str, ckpt: dict | None = None,
+                 show_schedule: bool = False, moe=None) -> dict:
+    """What every rank of ``minimega train`` runs; rank 0 shows the progress.
+
+    ``show``: False for none, ``"bar"`` for a tqdm bar, ``"lines"`` (or True) for plain lines (progress.py);
+    the launcher chooses, as it alone knows whether its output is a terminal.
+
+    ``steps`` more steps are run from wherever the job starts, unless ``ckpt["until"]`` names the step to
+    end at (an elastic restart resumes part-way and runs only what is left).
+    """
+    import torch
+
+    from .. import comm
+    from .. import data
+    from ..engine import initialize
+    from ..mesh import ParallelDims, init_mesh
+    from ..launch import current_world_size, report_step
+    from ..model import GPT
+
+    dims = dataclasses.replace(ParallelDims.infer(current_world_size(), tp=config.tp, pp=config.pp, cp=config.cp),
+                               ep=config.ep)
+    mesh = init_mesh(dims)
+    torch.manual_seed(config.seed)
+    if moe is not None:
+        from ..moe import MoEGPT
+        model = MoEGPT(GPTConfig.preset(preset), moe)
+    else:
+        model = GPT(GPTConfig.preset(preset))
+    engine = initialize(model, config, mesh)
+    ckpt = ckpt or {}
+    if ckpt.get("resume"):
+        engine.load(ckpt["resume"])
+    first = engine.step
+    report_step(first)
+    if ckpt.get("until") is not None:
+        steps = ckpt["until"] - first
+    seq = config.seq_len or model.config.block_size
+    tokens_per_step = config.batch_size * seq
+    progress = None
+    if show and mesh.rank == 0:
+        from .progress import LINES, StepProgress
+        progress = StepProgress(steps, LINES if show is True else show)
+    start = time.perf_counter()
+    for step, batch in enumerate(data.batches(mesh, steps, config.batch_size, seq, seed=config.seed, start=first)):
+        loss = engine.train_step(batch)
+        if ckpt.get("every") and engine.step % ckpt["every"] == 0:
+            engine.save(ckpt["dir"])
+        report_step(engine.step)
+        maybe_fault(mesh.rank, engine.step)
+        if progress is not None:
+            progress.update(step + 1, loss, tokens_per_step * (step + 1) / (time.perf_counter() - start))
+    wall = time.perf_counter() - start
+    if progress is not None:
+        progress.close()
+    sent = engine.comm_log.total_sent()
+    total_sent = comm.all_reduce(torch.tensor([sent], dtype=torch.float64), mesh.world).item()
+    return {"losses": engine.losses, "first_step": first, "wall_s": wall,
+            "tokens_per_s": tokens_per_step * steps / wall if steps else 0.0,
+            "sent_bytes_rank": sent, "sent_bytes_all_ranks": total_sent,
+            "params": model.num_params(), "memory": engine.memory(),
+            "moe": engine.experts.counts() if engine.experts is not None else None,
+            "pipeline_timeline": engine.pipeline.events if show_schedule and engine.pipeline and mesh.dp_rank == 0
+            and mesh.tp_rank == 0 else None}
+
+
+def _progress(args: argparse.Namespace) -> bool | str:
+    """What rank 0 shows: nothing under --json, a bar on a terminal, plain lines in a log or a pipe."""
+    from .progress import mode_for
+    return False if args.json else mode_for(sys.stderr)
+
+
+def _start(args: argparse.Namespace, config: TrainConfig, nproc: int, ckpt: dict) -> list:
+    """One attempt of the job: ``nproc`` fresh ranks running `train_worker`."""
+    from ..launch import launch
+    return launch(train_worker, nproc, args.preset, config, args.steps, _progress(args), ckpt,
+                  args.show_schedule, moe_config(args), backend=args.backend, timeout=args.timeout)
+
+
+def _fits(args: argparse.Namespace, dims, nproc: int) -> bool:
+    """Whether the run's layout validates on ``nproc`` ranks (dp shrinks; tp, pp, cp and ep stay)."""
+    from ..engine import validate
+    from ..mesh import ParallelDims
+    try:
+        smaller = dataclasses.replace(ParallelDims.infer(nproc, tp=dims.tp, pp=dims.pp, cp=dims.cp), ep=dims.ep)
+        validate(GPTConfig.preset(args.preset), build_train_config(args, smaller.dp), smaller, moe_config(args))
+    except ValueError:
+        return False
+    return True
+
+
+def _terminated(signum, frame):
+    """SIGTERM (kill, a scheduler's preemption) unwinds like Ctrl-C: launch() stops the ranks on the way out."""
+    raise SystemExit(128 + signum)
+
+
+def _check_train_args(args: argparse.Namespace):
+    """Every refusal that needs no rank, before the job is announced: (dims, config, save_dir, min_nproc)."""
+    from ..engine import validate
+    from ..mesh import ParallelDims
+
+    try:
+        tp, pp = args.tp or 1, args.pp or 1
+        dims = ParallelDims.infer(args.nproc, tp=tp, pp=pp, cp=args.cp or 1)
+        dims = dataclasses.replace(dims, ep=args.ep or 1)
+        if args.dp is not None:
+            ParallelDims(dp=args.dp, tp=tp, pp=pp, cp=args.cp or 1).check(args.nproc)
+        config = build_train_config(args, dims.dp)
+        validate(GPTConfig.preset(args.preset), config, dims, moe_config(args))
+    except ValueError as err:
+        raise ValueError(flag_names(str(err), given_flags(args))) from None
+    save_dir = args.save_dir or args.resume
+    if args.save_every and not save_dir:
+        raise ValueError("--save-every needs --save-dir (or --resume) to know where to write")
+    if args.max_restarts and not args.save_every:
+        raise ValueError("--max-restarts needs --save-dir and --save-every: a restart resumes from the latest "
+                         "checkpoint (without one it would start over from step 0)")
+    min_nproc = args.nproc if args.min_nproc is None else args.min_nproc
+    if min_nproc > args.nproc:
+        raise ValueError(f"--min-nproc must lie in [1, --nproc={args.nproc}], got {min_nproc}")
+    if min_nproc < args.nproc and not args.max_restarts:
+        raise ValueError("--min-nproc only matters with --max-restarts: a job that never restarts never shrinks")
+    if args.resume:
+        from .. import checkpoint
+        checkpoint.resolve(args.resume)          # fail here, before any rank starts, if there is none
+    return dims, config, save_dir, min_nproc
+
+
+def _cmd_train(args: argparse.Namespace) -> int:
+    dims, config, save_dir, min_nproc = _check_train_args(args)
+    pp = dims.pp
+    print(f"minimega train: {args.nproc} rank(s), dp={dims.dp} tp={dims.tp} pp={dims.pp} cp={dims.cp} ep={dims.ep}, zero_stage="
+          f"{config.zero_stage}, preset {args.preset}, {args.steps} steps", file=sys.stderr)
+    start = checkpoint_step(args.resume) if args.resume else 0
+    ckpt = {"resume": args.resume, "every": args.save_every, "dir": save_dir, "until": start + args.steps}
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _terminated)
+    results = run_elastic(functools.partial(_start, args, config), args.nproc, ckpt, max_restarts=args.max_restarts,
+                          min_nproc=min_nproc, fits=functools.partial(_fits, args, dims))
+    if args.show_schedule and pp > 1:
+        from ..pipeline.printer import grid_from_timelines, legend, render
+        rows = [r["pipeline_timeline"] for r in results if r["pipeline_timeline"] is not None]
+        grid = grid_from_timelines(rows, step=args.steps - 1)
+        print(render(grid), legend(grid), sep="\n", file=sys.stderr)
+    r0 = results[0]
+    losses = r0["losses"] or [float("nan")]           # a restart at the very end has no step left to run
+    summary = {"first_loss": losses[0], "final_loss": losses[-1], "steps": args.steps,
+               "nproc": len(results), "first_step": r0["first_step"], "restarts": ckpt.get("restarts", []),
+               "wall_s": round(r0["wall_s"], 3), "tokens_per_s": round(r0["tokens_per_s"], 1),
+               "params": r0["params"], "algorithmic_bytes_sent_all_ranks": r0["sent_bytes_all_ranks"],
+               "losses": r0["losses"]}
+    if r0.get("moe") is not None:      # tokens routed to and dropped by each expert, per layer, all ranks together
+        summary["moe"] = {k: [[sum(c) for c in zip(*per_layer)] for per_layer in zip(*(r["moe"][k] for r in results))]
+                          for k in ("routed", "dropped")}
+    if args.json:
+        print(json.dumps(summary))
+    else:
+        print(f"loss {summary['first_loss']:.4f} -> {summary['final_loss']:.4f} in {summary['wall_s']:.1f} s "
+              f"({summary['tokens_per_s']:.0f} tok/s); {summary['params']:,} parameters; "
+              f"{summary['algorithmic_bytes_sent_all_ranks'] / 2**20:.2f} MiB sent by all ranks "
+              f"(algorithmic: the ring model over tensor sizes)")
+    return 0
