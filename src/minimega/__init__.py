@@ -16,6 +16,6 @@ from . import analysis as estimate  # the estimators under the name the course a
 
 _sys.modules[__name__ + ".estimate"] = estimate   # so `import minimega.estimate as est` works too
 
-__version__ = "0.1.0"
+from .version import __version__
 __all__ = ["GPT", "GPTConfig", "TrainConfig", "ParallelDims", "Mesh", "init_mesh", "launch", "WorkerError",
            "LaunchTimeout", "initialize", "Engine", "comm", "data", "estimate", "__version__"]

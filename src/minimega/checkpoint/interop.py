@@ -140,7 +140,7 @@ def import_dcp(source, directory, model_config, step: int = 0) -> Path:
     items = [(f"param/{k}@{','.join(['0'] * len(shapes[k]))}", torch.float32, shapes[k], lambda k=k: load_one(k))
              for k in keys]
     info = write_safetensors(tmp / shard_name(0), items, {"format": "minimega", "rank": "0"})
-    from .. import __version__
+    from ..version import __version__
     tensors = {f"param/{k}": {"dtype": "float32", "shape": list(shapes[k]), "chunks": [{
         "file": shard_name(0), "key": items[i][0], "offsets": [0] * len(shapes[k]), "lengths": list(shapes[k]),
         "sha256": info["items"][i]}]} for i, k in enumerate(keys)}

@@ -84,7 +84,7 @@ def save(engine, directory: str | os.PathLike, keep: int = 3, stats: dict | None
 
 
 def _manifest(engine, gathered) -> dict:
-    from .. import __version__
+    from ..version import __version__
     tensors: dict[str, dict] = {}
     for file, _, chunks, _ in gathered:
         for name, dtype, offsets, lengths, digest in chunks:
