@@ -16,7 +16,7 @@ import pytest
 import torch
 
 import minimega as mm
-from minimega import comm, data
+from minimega import comm, data, measure
 
 DELAY = 0.01                        # s per collective: large against timer noise, small against a unit's compute
 MODEL = dict(n_layer=4, n_embd=128, n_head=4, block_size=64)
@@ -108,11 +108,11 @@ def _wire_worker(delay):
         h1.wait()
         out["two"] = time.perf_counter() - t                   # one wire: one after the other, 2D
         comm.barrier(g)
-        with comm.overlap(False):
+        with comm.overlap(False), comm.observing(measure.InFlight()) as flight:
             t = time.perf_counter()
             comm.all_reduce(x, g, async_op=True)
             out["forced"] = time.perf_counter() - t            # forced synchronous: the call pays D
-            out["in_flight"] = len(comm.in_flight_tensors())
+            out["in_flight"] = len(flight.tensors())
     # Forced synchronous changes when collectives complete, not what they compute.
     states = []
     for overlap in (True, False):

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import minimega as mm
-from minimega import comm
+from minimega import comm, comm_log
 from parity import max_rel_error, parity_config, reference_run
 from test_data_parallel import MODEL, STEPS, _ours
 
@@ -26,26 +26,29 @@ class _FakeEvent:
 
 
 def test_comm_log_times_gpu_collectives_with_events_not_host_clocks(monkeypatch):
-    monkeypatch.setattr(comm, "_on_gpu", lambda tensor: True)
-    monkeypatch.setattr(comm, "_cuda_event", _FakeEvent)
+    monkeypatch.setattr(comm_log, "_on_gpu", lambda tensor: True)
+    monkeypatch.setattr(comm_log, "_cuda_event", _FakeEvent)
     group = comm.Group(None, [0, 1], "dp")
     t = torch.ones(4)
     work = type("Work", (), {"wait": lambda self: None, "is_completed": lambda self: True})
     with comm.CommLog() as log:
-        sync = comm._record("all_reduce", group, t, 4)
-        comm._finish(work(), sync, t, False)               # a blocking call: the end event right away
-        rec = comm._record("reduce_scatter", group, t, 4)
-        handle = comm._finish(work(), rec, t, True)        # async: no end until wait()
+        call = comm._issue("all_reduce", group, t, 4)
+        comm._finish(call, [work()], t, False)             # a blocking call: the end event right away
+        sync = call.record
+        call = comm._issue("reduce_scatter", group, t, 4)
+        handle = comm._finish(call, [work()], t, True)     # async: no end until wait()
+        rec = call.record
         assert rec.cuda_events[1] is None
         _FakeEvent.clock += 5                               # 5 ms of GPU work overlap the collective
         handle.wait()
     assert sync.seconds == pytest.approx(1e-3)              # from the events, not perf_counter
     assert rec.seconds == pytest.approx(6e-3)
     assert log.summary()["by_op"]["reduce_scatter"]["seconds"] == pytest.approx(6e-3)
-    monkeypatch.setattr(comm, "_on_gpu", lambda tensor: False)
+    monkeypatch.setattr(comm_log, "_on_gpu", lambda tensor: False)
     with comm.CommLog():
-        host = comm._record("all_reduce", group, t, 4)
-        comm._finish(work(), host, t, False)
+        call = comm._issue("all_reduce", group, t, 4)
+        comm._finish(call, [work()], t, False)
+        host = call.record
     assert host.cuda_events is None and 0 <= host.seconds < 1
 
 

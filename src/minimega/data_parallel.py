@@ -44,7 +44,7 @@ class DataParallel(GradSync, nn.Module):
     def __init__(self, module: nn.Module, group: comm.Group, bucket_mb: float = 25.0, broadcast_init: bool = True):
         super().__init__()
         self.module, self.group = module, group
-        self.timeline: list[dict] = []
+        self.timeline: list[dict] = clock.Window()          # the newest events (a long run stays bounded)
         self.clock = clock.HostClock()           # the engine lends its own (CUDA events on a GPU)
         params = [p for _, p in dp_named_parameters(module) if p.requires_grad]
         if broadcast_init:

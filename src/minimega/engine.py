@@ -1,45 +1,46 @@
 """The engine: one entry point that applies the parallelisms in a documented order and trains.
 
 ``initialize(model, config, mesh)`` takes the full reference model (identical on every rank: same
-seed) and wraps it, in this order:
+seed) and wraps it, in this order (the order of `Engine.__init__`):
 
-    1. pipeline split   (pp > 1)  keep only this stage's blocks
-    2. tensor parallel  (tp > 1)  split attention heads and the MLP across the tp group
-    2b. context parallel (cp > 1) ring or Ulysses attention over the cp group, global positions (`context_parallel`)
-    3. activation checkpointing
-    3b. mixture of experts (ep)   keep this rank's experts; they sync over the edp group (`moe`)
-    4. precision        (bf16 / fp16 storage, fp32 master weights)
-    5. data parallel    (DDP at zero_stage 0, ZeRO stages 1-3 otherwise) over the dp group (dp × cp
-                        under context parallelism: `mesh.grad_group`)
+    1. tensor parallel   (tp > 1)  new layers split attention heads and the MLP across the tp group; without
+                                   tp a copy: the caller's model is never modified
+    2. context parallel  (cp > 1)  ring or Ulysses attention over the cp group, global positions
+    3. activation checkpointing    full or selective recomputation (`activation_checkpoint`)
+    4. mixture of experts (ep)     keep this rank's experts; they sync over the edp group (`moe_zero`)
+    5. pipeline split    (pp > 1)  keep this stage's chunks of blocks (TP never crosses a block, so splitting
+                                   after TP keeps the vocab-parallel ends on the first and last stage)
+    6. data parallel     per chunk over the dp group (dp × cp under context parallelism: `mesh.grad_group`):
+                         DDP at zero_stage 0, ZeRO 1-3 otherwise (ZeRO also holds the precision: 16-bit working
+                         parameters over fp32 master shards), all on the one protocol of `grad_sync`
+    7. the optimizer     one `optimizer.Optimizers` over whatever steps the parameters
 
-Any (dp, tp, pp) composes. In code, steps 1 and 2 run in the other order with the same result: the TP
-layers are built on the whole model and the split keeps this stage's blocks (TP never crosses a block),
-so a chunk of a `ParallelGPT` runs its vocab-parallel ends. Each chunk then gets its own dp wrapper:
-DDP or ZeRO 1-3 (ZeRO-1 is the BLOOM-176B recipe; see `compose`), all on the gradient-sync protocol of
-`grad_sync`. The caller's model is never modified: the engine works on new layers or a copy.
+Any (dp, tp, pp, cp, ep) that `validate` accepts composes; ZeRO-1 under pp is the BLOOM-176B recipe.
 
-``Engine.train_step((x, y))`` takes this dp rank's rows of the global batch (see `minimega.data`),
-keeps this cp rank's two chunks of every sequence (cp > 1), runs the gradient-accumulation micro-steps (each backward followed by ``finish_grad_sync()``), clips,
-steps the optimizer and returns the global mean loss.
+``Engine.train_step((x, y))`` takes this dp rank's rows of the global batch (see `minimega.data`), keeps
+this cp rank's two chunks of every sequence (cp > 1), runs the gradient-accumulation micro-steps (each
+backward followed by ``finish_grad_sync()``), clips, steps the optimizer and returns the global mean loss.
 """
 from __future__ import annotations
 
 import copy
+import functools
 from contextlib import ExitStack, nullcontext
 
 import torch
+import torch.nn as nn
 
 from . import clock, comm, measure, zero
 from . import context_parallel as cp_
 from .activation_checkpoint import apply_activation_checkpointing
-from .compose import ChunkOptimizers
 from .config import GPTConfig, TrainConfig
 from .data_parallel import DataParallel
 from .grad_sync import clip_grad_norm_
 from .mesh import Mesh, ParallelDims
 from .model import GPT
 from . import moe as moe_
-from .moe_zero import ExpertGradSync, ExpertZero1, WithExperts
+from .moe_zero import ExpertGradSync, ExpertZero1
+from .optimizer import Optimizers, TorchOptimizer, make_optimizer
 from .pipeline import Pipeline, check as check_pipeline
 from .rng import RNGStream
 from .tensor_parallel import full_like_param, apply_tensor_parallel, check_divisible
@@ -93,13 +94,24 @@ def validate(model_config: GPTConfig, config: TrainConfig, dims: ParallelDims, m
         raise ValueError(f"sequence_parallel: seq_len={seq} is not divisible by tp={config.tp}")
 
 
-def make_optimizer(params, config: TrainConfig) -> torch.optim.Optimizer:
-    """The optimizer named in the config (torch's implementations: they are the reference)."""
-    if config.optimizer == "sgd":
-        return torch.optim.SGD(params, lr=config.lr, weight_decay=config.weight_decay)
-    cls = torch.optim.AdamW if config.optimizer == "adamw" else torch.optim.Adam
-    return cls(params, lr=config.lr, betas=config.betas, eps=config.eps, weight_decay=config.weight_decay,
-               foreach=False)
+def _tensor_parallel(model: GPT, config: TrainConfig, mesh: Mesh) -> GPT:
+    """Step 1: new tensor-parallel layers built from ``model`` (tp > 1), else a copy: the caller's model is kept."""
+    if config.tp == 1:
+        return copy.deepcopy(model)
+    if moe_.is_moe(model):
+        return moe_.apply_tensor_parallel(model, mesh)
+    return apply_tensor_parallel(model, mesh, config.sequence_parallel)
+
+
+def _experts(model: nn.Module, config: TrainConfig, mesh: Mesh):
+    """Step 4: keep this rank's experts; their gradients sync over edp (ZeRO-1 over edp from stage 1), or None."""
+    if not moe_.is_moe(model):
+        return None
+    moe_.shard_experts(model, mesh.ep_group, mesh.ep_rank)
+    if config.zero_stage:         # each edp rank keeps Adam's states for 1/edp of the experts
+        return ExpertZero1(model, mesh.edp_group, mesh.edp_group.rank_of(mesh.rank), mesh.dp_size, mesh.ep_group,
+                           functools.partial(make_optimizer, config=config))
+    return ExpertGradSync(model, mesh.edp_group, mesh.dp_size, mesh.ep_group)
 
 
 class Engine:
@@ -109,60 +121,59 @@ class Engine:
         validate(model.config, config, mesh.dims, getattr(model, "moe_config", None))
         self.model_config = moe_.MoEGPTConfig.of(model) if moe_.is_moe(model) else model.config
         self._keys = list(model.state_dict())
-        self.pipeline: Pipeline | None = None
+        self.config, self.mesh = config, mesh
         # --8<-- [start:compose_order]
-        # The caller's model is never modified: TP builds new layers from it, otherwise the engine takes a copy.
-        tensor_parallel = moe_.apply_tensor_parallel if moe_.is_moe(model) else (
-            lambda m, mesh: apply_tensor_parallel(m, mesh, config.sequence_parallel))
-        model = (tensor_parallel(model, mesh) if config.tp > 1 else copy.deepcopy(model)).to(mesh.device)
-        cp_.apply_context_parallel(model, mesh, config.cp_attention)   # cp > 1: ring or Ulysses, global positions
-        apply_activation_checkpointing(model, config.activation_checkpointing, config.checkpoint_every)
-        # Mixture of experts: keep this rank's experts; they sync over edp, the rest over dp (see moe).
-        self.experts = None
-        if moe_.is_moe(model):
-            moe_.shard_experts(model, mesh.ep_group, mesh.ep_rank)
-            if config.zero_stage:         # ZeRO-1 over edp: each edp rank keeps Adam's states for 1/edp
-                self.experts = ExpertZero1(model, mesh.edp_group, mesh.edp_group.rank_of(mesh.rank),
-                                           mesh.dp_size, mesh.ep_group, lambda p: make_optimizer(p, config))
-            else:
-                self.experts = ExpertGradSync(model, mesh.edp_group, mesh.dp_size, mesh.ep_group)
-        self.config, self.mesh, self.module = config, mesh, model
-
-        def data_parallel(module):       # ZeRO shards the optimizer itself (the wrapper steps); DDP does not
-            if config.zero_stage:
-                return zero.wrap(module, config, mesh.grad_group, mesh.dp_cp_rank, lambda p: make_optimizer(p, config),
-                                 model_parallel=(mesh.tp_group, mesh.pp_group))
-            return DataParallel(module, mesh.grad_group, bucket_mb=config.bucket_mb)
-
-        if config.pp > 1:      # keep this rank's chunks; each syncs its gradients over dp on its own
-            self.pipeline = Pipeline(model, config, mesh, wrap=data_parallel)
+        model = _tensor_parallel(model, config, mesh).to(mesh.device)            # 1. (or a copy)
+        cp_.apply_context_parallel(model, mesh, config.cp_attention)              # 2. cp > 1
+        apply_activation_checkpointing(model, config.activation_checkpointing, config.checkpoint_every)  # 3.
+        self.experts = _experts(model, config, mesh)                              # 4. MoE only
+        if config.pp > 1:                                                         # 5. + 6. per chunk
+            self.pipeline = Pipeline(model, config, mesh, wrap=self._data_parallel)
             self.module = self.model = self.pipeline
-            self.parts, wrappers = list(self.pipeline.chunks), list(self.pipeline.wrapped)
-        else:
-            self.model = data_parallel(model)
-            self.parts, wrappers = [model], [self.model]
+            self.parts, self.sync_parts = list(self.pipeline.chunks), list(self.pipeline.wrapped)
+        else:                                                                     # 6.
+            self.pipeline, self.module, self.model = None, model, self._data_parallel(model)
+            self.parts, self.sync_parts = [model], [self.model]
+        self.optimizer = Optimizers(self._optimizer_parts())                      # 7.
         # --8<-- [end:compose_order]
         # `parts`: the modules holding this rank's parameters under model.py's names; `sync_parts`: their dp
         # wrappers (DDP or ZeRO: see grad_sync), `zero_stages` the same when they are ZeRO's.
-        self.sync_parts = wrappers
-        self.zero_stages = wrappers if config.zero_stage else []
-        if not config.zero_stage:
-            self.optimizer = make_optimizer(self.module.parameters(), config)
-        else:
-            self.optimizer = ChunkOptimizers(wrappers) if config.pp > 1 else self.model
-            if self.experts is not None:      # ZeRO shards the rest over dp, the experts' states over edp
-                self.optimizer = WithExperts(self.optimizer, self.experts)
+        self.zero_stages = self.sync_parts if config.zero_stage else []
         self.memory_at_step: dict = {}
-        self._peak = measure.PeakTracker(lambda: measure.state_tensors(wrappers, None if config.zero_stage else self.optimizer))
+        self._peak = measure.PeakTracker(self._state_tensors)
         self.comm_log = comm.CommLog()
         self.losses: list[float] = []
         self.grad_norms: list[float] = []
         self.comm_per_step: list[float] = []
-        self.timeline: list[dict] = []
+        self.timeline: list[dict] = clock.Window()     # the newest events (a long run stays bounded)
         self._clock = clock.for_device(mesh.device)      # CUDA events on a GPU, resolved in report()
-        for wrapper in wrappers:                          # their timelines share it (see report)
+        for wrapper in self.sync_parts:                    # their timelines share it (see report)
             wrapper.clock = self._clock
         self.step = 0
+        self._steps_run = 0                               # by this engine (a resumed run starts at 0 too)
+
+    def _data_parallel(self, module):
+        """Step 6 for one chunk: ZeRO (it shards the optimizer itself and steps it) or DDP."""
+        config, mesh = self.config, self.mesh
+        if config.zero_stage:
+            return zero.wrap(module, config, mesh.grad_group, mesh.dp_cp_rank, self._make_optimizer,
+                             model_parallel=(mesh.tp_group, mesh.pp_group))
+        return DataParallel(module, mesh.grad_group, bucket_mb=self.config.bucket_mb)
+
+    def _make_optimizer(self, params) -> torch.optim.Optimizer:
+        return make_optimizer(params, self.config)
+
+    def _optimizer_parts(self) -> list:
+        """Step 7: what steps the parameters. ZeRO wrappers step their own shards (and the experts' ZeRO-1 its
+        own); under DDP one torch optimizer steps everything this rank holds, experts included."""
+        if not self.config.zero_stage:
+            return [TorchOptimizer(self.module, self.config)]
+        return list(self.sync_parts) + ([self.experts] if self.experts is not None else [])
+
+    def _state_tensors(self) -> dict:
+        """The model states by category, for the peak tracker (`measure.state_tensors`)."""
+        torch_opt = None if self.config.zero_stage else self.optimizer.parts[0].optimizer
+        return measure.state_tensors(self.sync_parts, torch_opt)
 
     def _event(self, name: str, **extra) -> None:
         self.timeline.append({"event": name, "time": self._clock.stamp(), "step": self.step, **extra})
@@ -176,10 +187,13 @@ class Engine:
         sent_before = self.comm_log.total_sent()
         total = torch.zeros((), device=self.mesh.device)
         self.model.train()
-        peak = self._peak.track() if self.step < 2 else nullcontext()     # steady from step 2 on (see memory_at_step)
+        # Peaks are sampled (costly) in the first two steps this engine runs: the second is steady.
+        peak = self._peak.track() if self._steps_run < 2 else nullcontext()
+        # --8<-- [start:tour_step_begin]
         with self.comm_log, comm.overlap(self.config.overlap_comm), peak:
             if self.pipeline is not None:
                 total = self.pipeline.forward_backward(x, y, self.step)    # sum_i loss_i / m, last stage only
+        # --8<-- [end:tour_step_begin]
             micro_steps = () if self.pipeline is not None else zip(x.chunk(ga), y.chunk(ga))
             for i, (xm, ym) in enumerate(micro_steps):
                 # DDP and ZeRO-1 accumulate locally and reduce the sum once; ZeRO-2/3 reduce every micro-step.
@@ -195,11 +209,12 @@ class Engine:
                     if self.experts is not None:
                         self.experts.finish_grad_sync()
                 total += loss.detach()
+            # --8<-- [start:tour_step_end]
             norm = self._clip()
             self.optimizer.step()
-            if self.step < 2:      # params, grads and optimizer states all live; steady from step 2 on
-                self.memory_at_step = self.memory()
+            self.memory_at_step = self.memory()     # params, grads and optimizer states all live
             self.optimizer.zero_grad(set_to_none=True)
+            # --8<-- [end:tour_step_end]
             self._event("optimizer_step_end")
         self.comm_per_step.append(self.comm_log.total_sent() - sent_before)
         if self.pipeline is not None:
@@ -210,6 +225,7 @@ class Engine:
         if norm is not None:
             self.grad_norms.append(norm)
         self.step += 1
+        self._steps_run += 1
         return loss
 
     def _context_shard(self, t: torch.Tensor) -> torch.Tensor:
@@ -271,9 +287,7 @@ class Engine:
 
     def memory(self) -> dict:
         """Bytes this rank holds right now, by category."""
-        if self.config.zero_stage:
-            return self.optimizer.memory()
-        return measure.model_state_bytes(self.module, self.optimizer)
+        return self.optimizer.memory()
 
     def report(self) -> dict:
         """Everything a lab or test wants to plot: losses, bytes by category, communication, timeline."""

@@ -23,7 +23,7 @@ layout, dp 2 × pp 2 with full recomputation, ended 6 steps 2.2e-1 off). The exp
 a point the caller knows is the end of the backward.
 
 Clipping: `clip_grad_norm_(parts, mesh, max_norm)` assembles the global norm from whatever each rank holds
-(see `minimega.compose` for which axes hold different elements) and scales every part's gradients.
+(see [Note: how the parallelisms compose] in `mesh.py` for which axes hold different elements) and scales every part's gradients.
 """
 from __future__ import annotations
 
@@ -159,12 +159,14 @@ def clip_grad_norm_(parts: Sequence[GradSync], mesh, max_norm: float, own: Seque
     and under ZeRO in one dp shard (dp × cp under context parallelism): the weighted squares are summed over
     pp and tp always, and over dp when the gradients are sharded (DDP's replicas are equal after the all-reduce).
     """
+    # --8<-- [start:tour_clip]
     sq = sum(part.grad_sq_norm(tp_norm_weight(part.module, mesh.tp_size)) for part in parts)
     sharded = {part.grads_sharded for part in parts}
     if len(sharded) != 1:
         raise ValueError("clip_grad_norm_: parts mix dp-sharded (ZeRO) and replicated (DDP) gradients")
     groups = ([mesh.grad_group] if sharded.pop() else []) + [mesh.tp_group, mesh.pp_group]
     norm = global_norm(sq, groups)
+    # --8<-- [end:tour_clip]
     if own:                   # each counted once: summed over the groups holding its other elements only
         extra = sum(global_norm(part.grad_sq_norm(), part.norm_groups) ** 2 for part in own)
         norm = (norm * norm + extra) ** 0.5

@@ -45,7 +45,7 @@ import torch.distributed as dist
 
 from .processes import (ForkserverDied, die_with_parent, forkserver_context, main_module_hidden, name_process,
                         start_all, stop_forkserver, terminate)
-from .watchdog import (_FROZEN_S, _STATUS_BYTES, RankStatus, culprit, describe_exit, guard,
+from .watchdog import (_FROZEN_S, _STATUS_BYTES, RankStatus, culprit, describe_exit, guard, install,
                        report_step, snapshots, table, verdict)
 
 __all__ = ["launch", "WorkerError", "LaunchTimeout", "resolve_backend", "current_world_size", "report_step",
@@ -198,11 +198,12 @@ def _rank_main(rank: int, job: _Job) -> None:
                        "LOCAL_RANK": str(rank), "LOCAL_WORLD_SIZE": str(job.world_size)})
     torch.set_num_threads(job.threads)
     out = Path(job.workdir)
-    from . import comm
-    comm.WATCH = status = RankStatus(out / f"status-{rank}")
+    status = RankStatus(out / f"status-{rank}")
+    install(status)
     status.beat()
     threading.Thread(target=guard, args=(status, out), name="minimega-guard", daemon=True).start()
     try:
+        # --8<-- [start:tour_rank]
         _init_group(rank, job.world_size, job.backend, f"file://{out / 'rendezvous'}", job.timeout_s)
         if job.world_size > 1:
             # gloo's connect can finish on one side first: a rank whose fn returns at once would close its
@@ -210,6 +211,7 @@ def _rank_main(rank: int, job: _Job) -> None:
             dist.barrier()
         fn = job.fn.resolve() if isinstance(job.fn, _ScriptFunction) else job.fn
         result = fn(*job.args)
+        # --8<-- [end:tour_rank]
         _write_atomic(out / f"result-{rank}.pkl", result)
     except BaseException as exc:   # noqa: BLE001 - everything goes back to the caller, named by rank
         _write_atomic(out / f"error-{rank}.pkl", {

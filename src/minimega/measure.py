@@ -59,7 +59,7 @@ def model_state_bytes(module: torch.nn.Module, optimizer: torch.optim.Optimizer 
 # Bytes at rest say nothing about the moment a ZeRO-3 rank holds two gathered units, the saved
 # activations and the gradient buffers in flight together. `PeakTracker` samples every category after
 # every tensor operation (a TorchDispatchMode, which autograd's backward on this thread runs under too),
-# whenever a collective is issued or completes (`comm.watch_in_flight`), and whenever autograd saves a
+# whenever a collective is issued or completes (its `InFlight` observer of `comm`), and whenever autograd saves a
 # tensor for backward. Each sample counts distinct storages once, in the order of `CATEGORIES`: a
 # parameter saved by a matmul is a parameter, not an activation; a gathered unit that is also an
 # all-gather's output is gathered, not a comm buffer.
@@ -91,6 +91,33 @@ class _Saved:
         self.live.pop(id(self), None)
 
 
+class InFlight:
+    """An observer of `minimega.comm`: the buffers of every collective issued and not yet done, and a
+    callback each time that set changes (the peak tracker samples memory there)."""
+
+    def __init__(self, on_change=None):
+        self.buffers: dict[int, tuple] = {}
+        self.on_change = on_change
+
+    def issued(self, call) -> None:
+        self.buffers[id(call)] = call.buffers
+        self._changed()
+
+    def waiting(self, call) -> None:
+        pass
+
+    def done(self, call) -> None:
+        if self.buffers.pop(id(call), None) is not None:
+            self._changed()
+
+    def tensors(self) -> list[torch.Tensor]:
+        return [t for ts in self.buffers.values() for t in ts]
+
+    def _changed(self) -> None:
+        if self.on_change is not None:
+            self.on_change()
+
+
 class PeakTracker:
     """Peak bytes by category (`CATEGORIES`) while active (``with tracker.track(): ...``).
 
@@ -109,6 +136,7 @@ class PeakTracker:
         self.at_peak: dict = {}
         self._live: dict[int, torch.Tensor] = {}
         self._busy = False
+        self.in_flight = InFlight(on_change=self.sample)
 
     def sample(self) -> None:
         if self._busy:
@@ -119,7 +147,7 @@ class PeakTracker:
             now = {c: 0 for c in CATEGORIES}
             for c, tensors in self.state().items():
                 now[c] += tensor_bytes(tensors, seen)
-            now["comm_buffers"] = tensor_bytes(comm.in_flight_tensors(), seen)
+            now["comm_buffers"] = tensor_bytes(self.in_flight.tensors(), seen)
             now["activations"] = tensor_bytes(list(self._live.values()), seen)
             for c, v in now.items():
                 self.peak[c] = max(self.peak[c], v)
@@ -141,7 +169,7 @@ class PeakTracker:
     @contextmanager
     def track(self):
         with torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack), \
-                comm.watch_in_flight(self.sample), _SampleEveryOp(self.sample):
+                comm.observing(self.in_flight), _SampleEveryOp(self.sample):
             self.sample()
             yield self
         self.sample()

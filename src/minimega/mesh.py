@@ -22,6 +22,33 @@ import torch.distributed as dist
 from .comm import Group
 
 
+# [Note: how the parallelisms compose]
+# Each mesh dimension holds a different part of one global quantity.
+#
+# A rank holds a piece of the model along each axis of the mesh:
+#
+#     tp   sharded parameters: a disjoint slice each; replicated ones (LayerNorms, wpe, row-parallel biases)
+#          whole on every tp rank
+#     pp   disjoint chunks of blocks (the embedding on the first stage, the head on the last)
+#     dp   DDP: a full replica each; ZeRO: a disjoint shard of every unit's flat buffer
+#
+# So a global quantity is assembled by summing over the axes that hold *different* elements and counting
+# replicas once:
+#
+#     ‖∇‖² = Σ_ranks Σ_local params  w · ‖g‖²,  w = 1/tp for tp-replicated parameters, else 1,
+#            summed over tp and pp always, and over dp only under ZeRO (DDP's dp replicas are equal);
+#     full state dict: ZeRO gathers over dp, TP layers gather over tp (`full_like_param`), then the stages'
+#            disjoint dicts are merged over pp.
+#
+# The norm and the clipping for every layout are `grad_sync.clip_grad_norm_`.
+#
+# This is the 3D layout BLOOM-176B trained with (arXiv:2211.05100): TP inside a node, PP across nodes,
+# ZeRO-1 over data parallel. ZeRO-2 and ZeRO-3 compose with pp too: each chunk accumulates its full
+# gradients over the micro-batches (``no_sync``) and reduce-scatters them once, after the last one, so
+# gradient traffic is ZeRO-1's; ZeRO-3 still all-gathers each unit's weights in every micro-batch's forward
+# and backward (2m gathers of the stage per step), which is why DeepSpeed's pipeline engine refuses it.
+
+
 @dataclass(frozen=True)
 class ParallelDims:
     """Degrees of data, tensor, pipeline and context parallelism; their product is the world size."""
@@ -191,12 +218,14 @@ def init_mesh(dims: ParallelDims | None = None) -> Mesh:
         device = torch.device("cuda", local_device_index(rank))
         torch.cuda.set_device(device)
     groups = {}
+    # --8<-- [start:tour_groups]
     for dim in ("dp", "tp", "pp") + (("cp", "dp_cp") if dims.cp > 1 else ()) + (("ep", "edp") if dims.ep > 1 else ()):
         for ranks in dims.group_ranks(dim):
             # Every rank creates every group in the same order; size-one groups need no process group.
             pg = dist.new_group(ranks) if len(ranks) > 1 else None
             if rank in ranks:
                 groups[dim] = Group(pg, ranks, dim)
+    # --8<-- [end:tour_groups]
     world_group = Group(dist.group.WORLD if world > 1 else None, list(range(world)), "world")
     ep = groups.get("ep", Group(None, [rank], "ep"))
     edp = groups.get("edp", Group(groups["dp"].pg, groups["dp"].ranks, "edp"))

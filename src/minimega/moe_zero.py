@@ -157,17 +157,18 @@ class ExpertZero1(ExpertGradSync):
         self.grad_shard.mul_(coef)
 
     @torch.no_grad()
-    def step(self) -> None:
+    def step(self) -> bool:
         """Phase 3: Adam on this rank's shard, then all-gather the shards over edp."""
         self.store.master[0].grad = self.grad_shard
         self.store.step()
         self._gather_after_step()
+        return True
 
     def _gather_after_step(self) -> None:
         unit = self.units[0]
         comm.all_gather(unit.flat, self.shards[0].clone(), self.group, tag="experts")
 
-    def zero_grad(self) -> None:
+    def zero_grad(self, set_to_none: bool = True) -> None:
         self.flat_grad.zero_()
         self.store.zero_grad()
 
@@ -175,31 +176,3 @@ class ExpertZero1(ExpertGradSync):
         """Bytes of the experts: parameters and gradients whole (E/ep), Adam's moments for one edp shard."""
         return {"params": measure.tensor_bytes([self.units[0].flat]), "grads": measure.tensor_bytes([self.flat_grad]),
                 **self.store.memory()}
-
-
-class WithExperts:
-    """The optimizer under ZeRO: steps the ZeRO wrapper of the non-expert parameters and the experts'
-    ZeRO-1 over edp (`moe_zero.ExpertZero1`)."""
-
-    def __init__(self, main, experts):
-        self.main, self.experts = main, experts
-
-    @property
-    def expert_optimizer(self) -> torch.optim.Optimizer:
-        return self.experts.expert_optimizer
-
-    def step(self) -> bool:
-        ok = self.main.step()
-        self.experts.step()
-        return ok
-
-    def zero_grad(self, set_to_none: bool = True) -> None:
-        self.main.zero_grad(set_to_none)
-        self.experts.zero_grad()
-
-    def memory(self) -> dict:
-        """The ZeRO wrapper's bytes by category plus the experts' parameters, gradients and Adam states."""
-        out = dict(self.main.memory())
-        for k, v in self.experts.memory().items():
-            out[k] = out.get(k, 0) + v
-        return out

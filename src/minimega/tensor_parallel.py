@@ -22,7 +22,6 @@ import copy
 import math
 
 import torch
-import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
@@ -33,10 +32,6 @@ from .model import GPT, CausalSelfAttention
 from .rng import RNGStream
 
 SEQ_DIM = 1          # activations are (B, T, D); sequence parallelism shards T
-
-
-def group_rank(group: Group) -> int:
-    return 0 if group.size == 1 else group.rank_of(dist.get_rank())
 
 
 def check_divisible(config: GPTConfig, tp: int) -> None:
@@ -70,7 +65,7 @@ def _reduce_scatter(x: torch.Tensor, dim: int, group: Group) -> torch.Tensor:
 
 
 def _split(x: torch.Tensor, dim: int, group: Group) -> torch.Tensor:
-    return x.chunk(group.size, dim)[group_rank(group)].contiguous()
+    return x.chunk(group.size, dim)[group.rank].contiguous()
 
 
 # --8<-- [start:regions]
@@ -86,6 +81,7 @@ class _CopyToTP(torch.autograd.Function):
         return comm.all_reduce(grad.clone(), ctx.group, tag="tp"), None
 
 
+# --8<-- [start:tour_g]
 class _ReduceFromTP(torch.autograd.Function):
     """Forward: all-reduce (sum) over tp. Backward: identity. `g` in Megatron-LM."""
     @staticmethod
@@ -95,6 +91,7 @@ class _ReduceFromTP(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):         # grad: (B, T, D), replicated
         return grad, None
+# --8<-- [end:tour_g]
 
 
 class _ScatterToTP(torch.autograd.Function):
@@ -187,7 +184,7 @@ class ColumnParallelLinear(nn.Module):
         if padded % (tp * partitions):
             raise ValueError(f"ColumnParallelLinear: {padded} output rows do not split into {partitions} "
                              f"block(s) over tp={tp}")
-        rank = group_rank(group)
+        rank = group.rank
 
         def shard(t: torch.Tensor) -> torch.Tensor:
             t = F.pad(t.detach(), (0, 0) * (t.dim() - 1) + (0, padded - t.shape[0]))
@@ -225,7 +222,7 @@ class RowParallelLinear(nn.Module):
     def __init__(self, linear: nn.Linear, group: Group, *, sequence_parallel: bool = False):
         super().__init__()
         self.group, self.sequence_parallel = group, sequence_parallel
-        self.weight = nn.Parameter(linear.weight.detach().chunk(group.size, 1)[group_rank(group)].clone())
+        self.weight = nn.Parameter(linear.weight.detach().chunk(group.size, 1)[group.rank].clone())
         self.bias = nn.Parameter(linear.bias.detach().clone()) if linear.bias is not None else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -254,7 +251,7 @@ class VocabParallelEmbedding(nn.Module):
         self.group, self.sequence_parallel = group, sequence_parallel
         self.num_embeddings = embedding.num_embeddings
         self.per_rank = math.ceil(self.num_embeddings / group.size)
-        self.start = group_rank(group) * self.per_rank
+        self.start = group.rank * self.per_rank
         padded = F.pad(embedding.weight.detach(), (0, 0, 0, self.per_rank * group.size - self.num_embeddings))
         self.weight = nn.Parameter(padded[self.start: self.start + self.per_rank].clone())
 
@@ -277,7 +274,7 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
     @staticmethod
     def forward(ctx, logits, targets, group, vocab_size):     # logits (N, V_pad/tp), targets (N,)
         n, width = logits.shape
-        start = group_rank(group) * width
+        start = group.rank * width
         columns = torch.arange(start, start + width, device=logits.device)
         logits = logits.masked_fill(columns >= vocab_size, float("-inf"))   # padding never enters the softmax
         maxes = _all_gather(logits.max(-1).values, group, "vocab_ce")      # (tp, N)
@@ -368,7 +365,7 @@ class ParallelGPT(GPT):
         self.blocks = copy.deepcopy(model.blocks)          # their linears are replaced by tp shards below
         # Megatron's model-parallel seed: heads (and, under SP, sequence slices) differ across tp ranks,
         # so their dropout masks must too; replicated activations keep the default, shared stream.
-        self.rng = RNGStream(torch.initial_seed() + 2718 + group_rank(group), model.wte.weight.device)
+        self.rng = RNGStream(torch.initial_seed() + 2718 + group.rank, model.wte.weight.device)
         for block in self.blocks:
             block.attn = ParallelSelfAttention(block.attn, group, sequence_parallel, self.rng)
             if sequence_parallel:
@@ -430,8 +427,7 @@ def sharded_params(module: nn.Module) -> dict[str, nn.Module]:
     """{parameter name: the TP layer it belongs to} for every tp-sharded parameter under ``module``.
 
     Works on anything holding TP layers: a `ParallelGPT`, or a pipeline chunk of one (whose names are the
-    model's). Parameters not listed are replicated over tp. Which box of the full tensor a rank's slice is,
-    for checkpoints, lives in `minimega.checkpoint.layout`.
+    model's). Parameters not listed are replicated over tp (checkpoint boxes: `checkpoint.layout`).
     """
     out = {}
     for name, m in module.named_modules():

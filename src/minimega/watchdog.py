@@ -5,7 +5,8 @@ deadlocked cannot report anything. So each rank that `minimega.launch` starts ow
 shared memory (`RankStatus`, a memory-mapped file), and the launcher reads all of them:
 
 - a *guard thread* in each rank beats every ``HEARTBEAT_S`` and ends the rank when its launcher dies;
-- `minimega.comm` marks every collective entered and left (``all_reduce#12 group dp``, waiting since);
+- `minimega.comm` tells it every collective issued, waited on and done (``all_reduce#12 group dp``, waiting
+  since the rank blocked on it);
 - the launcher's `verdict` names the stuck rank: the one whose heartbeat is older than the timeout,
   else, when a collective has waited too long, the peer that is not in it, or is in another one.
 
@@ -21,6 +22,8 @@ import signal
 import struct
 import time
 from pathlib import Path
+
+from .comm_observers import attach
 
 __all__ = ["RankStatus", "read_status", "report_step", "verdict", "HEARTBEAT_S"]
 
@@ -48,28 +51,43 @@ class RankStatus:
         self._file = open(path, "r+b")
         self._map = mmap.mmap(self._file.fileno(), _STATUS_BYTES)
         self.version, self.count, self.step = 0, 0, -1
-        self.waiting, self.op, self.group = 0.0, b"", b""
+        self.waiting_since, self.op, self.group = 0.0, b"", b""
 
     def beat(self) -> None:
         _HEARTBEAT.pack_into(self._map, 0, time.monotonic())
 
     def _publish(self) -> None:
         self.version += 1                                   # odd: a write in progress
-        _BODY.pack_into(self._map, 8, self.version, self.count, self.waiting, self.step, self.op, self.group)
+        _BODY.pack_into(self._map, 8, self.version, self.count, self.waiting_since, self.step, self.op, self.group)
         self.version += 1
         struct.pack_into("<q", self._map, 8, self.version)
 
-    def enter(self, op: str, group: str) -> None:
-        """A collective starts (called by `minimega.comm`): count it, name it, start its wait clock."""
+    # An observer of `minimega.comm` (see `comm_observers`): the wait clock starts when the rank blocks
+    # on a collective, not when an asynchronous one is issued (a long backward after issuing is no hang).
+    def issued(self, call) -> None:
+        """A collective was issued: count it; name it unless the rank is blocked in another one."""
         self.count += 1
-        self.op, self.group = op.encode()[:24], group.encode()[:16]
-        self.waiting = self.waiting or time.monotonic()
+        call.extra["count"] = self.count
+        if not self.waiting_since:
+            self._name(call)
         self._publish()
 
-    def leave(self) -> None:
-        """The collective (or the wait on an async one) returned."""
-        self.waiting = 0.0
+    def waiting(self, call) -> None:
+        """The rank blocks on ``call``: name it and start the wait clock."""
+        if "count" not in call.extra:                   # barrier, objects: blocking calls never issued
+            self.count += 1
+            call.extra["count"] = self.count
+        self._name(call)
+        self.waiting_since = self.waiting_since or time.monotonic()
         self._publish()
+
+    def done(self, call) -> None:
+        """The collective (or the wait on an async one) returned."""
+        self.waiting_since = 0.0
+        self._publish()
+
+    def _name(self, call) -> None:
+        self.op, self.group = call.op.encode()[:24], call.group.name.encode()[:16]
 
     def report_step(self, step: int) -> None:
         self.step = step
@@ -95,14 +113,24 @@ def read_status(path: Path) -> dict | None:
 # --8<-- [end:rank_status]
 
 
+STATUS: RankStatus | None = None
+"""In a rank that `minimega.launch` started: its record (`install` sets it and attaches it to `comm`)."""
+
+
+def install(status: RankStatus) -> None:
+    """Make ``status`` this rank's record: told every collective (`comm_observers`) and every step."""
+    global STATUS
+    STATUS = status
+    attach(status)
+
+
 def report_step(step: int) -> None:
     """Tell the launcher which step this rank is on (shown when the job fails; used by elastic restarts).
 
     A no-op outside a rank that `launch` started.
     """
-    from . import comm
-    if comm.WATCH is not None:
-        comm.WATCH.report_step(step)
+    if STATUS is not None:
+        STATUS.report_step(step)
 
 
 # --8<-- [start:guard]

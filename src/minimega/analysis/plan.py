@@ -4,7 +4,7 @@ cluster, the ones that fit memory ranked by predicted throughput (``perf.step_ti
 Rules of the search (each one a constraint the stacks themselves impose):
     tp divides the heads and stays inside a node (TP is on the critical path: NVLink only);
     pp ≤ layers; dp = GPUs / (tp·pp) divides the global batch, and micro-batches divide the rest;
-    ZeRO-2/3 only without pp (``compose.py``: they would reduce or gather every micro-batch);
+    ZeRO-2/3 only without pp (`mesh.py`'s note on composing: they would reduce or gather every micro-batch);
     interleaved 1F1B with v chunks only when pp·v divides the layers and pp divides m (Megatron's rule);
     sequence parallelism only with tp > 1 (and never with experts); with experts, ep runs over the
     divisors of dp that also divide the experts (ep is carved out of dp). GPipe is searched only when asked for (``schedules``): it times

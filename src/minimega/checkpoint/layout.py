@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..tensor_parallel import ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding, group_rank, sharded_params
+from ..tensor_parallel import ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding, sharded_params
 
 
 @dataclass(frozen=True)
@@ -105,7 +105,7 @@ def _dim_maps(module, local_shape: tuple[int, ...]):
     if getattr(module, "own_grad_sync", False):              # MoE experts: rows [offset, offset + E/ep) of E
         maps[0] = lambda lo, hi: [(lo, hi, lo + module.offset)]
         return maps
-    rank = group_rank(module.group)
+    rank = module.group.rank
     if isinstance(module, ColumnParallelLinear):           # rows; per stacked block ([q; k; v]); padded vocab
         q = local_shape[0] // module.partitions            # this rank's rows of one block
 

@@ -30,7 +30,7 @@ from typing import Callable
 import torch
 import torch.nn as nn
 
-from .. import comm
+from .. import clock, comm
 from ..config import TrainConfig
 from ..grad_sync import GradSync
 from ..mesh import Mesh
@@ -61,7 +61,7 @@ class Pipeline(nn.Module):
         self.plan = plan(config.schedule, self.p, self.m, self.v)
         self.eval_plan = plan(config.schedule, self.p, self.m, self.v, forward_only=True)
         self._dtype = next(self.chunks.parameters()).dtype                  # activations travel in it
-        self.events: list[dict] = []
+        self.events: list[dict] = clock.Window()            # the newest events (a long run stays bounded)
         self.peak_in_flight = 0
 
     @property
@@ -90,6 +90,7 @@ class Pipeline(nn.Module):
         total = torch.zeros((), device=self.mesh.device)
         step_start = time.perf_counter()
         with (nullcontext() if train else torch.no_grad()):
+            # --8<-- [start:tour_schedule_loop]
             for t, action in enumerate(grid.grid[self.rank]):
                 if action is not None:
                     start = time.perf_counter()
@@ -105,9 +106,10 @@ class Pipeline(nn.Module):
             for wrapper in self.wrapped:              # every chunk's last backward has run: its reductions end here
                 if isinstance(wrapper, GradSync):
                     wrapper.finish_grad_sync()
+            # --8<-- [end:tour_schedule_loop]
         self._event("step", step_start, step, len(grid.grid[self.rank]))
         if not train:                                 # evaluation leaves no trace in the training timeline
-            self.events = [e for e in self.events if e["step"] != step or e["start"] < step_start]
+            self.events[:] = [e for e in self.events if e["step"] != step or e["start"] < step_start]
         return total
     # --8<-- [end:pipeline_step]
 

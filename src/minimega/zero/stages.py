@@ -80,7 +80,7 @@ class Zero1(GradSync, nn.Module):
         self.model_parallel = model_parallel
         self.policy = precision.policy(config.precision)
         self.scaler = precision.make_scaler(self.policy, config)
-        self.timeline: list[dict] = []
+        self.timeline: list[dict] = clock.Window()          # the newest events (a long run stays bounded)
         self.clock = clock.HostClock()           # the engine lends its own (CUDA events on a GPU)
         self._prepared, self._overflow = False, False
         with torch.no_grad():
@@ -129,6 +129,7 @@ class Zero1(GradSync, nn.Module):
         self.timeline.append({"event": name, "time": self.clock.stamp(), **extra})
 
     # --8<-- [start:zero1_reduce]
+    # --8<-- [start:tour_reduce_scatter]
     def _start(self, i: int) -> None:
         """Phase 1: unit i's gradients are all in its flat buffer: start the buffer's reduce-scatter."""
         unit = self.units[i]
@@ -136,6 +137,7 @@ class Zero1(GradSync, nn.Module):
         self._event("reduce_scatter_issued", unit=unit.name)
         self._reducing[i] = out, comm.reduce_scatter(out, self._reduce_input(i), self.group, async_op=True,
                                                      tag=unit.name)
+    # --8<-- [end:tour_reduce_scatter]
 
     def _reduce_input(self, i: int) -> torch.Tensor:
         return self.flat_grads[i]
@@ -146,12 +148,14 @@ class Zero1(GradSync, nn.Module):
         Under offload the store takes each shard as soon as its reduce is waited for (to the host, see
         `offload.py`); once the host has it, the reduce outputs are dropped: no shard stays on the device.
         """
+        # --8<-- [start:tour_wait]
         for i, (out, handle) in sorted(self._reducing.items()):
             handle.wait()
             if self.store.keeps_grads:
                 self.store.receive_grad(i, out)
             else:
                 self._write_shard(i, out)
+        # --8<-- [end:tour_wait]
         if self.store.keeps_grads:
             self.store.grads_received()
         self._reducing = {}
@@ -211,11 +215,13 @@ class Zero1(GradSync, nn.Module):
         self._gather_after_step()
         return True
 
+    # --8<-- [start:tour_gather]
     def _gather_after_step(self) -> None:
         handles = [comm.all_gather(u.flat, s.clone(), self.group, async_op=True, tag=u.name)
                    for u, s in zip(self.units, self.shards)]
         for h in handles:
             h.wait()
+    # --8<-- [end:tour_gather]
     # --8<-- [end:zero1_step]
 
     def zero_grad(self, set_to_none: bool = True) -> None:
