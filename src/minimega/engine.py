@@ -150,7 +150,7 @@ class Engine:
         for wrapper in self.sync_parts:                    # their timelines share it (see report)
             wrapper.clock = self._clock
         self.step = 0
-        self._steps_run = 0                               # by this engine (a resumed run starts at 0 too)
+        self._peak_steps = 0                              # steps left to sample the peak in (`track_peak`)
 
     def _data_parallel(self, module):
         """Step 6 for one chunk: ZeRO (it shards the optimizer itself and steps it) or DDP."""
@@ -180,6 +180,7 @@ class Engine:
 
     def train_step(self, batch: tuple[torch.Tensor, torch.Tensor]) -> float:
         """One optimizer step on this dp rank's rows; returns the mean loss over the global batch."""
+        # --8<-- [start:tour_step_begin]
         x, y = (self._context_shard(t) for t in batch)
         ga = self.config.gradient_accumulation_steps
         if x.shape[0] % ga:
@@ -187,9 +188,9 @@ class Engine:
         sent_before = self.comm_log.total_sent()
         total = torch.zeros((), device=self.mesh.device)
         self.model.train()
-        # Peaks are sampled (costly) in the first two steps this engine runs: the second is steady.
-        peak = self._peak.track() if self._steps_run < 2 else nullcontext()
-        # --8<-- [start:tour_step_begin]
+        # Peaks are sampled (costly) in steps 0 and 1 (the second is steady) and whenever asked (`track_peak`).
+        peak = self._peak.track() if self.step < 2 or self._peak_steps > 0 else nullcontext()
+        self._peak_steps = max(0, self._peak_steps - 1)
         with self.comm_log, comm.overlap(self.config.overlap_comm), peak:
             if self.pipeline is not None:
                 total = self.pipeline.forward_backward(x, y, self.step)    # sum_i loss_i / m, last stage only
@@ -214,18 +215,17 @@ class Engine:
             self.optimizer.step()
             self.memory_at_step = self.memory()     # params, grads and optimizer states all live
             self.optimizer.zero_grad(set_to_none=True)
-            # --8<-- [end:tour_step_end]
             self._event("optimizer_step_end")
         self.comm_per_step.append(self.comm_log.total_sent() - sent_before)
         if self.pipeline is not None:
             comm.all_reduce(total, self.mesh.pp_group)                     # the last stage's loss, to every stage
         # Every dp·cp rank averaged the same number of tokens: the mean of their means is the global mean.
         loss = comm.all_reduce_mean(total / ga, self.mesh.grad_group).item()    # a metric: kept out of the log
+        # --8<-- [end:tour_step_end]
         self.losses.append(loss)
         if norm is not None:
             self.grad_norms.append(norm)
         self.step += 1
-        self._steps_run += 1
         return loss
 
     def _context_shard(self, t: torch.Tensor) -> torch.Tensor:
@@ -284,6 +284,11 @@ class Engine:
         if self.pipeline is not None:
             local = {k: v for part in comm.all_gather_object(local, self.mesh.pp_group) for k, v in part.items()}
         return {k: local[k] for k in self._keys if k in local}
+
+    def track_peak(self, steps: int = 1) -> None:
+        """Sample the peak bytes by category (``report()["memory_peak"]``) during the next ``steps`` steps, as
+        steps 0 and 1 always are: after a resume, or to watch a later step."""
+        self._peak_steps = max(self._peak_steps, steps)
 
     def memory(self) -> dict:
         """Bytes this rank holds right now, by category."""
