@@ -139,3 +139,31 @@ def test_progress_on_a_terminal_is_a_bar(tmp_path):
     text = _train_output(tmp_path, steps=6, nproc=1, terminal=True)
     assert "\r" in text and "100%|" in text and "6/6 [" in text and "tok/s]" in text, text
     assert not any(ln.startswith("step ") for ln in text.splitlines())
+
+
+def _run_json(argv, capsys) -> dict:
+    assert main(argv) == 0
+    out = capsys.readouterr().out.strip()
+    return json.loads(out[out.index("{"):] if out.startswith("{") else out.splitlines()[-1])
+
+
+def test_train_shows_memory_by_category_equal_to_estimate_and_zero3_below_zero0(capsys):
+    """`minimega train` reports rank 0's model states at the optimizer step next to `minimega estimate`'s rows."""
+    totals = {}
+    for stage in (0, 3):
+        summary = _run_json(["train", "--nproc", "2", "--zero-stage", str(stage), "--steps", "2", "--json"], capsys)
+        memory = summary["memory_rank0"]
+        command = memory["estimate_command"].split()
+        assert command[:2] == ["minimega", "estimate"]
+        estimate = _run_json([*command[1:], "--json"], capsys)["stages"][0]
+        for row in ("params", "grads", "optimizer"):
+            assert memory["measured"][row] == estimate[row] > 0, (stage, row)
+        totals[stage] = sum(memory["measured"][r] for r in ("params", "grads", "optimizer"))
+    assert totals[3] * 1.9 < totals[0]                    # ZeRO-3 on 2 ranks: half of every state
+
+
+def test_counts_take_suffixes(capsys):
+    rows = _run_json(["estimate", "--params", "7.5B", "--dp", "64", "--stage", "3", "--json"], capsys)
+    assert rows["params"] == 7.5e9
+    assert main(["estimate", "--params", "7.5Q"]) == 2
+    assert "7.5Q" in capsys.readouterr().err

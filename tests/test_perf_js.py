@@ -23,7 +23,7 @@ process.stdout.write(JSON.stringify(out));
 """
 pytestmark = pytest.mark.skipif(NODE is None, reason="needs node")
 KEYS = ("compute", "forward", "backward", "recompute", "tp_comm", "ep_comm", "cp_comm", "p2p", "bubble", "stack_overhead", "dp_comm",
-        "offload", "optimizer", "total", "tokens_per_s", "tflops_per_gpu", "mfu", "hfu", "micro_batches", "n_gpus", "fits")
+        "offload", "optimizer", "total", "tokens_per_s", "tflops_per_gpu", "model_tflops_per_gpu", "mfu", "hfu", "micro_batches", "n_gpus", "fits")
 
 
 def _run(jobs):

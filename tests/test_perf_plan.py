@@ -6,6 +6,7 @@ import pytest
 from minimega import estimate as est
 from minimega.analysis import perf
 from minimega.analysis import plan as perf_plan
+from minimega.analysis.hardware import HARDWARE
 from minimega.tools.cli import main
 
 # What Megatron-DeepSpeed offered BLOOM and MT-NLG (training-stacks.md feature table): full recomputation only,
@@ -20,7 +21,7 @@ def _shape(name, **extra):
 
 
 def test_mt_nlg_published_layout_ranks_in_the_top_5():
-    res = perf.plan(_shape("mt-nlg-530b"), 2240, 1920, "a100-80gb", **DEEPSPEED_2022)
+    res = perf_plan.plan(_shape("mt-nlg-530b"), 2240, 1920, "a100-80gb", **DEEPSPEED_2022)
     assert perf_plan.rank_of(res, "dp8-tp8-pp35 z1 full b1 1f1b") <= 5, res["ranked"][:10]
 
 
@@ -107,8 +108,24 @@ def test_plan_cli_searches_cp(capsys):
     out = json.loads(capsys.readouterr().out)
     assert out["top"][0]["config"]["cp"] > 1 and "-cp" in out["top"][0]["layout"]
     assert main([*argv, "--cp", "8", "--cp-attention", "ulysses"]) == 0
-    text = capsys.readouterr().out
+    text = capsys.readouterr().out.split("\nlayout   ")[0]          # the table, not its legend
     assert "-cp8-" in text and " ulysses" in text and " ring" not in text
     assert main([*argv, "--cp-attention", "ulysses"]) == 2
     assert "--cp-attention has an effect only with --cp" in capsys.readouterr().err
     assert main([*argv, "--cp", "0"]) == 2
+
+
+def test_plan_prints_model_tflops_that_mfu_divides_and_a_legend_for_its_codes(capsys):
+    assert main(["plan", "--model", "bloom-176b", "--nodes", "48", "--global-batch", "2048", "--recompute", "full",
+                 "--top", "3"]) == 0
+    out = capsys.readouterr().out
+    for needle in ("legend below", "zK: ZeRO stage", "bN: micro-batch size", "sp: sequence parallelism",
+                   "MFU = model TF/s / peak", "logged TF/s", "seconds per step, by part"):
+        assert needle in out, needle
+    peak = HARDWARE["a100-80gb"].peak_flops
+    rows = [line.split() for line in out.splitlines() if line[:2].strip().isdigit()]
+    assert len(rows) == 3
+    for row in rows:
+        cols = row[row.index("sp") + 1:] if "sp" in row else row
+        model_tf, mfu, logged = float(cols[2]), float(cols[3].rstrip("%")) / 100, float(cols[4])
+        assert abs(model_tf * 1e12 / peak - mfu) < 0.002 and logged > model_tf     # full recomputation: 4/3 more

@@ -284,6 +284,7 @@
     out.micro_batches = m;
     out.n_gpus = nGpus;
     out.tflops_per_gpu = logged / out.total / nGpus / 1e12;
+    out.model_tflops_per_gpu = mf / out.total / nGpus / 1e12;
     out.mfu = mf / out.total / nGpus / h.peak_flops;
     out.hfu = hf / out.total / nGpus / h.peak_flops;
     out.memory = memory;

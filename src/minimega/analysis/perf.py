@@ -333,8 +333,8 @@ def step_time(cfg: PerfConfig, hw: Hardware | str = "a100-80gb") -> dict:
     `ring_attention_time`, or Ulysses' all-to-alls, `ulysses_attention_time`), ``p2p``, ``bubble``,
     ``stack_overhead`` (see `STACKS`), ``dp_comm`` (exposed; over dp·cp, the ranks holding the same
     parameters), ``offload`` (exposed PCIe transfers), ``optimizer`` (on the CPU when offloaded), ``total``,
-    and ``tokens_per_s``,
-    ``tflops_per_gpu`` (Narayanan's Eq. 3 hardware FLOPs with full recomputation, what Megatron logs),
+    ``tokens_per_s``, ``tflops_per_gpu`` (Narayanan's Eq. 3 hardware FLOPs with full recomputation, what
+    Megatron-DeepSpeed's 2022 logs print), ``model_tflops_per_gpu`` (model FLOPs: what MFU divides by the peak),
     ``mfu`` (model FLOPs, Korthikanti App. A), ``hfu``, ``memory`` (`estimate.memory_per_gpu`), ``fits``.
     """
     hw = _hw(hw)
@@ -415,6 +415,7 @@ def step_time(cfg: PerfConfig, hw: Hardware | str = "a100-80gb") -> dict:
     mem = est.memory_per_gpu(cfg.memory_config())
     out.update(tokens_per_s=tokens / out["total"], micro_batches=m, n_gpus=n,
                tflops_per_gpu=logged / out["total"] / n / 1e12,
+               model_tflops_per_gpu=model_flops / out["total"] / n / 1e12,
                mfu=model_flops / out["total"] / n / hw.peak_flops,
                hfu=hw_flops / out["total"] / n / hw.peak_flops,
                memory=mem, fits=mem["total"] <= hw.memory_bytes)

@@ -91,6 +91,23 @@ def nonnegative_float(text: str) -> float:
     return _number(text, lambda v: v >= 0, "a finite number >= 0")
 
 
+_SUFFIXES = {"k": 1e3, "m": 1e6, "b": 1e9, "g": 1e9, "t": 1e12}
+
+
+def count(text: str) -> float:
+    """A positive count, plain (``7e9``) or with a suffix: ``125M``, ``7B``, ``1.5T``, ``300k``."""
+    stripped = text.strip()
+    scale = _SUFFIXES.get(stripped[-1:].lower(), 1.0) if stripped and stripped[-1].isalpha() else 1.0
+    body = stripped[:-1] if scale != 1.0 else stripped
+    try:
+        value = float(body) * scale
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a count; give a number such as 7e9, 7B, 125M or 1.5T") from None
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"{text} is not allowed; give a count > 0 (e.g. 7B)")
+    return value
+
+
 def fraction(text: str) -> float:
     """A number in (0, 1]."""
     return _number(text, lambda v: 0 < v <= 1, "a number in (0, 1]")

@@ -5,7 +5,7 @@ import argparse
 import json
 
 from ..analysis import GB, PRECISIONS, STAGES, comm_bytes_per_step, model_state_breakdown, state_bytes_per_param
-from .args import positive_float, positive_int
+from .args import count, positive_int
 
 
 def add_estimate_parser(subparsers) -> argparse.ArgumentParser:
@@ -19,7 +19,7 @@ def add_estimate_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def _add_estimate_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--params", type=positive_float, required=True, help="parameter count Psi, e.g. 7.5e9")
+    p.add_argument("--params", type=count, required=True, help="parameter count Psi, e.g. 7.5e9, 7.5B or 125M")
     p.add_argument("--dp", type=positive_int, default=1, help="data-parallel degree N_d (default 1)")
     p.add_argument("--stage", type=int, choices=STAGES, default=None,
                    help="one ZeRO stage (default: all four)")
@@ -59,7 +59,7 @@ def run_estimate(args: argparse.Namespace) -> int:
 
 
 def main(argv=None) -> int:
-    """``python -m minimega.analysis --params 7.5e9 --dp 64``, the same as ``minimega estimate``."""
+    """``python -m minimega.tools.estimate_cli --params 7.5B --dp 64``, the same as ``minimega estimate``."""
     p = argparse.ArgumentParser(prog="minimega estimate")
     _add_estimate_args(p)
     return run_estimate(p.parse_args(argv))

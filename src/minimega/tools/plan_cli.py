@@ -8,8 +8,21 @@ from .. import analysis as est
 from ..analysis.memory import GB
 from ..analysis.perf import STACKS
 from ..analysis.plan import plan, preset_shape
-from .args import fraction, nonnegative_float, nonnegative_int, positive_float, positive_int
+from .args import count, fraction, nonnegative_float, nonnegative_int, positive_float, positive_int
 from .hardware_args import add_hardware_args, hardware_from_args
+
+
+LEGEND = """
+layout   dpN-tpN-ppN: data, tensor and pipeline parallel degrees (-epN experts, -cpN context parallelism)
+         zK: ZeRO stage K (0: DDP)   none | selective | full: activation recomputation   bN: micro-batch size
+         gpipe | 1f1b | interleaved vV: pipeline schedule (V virtual stages)   sp: sequence parallelism
+         ring | ulysses: context-parallel attention
+model TF/s  model FLOPs per GPU per second (6N per token plus attention, no recomputation): MFU = model TF/s / peak
+            ({peak:.0f} TF/s on this GPU)
+logged TF/s hardware FLOPs with full recomputation (Narayanan et al. Eq. 3), the "TFLOPs" Megatron-DeepSpeed's
+            2022 logs print (BLOOM, MT-NLG); today's Megatron-LM logs model FLOPs
+GB       memory per GPU (model states, activations, buffers)
+seconds  exposed time of each part of one step; they add up to s/step"""
 
 
 def add_plan_parser(subparsers) -> argparse.ArgumentParser:
@@ -36,7 +49,7 @@ def add_plan_parser(subparsers) -> argparse.ArgumentParser:
     c.add_argument("--stack", choices=sorted(STACKS), default=None, help="pipeline engine (default: the preset's)")
     r = p.add_argument_group("run")
     r.add_argument("--global-batch", type=positive_int, required=True, help="sequences per step")
-    r.add_argument("--tokens", type=positive_float, default=None, help="training tokens, for days and cost")
+    r.add_argument("--tokens", type=count, default=None, help="training tokens, for days and cost (e.g. 300B)")
     r.add_argument("--price", type=nonnegative_float, default=2.0, help="$ per GPU-hour (default 2.0)")
     r.add_argument("--memory-fraction", type=fraction, default=0.9, help="share of GPU memory a layout may use (0.9)")
     s = p.add_argument_group("search")
@@ -93,22 +106,22 @@ def run_plan(args: argparse.Namespace) -> int:
     print(f"{res['hardware']} x {n}: {res['searched']} layouts searched, {res['fit']} fit "
           f"{args.memory_fraction:.0%} of {hw.memory_bytes / GB:.0f} GB")
     w = max([38] + [len(r["layout"]) for r in res["top"]])
-    head = f"{'#':>2} {'layout':<{w}} {'s/step':>8} {'tok/s':>9} {'TF/s':>6} {'MFU':>5} {'GB':>5}  " \
-           f"{'compute':>7} {'tp':>6} {'p2p':>6} {'bubble':>6} {'stack':>6} {'dp':>6}" + \
-           (f" {'ep':>6}" if any(r["ep_comm"] for r in res["top"]) else "") + \
-           (f" {'cp':>6}" if any(r["cp_comm"] for r in res["top"]) else "")
+    ep, cp = any(r["ep_comm"] for r in res["top"]), any(r["cp_comm"] for r in res["top"])
+    parts = ["compute", "tp", "p2p", "bubble", "stack", "dp"] + ["ep"] * ep + ["cp"] * cp
+    keys = ["compute", "tp_comm", "p2p", "bubble", "stack_overhead", "dp_comm"] + ["ep_comm"] * ep + ["cp_comm"] * cp
+    per_gpu = f"{'model':>6} {'':>5} {'logged':>6} {'':>5}"
+    print(f"{'':>2} {'':<{w}} {'':>8} {'':>9} {per_gpu}  " + "seconds per step, by part".center(7 * len(parts)))
+    head = (f"{'#':>2} {'layout (legend below)':<{w}} {'s/step':>8} {'tok/s':>9} {'TF/s':>6} {'MFU':>5} {'TF/s':>6} "
+            f"{'GB':>5}  " + " ".join(f"{p:>6}" for p in parts))
     if args.tokens:
         head += f" {'days':>7} {'cost $':>11}"
     print(head)
     for i, r in enumerate(res["top"], 1):
-        line = (f"{i:>2} {r['layout']:<{w}} {r['total']:>8.2f} {r['tokens_per_s']:>9.0f} {r['tflops_per_gpu']:>6.1f} "
-                f"{r['mfu']:>5.1%} {r['memory_gb']:>5.1f}  {r['compute']:>7.2f} {r['tp_comm']:>6.2f} {r['p2p']:>6.2f} "
-                f"{r['bubble']:>6.2f} {r['stack_overhead']:>6.2f} {r['dp_comm']:>6.2f}")
-        if any(x["ep_comm"] for x in res["top"]):
-            line += f" {r['ep_comm']:>6.2f}"
-        if any(x["cp_comm"] for x in res["top"]):
-            line += f" {r['cp_comm']:>6.2f}"
+        line = (f"{i:>2} {r['layout']:<{w}} {r['total']:>8.2f} {r['tokens_per_s']:>9.0f} "
+                f"{r['model_tflops_per_gpu']:>6.1f} {r['mfu']:>5.1%} {r['tflops_per_gpu']:>6.1f} {r['memory_gb']:>5.1f}  "
+                + " ".join(f"{r[k]:>6.2f}" for k in keys))
         if args.tokens:
             line += f" {r['days']:>7.1f} {r['cost']:>11,.0f}"
         print(line)
+    print(LEGEND.format(peak=hw.peak_flops / 1e12))
     return 0

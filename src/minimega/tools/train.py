@@ -90,15 +90,17 @@ def train_worker(preset: str, config: TrainConfig, steps: int, show: bool | str,
     if show and mesh.rank == 0:
         from .progress import LINES, StepProgress
         progress = StepProgress(steps, LINES if show is True else show)
-    start = time.perf_counter()
+    start = last = time.perf_counter()
     for step, batch in enumerate(data.batches(mesh, steps, config.batch_size, seq, seed=config.seed, start=first)):
         loss = engine.train_step(batch)
+        now = time.perf_counter()
+        step_rate, last = tokens_per_step / (now - last), now           # this step's tokens/s, not a running mean
         if ckpt.get("every") and engine.step % ckpt["every"] == 0:
             engine.save(ckpt["dir"])
         report_step(engine.step)
         maybe_fault(mesh.rank, engine.step)
         if progress is not None:
-            progress.update(step + 1, loss, tokens_per_step * (step + 1) / (time.perf_counter() - start))
+            progress.update(step + 1, loss, step_rate)
     wall = time.perf_counter() - start
     if progress is not None:
         progress.close()
@@ -107,10 +109,45 @@ def train_worker(preset: str, config: TrainConfig, steps: int, show: bool | str,
     return {"losses": engine.losses, "first_step": first, "wall_s": wall,
             "tokens_per_s": tokens_per_step * steps / wall if steps else 0.0,
             "sent_bytes_rank": sent, "sent_bytes_all_ranks": total_sent,
-            "params": model.num_params(), "memory": engine.memory(),
+            "params": model.num_params(), "memory": memory_table(engine, config),
             "moe": engine.experts.counts() if engine.experts is not None else None,
             "pipeline_timeline": engine.pipeline.events if show_schedule and engine.pipeline and mesh.dp_rank == 0
             and mesh.tp_rank == 0 else None}
+
+
+def memory_table(engine, config: TrainConfig) -> dict:
+    """This rank's model-state bytes at the optimizer step (params, grads and states all live), measured, next to
+    `minimega estimate`'s figure for the same layout: Ψ this rank's parameters (ZeRO: its units padded to a
+    multiple of dp), sharded over the gradient group (dp, times cp)."""
+    measured = dict(engine.memory_at_step)
+    rows = {"params": measured.get("params", 0), "grads": measured.get("grads", 0),
+            "optimizer": measured.get("master", 0) + measured.get("optimizer_states", 0),
+            "step counters": measured.get("optimizer_step_counters", 0)}
+    out = {"measured": rows, "estimate": None, "estimate_command": None}
+    if engine.experts is not None or config.offload_optimizer:
+        return out                      # experts shard over edp, offload splits host and device: not one formula
+    from ..analysis import model_state_breakdown
+    if engine.zero_stages:
+        psi = sum(u.padded for w in engine.zero_stages for u in w.units)
+    else:
+        psi = sum(p.numel() for p in engine.module.parameters())
+    dp, precision = engine.mesh.grad_group.size, "fp32" if config.precision == "fp32" else "mixed"
+    out["estimate"] = model_state_breakdown(psi, dp, config.zero_stage, precision)
+    out["estimate_command"] = (f"minimega estimate --params {psi} --dp {dp} --stage {config.zero_stage} "
+                               f"--precision {precision}")
+    return out
+
+
+def _print_memory(memory: dict) -> None:
+    mib = 2 ** 20
+    est = memory["estimate"]
+    print(f"model states on rank 0 at the optimizer step, MiB (estimate: {memory['estimate_command'] or 'none for this layout'}):")
+    print(f"  {'':<14} {'measured':>10} {'estimate':>10}")
+    for name, value in memory["measured"].items():
+        other = est.get(name) if est else None
+        print(f"  {name:<14} {value / mib:>10.3f} {'' if other is None else f'{other / mib:>10.3f}'}")
+    total = sum(v for k, v in memory["measured"].items() if k != "step counters")
+    print(f"  {'total':<14} {total / mib:>10.3f} {'' if not est else f'{sum(est.values()) / mib:>10.3f}'}")
 
 
 def _progress(args: argparse.Namespace) -> bool | str:
@@ -197,7 +234,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
                "nproc": len(results), "first_step": r0["first_step"], "restarts": ckpt.get("restarts", []),
                "wall_s": round(r0["wall_s"], 3), "tokens_per_s": round(r0["tokens_per_s"], 1),
                "params": r0["params"], "algorithmic_bytes_sent_all_ranks": r0["sent_bytes_all_ranks"],
-               "losses": r0["losses"]}
+               "losses": r0["losses"], "memory_rank0": r0["memory"]}
     if r0.get("moe") is not None:      # tokens routed to and dropped by each expert, per layer, all ranks together
         summary["moe"] = {k: [[sum(c) for c in zip(*per_layer)] for per_layer in zip(*(r["moe"][k] for r in results))]
                           for k in ("routed", "dropped")}
@@ -208,4 +245,5 @@ def _cmd_train(args: argparse.Namespace) -> int:
               f"({summary['tokens_per_s']:.0f} tok/s); {summary['params']:,} parameters; "
               f"{summary['algorithmic_bytes_sent_all_ranks'] / 2**20:.2f} MiB sent by all ranks "
               f"(algorithmic: the ring model over tensor sizes)")
+        _print_memory(r0["memory"])
     return 0
