@@ -32,6 +32,7 @@ Ulysses, an n_head that tp·cp does not divide).
 """
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -208,20 +209,20 @@ def apply_context_parallel(model: nn.Module, mesh, attention: str = "ring") -> n
     group = mesh.cp_group
     if group is None or group.size == 1:
         return model
-    cp, rank = group.size, mesh.cp_rank
     core = ATTENTION[attention]
     for block in model.blocks:
-        block.attn.core = lambda q, k, v: core(q, k, v, group)
-
-    def embed(idx: torch.Tensor) -> torch.Tensor:                              # idx: (B, T/cp), chunks (r, 2cp-1-r)
-        T = idx.shape[1] * cp
-        if T > model.config.block_size:
-            raise ValueError(f"sequence length {T} exceeds block_size={model.config.block_size}")
-        pos = positions(idx.shape[1], rank, cp, idx.device)                    # (T/cp,) global positions
-        return model.drop(model.wte(idx) + model.wpe(pos))                     # (B, T/cp, D)
-
-    model.embed = embed
+        block.attn.core = functools.partial(core, group=group)
+    model.positions = functools.partial(global_positions, rank=mesh.cp_rank, cp=group.size,
+                                        block_size=model.config.block_size)
     return model
+
+
+def global_positions(idx: torch.Tensor, rank: int, cp: int, block_size: int) -> torch.Tensor:
+    """idx: (B, T/cp), this cp rank's chunks (r, 2cp-1-r) → their (T/cp,) places in the whole sequence."""
+    T = idx.shape[1] * cp
+    if T > block_size:
+        raise ValueError(f"sequence length {T} exceeds block_size={block_size}")
+    return positions(idx.shape[1], rank, cp, idx.device)
 
 
 def check(model_config, config, dims, moe=None) -> None:

@@ -114,12 +114,19 @@ class GPT(nn.Module):
         return sum(p.numel() for p in self.parameters())
 
     def embed(self, idx: torch.Tensor) -> torch.Tensor:
-        """(B, T) token ids → (B, T, D) residual stream."""
+        """(B, T) token ids → (B, T, D) residual stream. The parallel forms change only where the positions
+        come from (context parallelism) and which rows of them a rank keeps (sequence parallelism)."""
+        return self.drop(self.wte(idx) + self.position_embedding(self.positions(idx)))   # (B, T, D)
+
+    def positions(self, idx: torch.Tensor) -> torch.Tensor:
+        """Each token's place in its sequence, (T,): 0 … T-1 here."""
         T = idx.shape[1]
         if T > self.config.block_size:
             raise ValueError(f"sequence length {T} exceeds block_size={self.config.block_size}")
-        pos = torch.arange(T, device=idx.device)
-        return self.drop(self.wte(idx) + self.wpe(pos))                        # (B, T, D)
+        return torch.arange(T, device=idx.device)
+
+    def position_embedding(self, pos: torch.Tensor) -> torch.Tensor:
+        return self.wpe(pos)                                                    # (T, D)
 
     def head(self, x: torch.Tensor) -> torch.Tensor:
         """(B, T, D) → (B, T, V) logits."""

@@ -391,15 +391,10 @@ class ParallelGPT(GPT):
                     if isinstance(m, ColumnParallelLinear) and m.bias is not None}
         return [p for p in self.parameters() if id(p) not in sharded]
 
-    def embed(self, idx: torch.Tensor) -> torch.Tensor:
-        """(B, T) ids → (B, T, D) residual stream, or this rank's (B, T/tp, D) under sequence parallelism."""
-        T = idx.shape[1]
-        if T > self.config.block_size:
-            raise ValueError(f"sequence length {T} exceeds block_size={self.config.block_size}")
-        pos = self.wpe(torch.arange(T, device=idx.device))                 # (T, D)
-        if self.sequence_parallel:
-            pos = _split(pos, 0, self.group)                                # (T/tp, D)
-        return self.drop(self.wte(idx) + pos)
+    def position_embedding(self, pos: torch.Tensor) -> torch.Tensor:
+        """(T, D), or this rank's (T/tp, D) under sequence parallelism (its vocab-parallel embedding's rows)."""
+        pos = self.wpe(pos)                                                 # (T, D)
+        return _split(pos, 0, self.group) if self.sequence_parallel else pos
 
     def loss(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         return vocab_parallel_cross_entropy(logits, targets, self.group, self.config.vocab_size)

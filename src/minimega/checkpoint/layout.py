@@ -27,6 +27,8 @@ from dataclasses import dataclass
 import torch
 
 from ..tensor_parallel import ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding, sharded_params
+from ..zero import state as zero_state
+from ..zero.state import Entry
 
 
 @dataclass(frozen=True)
@@ -160,20 +162,13 @@ def split_range(lo: int, hi: int, index: int, count: int) -> tuple[int, int]:
 # ---- the engine's state as local tensors ------------------------------------------------------------
 
 @dataclass
-class Local:
-    """One local tensor (or a flat range of one) of the engine and where it belongs.
-
-    ``data`` holds elements ``[lo, hi)`` of a local tensor shaped ``local_shape``; ``module`` is the TP
-    layer of parameter ``key`` (or None); ``replicas`` (index, count) says how many ranks hold the same
+class Local(Entry):
+    """One local tensor (or a flat range of one) of the engine and where it belongs: a ZeRO `Entry`
+    (elements ``[lo, hi)`` of a local tensor shaped ``local_shape``, held in ``data``) plus ``module``, the TP
+    layer of parameter ``key`` (or None), and ``replicas`` (index, count): how many ranks hold the same
     elements. A 0-d optimizer state (Adam's step) has ``local_shape == ()``.
     """
 
-    kind: str
-    key: str
-    data: torch.Tensor
-    local_shape: tuple[int, ...]
-    lo: int
-    hi: int
     module: object
     replicas: tuple[int, int]
 
@@ -188,7 +183,6 @@ def engine_locals(engine) -> list[Local]:
     ZeRO wrappers describe their own shards (`zero.state.local_entries`); otherwise each parameter is
     held whole (its TP slice), next to its torch optimizer state.
     """
-    from ..zero import state as zero_state
     mesh, out = engine.mesh, []
     for part, wrapper in engine._holders():
         tp_of = sharded_params(part)

@@ -69,6 +69,12 @@ class StageChunk(nn.Module):
         """The model's embedding (first chunk only): (B, T) ids → (B, T, D)."""
         return self._ends.embed(self, idx)
 
+    def positions(self, idx: torch.Tensor) -> torch.Tensor:
+        return self._ends.positions(self, idx)
+
+    def position_embedding(self, pos: torch.Tensor) -> torch.Tensor:
+        return self._ends.position_embedding(self, pos)
+
     def head(self, x: torch.Tensor) -> torch.Tensor:
         """The model's final LayerNorm and head (last chunk only): (B, T, D) → (B, T, V) logits."""
         return self._ends.head(self, x)
