@@ -54,10 +54,10 @@ def animation_html(name: str, lang: str) -> str:
     except KeyError as err:
         raise PluginError(str(err)) from err
     words = json.dumps(CONTROLS[lang], ensure_ascii=False)
-    payload = json.dumps(data, ensure_ascii=False, separators=(",", ":")).replace("</", "<\\/")
-    return (f'<div class="mm-anim" id="anim-{name}" lang="{lang}" data-anim="{name}" data-words="{html.escape(words)}">'
-            f'<script type="application/json">{payload}</script>'
-            f'<noscript>{html.escape(data["title"])}</noscript></div>')
+    payload = json.dumps(data, ensure_ascii=False, separators=(",", ":"))
+    # In an attribute, not a <script>: instant navigation re-creates a page's scripts when it swaps the page.
+    return (f'<div class="mm-anim" id="anim-{name}" lang="{lang}" data-anim="{name}" data-words="{html.escape(words)}" '
+            f'data-frames="{html.escape(payload)}"><noscript>{html.escape(data["title"])}</noscript></div>')
 
 
 # ----------------------------------------------------------------------------------------------
@@ -180,13 +180,19 @@ def split_search_index(site: Path, langs=("nl",)) -> dict[str, int]:
     path = site / "search" / "search_index.json"
     index = json.loads(path.read_text(encoding="utf-8"))
     counts = {}
+    def whole(docs):
+        """Drop sections whose page is not in the list (mkdocs-static-i18n's dedup drops a fallback page
+        that repeats the English one, and material would link its sections to "undefined")."""
+        pages = {d["location"] for d in docs if "#" not in d["location"]}
+        return [d for d in docs if d["location"].split("#")[0] in pages]
+
     for lang in langs:
-        docs = [d for d in index["docs"] if d["location"].startswith(f"{lang}/")]
+        docs = whole([d for d in index["docs"] if d["location"].startswith(f"{lang}/")])
         (site / lang / "search").mkdir(parents=True, exist_ok=True)
         (site / lang / "search" / "search_index.json").write_text(
             json.dumps({**index, "docs": docs}, ensure_ascii=False), encoding="utf-8")
         counts[lang] = len(docs)
-    english = [d for d in index["docs"] if not any(d["location"].startswith(f"{lang}/") for lang in langs)]
+    english = whole([d for d in index["docs"] if not any(d["location"].startswith(f"{lang}/") for lang in langs)])
     path.write_text(json.dumps({**index, "docs": english}, ensure_ascii=False), encoding="utf-8")
     counts["en"] = len(english)
     return counts

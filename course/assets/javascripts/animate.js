@@ -1,5 +1,5 @@
 /* Step-through animations (tools/learner_hook.py embeds each one's frames, computed at build time by
- * minimega.figures_animations, as JSON inside <div class="mm-anim">).
+ * minimega.figures_animations, as JSON in the data-frames attribute of <div class="mm-anim">).
  *
  * A frame is a grid of cells, each with a state (a CSS class: mm-s-full, mm-s-shard, ...) and a short
  * label, plus a caption in the page's language. Controls are native buttons (first, back, play/pause,
@@ -30,7 +30,7 @@
   function init(box) {
     if (box.dataset.ready) return;
     box.dataset.ready = "1";
-    var data = JSON.parse(box.querySelector("script[type='application/json']").textContent);
+    var data = JSON.parse(box.dataset.frames);
     var w = JSON.parse(box.dataset.words);
     var frames = data.frames, i = 0, timer = null;
 

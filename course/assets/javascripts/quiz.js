@@ -149,6 +149,9 @@
     return a !== 0 && (a >= 1e6 || a < 1e-3) ? x.toPrecision(3) : String(Number(x.toPrecision(3)));
   }
 
+  /* A number in the page's language: a decimal comma in Dutch. */
+  function local(form, text) { return langOf(form) === "nl" ? text.replace(".", ",") : text; }
+
   /* The hint: the bank's own (data-hint), else the worked answer's first formula without its numbers. */
   function hintText(form) {
     var w = words(form);
@@ -182,8 +185,8 @@
     if (!result.ok && numeric) {
       var d = result.value - result.answer;
       head += " " + (d > 0 ? w.high : w.low).replace(/^./, function (c) { return c.toUpperCase(); }) +
-        w.by(fmt(Math.abs(d)) + (form.dataset.unit ? " " + form.dataset.unit : ""),
-             result.answer ? fmt(Math.abs(100 * d / result.answer)) : "∞");
+        w.by(local(form, fmt(Math.abs(d))) + (form.dataset.unit ? " " + form.dataset.unit : ""),
+             result.answer ? local(form, fmt(Math.abs(100 * d / result.answer))) : "∞");
     }
     if (restored) head = w.earlier + head;
     box.innerHTML = "<p class=\"mm-verdict\">" + head + "</p>";
