@@ -332,6 +332,7 @@ def _stamp_end(rec: CommRecord, now: float) -> None:
 # Collectives.
 
 # --8<-- [start:collectives]
+# --8<-- [start:all_reduce]
 def all_reduce(tensor: torch.Tensor, group: Group, *, async_op: bool = False, tag: str = ""):
     """Sum ``tensor`` in place over ``group``. Returns the tensor, or a `Handle` when async."""
     if group.size == 1:
@@ -339,6 +340,7 @@ def all_reduce(tensor: torch.Tensor, group: Group, *, async_op: bool = False, ta
     rec = _record("all_reduce", group, tensor, tensor.numel(), tag)
     work = dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=group.pg, async_op=True)
     return _finish(work, rec, tensor, async_op, _ready_at(), (tensor,))
+# --8<-- [end:all_reduce]
 
 
 def all_reduce_mean(tensor: torch.Tensor, group: Group, *, tag: str = "") -> torch.Tensor:

@@ -64,6 +64,7 @@ def _check_stage_dp(stage: int, dp: int) -> None:
 
 
 # --8<-- [start:model_state_bytes]
+# --8<-- [start:state_breakdown]
 def model_state_breakdown(n_params: float, dp: int, stage: int, precision: str = "mixed", *,
                           grad_bytes: int | None = None) -> dict:
     """Per-rank bytes of parameters, gradients and optimizer states (ZeRO paper, Fig. 1).
@@ -81,6 +82,7 @@ def model_state_breakdown(n_params: float, dp: int, stage: int, precision: str =
         "grads": g * n_params / (dp if stage >= 2 else 1),
         "optimizer": k * n_params / (dp if stage >= 1 else 1),
     }
+# --8<-- [end:state_breakdown]
 
 
 def model_state_bytes(n_params: float, dp: int, stage: int, precision: str = "mixed") -> float:
@@ -890,6 +892,7 @@ def achieved_flops_per_gpu(flops_per_iteration: float, seconds_per_iteration: fl
     return flops_per_iteration / seconds_per_iteration / n_gpus
 
 
+# --8<-- [start:training_seconds]
 def training_seconds(tokens: float, n_params: float, n_gpus: int, flops_per_gpu: float, *,
                      recompute: bool = True) -> float:
     """End-to-end training time, Narayanan et al. Eq. 4: 8·T·P / (n·X) seconds.
@@ -899,6 +902,7 @@ def training_seconds(tokens: float, n_params: float, n_gpus: int, flops_per_gpu:
     batch-size ramp-up come on top: the real run is longer than this.
     """
     return (8 if recompute else 6) * tokens * n_params / (n_gpus * flops_per_gpu)
+# --8<-- [end:training_seconds]
 
 
 def gpu_hours(n_gpus: int, seconds: float) -> float:

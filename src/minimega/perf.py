@@ -429,6 +429,7 @@ def step_time(cfg: PerfConfig, hw: Hardware | str = "a100-80gb") -> dict:
         down = collective_time("send_recv", shard * grad_b, 2, hw.host)
         up = collective_time("send_recv", shard * e, 2, hw.host)
         offload = (max(0.0, down - last_bwd) if p == 1 and cfg.overlap_comm else down) + up
+    # --8<-- [start:step_total]
     compute = m * (mb["forward"] + mb["backward"] + mb["recompute"])
     out = {"compute": compute, "forward": m * mb["forward"], "backward": m * mb["backward"],
            "recompute": m * mb["recompute"], "tp_comm": m * mb["tp_comm"], "ep_comm": m * mb["ep_comm"],
@@ -437,6 +438,7 @@ def step_time(cfg: PerfConfig, hw: Hardware | str = "a100-80gb") -> dict:
            "optimizer": optimizer}
     out["total"] = (compute + out["tp_comm"] + out["ep_comm"] + out["cp_comm"] + out["p2p"] + bubble + stack_overhead
                     + dp_comm + offload + optimizer)
+    # --8<-- [end:step_total]
     tokens = cfg.global_batch * cfg.seq_len
     moe = moe_extra_flops(cfg)
     model_flops = est.megatron_model_flops(cfg.global_batch, cfg.seq_len, cfg.layers, cfg.hidden, cfg.vocab) + moe

@@ -74,6 +74,7 @@ def _split(x: torch.Tensor, dim: int, group: Group) -> torch.Tensor:
 
 
 # --8<-- [start:regions]
+# --8<-- [start:f_region]
 class _CopyToTP(torch.autograd.Function):
     """Forward: identity. Backward: all-reduce (sum) over tp. `f` in Megatron-LM."""
     @staticmethod
@@ -84,8 +85,10 @@ class _CopyToTP(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):         # grad: (B, T, D) partial (each rank saw D/tp of the columns)
         return comm.all_reduce(grad.clone(), ctx.group, tag="tp"), None
+# --8<-- [end:f_region]
 
 
+# --8<-- [start:g_region]
 class _ReduceFromTP(torch.autograd.Function):
     """Forward: all-reduce (sum) over tp. Backward: identity. `g` in Megatron-LM."""
     @staticmethod
@@ -95,6 +98,7 @@ class _ReduceFromTP(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):         # grad: (B, T, D), replicated
         return grad, None
+# --8<-- [end:g_region]
 
 
 class _ScatterToTP(torch.autograd.Function):
