@@ -187,3 +187,34 @@ def test_animation_controls_and_phone_width(site_server, browser):
         assert _no_sideways_scroll(page), path
     assert watch.errors == [], watch.errors
     ctx.close()
+
+
+CODE_BLOCKS = """() => Array.from(document.querySelectorAll('article .highlight pre > code')).map(c => {
+  const d = c.closest('details');
+  return {lines: c.innerText.replace(/\\n$/, '').split('\\n').length, folded: !!(d && !d.open),
+          wide: c.scrollWidth > c.clientWidth + 1 || c.closest('pre').scrollWidth > c.closest('pre').clientWidth + 1};
+})"""
+
+
+def test_code_blocks_carry_the_idea_and_never_scroll_sideways(site_server, browser, site_build):
+    """In every chapter at 1280 px: the median code block shown (not folded) is at most 20 lines, every chapter
+    shows at least one of 20 lines or fewer, and no block, folded ones opened, is wider than its box."""
+    import statistics
+    ctx = browser.new_context(viewport={"width": 1280, "height": 900})
+    page = ctx.new_page()
+    shown, wide = [], []
+    chapters = sorted(p.name for p in site_build.out.glob("[0-9][0-9]-*") if p.is_dir())
+    assert len(chapters) == 16
+    for slug in chapters:
+        page.goto(f"{site_server}/{slug}/")
+        blocks = page.evaluate(CODE_BLOCKS)
+        mine = [b["lines"] for b in blocks if not b["folded"]]
+        assert mine and min(mine) <= 20, f"{slug}: no embedded block of 20 lines or fewer ({mine})"
+        shown += mine
+        page.evaluate("document.querySelectorAll('article details').forEach(d => d.open = true)")
+        wide += [(slug, b["lines"]) for b in page.evaluate(CODE_BLOCKS) if b["wide"]]
+    median = statistics.median(shown)
+    print(f"code blocks shown: {len(shown)}, median {median} lines")
+    assert median <= 20, median
+    assert wide == [], wide
+    ctx.close()
