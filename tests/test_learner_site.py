@@ -108,6 +108,9 @@ def test_further_reading_cites_sources_for_every_chapter(lang):
         assert len(refs) >= 2, s[:60]
         for ref in refs:                                # each names a paper with an id, a venue, or a doc page
             assert re.search(r"arXiv:\d{4}\.\d{4,5}|\d{4}|https://", ref), ref
+    for slug in CHAPTERS:                               # and each chapter links its section
+        page = (COURSE / (f"{slug}.nl.md" if lang == "nl" else f"{slug}.md")).read_text(encoding="utf-8")
+        assert f"(reading.md#ch{slug[:2]})" in page, slug
 
 
 @pytest.mark.parametrize("lang", ["en", "nl"])
