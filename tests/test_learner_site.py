@@ -58,8 +58,16 @@ def test_time_per_chapter_is_words_problems_quiz_and_lab():
     assert sorted(run) == CHAPTERS, "tools/time_labs.py has not timed every lab"
     c = times["03-zero"]                                             # one chapter recomputed by hand
     md = (COURSE / "03-zero.md").read_text(encoding="utf-8")
-    words = len(re.findall(r"[\wΨ]+", re.sub(r"^---.*?---", " ", re.sub(r"\{\{.*?\}\}", " ", md, flags=re.S),
-                                              flags=re.S)))
+    shown = re.findall(r'^--8<-- "([^":]+):([a-z0-9_]+)"$', md, flags=re.M)     # code at the margin is read too
+    assert ("src/minimega/zero/stages.py", "zero3_unshard") in shown
+    code = []
+    for path, name in shown:
+        text = (ROOT / path).read_text(encoding="utf-8")
+        body = text.split(f"# --8<-- [start:{name}]")[1].split(f"# --8<-- [end:{name}]")[0]
+        code.append("\n".join(line for line in body.splitlines() if "--8<--" not in line))
+    prose = re.sub(r'^--8<-- "[^"]+"$', " ", md, flags=re.M)
+    words = len(re.findall(r"[\wΨ]+", re.sub(r"^---.*?---", " ", re.sub(r"\{\{.*?\}\}", " ", prose, flags=re.S),
+                                              flags=re.S))) + sum(len(re.findall(r"[\wΨ]+", c)) for c in code)
     items = len(yaml.safe_load((ROOT / "quizzes" / "03-zero.yaml").read_text())["items"])
     assert (c["words"], c["problems"], c["quiz"], c["lab_seconds"]) == (words, 4, items, run["03-zero"])
     assert c["minutes"] == 5 * math.ceil((words / 200 + 4 * 5 + items + run["03-zero"] / 60 + 10) / 5)

@@ -63,8 +63,20 @@ def animation_html(name: str, lang: str) -> str:
 # ----------------------------------------------------------------------------------------------
 # Time per chapter
 
-def _words(markdown: str) -> int:
-    text = re.sub(r"\{\{.*?\}\}", " ", markdown, flags=re.S)          # macros
+INCLUDE = re.compile(r'^--8<-- "([^":]+):([a-z0-9_]+)"$', re.M)      # at the margin: shown, not folded
+
+
+def _section(path: str, name: str, root: Path = ROOT) -> str:
+    lines = (root / path).read_text(encoding="utf-8").splitlines()
+    start = next(i for i, line in enumerate(lines) if f"[start:{name}]" in line)
+    end = next(i for i, line in enumerate(lines) if f"[end:{name}]" in line)
+    return "\n".join(line for line in lines[start + 1:end] if "--8<--" not in line)
+
+
+def _words(markdown: str, root: Path = ROOT) -> int:
+    """Words a reader reads: prose and formulas, and the code embedded at the margin (folded code is not counted)."""
+    text = INCLUDE.sub(lambda m: _section(m.group(1), m.group(2), root), markdown)
+    text = re.sub(r"\{\{.*?\}\}", " ", text, flags=re.S)                # macros
     text = re.sub(r"^---.*?---", " ", text, flags=re.S)               # front matter
     return len(re.findall(r"[\wΨ]+", text))
 
@@ -93,7 +105,7 @@ def chapter_times(root: Path = ROOT) -> list[dict]:
         if page.name.count(".") > 1:
             continue
         md = page.read_text(encoding="utf-8")
-        words = _words(md)
+        words = _words(md, root)
         problems = len(re.findall(r"^\*\*Problem \d+\.\*\*", md, flags=re.M))
         bank = root / "quizzes" / f"{page.stem}.yaml"
         items = len(yaml.safe_load(bank.read_text(encoding="utf-8"))["items"]) if bank.exists() else 0
