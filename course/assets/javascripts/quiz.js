@@ -10,8 +10,8 @@
  * do not depend on the order shown); numeric answers are also accepted rounded to data-sig
  * significant figures, as quiz.numeric_ok does.
  * Numeric items teach before they tell: a first wrong answer says whether it is too high or too low
- * and by how much, and offers a retry and a hint (data-hint, or the worked answer's formula without
- * its numbers); the worked answer comes after a second wrong try or when asked for. Units are
+ * and by how much, and offers a retry and a hint (data-hint, or the worked answer's formula when it is
+ * written in symbols); the worked answer comes after a second wrong try or when asked for. Units are
  * accepted ("16.6 GB", "16600 MB" where the unit is GB; "251 elements").
  * Progress is kept per language: the store's key is "<lang>/<bank>" (progress.js sums it up).
  * Words follow the quiz box's lang attribute (sitebuild.render_quiz sets it from the bank's
@@ -152,14 +152,18 @@
   /* A number in the page's language: a decimal comma in Dutch. */
   function local(form, text) { return langOf(form) === "nl" ? text.replace(".", ",") : text; }
 
-  /* The hint: the bank's own (data-hint), else the worked answer's first formula without its numbers. */
+  /* The hint: the bank's own (data-hint), else the worked answer's first formula when it is written in symbols
+   ("2(n-1)/n x S"), else a general nudge. */
   function hintText(form) {
     var w = words(form);
     if (form.dataset.hint) return w.hintLead + form.dataset.hint;
     var tmp = document.createElement("div");
     tmp.innerHTML = form.dataset.explain || "";
     var first = tmp.textContent.split(" = ")[0];
-    if (first && first.length < 120 && /[A-Za-zΨα-ω]/.test(first) && first !== tmp.textContent) return w.hintLead + w.fromFormula(first.trim());
+    var letters = (first.match(/[A-Za-zΨα-ω]/g) || []).length, digits = (first.match(/\d/g) || []).length;
+    // a formula in symbols is a hint; the worked numbers (4 x 12 x 8) would be the answer itself
+    if (first !== tmp.textContent && first.length >= 4 && first.length < 120 && letters >= 2 * digits)
+      return w.hintLead + w.fromFormula(first.trim());
     return w.hintLead + w.generic;
   }
 
