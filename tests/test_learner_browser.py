@@ -17,11 +17,11 @@ WALK = {
     "en": dict(prefix="", width=1280, start="Start here", chapter="Chapter 3", step="Step forward", back="Step back",
                wrong="Not correct yet. Too high by", hint="Hint: Stage 1 shards only the optimizer states",
                worked="Worked answer:", right="Correct.", line="Your quiz progress in this chapter: 2 of 9 right",
-               home="2 of 9 right (2 tried)", total="2 of", home_link="Home"),
+               home="2 of 9 right (2 tried)", total="2 of", one="in 1 chapter.", home_link="Home"),
     "nl": dict(prefix="nl/", width=390, start="Begin hier", chapter="Hoofdstuk 3", step="Stap vooruit",
                back="Stap terug", wrong="Nog niet goed. Te hoog, ", hint="Hint: Stage 1 shardt alleen de optimizer states",
                worked="Uitwerking:", right="Goed.", line="Je quizvoortgang in dit hoofdstuk: 2 van 9 goed",
-               home="2 van 9 goed (2 geprobeerd)", total="2 van", home_link="Start"),
+               home="2 van 9 goed (2 geprobeerd)", total="2 van", one="in 1 hoofdstuk.", home_link="Start"),
 }
 
 
@@ -104,6 +104,7 @@ def test_new_learner_walk(site_server, browser, lang):
     li = page.locator(".mm-progress-summary li[data-bank='03-zero']")
     assert li.get_attribute("data-right") == "2" and w["home"] in li.inner_text()
     assert page.locator(".mm-progress-total").inner_text().startswith(w["total"])
+    assert page.locator(".mm-progress-total").inner_text().endswith(w["one"])
     other = "nl/" if lang == "en" else ""                                           # the other edition: untouched
     page.goto(f"{site_server}/{other}")
     page.wait_for_selector(".mm-progress-summary li[data-tried]")

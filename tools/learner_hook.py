@@ -120,7 +120,7 @@ def chapter_times(root: Path = ROOT) -> list[dict]:
 
 
 def chapter_times_table(lang: str) -> str:
-    head = {"en": "| chapter | words | worked problems | quiz questions | lab run (recorded) | about |\n"
+    head = {"en": "| chapter | words | worked problems | quiz questions | lab run (measured) | about |\n"
                   "| --- | ---: | ---: | ---: | ---: | ---: |",
             "nl": "| hoofdstuk | woorden | uitgewerkte opgaven | quizvragen | lab (gemeten) | ongeveer |\n"
                   "| --- | ---: | ---: | ---: | ---: | ---: |"}[lang]

@@ -10,11 +10,11 @@
   var WORDS = {
     en: {line: function (r, n, t) { return r + " of " + n + " right (" + t + " tried)"; },
          chapter: function (r, n, t) { return "Your quiz progress in this chapter: " + r + " of " + n + " right (" + t + " tried)."; },
-         total: function (r, n, c) { return r + " of " + n + " questions right, in " + c + " chapters."; },
+         total: function (r, n, c) { return r + " of " + n + " questions right, in " + c + (c === 1 ? " chapter." : " chapters."); },
          none: "No quiz answered yet in this browser.", go: "Go to the quiz", cleared: "Progress cleared."},
     nl: {line: function (r, n, t) { return r + " van " + n + " goed (" + t + " geprobeerd)"; },
          chapter: function (r, n, t) { return "Je quizvoortgang in dit hoofdstuk: " + r + " van " + n + " goed (" + t + " geprobeerd)."; },
-         total: function (r, n, c) { return r + " van " + n + " vragen goed, in " + c + " hoofdstukken."; },
+         total: function (r, n, c) { return r + " van " + n + " vragen goed, in " + c + (c === 1 ? " hoofdstuk." : " hoofdstukken."); },
          none: "Nog geen quizvraag beantwoord in deze browser.", go: "Naar de quiz", cleared: "Voortgang gewist."}
   };
   function load() { try { return JSON.parse(localStorage.getItem(STORE)) || {}; } catch (e) { return {}; } }
