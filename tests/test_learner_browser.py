@@ -189,8 +189,7 @@ def test_animation_controls_and_phone_width(site_server, browser):
     page.wait_for_timeout(1500)
     assert anim.get_attribute("data-frame") == frame
     assert _no_sideways_scroll(page)
-    for path in ("", "start-here/", "02-data-parallel/", "03-zero/", "07-tensor-parallel/", "15-long-context/",
-                 "nl/03-zero/", "glossary/"):
+    for path in ("start-here/", "nl/03-zero/", "07-tensor-parallel/", "15-long-context/"):   # a covering sample
         page.goto(f"{site_server}/{path}")
         assert _no_sideways_scroll(page), path
     assert watch.errors == [], watch.errors
