@@ -135,11 +135,14 @@ PRECISION = re.compile(r"\b(exact(ly)?|integer|whole number|decimals?|significan
 
 @pytest.mark.parametrize("kind,bank,item", NUMERIC, ids=[_key(*n) for n in NUMERIC])
 def test_numeric_questions_state_their_precision(kind, bank, item):
-    """A practice question says it in its own words; an exam template's question as drawn ends with the
-    precision sentence `Item.prompt` adds."""
+    """Every numeric question as shown (`Item.prompt`: the question, then the precision sentence) says how precise
+    the answer must be, once: a practice question adds no rounding rule of its own (issue 28: chapter 3's Q3
+    gave two)."""
     for one, _, _ in instances(item):
-        text = one.question if kind == "practice" else one.prompt
-        assert PRECISION.search(text), f"{_key(kind, bank, item)}: say how precise the answer must be"
+        assert PRECISION.search(one.prompt), f"{_key(kind, bank, item)}: say how precise the answer must be"
+        if kind == "practice":
+            assert not re.search(r"\((?:to )?(?:one|two|three|four|\d) decimals?\)|whole number\)", one.question), \
+                f"{_key(kind, bank, item)}: a second rounding rule beside the precision sentence"
 
 
 def test_chapter12_exam_templates_cover_the_former_fixed_item():

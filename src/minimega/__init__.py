@@ -14,7 +14,7 @@ from .model import GPT
 
 from . import analysis as estimate  # the estimators under the name the course and DESIGN.md use
 
-_sys.modules[__name__ + ".estimate"] = estimate   # so `import minimega.estimate as est` works too
+_sys.modules[__name__ + ".estimate"] = estimate   # so `import minimega.analysis as est` works too
 
 from .version import __version__
 __all__ = ["GPT", "GPTConfig", "TrainConfig", "ParallelDims", "Mesh", "init_mesh", "launch", "WorkerError",

@@ -29,6 +29,7 @@ class _Checkpoint(torch.autograd.Function):
     Backward: restore the RNG state, run ``fn`` again with the graph, and backpropagate through it."""
 
     @staticmethod
+    # --8<-- [start:checkpoint_forward]
     def forward(ctx, fn, *inputs):
         ctx.fn = fn
         ctx.cuda = any(t.is_cuda for t in inputs if torch.is_tensor(t))
@@ -38,6 +39,7 @@ class _Checkpoint(torch.autograd.Function):
         ctx.save_for_backward(*inputs)
         with torch.no_grad():
             return fn(*inputs)
+    # --8<-- [end:checkpoint_forward]
 
     @staticmethod
     def backward(ctx, grad):

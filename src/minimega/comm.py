@@ -137,7 +137,7 @@ def _blocking(call: Call, fn, result=None):
 # Collectives.
 
 # --8<-- [start:collectives]
-# --8<-- [start:tour_all_reduce]
+# --8<-- [start:all_reduce]
 def all_reduce(tensor: torch.Tensor, group: Group, *, async_op: bool = False, tag: str = ""):
     """Sum ``tensor`` in place over ``group``. Returns the tensor, or a `Handle` when async."""
     if group.size == 1:
@@ -145,7 +145,7 @@ def all_reduce(tensor: torch.Tensor, group: Group, *, async_op: bool = False, ta
     call = _issue("all_reduce", group, tensor, tensor.numel(), tag, (tensor,))
     work = dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=group.pg, async_op=True)
     return _finish(call, [work], tensor, async_op)
-# --8<-- [end:tour_all_reduce]
+# --8<-- [end:all_reduce]
 
 
 def all_reduce_mean(tensor: torch.Tensor, group: Group, *, tag: str = "") -> torch.Tensor:

@@ -1,7 +1,7 @@
 """Measured bytes per rank, by category: what each rank really holds, counted tensor by tensor.
 
 Counting resident tensors is exact and repeatable (unlike RSS or the profiler's memory timeline, which
-vary run to run on CPU), so tests can compare these numbers with `minimega.estimate` exactly.
+vary run to run on CPU), so tests can compare these numbers with `minimega.analysis` exactly.
 Tensors that share storage are counted once.
 """
 from __future__ import annotations

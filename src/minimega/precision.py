@@ -73,6 +73,7 @@ class DynamicLossScaler:
         self.iteration, self.last_overflow = 0, -1
         self.skipped = 0
 
+    # --8<-- [start:scaler_update]
     def update(self, overflow: bool) -> None:
         if overflow:
             if self.cur_hysteresis == 1 or self.hysteresis == 1:
@@ -85,6 +86,7 @@ class DynamicLossScaler:
             self.scale *= self.factor
             self.cur_hysteresis = self.hysteresis
         self.iteration += 1
+    # --8<-- [end:scaler_update]
 # --8<-- [end:loss_scaler]
 
     # --8<-- [start:scaler_state]

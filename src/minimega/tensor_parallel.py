@@ -69,6 +69,7 @@ def _split(x: torch.Tensor, dim: int, group: Group) -> torch.Tensor:
 
 
 # --8<-- [start:regions]
+# --8<-- [start:f_region]
 class _CopyToTP(torch.autograd.Function):
     """Forward: identity. Backward: all-reduce (sum) over tp. `f` in Megatron-LM."""
     @staticmethod
@@ -79,9 +80,10 @@ class _CopyToTP(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):         # grad: (B, T, D) partial (each rank saw D/tp of the columns)
         return comm.all_reduce(grad.clone(), ctx.group, tag="tp"), None
+# --8<-- [end:f_region]
 
 
-# --8<-- [start:tour_g]
+# --8<-- [start:g_region]
 class _ReduceFromTP(torch.autograd.Function):
     """Forward: all-reduce (sum) over tp. Backward: identity. `g` in Megatron-LM."""
     @staticmethod
@@ -91,7 +93,7 @@ class _ReduceFromTP(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):         # grad: (B, T, D), replicated
         return grad, None
-# --8<-- [end:tour_g]
+# --8<-- [end:g_region]
 
 
 class _ScatterToTP(torch.autograd.Function):

@@ -11,7 +11,7 @@ The estimators are pure functions of a few integers (no torch), one concern per 
 
 and above them the step-time model (``perf.py``, ``hardware.py``), the planner (``plan.py``) and the
 calibration on this machine (``calibrate.py``). This package gathers every estimator under one name,
-``minimega.analysis`` (the course's ``minimega.estimate``): ``est.model_state_bytes(7.5e9, 64, 3)``.
+``minimega.analysis`` (the course's ``minimega.analysis``): ``est.model_state_bytes(7.5e9, 64, 3)``.
 The core never imports analysis; analysis reads the core where they share a rule (`zero.flat.padded_numel`,
 `moe.moe_capacity`), so the prediction and the code cannot disagree on it.
 """

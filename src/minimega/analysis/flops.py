@@ -100,6 +100,7 @@ def achieved_flops_per_gpu(flops_per_iteration: float, seconds_per_iteration: fl
     return flops_per_iteration / seconds_per_iteration / n_gpus
 
 
+# --8<-- [start:training_seconds]
 def training_seconds(tokens: float, n_params: float, n_gpus: int, flops_per_gpu: float, *,
                      recompute: bool = True) -> float:
     """End-to-end training time, Narayanan et al. Eq. 4: 8·T·P / (n·X) seconds.
@@ -109,6 +110,7 @@ def training_seconds(tokens: float, n_params: float, n_gpus: int, flops_per_gpu:
     batch-size ramp-up come on top: the real run is longer than this.
     """
     return (8 if recompute else 6) * tokens * n_params / (n_gpus * flops_per_gpu)
+# --8<-- [end:training_seconds]
 
 
 def gpu_hours(n_gpus: int, seconds: float) -> float:

@@ -37,6 +37,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, replace
 
+from ..moe import moe_capacity
 from .communication import ring_time
 
 GB = 1e9
@@ -216,3 +217,11 @@ def collective_time(op: str, size_bytes: float, n: int, link: Link, algorithm: s
         return (n - 1) * link.alpha + (n - 1) / n * size_bytes / link.beta
     return ring_time(op, size_bytes, n, link.alpha, link.beta)
 # --8<-- [end:collective_time]
+
+
+def moe_alltoall_time(n_layer: int, rows: int, seq_len: int, d_model: int, ep: int, n_experts: int, top_k: int,
+                      capacity_factor: float, link: Link, bytes_per_elem: int = 2) -> float:
+    """Seconds of one step's expert-parallel all-to-alls: 4 per MoE layer (dispatch and combine, forward and
+    backward), each over the (E, rows · C, D) slot buffer (`estimate.moe_alltoall_bytes`), α-β pairwise."""
+    size = n_experts * rows * moe_capacity(seq_len, n_experts, top_k, capacity_factor) * d_model * bytes_per_elem
+    return 4 * n_layer * collective_time("all_to_all", size, ep, link)

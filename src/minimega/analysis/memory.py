@@ -5,7 +5,7 @@ measurement (``measure.py``), a figure (``figures/plots.py``), the course's memo
 answer agree on one number. The other estimators live beside this file, one concern each:
 ``communication.py`` (bytes on the wire), ``activations.py`` (saved activations), ``pipeline.py`` (bubbles),
 ``flops.py`` (parameters, FLOPs, time and money), ``calculator.py`` (everything per GPU). ``minimega.analysis``
-(also importable as ``minimega.estimate``) gathers them all.
+(also importable as ``minimega.analysis``) gathers them all.
 
 Notation (the papers' letters):
     Ψ  parameters (n_params)            N_d  data-parallel degree (dp)
@@ -60,6 +60,7 @@ def _check_stage_dp(stage: int, dp: int) -> None:
 
 
 # --8<-- [start:model_state_bytes]
+# --8<-- [start:state_breakdown]
 def model_state_breakdown(n_params: float, dp: int, stage: int, precision: str = "mixed", *,
                           grad_bytes: int | None = None) -> dict:
     """Per-rank bytes of parameters, gradients and optimizer states (ZeRO paper, Fig. 1).
@@ -77,6 +78,7 @@ def model_state_breakdown(n_params: float, dp: int, stage: int, precision: str =
         "grads": g * n_params / (dp if stage >= 2 else 1),
         "optimizer": k * n_params / (dp if stage >= 1 else 1),
     }
+# --8<-- [end:state_breakdown]
 
 
 def model_state_bytes(n_params: float, dp: int, stage: int, precision: str = "mixed") -> float:

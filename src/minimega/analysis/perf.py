@@ -1,8 +1,7 @@
 """Predicted step time, tokens/s and MFU of one training layout: an α-β + roofline model.
 
-Pure functions of a few integers and a `Hardware` (``perf_hardware.py``); no torch. Memory per GPU comes
-from ``estimate.memory_per_gpu``, FLOP counts from ``estimate`` too, so a plan never disagrees with the
-memory calculator.
+Pure functions of a few integers and a `Hardware` (``hardware.py``); no torch. Memory and FLOPs come from
+the estimators beside it (``calculator.memory_per_gpu``, ``flops``): a plan never disagrees with the calculator.
 
 The model, phase by phase, for the slowest pipeline stage of one step:
 
@@ -33,7 +32,8 @@ The model, phase by phase, for the slowest pipeline stage of one step:
        the dp/ep ranks holding the same experts, bucketed like DDP's, or from zero_stage 1 on reduce-scattered
        and the experts all-gathered there, Adam stepping 1/(dp/ep) of them (ZeRO-1 over edp, `moe_zero`).
 
-Collectives use the α-β model (Thakur, Rabenseifner and Gropp 2005) on the link tier the group spans.
+Collectives use the α-β model (Thakur, Rabenseifner and Gropp 2005, ``hardware.collective_time``) on the
+link tier the group spans.
 """
 from __future__ import annotations
 
@@ -41,7 +41,8 @@ import math
 from dataclasses import asdict, dataclass, field, replace
 
 from .. import analysis as est
-from .hardware import ALGORITHMS, COLLECTIVES, HARDWARE, Hardware, Link, collective_time, hardware
+from .hardware import (ALGORITHMS, COLLECTIVES, HARDWARE, Hardware, Link, collective_time, hardware,
+                       moe_alltoall_time)
 
 STACKS = {"megatron": 1.0, "megatron-deepspeed": 0.77}
 """Per-micro-batch efficiency of the training stack's pipeline engine relative to Megatron-LM's own.
@@ -396,6 +397,7 @@ def step_time(cfg: PerfConfig, hw: Hardware | str = "a100-80gb") -> dict:
         down = collective_time("send_recv", shard * grad_b, 2, hw.host)
         up = collective_time("send_recv", shard * e, 2, hw.host)
         offload = (max(0.0, down - last_bwd) if p == 1 and cfg.overlap_comm else down) + up
+    # --8<-- [start:step_total]
     compute = m * (mb["forward"] + mb["backward"] + mb["recompute"])
     out = {"compute": compute, "forward": m * mb["forward"], "backward": m * mb["backward"],
            "recompute": m * mb["recompute"], "tp_comm": m * mb["tp_comm"], "ep_comm": m * mb["ep_comm"],
@@ -404,6 +406,7 @@ def step_time(cfg: PerfConfig, hw: Hardware | str = "a100-80gb") -> dict:
            "optimizer": optimizer}
     out["total"] = (compute + out["tp_comm"] + out["ep_comm"] + out["cp_comm"] + out["p2p"] + bubble + stack_overhead
                     + dp_comm + offload + optimizer)
+    # --8<-- [end:step_total]
     tokens = cfg.global_batch * cfg.seq_len
     moe = est.moe_extra_flops(cfg)
     model_flops = est.megatron_model_flops(cfg.global_batch, cfg.seq_len, cfg.layers, cfg.hidden, cfg.vocab) + moe
@@ -423,14 +426,6 @@ def step_time(cfg: PerfConfig, hw: Hardware | str = "a100-80gb") -> dict:
 # --8<-- [end:step_time]
 
 
-def moe_alltoall_time(n_layer: int, rows: int, seq_len: int, d_model: int, ep: int, n_experts: int, top_k: int,
-                      capacity_factor: float, link: Link, bytes_per_elem: int = 2) -> float:
-    """Seconds of one step's expert-parallel all-to-alls: 4 per MoE layer (dispatch and combine, forward and
-    backward), each over the (E, rows · C, D) slot buffer (`estimate.moe_alltoall_bytes`), α-β pairwise."""
-    size = n_experts * rows * est.moe_capacity(seq_len, n_experts, top_k, capacity_factor) * d_model * bytes_per_elem
-    return 4 * n_layer * collective_time("all_to_all", size, ep, link)
-
-
 def preset_config(name: str, **overrides) -> PerfConfig:
     """A `PerfConfig` from an `estimate.PRESETS` shape (its layout too), global batch from its m, plus overrides."""
     if name not in est.PRESETS:
@@ -446,6 +441,6 @@ def preset_config(name: str, **overrides) -> PerfConfig:
     return PerfConfig(**base)
 
 
-__all__ = ["ALGORITHMS", "COLLECTIVES", "HARDWARE", "PerfConfig", "collective_time", "hardware",
-           "layer_ops", "layer_times", "microbatch_time", "op_time", "preset_config", "roofline", "step_time",
+__all__ = ["ALGORITHMS", "COLLECTIVES", "HARDWARE", "PerfConfig", "collective_time", "hardware", "layer_ops",
+           "layer_times", "microbatch_time", "moe_alltoall_time", "op_time", "preset_config", "roofline", "step_time",
            "replace"]

@@ -107,6 +107,8 @@ class Item:
     """A template: parameter -> the values it may take (answer computed by `formula`)."""
     given: dict[str, str] | None = None
     """A template's derived quantities the question prints: name -> formula of the parameters."""
+    hint: str = ""
+    """Practice items: a nudge shown after a first wrong answer, before the worked answer (optional)."""
     lang: str = "en"
     """Language of the words (question, explanations, unit, the precision note and grading messages)."""
 
@@ -183,7 +185,7 @@ def _parse_item(raw: dict, where: str) -> Item:
     if kind not in ITEM_TYPES:
         raise QuizError(f"{where}: type {kind!r} is not one of {ITEM_TYPES}")
     known = {"id", "type", "question", "choices", "answer", "tolerance", "unit", "explain", "formula",
-             "sig", "params", "given"}
+             "sig", "params", "given", "hint"}
     if unknown := set(raw) - known:
         raise QuizError(f"{where}: unknown keys {sorted(unknown)}")
     if kind == "numeric":
@@ -244,7 +246,8 @@ def _numeric(raw: dict, where: str) -> Item:
     if raw.get("choices"):
         raise QuizError(f"{where}: a numeric item has no 'choices'")
     common = dict(id=str(raw["id"]), type="numeric", question=raw["question"], tolerance=float(tol),
-                  unit=str(raw.get("unit", "")), explain=raw["explain"], formula=raw.get("formula"), sig=sig)
+                  unit=str(raw.get("unit", "")), explain=raw["explain"], formula=raw.get("formula"), sig=sig,
+                  hint=str(raw.get("hint", "")))
     if raw.get("params") is None:
         if raw.get("given") is not None:
             raise QuizError(f"{where}: 'given' needs 'params'")
@@ -339,7 +342,7 @@ def twin_path(path: str | Path, lang: str) -> Path:
 
 STRUCTURE_KEYS = ("type", "answer", "tolerance", "sig", "params", "formula")
 """Item keys a twin must repeat exactly: they decide what is graded as right."""
-TEXT_KEYS = ("question", "explain", "unit")
+TEXT_KEYS = ("question", "explain", "unit", "hint")
 """Item keys a twin supplies in its own language."""
 
 

@@ -116,7 +116,8 @@ def render_item(bank_id: str, number: int, item: Item, lang: str = "en") -> str:
     parts = []
     if item.type == "numeric":
         attrs += (f' data-answer="{item.answer!r}" data-tolerance="{item.tolerance!r}" data-sig="{item.sig}"'
-                  f' data-explain="{html.escape(inline(item.explain))}"')
+                  f' data-explain="{html.escape(inline(item.explain))}" data-unit="{html.escape(item.unit)}"'
+                  f' data-hint="{html.escape(item.hint)}"')
         unit = f" ({html.escape(item.unit)})" if item.unit else ""
         parts.append(f'<div class="mm-numeric"><label for="{qid}-in">{w["answer"]}{unit}</label> '
                      f'<input type="text" inputmode="decimal" autocomplete="off" id="{qid}-in" name="{qid}"></div>')

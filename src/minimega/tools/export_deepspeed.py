@@ -57,6 +57,7 @@ def to_deepspeed(cfg: TrainConfig, dp: int, *, megatron: bool = False) -> dict:
         if cfg.optimizer == "adam":
             params["adam_w_mode"] = False   # DeepSpeed's "Adam" decouples weight decay unless told not to
         ds["optimizer"] = {"type": {"adamw": "AdamW", "adam": "Adam"}[cfg.optimizer], "params": params}
+    # --8<-- [start:deepspeed_zero]
     stage = cfg.zero_stage
     if megatron and cfg.pp > 1 and cfg.precision == "bf16" and stage == 1:
         stage = 0     # bf16 + stage 0 + a pipeline is DeepSpeed's BF16_Optimizer: ZeRO-1 (BLOOM's choice)
@@ -76,6 +77,7 @@ def to_deepspeed(cfg: TrainConfig, dp: int, *, megatron: bool = False) -> dict:
     if cfg.offload_optimizer:
         zero["offload_optimizer"] = {"device": "cpu"}
     ds["zero_optimization"] = zero
+    # --8<-- [end:deepspeed_zero]
     if cfg.precision == "bf16":
         ds["bf16"] = {"enabled": True}
     elif cfg.precision == "fp16":
