@@ -71,12 +71,12 @@ def param_shapes(model_config) -> dict[str, tuple[int, ...]]:
     """`model.py`'s parameters and their shapes, computed on the meta device (no memory).
 
     One block is built and its keys repeated ``n_layer`` times (every block has the same shapes), so the
-    cost does not grow with the depth a manifest claims.
+    cost does not grow with the depth a manifest claims; ``torch.nn.init`` is skipped (`_NoInit`).
     """
     from dataclasses import replace
 
     from ..model import GPT
-    with torch.device("meta"):
+    with torch.device("meta"), _NoInit():
         one = replace(model_config, n_layer=1)
         model = one.build() if hasattr(one, "build") else GPT(one)   # MoE: moe.MoEGPTConfig
         shapes = {k: tuple(v.shape) for k, v in model.state_dict().items()}
@@ -88,6 +88,16 @@ def param_shapes(model_config) -> dict[str, tuple[int, ...]]:
         elif not any(o.startswith("blocks.") for o in out):
             out.update({f"blocks.{i}.{b}": s for i in range(model_config.n_layer) for b, s in block.items()})
     return out
+
+
+class _NoInit(torch.overrides.TorchFunctionMode):
+    """Skips ``torch.nn.init`` while shapes are built: on the meta device they do nothing but import
+    torch's compiler stack the first time (seconds, before a checkpoint can even be refused)."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if getattr(func, "__module__", None) == "torch.nn.init":
+            return args[0] if args else kwargs["tensor"]
+        return func(*args, **(kwargs or {}))
 
 
 MAX_DIM = 1 << 24
