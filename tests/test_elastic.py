@@ -111,8 +111,8 @@ def test_elastic_flags_are_checked_before_any_rank_starts(capsys):
 SHRINK_FLAGS = ["--steps", "2", "--save-every", "1", "--seq-len", "32", "--lr", "3e-3", "--json"]
 SHRINK = {  # id: (layout flags, nproc, the size a restart after losing one rank must come back on)
     # the old rule (n % (tp*pp) == 0 and the batch splits over n/(tp*pp)) chose 3, 3, 4, 4: every rank refused it
-    "cp2": (["--cp", "2", "--batch-size", "8"], 4, 2),
-    "ep2-experts2": (["--ep", "2", "--experts", "2", "--batch-size", "8"], 4, 2),
+    "cp2": (["--cp", "2", "--batch-size", "12"], 4, 2),
+    "ep2-experts2": (["--ep", "2", "--experts", "2", "--batch-size", "12"], 4, 2),
     "pp2-mb4": (["--pp", "2", "--micro-batches", "4", "--batch-size", "12"], 6, 2),
     "accum4": (["--gradient-accumulation-steps", "4", "--batch-size", "24"], 6, 3),
 }
