@@ -312,3 +312,164 @@ def test_a_tampered_scaler_state_is_refused_before_loading(tmp_path):
     _edit_manifest(tmp_path, lambda m: m["scaler"].update(scale=-1.0))
     with pytest.raises(mm.WorkerError, match=r"manifest.json: field 'scaler': .*scale must be > 0"):
         mm.launch(_load, 2, config, str(tmp_path), timeout=120)
+
+
+# ---- hostile files: one hardened reader, every command refuses in one line within 5 s ----------------------
+
+LIMIT_S = 5.0
+_DRIVER = r"""
+import io, json, signal, sys, time, contextlib
+from minimega.tools.cli import main
+
+class Hung(Exception):
+    pass
+
+def alarm(*_):
+    raise Hung()
+
+signal.signal(signal.SIGALRM, alarm)
+out = []
+for argv in json.loads(sys.argv[1]):
+    err = io.StringIO()
+    t = time.perf_counter()
+    signal.setitimer(signal.ITIMER_REAL, float(sys.argv[2]))      # the hard bound: a hang is cut off here
+    try:
+        with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+            rc = main(argv)
+    except Hung:
+        rc = "hung"
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+    out.append({"argv": argv, "rc": rc, "s": time.perf_counter() - t, "stderr": err.getvalue()})
+print(json.dumps(out))
+"""
+
+
+@pytest.fixture(scope="module")
+def resumable(tmp_path_factory):
+    """A checkpoint `minimega train --resume` accepts (the tiny preset, one process, one step)."""
+    root = tmp_path_factory.mktemp("resumable")
+    config = mm.TrainConfig(batch_size=2)
+    mesh = mm.init_mesh(mm.ParallelDims())
+    torch.manual_seed(config.seed)
+    engine = mm.initialize(mm.GPT(mm.GPTConfig.tiny()), config, mesh)
+    engine.train_step(next(iter(data.batches(mesh, 1, 2, 64, seed=config.seed))))
+    engine.save(root)
+    return root
+
+
+def _manifest_of(step: Path) -> dict:
+    return json.loads((step / "manifest.json").read_text())
+
+
+def _fifo_shard(step: Path) -> None:
+    shard = step / "shard-00000.safetensors"
+    shard.unlink()
+    os.mkfifo(shard)
+    m = _manifest_of(step)
+    m["files"]["shard-00000.safetensors"]["bytes"] = 0          # the attacker rewrites what the size check sees
+    (step / "manifest.json").write_text(json.dumps(m))
+
+
+def _dev_zero_shard(step: Path) -> None:
+    shard = step / "shard-00000.safetensors"
+    shard.unlink()
+    shard.symlink_to("/dev/zero")
+    m = _manifest_of(step)
+    m["files"]["shard-00000.safetensors"]["bytes"] = os.lstat(shard).st_size
+    (step / "manifest.json").write_text(json.dumps(m))
+
+
+def _deep_model(step: Path) -> None:
+    m = _manifest_of(step)
+    m["model_config"]["n_layer"] = 10 ** 6
+    m["padding"] = "x" * 65_000                                  # the issue's 65 KB manifest
+    (step / "manifest.json").write_text(json.dumps(m))
+
+
+def _huge_manifest(step: Path) -> None:
+    os.truncate(step / "manifest.json", 1_500_000_000)          # 1.5 GB, sparse: no disk, no time to write
+
+
+def _text_manifest(text: str):
+    return lambda step: (step / "manifest.json").write_text(text)
+
+
+def _pickle_with_rewritten_hash(step: Path) -> None:
+    import hashlib
+    evil = pickle.dumps({"torch": _Marker(str(step.parent / "pwned"))})
+    (step / "shard-00000.safetensors").write_bytes(evil)
+    m = _manifest_of(step)
+    m["files"]["shard-00000.safetensors"] = {"bytes": len(evil), "sha256": hashlib.sha256(evil).hexdigest()}
+    (step / "manifest.json").write_text(json.dumps(m))
+
+
+def _fifo_latest(step: Path) -> None:
+    latest = step.parent / "latest"
+    latest.unlink()
+    os.mkfifo(latest)
+
+
+HOSTILE = {
+    "fifo-shard": (_fifo_shard, r"shard-00000.safetensors: is a FIFO, not a regular file"),
+    "dev-zero-shard": (_dev_zero_shard, r"shard-00000.safetensors: is a symbolic link"),
+    "n_layer-1e6": (_deep_model, r"n_layer"),
+    "manifest-1.5GB": (_huge_manifest, r"manifest.json: 1500000000 bytes is larger than any manifest"),
+    "manifest-{}": (_text_manifest("{}"), r"manifest.json: field 'format' = None"),
+    "manifest-[]": (_text_manifest("[]"), r"manifest.json: not a JSON object \(got list\)"),
+    "manifest-nested": (_text_manifest("[" * 100_000 + "]" * 100_000), r"manifest.json: not JSON \(RecursionError"),
+    "pickle-rehashed": (_pickle_with_rewritten_hash, r"shard-00000.safetensors: (header length|too short)"),
+    "fifo-latest": (_fifo_latest, r"latest: is a FIFO, not a regular file"),
+}
+COMMANDS = {
+    "info": lambda root, out: ["checkpoint", "info", str(root)],
+    "consolidate": lambda root, out: ["checkpoint", "consolidate", str(root), str(out)],
+    "train-resume": lambda root, out: ["train", "--nproc", "1", "--steps", "1", "--batch-size", "2", "--resume",
+                                       str(root)],
+    "train-resume-timeout": lambda root, out: ["train", "--nproc", "1", "--steps", "1", "--batch-size", "2",
+                                               "--timeout", "10", "--resume", str(root)],
+}
+
+
+def test_hostile_checkpoints_are_refused_by_every_command_in_one_line_within_5_s(resumable, tmp_path):
+    """Each hostile directory, each command, in one `minimega` process (the CLI's own `main`), each run cut
+    off at 5 s: rc 2 and the refusal on one line. The clean copy is accepted by `info` (the cases fail for
+    their own reason)."""
+    argvs, expect = [], []
+    clean = tmp_path / "clean"
+    shutil.copytree(resumable, clean)
+    argvs.append(COMMANDS["info"](clean, None))
+    for case, (make, pattern) in HOSTILE.items():
+        root = tmp_path / case
+        shutil.copytree(resumable, root)
+        make(root / "step-00000001")
+        for command, argv in COMMANDS.items():
+            argvs.append(argv(root, tmp_path / f"{case}.safetensors"))
+            expect.append((case, command, pattern))
+    proc = subprocess.run([sys.executable, "-c", _DRIVER, json.dumps(argvs), str(LIMIT_S)], capture_output=True,
+                          text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(SRC.parent)})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    results = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert results[0]["rc"] == 0, results[0]["stderr"]
+    bad = []
+    for (case, command, pattern), r in zip(expect, results[1:]):
+        lines = r["stderr"].strip().splitlines()
+        ok = (r["rc"] == 2 and len(lines) == 1 and re.search(pattern, lines[0]) and r["s"] < LIMIT_S)
+        print(f"{case:16} {command:21} rc={r['rc']} {r['s']:.3f} s  {lines[-1][:150] if lines else ''}")
+        if not ok:
+            bad.append(f"{case} {command}: rc={r['rc']} after {r['s']:.2f} s: {r['stderr'][-400:]!r}")
+    assert not bad, "\n".join(bad)
+    assert not (tmp_path / "pickle-rehashed" / "pwned").exists()
+
+
+def test_the_reader_refuses_what_is_not_a_regular_file(tmp_path):
+    from minimega.checkpoint.files import open_regular, read_bounded
+    os.mkfifo(tmp_path / "fifo")
+    (tmp_path / "link").symlink_to("/dev/zero")
+    (tmp_path / "big").write_bytes(b"x" * 65)
+    for name, msg in (("fifo", "is a FIFO"), ("link", "is a symbolic link"), ("missing", "missing")):
+        with pytest.raises(CheckpointError, match=msg):
+            open_regular(tmp_path / name)
+    with pytest.raises(CheckpointError, match="65 bytes is larger than any step name"):
+        read_bounded(tmp_path / "big", 64, "step name")
+    assert read_bounded(tmp_path / "big", 65, "step name") == b"x" * 65

@@ -41,7 +41,7 @@ def read(directory: str | os.PathLike, verify_files: bool = True) -> tuple[dict,
 
     The state is ``{"model": {key: fp32}, "optimizer": {key: {kind: tensor}}}``; every check of `load` is made.
     """
-    path, manifest = _checked(directory, verify_files)
+    path, manifest = checked(directory, verify_files)
     model, optimizer = {}, {}
     with Reader() as reader:
         for name in sorted(manifest["tensors"]):
@@ -54,14 +54,17 @@ def read(directory: str | os.PathLike, verify_files: bool = True) -> tuple[dict,
     return manifest, {"model": model, "optimizer": optimizer}
 
 
-def _checked(directory, verify_files: bool = True) -> tuple[Path, dict]:
-    """(path, manifest) after every check, against the model config the manifest names; all headers too."""
+def checked(directory, verify_files: bool = True, model_config=None) -> tuple[Path, dict]:
+    """(path, manifest) after every check that needs no process group: the manifest against its directory and
+    ``model_config`` (default: the one it names, bounded first), every file's sha256 (``verify_files``), every
+    shard's header against the manifest. `minimega checkpoint info`, `consolidate`, `export` and a resuming
+    `minimega train` (before any rank starts) call it; every file is opened through `files.open_regular`."""
     if verify_files:
-        path, manifest = open_checked(directory, None)
+        path, manifest = open_checked(directory, model_config)
     else:
         path = resolve(directory)
         manifest = load_json(path)
-        check(path, manifest, None)
+        check(path, manifest, model_config)
     for file in manifest["files"]:
         check_headers(path, manifest, file)
     return path, manifest
@@ -72,7 +75,7 @@ def consolidate(directory: str | os.PathLike, out: str | os.PathLike) -> Path:
     """Write the fp32 weights (``model.py``'s keys) to one safetensors file, one tensor at a time (peak
     memory: the largest tensor); no process group needed."""
     import json
-    path, manifest = _checked(directory)
+    path, manifest = checked(directory)
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     names = [n for n in manifest["tensors"] if n.startswith("param/")]
@@ -94,8 +97,8 @@ def export_safetensors(directory, out) -> Path:
     return consolidate(directory, out)
 
 
-from .interop import export_dcp, import_dcp  # noqa: E402  (needs `_checked` above)
+from .interop import export_dcp, import_dcp  # noqa: E402  (needs `checked` above)
 
 __all__ = ["export_dcp", "import_dcp", "export_safetensors", "CheckpointError", "FAULT_ENV", "FORMAT_VERSION",
            "save", "load", "read", "resolve", "resolve_or_none",
-           "consolidate", "check", "check_compatible", "verify", "prune"]
+           "consolidate", "check", "check_compatible", "checked", "verify", "prune"]

@@ -11,15 +11,21 @@ for two reasons the course cares about:
 
 A safetensors file is ``u64 little-endian header length | JSON header | data``; the header maps each
 key to ``{"dtype", "shape", "data_offsets": [begin, end]}`` relative to the data section.
+
+Every file of a checkpoint (``latest``, ``manifest.json``, the shards, a DCP ``.metadata``) is opened
+through `open_regular`, the one reader: a symbolic link (to ``/dev/zero``, say), a FIFO or a device is
+refused before a byte is read, and opening never waits (a FIFO with no writer would block ``open`` forever).
 """
 from __future__ import annotations
 
+import errno
 import hashlib
 import itertools
 import json
 import math
 import os
 import re
+import stat
 import struct
 from pathlib import Path
 
@@ -43,6 +49,56 @@ def plain_name(name: object, where: str) -> str:
     if not isinstance(name, str) or not PLAIN_NAME.fullmatch(name) or ".." in name:
         raise CheckpointError(f"{where}: {name!r} is not a plain file name inside the checkpoint directory")
     return name
+
+
+# --8<-- [start:open_regular]
+def open_regular(path: Path) -> int:
+    """A read-only descriptor of ``path``, refused in one line unless it is a regular file.
+
+    ``O_NOFOLLOW``: a symbolic link is refused, not followed. ``O_NONBLOCK``: opening a FIFO returns at
+    once instead of waiting for a writer; ``fstat`` on the descriptor (not the name, which could be
+    swapped in between) then says what was opened. The descriptor is put back in blocking mode.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        raise CheckpointError(f"{path}: missing") from None
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise CheckpointError(f"{path}: is a symbolic link; a checkpoint file must be a regular file "
+                                  "(copy the file itself into the directory)") from None
+        raise CheckpointError(f"{path}: cannot be opened ({exc.strerror})") from None
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        kind = ("a FIFO" if stat.S_ISFIFO(mode) else "a directory" if stat.S_ISDIR(mode) else "a device"
+                if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "a socket" if stat.S_ISSOCK(mode) else "special")
+        raise CheckpointError(f"{path}: is {kind}, not a regular file; replace it with the file the checkpoint "
+                              "wrote")
+    os.set_blocking(fd, True)
+    return fd
+
+
+def read_bounded(path: Path, limit: int, what: str) -> bytes:
+    """The whole of regular file ``path``, refused if it holds more than ``limit`` bytes (checked before
+    reading, and again while reading: a file that grows is cut off at ``limit + 1`` bytes)."""
+    fd = open_regular(path)
+    try:
+        size = os.fstat(fd).st_size
+        chunks, got = [], 0
+        while size <= limit and got <= limit:
+            chunk = os.read(fd, limit + 1 - got)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            got += len(chunk)
+        size = max(size, got)
+        if size > limit:
+            raise CheckpointError(f"{path}: {size} bytes is larger than any {what} ({limit} bytes)")
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+# --8<-- [end:open_regular]
 
 
 def fsync_path(path: Path) -> None:
@@ -98,20 +154,28 @@ def write_safetensors(path: Path, items: list[tuple[str, torch.dtype, tuple[int,
 # --8<-- [end:stream_write]
 
 
-def read_header(path: Path) -> tuple[dict, int]:
-    """(header, data start) of a safetensors file, checked: bounded size, known dtypes, offsets inside the file."""
-    size = path.stat().st_size
-    with open(path, "rb") as f:
-        head = f.read(8)
-        if len(head) < 8:
-            raise CheckpointError(f"{path}: too short to be a safetensors file ({size} bytes)")
-        n = struct.unpack("<Q", head)[0]
-        if n > min(MAX_HEADER, size - 8):
-            raise CheckpointError(f"{path}: header length {n} exceeds the file ({size} bytes) or {MAX_HEADER}")
+def read_header(path: Path, fd: int | None = None) -> tuple[dict, int]:
+    """(header, data start) of a safetensors file, checked: bounded size, known dtypes, offsets inside the file.
+
+    ``fd``: a descriptor of it from `open_regular` (else the file is opened, through it, and closed).
+    """
+    if fd is None:
+        fd = open_regular(path)
         try:
-            header = json.loads(f.read(n))
-        except ValueError as exc:
-            raise CheckpointError(f"{path}: header is not JSON ({exc})") from None
+            return read_header(path, fd)
+        finally:
+            os.close(fd)
+    size = os.fstat(fd).st_size
+    head = os.pread(fd, 8, 0)
+    if len(head) < 8:
+        raise CheckpointError(f"{path}: too short to be a safetensors file ({size} bytes)")
+    n = struct.unpack("<Q", head)[0]
+    if n > min(MAX_HEADER, size - 8):
+        raise CheckpointError(f"{path}: header length {n} exceeds the file ({size} bytes) or {MAX_HEADER}")
+    try:
+        header = json.loads(os.pread(fd, n, 8))
+    except (ValueError, RecursionError) as exc:
+        raise CheckpointError(f"{path}: header is not JSON ({type(exc).__name__}: {str(exc)[:80]})") from None
     if not isinstance(header, dict):
         raise CheckpointError(f"{path}: header is not a JSON object")
     data_len, spans = size - 8 - n, []
@@ -155,8 +219,13 @@ class Reader:
 
     def _file(self, path: Path):
         if path not in self._open:
-            header, start = read_header(path)
-            self._open[path] = (os.open(path, os.O_RDONLY), header, start)
+            fd = open_regular(path)
+            try:
+                header, start = read_header(path, fd)
+            except BaseException:
+                os.close(fd)
+                raise
+            self._open[path] = (fd, header, start)
         return self._open[path]
 
     def read_box(self, path: Path, key: str, offsets: tuple[int, ...], lengths: tuple[int, ...],
@@ -240,7 +309,7 @@ class Reader:
 
 def sha256_file(path: Path) -> str:
     h = hashlib.sha256()
-    with open(path, "rb") as f:
+    with os.fdopen(open_regular(path), "rb") as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             h.update(chunk)
     return h.hexdigest()

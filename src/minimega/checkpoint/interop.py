@@ -12,15 +12,17 @@ names must be a plain name in the directory, and every tensor must have the mode
 """
 from __future__ import annotations
 
+import io
 import json
 import os
 import pickle
+import stat
 from dataclasses import asdict
 from pathlib import Path
 
 import torch
 
-from .files import CheckpointError, Reader, fsync_path, plain_name, write_safetensors
+from .files import CheckpointError, Reader, fsync_path, plain_name, read_bounded, write_safetensors
 from .manifest import FORMAT_VERSION, param_shapes, shard_name, step_dir
 
 MAX_METADATA = 64 << 20
@@ -46,11 +48,9 @@ class _SafeUnpickler(pickle.Unpickler):
 def read_dcp_metadata(path: Path):
     """DCP's Metadata of directory ``path``, unpickled safely, its storage checked against the directory."""
     f = path / ".metadata"
-    if not f.is_file():
+    if not os.path.lexists(f):
         raise CheckpointError(f"{f}: missing (not a torch.distributed.checkpoint directory)")
-    if f.stat().st_size > MAX_METADATA:
-        raise CheckpointError(f"{f}: {f.stat().st_size} bytes is larger than any DCP metadata ({MAX_METADATA})")
-    with open(f, "rb") as stream:
+    with io.BytesIO(read_bounded(f, MAX_METADATA, "DCP metadata")) as stream:
         try:
             meta = _SafeUnpickler(stream).load()
         except CheckpointError as exc:
@@ -62,11 +62,20 @@ def read_dcp_metadata(path: Path):
         raise CheckpointError(f"{f}: holds a {type(meta).__name__}, not DCP Metadata")
     for index, info in (meta.storage_data or {}).items():
         name = plain_name(str(info.relative_path), f"{f}: storage of {index.fqn!r}")
-        size = (path / name).stat().st_size if (path / name).is_file() else -1
+        size = _regular_size(path / name)
         if size < 0 or not (0 <= info.offset and 0 < info.length and info.offset + info.length <= size):
             raise CheckpointError(f"{f}: storage of {index.fqn!r} points at bytes [{info.offset}, "
                                   f"{info.offset + info.length}) of {name}, which has {max(size, 0)}")
     return meta
+
+
+def _regular_size(f: Path) -> int:
+    """Size of ``f`` if it is a regular file (not a link, FIFO or device: torch's reader opens it), else -1."""
+    try:
+        st = os.lstat(f)
+    except FileNotFoundError:
+        return -1
+    return st.st_size if stat.S_ISREG(st.st_mode) else -1
 
 
 class _Reader:
@@ -90,9 +99,9 @@ class _Reader:
 def export_dcp(directory, out) -> Path:
     """A DCP directory of the checkpoint's fp32 weights under `model.py`'s keys (``dcp.load`` reads it)."""
     import torch.distributed.checkpoint as dcp
-    from . import _checked
+    from . import checked
     from .loading import read_tensor
-    path, manifest = _checked(directory)
+    path, manifest = checked(directory)
     out = Path(out)
     with Reader() as reader:                     # DCP's writer takes the whole state dict at once
         state = {n.removeprefix("param/"): read_tensor(path, manifest, n, reader)

@@ -17,7 +17,7 @@ import torch
 
 from .. import comm
 from ..zero import state as zero_state
-from .files import CheckpointError, Reader, sha256_file
+from .files import CheckpointError, Reader, read_bounded, sha256_file
 from .layout import Box, engine_locals, pieces
 from .manifest import STEP_DIR, check, check_headers, digests, dtype_of, load_json
 from .plan import plan_reads
@@ -31,18 +31,16 @@ def resolve(directory: str | os.PathLike) -> Path:
     ``..`` or a link out of the directory is refused, never followed.
     """
     root = Path(directory)
-    if (root / "manifest.json").is_file():
+    if os.path.lexists(root / "manifest.json"):
         return root
     latest = root / "latest"
-    if not latest.is_file():
+    if not os.path.lexists(latest):
         raise CheckpointError(f"no checkpoint in {root}: neither manifest.json nor a 'latest' pointer")
-    if latest.stat().st_size > 64:
-        raise CheckpointError(f"{latest}: {latest.stat().st_size} bytes is not a step directory name")
-    name = latest.read_text().strip()
+    name = read_bounded(latest, 64, "step directory name").decode(errors="replace").strip()
     if not STEP_DIR.fullmatch(name):
         raise CheckpointError(f"{latest}: {name!r} is not a sibling step-NNNNNNNN directory name")
     path = root / name
-    if path.is_symlink() or not (path / "manifest.json").is_file():
+    if path.is_symlink() or not os.path.lexists(path / "manifest.json"):
         raise CheckpointError(f"{latest}: names {name}, which is not a checkpoint directory next to it")
     return path
 # --8<-- [end:resolve]

@@ -17,13 +17,14 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 from dataclasses import asdict
 from pathlib import Path
 
 import torch
 
-from .files import DTYPES, CheckpointError, plain_name, read_header
+from .files import DTYPES, CheckpointError, plain_name, read_bounded, read_header
 
 FORMAT_VERSION = 2
 MAX_MANIFEST = 64 << 20
@@ -51,26 +52,71 @@ def _fail(path: Path, field: str, msg: str):
 
 
 def load_json(path: Path) -> dict:
+    """``manifest.json`` of checkpoint directory ``path``: a regular file of at most MAX_MANIFEST bytes, JSON,
+    an object (read through `files.read_bounded`; nesting too deep for the parser is refused like bad JSON)."""
     f = path / "manifest.json"
-    if not f.is_file():
+    if not os.path.lexists(f):
         raise CheckpointError(f"{f}: missing (not a checkpoint directory)")
-    if f.stat().st_size > MAX_MANIFEST:
-        raise CheckpointError(f"{f}: {f.stat().st_size} bytes is larger than any manifest ({MAX_MANIFEST})")
+    blob = read_bounded(f, MAX_MANIFEST, "manifest")
     try:
-        manifest = json.loads(f.read_text())
-    except ValueError as exc:
-        raise CheckpointError(f"{f}: not JSON ({exc})") from None
+        manifest = json.loads(blob)
+    except (ValueError, RecursionError) as exc:
+        raise CheckpointError(f"{f}: not JSON ({type(exc).__name__}: {str(exc)[:80]})") from None
     if not isinstance(manifest, dict):
-        raise CheckpointError(f"{f}: not a JSON object")
+        raise CheckpointError(f"{f}: not a JSON object (got {type(manifest).__name__})")
     return manifest
 
 
 def param_shapes(model_config) -> dict[str, tuple[int, ...]]:
-    """`model.py`'s parameters and their shapes, computed on the meta device (no memory)."""
+    """`model.py`'s parameters and their shapes, computed on the meta device (no memory).
+
+    One block is built and its keys repeated ``n_layer`` times (every block has the same shapes), so the
+    cost does not grow with the depth a manifest claims; ``torch.nn.init`` is skipped (`_NoInit`).
+    """
+    from dataclasses import replace
+
     from ..model import GPT
-    with torch.device("meta"):
-        model = model_config.build() if hasattr(model_config, "build") else GPT(model_config)   # MoE: moe.MoEGPTConfig
-        return {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    with torch.device("meta"), _NoInit():
+        one = replace(model_config, n_layer=1)
+        model = one.build() if hasattr(one, "build") else GPT(one)   # MoE: moe.MoEGPTConfig
+        shapes = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    block = {k.removeprefix("blocks.0."): v for k, v in shapes.items() if k.startswith("blocks.0.")}
+    out = {}
+    for k, v in shapes.items():                 # model.py's order: embeddings, blocks 0 … L-1, head
+        if not k.startswith("blocks.0."):
+            out[k] = v
+        elif not any(o.startswith("blocks.") for o in out):
+            out.update({f"blocks.{i}.{b}": s for i in range(model_config.n_layer) for b, s in block.items()})
+    return out
+
+
+class _NoInit(torch.overrides.TorchFunctionMode):
+    """Skips ``torch.nn.init`` while shapes are built: on the meta device they do nothing but import
+    torch's compiler stack the first time (seconds, before a checkpoint can even be refused)."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if getattr(func, "__module__", None) == "torch.nn.init":
+            return args[0] if args else kwargs["tensor"]
+        return func(*args, **(kwargs or {}))
+
+
+MAX_DIM = 1 << 24
+"""Any size in a saved model_config (vocabulary, width, context, heads, experts) above this is refused
+unread: GPT-scale models use at most ~2^18; larger values only make the meta shapes overflow."""
+
+
+def _bounded_config(path: Path, saved, tensors) -> None:
+    """Refuse, before any model is built from it, a saved model_config whose sizes are absurd or whose
+    depth needs more parameter tensors (at least one per block) than the manifest lists."""
+    if not isinstance(saved, dict):
+        _fail(path, "model_config", "is not an object")
+    for k, v in saved.items():
+        if _int(v) and not 0 <= v <= MAX_DIM:
+            _fail(path, f"model_config.{k}", f"= {v} is outside [0, {MAX_DIM}]")
+    listed = sum(1 for n in tensors if isinstance(n, str) and n.startswith("param/")) if isinstance(tensors, dict) else 0
+    if _int(depth := saved.get("n_layer")) and depth > listed:
+        _fail(path, "model_config.n_layer", f"= {depth} needs more parameter tensors than the {listed} the "
+                                            "manifest lists")
 
 
 def _int(v) -> bool:
@@ -96,6 +142,7 @@ def check(path: Path, manifest: dict, model_config=None) -> None:
     if not _int(step) or step < 0 or path.name != step_dir(step):
         _fail(path, "step", f"= {step!r} does not match the directory name {path.name!r}")
     if model_config is None:
+        _bounded_config(path, manifest.get("model_config"), manifest.get("tensors"))
         try:
             saved = manifest.get("model_config", {})
             if isinstance(saved, dict) and "n_experts" in saved:      # a mixture of experts (minimega.moe)
@@ -120,7 +167,8 @@ def check(path: Path, manifest: dict, model_config=None) -> None:
     for name, info in files.items():
         if name not in on_disk:
             raise CheckpointError(f"{path / name}: missing (manifest.json field 'files' lists it)")
-        if (size := (path / name).stat().st_size) != info["bytes"]:
+        size = os.lstat(path / name).st_size           # of the name itself (links: files.open_regular refuses)
+        if size != info["bytes"]:
             raise CheckpointError(f"{path / name}: {size} bytes, manifest.json field 'files' says {info['bytes']}")
     _check_tensors(path, manifest.get("tensors"), param_shapes(model_config), files)
     ranks = manifest.get("ranks")

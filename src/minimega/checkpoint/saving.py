@@ -18,7 +18,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from .. import comm
-from .files import fsync_path, write_safetensors
+from .files import CheckpointError, fsync_path, read_bounded, write_safetensors
 from .layout import engine_locals, pieces
 from .manifest import FORMAT_VERSION, STEP_DIR, shard_name, step_dir
 
@@ -154,7 +154,11 @@ def prune(root: Path, keep: int, protect: str) -> list[str]:
     steps = sorted((p for p in root.iterdir() if p.is_dir() and STEP_DIR.fullmatch(p.name)),
                    key=lambda p: int(p.name[5:]))
     latest = root / "latest"
-    spared = {protect, latest.read_text().strip() if latest.is_file() else None}
+    try:
+        named = read_bounded(latest, 64, "step directory name").decode(errors="replace").strip()
+    except CheckpointError:                  # none yet, or not a file this reader accepts: spare nothing more
+        named = None
+    spared = {protect, named}
     doomed = [p for p in steps if p.name not in spared][:max(0, len(steps) - keep)]
     for p in doomed:
         shutil.rmtree(p, ignore_errors=True)

@@ -13,7 +13,8 @@ def add_checkpoint_parser(sub) -> None:
     c.add_argument("dir", help="checkpoint directory (a step-… folder, or its parent with 'latest')")
     c.add_argument("out", help="output .safetensors file")
     c.set_defaults(func=_cmd_consolidate)
-    i = csub.add_parser("info", help="print a checkpoint's manifest summary after verifying checksums")
+    i = csub.add_parser("info", help="print a checkpoint's manifest summary after checking the manifest, the "
+                                             "checksums and every shard's header")
     i.add_argument("dir")
     i.set_defaults(func=_cmd_info)
     e = csub.add_parser("export", help="write a checkpoint for other tools: torch DCP, or one safetensors file")
@@ -67,7 +68,7 @@ def _cmd_import(args) -> int:
 
 def _cmd_info(args) -> int:
     from .. import checkpoint
-    path, manifest = checkpoint.open_checked(args.dir, None)
+    path, manifest = checkpoint.checked(args.dir)        # manifest, sha256 of every file, every shard's header
     print(json.dumps({"path": str(path), "step": manifest["step"], "layout": manifest["layout"],
                       "files": len(manifest["files"]), "bytes": sum(f["bytes"] for f in manifest["files"].values()),
                       "tensors": len(manifest["tensors"]), "checks": "ok"}, indent=1))

@@ -2,7 +2,6 @@
 checkpoint, on fewer ranks if ``--min-nproc`` allows and the layout still validates (torchrun's elastic agent)."""
 from __future__ import annotations
 
-import json
 import os
 import signal
 import sys
@@ -33,9 +32,12 @@ def maybe_fault(rank: int, step: int) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
-def checkpoint_step(directory) -> int:
-    path = checkpoint.resolve(directory)          # fails here, before any rank starts, if there is none
-    return int(json.loads((path / "manifest.json").read_text())["step"])
+def checkpoint_step(directory, model_config=None) -> int:
+    """The step of the checkpoint in ``directory``, after every check a launcher can make before any rank
+    starts (`checkpoint.checked`: the manifest, bounded, against ``model_config``; every shard a regular file
+    whose header agrees): a hostile checkpoint is refused here in one line, not by a rank stuck in a read.
+    The sha256 of the files is left to the ranks' load (split over them)."""
+    return checkpoint.checked(directory, verify_files=False, model_config=model_config)[1]["step"]
 
 
 def shrink(nproc: int, lost: int, min_nproc: int, fits: Callable[[int], bool]) -> int | None:
@@ -49,7 +51,7 @@ def shrink(nproc: int, lost: int, min_nproc: int, fits: Callable[[int], bool]) -
 
 # --8<-- [start:elastic]
 def run_elastic(start: Callable[[int, dict], list], nproc: int, ckpt: dict, *, max_restarts: int, min_nproc: int,
-                fits: Callable[[int], bool]) -> list:
+                fits: Callable[[int], bool], model_config=None) -> list:
     """Launch; when a rank dies, relaunch from the latest complete checkpoint, as torchrun's elastic agent does.
 
     Every attempt is a fresh job (``start(nproc, ckpt)``): new processes, a new process group, the state read
@@ -69,7 +71,7 @@ def run_elastic(start: Callable[[int, dict], list], nproc: int, ckpt: dict, *, m
                 raise
             attempt += 1
             latest = checkpoint.resolve_or_none(ckpt["dir"])
-            resume_step = checkpoint_step(latest) if latest else 0
+            resume_step = checkpoint_step(latest, model_config) if latest else 0
             if nproc > min_nproc:
                 nproc = shrink(nproc, 1, min_nproc, fits) or nproc
             failed_at = err.step if err.step is not None else resume_step

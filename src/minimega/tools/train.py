@@ -181,7 +181,8 @@ def _terminated(signum, frame):
 
 
 def _check_train_args(args: argparse.Namespace):
-    """Every refusal that needs no rank, before the job is announced: (dims, config, save_dir, min_nproc)."""
+    """Every refusal that needs no rank, before the job is announced: (dims, config, save_dir, min_nproc, the
+    step to resume from), the checkpoint to resume included (`elastic.checkpoint_step`)."""
     from ..engine import validate
     from ..mesh import ParallelDims
 
@@ -206,23 +207,29 @@ def _check_train_args(args: argparse.Namespace):
         raise ValueError(f"--min-nproc must lie in [1, --nproc={args.nproc}], got {min_nproc}")
     if min_nproc < args.nproc and not args.max_restarts:
         raise ValueError("--min-nproc only matters with --max-restarts: a job that never restarts never shrinks")
-    if args.resume:
-        from .. import checkpoint
-        checkpoint.resolve(args.resume)          # fail here, before any rank starts, if there is none
-    return dims, config, save_dir, min_nproc
+    start = checkpoint_step(args.resume, _model_config(args)) if args.resume else 0
+    return dims, config, save_dir, min_nproc, start
+
+
+def _model_config(args: argparse.Namespace):
+    """The model config the ranks will build (what a checkpoint to resume must have been saved for)."""
+    moe = moe_config(args)
+    if moe is None:
+        return GPTConfig.preset(args.preset)
+    from ..moe import MoEGPTConfig
+    return MoEGPTConfig(**dataclasses.asdict(GPTConfig.preset(args.preset)), **dataclasses.asdict(moe))
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
-    dims, config, save_dir, min_nproc = _check_train_args(args)
+    dims, config, save_dir, min_nproc, start = _check_train_args(args)
     pp = dims.pp
     print(f"minimega train: {args.nproc} rank(s), dp={dims.dp} tp={dims.tp} pp={dims.pp} cp={dims.cp} ep={dims.ep}, zero_stage="
           f"{config.zero_stage}, preset {args.preset}, {args.steps} steps", file=sys.stderr)
-    start = checkpoint_step(args.resume) if args.resume else 0
     ckpt = {"resume": args.resume, "every": args.save_every, "dir": save_dir, "until": start + args.steps}
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, _terminated)
     results = run_elastic(functools.partial(_start, args, config), args.nproc, ckpt, max_restarts=args.max_restarts,
-                          min_nproc=min_nproc, fits=functools.partial(_fits, args, dims))
+                          min_nproc=min_nproc, fits=functools.partial(_fits, args, dims), model_config=_model_config(args))
     if args.show_schedule and pp > 1:
         from ..pipeline.printer import grid_from_timelines, legend, render
         rows = [r["pipeline_timeline"] for r in results if r["pipeline_timeline"] is not None]
