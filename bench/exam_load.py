@@ -114,7 +114,7 @@ def main(argv=None) -> int:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT / "src"), os.environ.get("PYTHONPATH")]))}
     sys.path.insert(0, str(ROOT / "src"))
     from minimega.classroom.keys import Keyring
-    from minimega.classroom.store import open_store
+    from minimega.classroom.stores import open_store
     Keyring.open(tmp / "keys", create=True)        # one signing key for every instance, made before they start
     servers = []
     for k, port in enumerate(ports):

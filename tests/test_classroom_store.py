@@ -11,7 +11,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from minimega.classroom.store import MIGRATIONS, Conflict, Duplicate, OpenAttempt, Store, StoreError, open_store
+from minimega.classroom.store import MIGRATIONS, Conflict, Duplicate, OpenAttempt, Store, StoreError
+from minimega.classroom.stores import open_store
 
 BACKENDS = ["sqlite", "postgresql"]
 

@@ -426,6 +426,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     _train_parser(sub)
     _checkpoint_parser(sub)
+    from .classroom.checkbank import add_exam_parser
     from .classroom.cli import add_cert_parser, add_serve_parser
     from .estimate import add_estimate_parser
     from .export_config import add_export_parser
@@ -438,6 +439,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_export_parser(sub)
     add_record_parser(sub)
     add_serve_parser(sub)
+    add_exam_parser(sub)
     add_cert_parser(sub)
     return parser
 

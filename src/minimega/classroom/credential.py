@@ -303,10 +303,13 @@ def claims_of(doc: dict) -> dict:
     name = next((i.get("identityHash") for i in ids if i.get("identityType") == "name"), None)
     email = next((i for i in ids if i.get("identityType") == "emailAddress"), None)
     criteria = achievement.get("criteria") if isinstance(achievement.get("criteria"), dict) else {}
+    others = achievement.get("otherIdentifier") if isinstance(achievement.get("otherIdentifier"), list) else []
+    bank = next((o.get("identifier") for o in others
+                 if isinstance(o, dict) and o.get("identifierType") == "ext:examBank"), None)
     return {
         "name": name, "achievement": achievement.get("name"),
         "description": achievement.get("description"), "criteria": criteria.get("narrative"),
-        "course_version": achievement.get("version"), "valid_from": doc.get("validFrom"),
+        "course_version": achievement.get("version"), "exam_bank": bank, "valid_from": doc.get("validFrom"),
         "valid_until": doc.get("validUntil"), "issuer_name": issuer.get("name"),
         "issuer_id": issuer.get("id"), "issuer_url": issuer.get("url"), "credential_id": doc.get("id"),
         "email": "salted SHA-256 hash" if email else "none",

@@ -42,23 +42,9 @@ from pathlib import Path
 
 from . import quiz
 from .settings import ClassroomConfig
+from .banks import CHAPTERS, SAMPLE_BANKS, load_exam_banks, load_translations  # noqa: F401  (re-exported)
+from .errors import ExamError
 from .store import Conflict, OpenAttempt, Store
-
-CHAPTERS = tuple(range(1, 17))
-"""Chapters that must have an exam bank (and that each attempt draws from)."""
-
-
-class ExamError(Exception):
-    """Maps to an HTTP status: 401 not signed in, 403 not yours, 404 unknown, 409 conflict, 410 expired,
-    422 bad input, 429 limit."""
-
-    status = 400
-
-    def __init__(self, message: str, status: int | None = None):
-        super().__init__(message)
-        if status is not None:
-            self.status = status
-
 
 def split_bank(bank: quiz.Bank) -> tuple[list[quiz.Item], list[quiz.Item]]:
     """(parametric templates, fixed items) of a bank."""
@@ -70,38 +56,6 @@ def chapter_plan(bank: quiz.Bank, per_chapter: int) -> tuple[int, int]:
     templates, fixed = split_bank(bank)
     n_par = min(len(templates), max(math.ceil(per_chapter / 2), per_chapter - len(fixed)))
     return n_par, per_chapter - n_par
-
-
-def load_exam_banks(folder: str | Path, per_chapter: int, lang: str = "en") -> dict[int, quiz.Bank]:
-    """Chapter -> bank; every chapter of `CHAPTERS` must have a bank that can fill `per_chapter` questions.
-
-    `folder` is the English one; another `lang` reads its words from the twins (`quiz.twin_path`)."""
-    folder = Path(folder)
-    if not folder.is_dir():
-        raise ExamError(f"exam banks folder {folder} does not exist (expected quizzes/exam/NN-slug.yaml)")
-    banks = {}
-    for b in quiz.load_banks(folder, lang):
-        if b.chapter in banks:
-            raise ExamError(f"{folder}: two exam banks for chapter {b.chapter}")
-        banks[b.chapter] = b
-    missing = [c for c in CHAPTERS if c not in banks]
-    if missing:
-        raise ExamError(f"{folder}: no exam bank for chapters {missing}")
-    small = {c: len(b.items) for c, b in banks.items() if len(b.items) < per_chapter}
-    if small:
-        raise ExamError(f"{folder}: banks with fewer than {per_chapter} items: {small}")
-    return banks
-
-
-def load_translations(folder: str | Path, per_chapter: int) -> dict[str, dict[int, quiz.Bank]]:
-    """Language -> its exam banks, for every language but English whose twin folder exists
-    (``quizzes/nl/exam`` for ``quizzes/exam``). A twin folder that lacks a bank, or whose structure
-    differs from the English, raises: the service refuses to start rather than serve half a language."""
-    out = {}
-    for lang in quiz.LANGUAGES:
-        if lang != "en" and quiz.twin_path(Path(folder) / "x.yaml", lang).parent.is_dir():
-            out[lang] = load_exam_banks(folder, per_chapter, lang)
-    return out
 
 
 @dataclass(frozen=True)
@@ -258,9 +212,10 @@ class Exam:
                  clock=time.time, banks: dict[int, quiz.Bank] | None = None, mailer=None,
                  translations: dict[str, dict[int, quiz.Bank]] | None = None):
         self.config, self.store, self.issuer, self.clock = config, store, issuer, clock
-        self.banks = banks or load_exam_banks(config.banks_dir, config.questions_per_chapter)
+        folder = config.banks_dir or SAMPLE_BANKS
+        self.banks = banks or load_exam_banks(folder, config.questions_per_chapter)
         if translations is None:
-            translations = {} if banks else load_translations(config.banks_dir, config.questions_per_chapter)
+            translations = {} if banks else load_translations(folder, config.questions_per_chapter)
         self.banks_by_lang = {"en": self.banks, **translations}
         """Language -> chapter -> bank; every language has the English banks' structure."""
         for lang, banks_l in translations.items():

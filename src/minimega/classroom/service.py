@@ -41,14 +41,14 @@ from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Resp
 from fastapi.staticfiles import StaticFiles
 from pydantic import BaseModel, ConfigDict, Field
 
-from . import certificate
+from . import banks, certificate
 from .bare_page import bare_exam_pages, exam_path
-from .exam import Exam, ExamError, load_exam_banks, load_translations, rules_text
+from .exam import Exam, ExamError, rules_text
 from .mailer import mailer_for
 from .issuer import Issuer
 from .keys import Keyring
 from .settings import ClassroomConfig
-from .store import open_store
+from .stores import open_store
 from .verification_code import CodeError, normalize
 
 PUBLIC = {"Access-Control-Allow-Origin": "*", "Cache-Control": "no-cache"}
@@ -297,13 +297,15 @@ def _redirect_to(path: str):
 
 def create_app(config: ClassroomConfig, *, keyring: Keyring | None = None, clock=time.time,
                mailer=None) -> FastAPI:
-    banks = load_exam_banks(config.banks_dir, config.questions_per_chapter)    # fail before touching var/
-    translations = load_translations(config.banks_dir, config.questions_per_chapter)
+    folder = banks.choose(config.banks_dir, dev=config.dev, allow_sample=config.allow_sample_bank)
+    bank_set = banks.open_bank_set(folder, config.questions_per_chapter)      # fail before touching var/
+    banks.refuse_sample(bank_set, dev=config.dev, allow_sample=config.allow_sample_bank)
     mailer = mailer if mailer is not None else mailer_for(config)
     store = open_store(config.db_path)
     keyring = keyring or Keyring.open(config.keys_path, create=True)
-    issuer = Issuer(config, keyring, store, clock=clock)
-    exam = Exam(config, store, issuer, clock=clock, banks=banks, mailer=mailer, translations=translations)
+    issuer = Issuer(config, keyring, store, clock=clock, bank=bank_set)
+    exam = Exam(config, store, issuer, clock=clock, banks=bank_set.banks, mailer=mailer,
+                translations=bank_set.translations)
     if store.shared:                            # several instances: count in the database they share
         signin_limit = SharedRateLimiter(store, "signin", config.ip_signins_per_hour, 3600)
         start_limit = SharedRateLimiter(store, "start", config.ip_attempts_per_hour, 3600)

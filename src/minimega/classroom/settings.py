@@ -16,8 +16,11 @@ class ClassroomConfig:
     """Folder of ``key-*.pem`` signing keys; default ``var_dir/keys``."""
     site_dir: Path = Path("site")
     """The built mkdocs site served at ``/``."""
-    banks_dir: Path = Path("quizzes/exam")
-    """Server-side exam banks (never published by the site build)."""
+    banks_dir: Path | None = None
+    """The graded banks (``--exam-banks``): deployment data the operator keeps private (`banks`). None: the
+    repository's public sample bank, which only ``dev`` or `allow_sample_bank` accept."""
+    allow_sample_bank: bool = False
+    """Grade on a public sample bank outside ``dev`` (its certificates say so)."""
     base_url: str = "http://127.0.0.1:8000"
     """Public origin of the service; credential, status list and verify URLs start with it."""
     issuer_did: str | None = None
