@@ -98,10 +98,22 @@ def test_cmd_never_passes_dev():
     ({"MINIMEGA_SMTP_HOST": "smtp.example.org", "MINIMEGA_SMTP_USER": "exam"}, "MINIMEGA_SMTP_PASSWORD is empty"),
 ], ids=["unset", "dev-yes", "user-no-password"])
 def test_cmd_refuses_to_start_without_a_way_to_send_links(tmp_path, env, said):
-    argv, full_env = run_cmd(tmp_path, env)
+    argv, full_env = run_cmd(tmp_path, env, extra=["--allow-sample-bank"])       # a bank, so the mail is what's missing
     run = subprocess.run(argv, env=full_env, cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert run.returncode != 0 and said in run.stderr, run.stderr[-2000:]
     assert not (tmp_path / "site").exists() and not (tmp_path / "var").exists()   # refused before building anything
+
+
+def test_cmd_refuses_to_start_without_a_graded_bank(tmp_path):
+    """No --dev, no --exam-banks: one line naming the flag, non-zero, nothing built (checked before the mail)."""
+    argv, full_env = run_cmd(tmp_path, {})
+    run = subprocess.run(argv, env=full_env, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert run.returncode != 0 and "--exam-banks" in run.stderr and "MINIMEGA_EXAM_BANKS" in run.stderr, run.stderr
+    assert len(run.stderr.strip().splitlines()) == 1
+    argv, full_env = run_cmd(tmp_path, {"MINIMEGA_EXAM_BANKS": str(ROOT / "quizzes" / "exam")})
+    run = subprocess.run(argv, env=full_env, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert run.returncode != 0 and "--allow-sample-bank" in run.stderr and "sample" in run.stderr, run.stderr
+    assert not (tmp_path / "site").exists() and not (tmp_path / "var").exists()
 
 
 def test_serve_settings_flags_override_the_environment():
