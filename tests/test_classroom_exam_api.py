@@ -426,7 +426,7 @@ def test_forwarded_for_is_trusted_only_when_configured(tmp_path, trust, expected
     for i in range(3):
         req = urllib.request.Request(f"http://127.0.0.1:{port}/api/v1/signin", method="POST",
                                      data=json.dumps({"email": f"x{i}@example.org"}).encode(),
-                                     headers={"Content-Type": "application/json", "X-Forwarded-For": f"203.0.113.{i}"})
+                                     headers={"Content-Type": "application/json", "X-Forwarded-For": f"203.0.{113 + i}.1"})
         try:
             with urllib.request.urlopen(req, timeout=10) as r:
                 codes.append(r.status)

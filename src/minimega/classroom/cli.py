@@ -60,6 +60,10 @@ def add_serve_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--ip-attempts-per-hour", type=int, default=d.ip_attempts_per_hour)
     p.add_argument("--ip-requests-per-minute", type=int, default=d.ip_requests_per_minute)
     p.add_argument("--ip-signins-per-hour", type=int, default=d.ip_signins_per_hour)
+    p.add_argument("--signins-per-hour-total", type=int, default=d.signins_per_hour_total)
+    p.add_argument("--signins-per-domain-per-hour", type=int, default=d.signins_per_domain_per_hour)
+    p.add_argument("--min-attempt-s", type=float, default=d.min_attempt_s,
+                   help=f"an attempt cannot be finished sooner (default {d.min_attempt_s:g}; stated on the page)")
     p.add_argument("--fail-cooldown-s", type=float, default=d.fail_cooldown_s,
                    help="wait after a failed attempt before the next (default 3600)")
     p.add_argument("--body-limit-bytes", type=int, default=d.body_limit_bytes)
@@ -121,6 +125,9 @@ def config_from_args(args, env=os.environ) -> ClassroomConfig:
                            ip_attempts_per_hour=args.ip_attempts_per_hour,
                            ip_requests_per_minute=args.ip_requests_per_minute,
                            ip_signins_per_hour=args.ip_signins_per_hour, fail_cooldown_s=args.fail_cooldown_s, body_limit_bytes=args.body_limit_bytes,
+                           signins_per_hour_total=args.signins_per_hour_total,
+                           signins_per_domain_per_hour=args.signins_per_domain_per_hour,
+                           min_attempt_s=args.min_attempt_s,
                            dev=s["dev"], smtp_host=s["smtp_host"], smtp_port=s["smtp_port"],
                            smtp_user=s["smtp_user"], smtp_from=s["smtp_from"])
 

@@ -192,7 +192,8 @@ def rules_text(config: ClassroomConfig, n_chapters: int, lang: str = "en") -> st
                 f"antwoord wordt vastgelegd en vergrendeld zodra je het opslaat; of het goed was, de uitgewerkte "
                 f"waarden en de uitleg krijg je in de nabespreking nadat je klaar bent. Log in met je e-mailadres: "
                 f"{config.attempts_per_day} pogingen per UTC-dag, {cool}; een poging blijft "
-                f"{config.attempt_ttl_s / 3600:g} uur open, en als je de pagina herlaadt, ga je verder waar je was.")
+                f"{config.attempt_ttl_s / 3600:g} uur open, en als je de pagina herlaadt, ga je verder waar je was."
+                + (f" Inleveren kan pas {_minutes(config.min_attempt_s, 'nl')} na de start." if config.min_attempt_s else ""))
     cool = (f"after a failed attempt the next one opens {cooldown:g} hour{'s' if cooldown != 1 else ''} later"
             if config.fail_cooldown_s else "there is no wait after a failed attempt")
     return (f"{total} questions, {k} from each of the {n_chapters} chapters, at least half of them with numbers "
@@ -200,7 +201,16 @@ def rules_text(config: ClassroomConfig, n_chapters: int, lang: str = "en") -> st
             f"a verifiable certificate. Each answer is recorded and locked when you save it; whether it was right, "
             f"the worked values and the explanations come in the review after you finish. Sign in with your "
             f"email: {config.attempts_per_day} attempts per UTC day, {cool}; an attempt stays open "
-            f"{config.attempt_ttl_s / 3600:g} hours, and reloading the page resumes it.")
+            f"{config.attempt_ttl_s / 3600:g} hours, and reloading the page resumes it."
+            + (f" An attempt can be finished no sooner than {_minutes(config.min_attempt_s, 'en')} after it starts."
+               if config.min_attempt_s else ""))
+
+
+def _minutes(seconds: float, lang: str) -> str:
+    if seconds >= 60 and seconds % 60 == 0:
+        n = int(seconds // 60)
+        return f"{n} minu{'ut' if n == 1 else 'ten'}" if lang == "nl" else f"{n} minute{'s' if n != 1 else ''}"
+    return f"{seconds:g} seconde{'n' if seconds != 1 else ''}" if lang == "nl" else f"{seconds:g} s"
 
 
 def _hash(token: str) -> str:
@@ -410,6 +420,12 @@ class Exam:
             raise ExamError("this attempt is already finished", 409)
         if self.clock() > row["expires_at"]:
             raise ExamError("this attempt has expired; start a new one", 410)
+        early = row["created_at"] + self.config.min_attempt_s - self.clock()
+        if early > 0:
+            err = ExamError(f"an attempt cannot be finished within {self.config.min_attempt_s:g} s of its start: "
+                            f"retry in {int(early) + 1} s (your answers are kept)", 429)
+            err.retry_after = int(early) + 1
+            raise err
         try:
             score, total, passed = self.store.finish_attempt(attempt_id, self.clock(), self.config.pass_fraction)
         except Conflict as err:

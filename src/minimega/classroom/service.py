@@ -43,10 +43,11 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from . import banks, certificate
 from .bare_page import bare_exam_pages, exam_path
-from .exam import Exam, ExamError, rules_text
+from .exam import Exam, ExamError, clean_email, rules_text
 from .mailer import mailer_for
 from .issuer import Issuer
 from .keys import Keyring
+from .limits import block_of, limiter
 from .settings import ClassroomConfig
 from .stores import open_store
 from .verification_code import CodeError, normalize
@@ -241,46 +242,6 @@ def validation_detail(err: RequestValidationError) -> str:
     return "; ".join(parts) + (f" (and {more} more)" if more > 0 else "")
 
 
-# --- per-IP limits -------------------------------------------------------------------------------
-
-class RateLimiter:
-    """At most `limit` events per `window_s` seconds per key (sliding window)."""
-
-    def __init__(self, limit: int, window_s: float):
-        self.limit, self.window = limit, window_s
-        self.events: dict[str, deque] = defaultdict(deque)
-        self.lock = threading.Lock()
-
-    def hit(self, key: str, now: float | None = None) -> None:
-        now = time.monotonic() if now is None else now
-        with self.lock:
-            q = self.events[key]
-            while q and q[0] <= now - self.window:
-                q.popleft()
-            if len(q) >= self.limit:
-                retry = int(q[0] + self.window - now) + 1
-                raise ExamError(f"too many requests from this address: retry in {retry} s", 429)
-            q.append(now)
-            if len(self.events) > 100_000:                 # forget idle addresses
-                for k in [k for k, v in self.events.items() if not v or v[-1] <= now - self.window]:
-                    del self.events[k]
-
-
-class SharedRateLimiter:
-    """`RateLimiter`'s sliding window kept in the store (`Store.rate_hit`), so that every service instance
-    on one PostgreSQL database counts the same events. Wall-clock time: instances on other hosts agree
-    on it to within their clock skew, which is small against these windows (a minute, an hour)."""
-
-    def __init__(self, store, bucket: str, limit: int, window_s: float, clock=time.time):
-        self.store, self.bucket, self.limit, self.window, self.clock = store, bucket, limit, window_s, clock
-
-    def hit(self, key: str, now: float | None = None) -> None:
-        retry = self.store.rate_hit(self.bucket, key, limit=self.limit, window_s=self.window,
-                                    now=self.clock() if now is None else now)
-        if retry is not None:
-            raise ExamError(f"too many requests from this address: retry in {int(retry) + 1} s", 429)
-
-
 # --- the app -------------------------------------------------------------------------------------
 
 def _fixed_page(page: str, lang: str):
@@ -306,14 +267,14 @@ def create_app(config: ClassroomConfig, *, keyring: Keyring | None = None, clock
     issuer = Issuer(config, keyring, store, clock=clock, bank=bank_set)
     exam = Exam(config, store, issuer, clock=clock, banks=bank_set.banks, mailer=mailer,
                 translations=bank_set.translations)
-    if store.shared:                            # several instances: count in the database they share
-        signin_limit = SharedRateLimiter(store, "signin", config.ip_signins_per_hour, 3600)
-        start_limit = SharedRateLimiter(store, "start", config.ip_attempts_per_hour, 3600)
-        api_limit = SharedRateLimiter(store, "api", config.ip_requests_per_minute, 60)
-    else:
-        signin_limit = RateLimiter(config.ip_signins_per_hour, 3600)
-        start_limit = RateLimiter(config.ip_attempts_per_hour, 3600)
-        api_limit = RateLimiter(config.ip_requests_per_minute, 60)
+    # per-address budgets count the sender's /24 (IPv4) or /64 (IPv6) block (`limits.block_of`); shared by every
+    # instance when the store is
+    signin_limit = limiter(store, "signin", config.ip_signins_per_hour, 3600)
+    start_limit = limiter(store, "start", config.ip_attempts_per_hour, 3600)
+    api_limit = limiter(store, "api", config.ip_requests_per_minute, 60)
+    signin_all = limiter(store, "signin-all", config.signins_per_hour_total, 3600, what="for sign-ins")
+    signin_domain = limiter(store, "signin-domain", config.signins_per_domain_per_hour, 3600,
+                            what="for sign-ins from this email domain")
 
     app = FastAPI(title="minimega exam", version=config.course_version,
                   description="Graded exam and verifiable Open Badges 3.0 certificates.")
@@ -323,21 +284,27 @@ def create_app(config: ClassroomConfig, *, keyring: Keyring | None = None, clock
 
     @app.exception_handler(ExamError)
     async def exam_error(request: Request, err: ExamError):
-        headers = {"WWW-Authenticate": "Bearer"} if err.status == 401 else None
+        headers = {"WWW-Authenticate": "Bearer"} if err.status == 401 else {}
+        if getattr(err, "retry_after", None):
+            headers["Retry-After"] = str(err.retry_after)
         return JSONResponse({"detail": str(err)}, status_code=err.status, headers=headers)
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, err: RequestValidationError):
         try:                                    # a malformed request spends the sender's budget too
-            api_limit.hit(ip(request))
+            api_limit.hit(net(request))
             if request.url.path == "/api/v1/signin":
-                signin_limit.hit(ip(request))
+                signin_limit.hit(net(request))
         except ExamError as limited:
-            return JSONResponse({"detail": str(limited)}, status_code=429)
+            return JSONResponse({"detail": str(limited)}, status_code=429,
+                                headers={"Retry-After": str(getattr(limited, "retry_after", 60))})
         return JSONResponse({"detail": validation_detail(err)}, status_code=422)
 
     def ip(request: Request) -> str:
         return request.client.host if request.client else "unknown"
+
+    def net(request: Request) -> str:
+        return block_of(ip(request))
 
     def bearer(authorization: str | None) -> str | None:
         if authorization and authorization[:7].lower() == "bearer " and len(authorization) <= 200:
@@ -360,55 +327,58 @@ def create_app(config: ClassroomConfig, *, keyring: Keyring | None = None, clock
 
     @app.post("/api/v1/signin", response_model=SigninOut, responses=ERRORS)
     def signin(body: SigninIn, request: Request):
-        signin_limit.hit(ip(request))
-        return exam.request_signin(body.email, lang=body.lang)
+        signin_limit.hit(net(request))
+        email = clean_email(body.email)
+        signin_domain.hit(email.rsplit("@", 1)[1].lower())
+        signin_all.hit("all")
+        return exam.request_signin(email, lang=body.lang)
 
     @app.post("/api/v1/signin/confirm", response_model=SessionOut, responses=ERRORS)
     def confirm(body: ConfirmIn, request: Request):
-        api_limit.hit(ip(request))
-        signin_limit.hit(ip(request))           # guessing tokens costs as much as asking for them
+        api_limit.hit(net(request))
+        signin_limit.hit(net(request))           # guessing tokens costs as much as asking for them
         return exam.redeem_signin(body.token)
 
     @app.post("/api/v1/signout", status_code=204, responses=ERRORS)
     def signout(request: Request, authorization: str | None = Auth):
-        api_limit.hit(ip(request))
+        api_limit.hit(net(request))
         exam.learner(bearer(authorization))
         exam.sign_out(bearer(authorization))
         return Response(status_code=204)
 
     @app.get("/api/v1/me", response_model=MeOut, responses=ERRORS)
     def me(request: Request, authorization: str | None = Auth):
-        api_limit.hit(ip(request))
+        api_limit.hit(net(request))
         return exam.me(bearer(authorization))
 
     @app.post("/api/v1/attempts", response_model=AttemptOut, status_code=201, responses=ERRORS)
     def start_attempt(body: StartIn, request: Request, authorization: str | None = Auth):
-        start_limit.hit(ip(request))
+        start_limit.hit(net(request))
         return exam.start(bearer(authorization), body.display_name, ip(request), body.lang)
 
     @app.get("/api/v1/attempts/{attempt_id}", response_model=AttemptOut, responses=ERRORS)
     def get_attempt(attempt_id: str, request: Request, questions: bool = False,
                     authorization: str | None = Auth):
-        api_limit.hit(ip(request))
+        api_limit.hit(net(request))
         return exam.status(attempt_id, bearer(authorization), with_questions=questions)
 
     @app.post("/api/v1/attempts/{attempt_id}/answers/{number}", response_model=RecordedOut, responses=ERRORS)
     def answer(attempt_id: str, number: int, body: AnswerIn, request: Request, authorization: str | None = Auth):
-        api_limit.hit(ip(request))
+        api_limit.hit(net(request))
         return exam.answer(attempt_id, number, body.model_dump(exclude_none=True), bearer(authorization))
 
     @app.post("/api/v1/attempts/{attempt_id}/finish", response_model=FinishOut, responses=ERRORS)
     def finish(attempt_id: str, request: Request, authorization: str | None = Auth):
-        api_limit.hit(ip(request))
+        api_limit.hit(net(request))
         return exam.finish(attempt_id, bearer(authorization))
 
     @app.get("/api/v1/attempts/{attempt_id}/review", response_model=ReviewOut, responses=ERRORS)
     def review(attempt_id: str, request: Request, authorization: str | None = Auth):
-        api_limit.hit(ip(request))
+        api_limit.hit(net(request))
         return exam.review(attempt_id, bearer(authorization))
 
     def credential_row(code: str, request: Request):
-        api_limit.hit(ip(request))
+        api_limit.hit(net(request))
         try:
             row = store.credential_by_code(normalize(code))
         except CodeError as err:

@@ -57,6 +57,14 @@ class ClassroomConfig:
     ip_requests_per_minute: int = 600
     """Per-IP limit on API calls (answers, finishes, look-ups); invalid requests count too."""
     ip_signins_per_hour: int = 30
+    """Per-address budgets (sign-ins, starts, API calls) count the sender's IPv4 /24 or IPv6 /64 block."""
+    signins_per_hour_total: int = 2000
+    """Sign-in mails per hour, all addresses together: what no address pool escapes."""
+    signins_per_domain_per_hour: int = 300
+    """Sign-in mails per hour to one email domain (mailboxes at one provider are cheap too)."""
+    min_attempt_s: float = 300
+    """An attempt cannot be finished sooner than this after it starts (stated on the page): a script answers 48
+    questions in well under a second, a person takes far longer than 5 minutes."""
     status_list_ttl_s: float = 24 * 3600
     """A signed status list is valid this long; verifiers reject older ones as stale."""
     credential_valid_days: int | None = None
