@@ -21,6 +21,7 @@ import sys
 from pathlib import Path
 
 from . import banks, trust
+from .httpguard import install_repeat_filter, raise_open_files_limit, server_options
 from .cli_cert import ISSUER_URL_ENV, add_cert_parser  # noqa: F401  (re-exported)
 from .settings import ClassroomConfig
 
@@ -64,6 +65,14 @@ def add_serve_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--signins-per-domain-per-hour", type=int, default=d.signins_per_domain_per_hour)
     p.add_argument("--min-attempt-s", type=float, default=d.min_attempt_s,
                    help=f"an attempt cannot be finished sooner (default {d.min_attempt_s:g}; stated on the page)")
+    p.add_argument("--header-timeout-s", type=float, default=d.header_timeout_s,
+                   help="a request's headers must arrive within this, else 408 and the connection closed")
+    p.add_argument("--body-timeout-s", type=float, default=d.body_timeout_s,
+                   help="a request's body must arrive within this of its headers, else 408 and closed")
+    p.add_argument("--limit-concurrency", type=int, default=d.limit_concurrency,
+                   help="connections and requests at once; beyond it 503")
+    p.add_argument("--connections-per-address", type=int, default=d.connections_per_address,
+                   help="open connections per client address (proxies in --forwarded-allow-ips are exempt)")
     p.add_argument("--fail-cooldown-s", type=float, default=d.fail_cooldown_s,
                    help="wait after a failed attempt before the next (default 3600)")
     p.add_argument("--body-limit-bytes", type=int, default=d.body_limit_bytes)
@@ -127,7 +136,9 @@ def config_from_args(args, env=os.environ) -> ClassroomConfig:
                            ip_signins_per_hour=args.ip_signins_per_hour, fail_cooldown_s=args.fail_cooldown_s, body_limit_bytes=args.body_limit_bytes,
                            signins_per_hour_total=args.signins_per_hour_total,
                            signins_per_domain_per_hour=args.signins_per_domain_per_hour,
-                           min_attempt_s=args.min_attempt_s,
+                           min_attempt_s=args.min_attempt_s, header_timeout_s=args.header_timeout_s,
+                           body_timeout_s=args.body_timeout_s, limit_concurrency=args.limit_concurrency,
+                           connections_per_address=args.connections_per_address,
                            dev=s["dev"], smtp_host=s["smtp_host"], smtp_port=s["smtp_port"],
                            smtp_user=s["smtp_user"], smtp_from=s["smtp_from"])
 
@@ -206,7 +217,11 @@ def run_serve(args) -> int:
         if args.host not in ("127.0.0.1", "::1", "localhost"):
             print(f"WARNING: --dev while listening on {args.host}: anyone who reaches this port can sign in as "
                   "anyone. Use it only on a machine you alone can reach.", file=sys.stderr, flush=True)
-    uvicorn.run(app, **uvicorn_options(args))
+    raise_open_files_limit()
+    server = uvicorn.Server(uvicorn.Config(app, **uvicorn_options(args),
+                                           **server_options(config, args.forwarded_allow_ips)))
+    install_repeat_filter()              # after uvicorn.Config has set up its loggers
+    server.run()
     return 0
 
 

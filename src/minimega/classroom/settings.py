@@ -62,6 +62,14 @@ class ClassroomConfig:
     """Sign-in mails per hour, all addresses together: what no address pool escapes."""
     signins_per_domain_per_hour: int = 300
     """Sign-in mails per hour to one email domain (mailboxes at one provider are cheap too)."""
+    header_timeout_s: float = 10
+    """A request's headers must arrive within this (of the connection, or of the last response): else 408, closed."""
+    body_timeout_s: float = 20
+    """A request's body must arrive within this of its headers: else 408 and the connection closed."""
+    limit_concurrency: int = 2000
+    """Connections and requests in flight at once; beyond it, 503 (uvicorn's ``limit_concurrency``)."""
+    connections_per_address: int = 50
+    """Open connections one client address may hold (proxies in ``--forwarded-allow-ips`` are exempt)."""
     min_attempt_s: float = 300
     """An attempt cannot be finished sooner than this after it starts (stated on the page): a script answers 48
     questions in well under a second, a person takes far longer than 5 minutes."""
@@ -75,6 +83,10 @@ class ClassroomConfig:
             raise ValueError(f"pass_fraction={self.pass_fraction}: must lie in (0, 1]")
         if self.questions_per_chapter < 1 or self.attempts_per_day < 1:
             raise ValueError("questions_per_chapter and attempts_per_day must be >= 1")
+        if min(self.header_timeout_s, self.body_timeout_s) <= 0 or min(self.limit_concurrency,
+                                                                          self.connections_per_address) < 1:
+            raise ValueError("header_timeout_s and body_timeout_s must be > 0, limit_concurrency and "
+                             "connections_per_address >= 1")
         if self.fail_cooldown_s < 0 or self.body_limit_bytes < 1024:
             raise ValueError("fail_cooldown_s must be >= 0 and body_limit_bytes >= 1024")
         if not self.base_url.startswith(("http://", "https://")) or self.base_url.endswith("/"):
