@@ -147,7 +147,7 @@ def test_site_pin_and_serve_rebuilds_when_its_keys_change(tmp_path, monkeypatch)
 
 
 def test_issuer_url_speaks_only_for_its_own_host(tmp_path, capsys, monkeypatch):
-    from minimega.classroom import cli, keys
+    from minimega.classroom import cli_cert as cli, keys
 
     monkeypatch.setenv("HOME", str(tmp_path))
     monkeypatch.delenv(trust.ENV, raising=False)

@@ -28,9 +28,7 @@ from __future__ import annotations
 
 import json
 import math
-import threading
 import time
-from collections import defaultdict, deque
 from importlib import resources
 from pathlib import Path
 from typing import Literal
@@ -39,9 +37,11 @@ from fastapi import FastAPI, Header, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 from fastapi.staticfiles import StaticFiles
-from pydantic import BaseModel, ConfigDict, Field
 
 from . import banks, certificate
+from .api_models import (  # noqa: F401  (re-exported)
+    ERRORS, Strict, SigninIn, SigninOut, ConfirmIn, SessionOut, MeOut, StartIn, QuestionOut, AttemptOut, AnswerIn, RecordedOut, ReviewItem, ReviewOut, CredentialLinks, FinishOut, Error,
+)
 from .bare_page import bare_exam_pages, exam_path
 from .exam import Exam, ExamError, clean_email, rules_text
 from .mailer import mailer_for
@@ -53,136 +53,6 @@ from .stores import open_store
 from .verification_code import CodeError, normalize
 
 PUBLIC = {"Access-Control-Allow-Origin": "*", "Cache-Control": "no-cache"}
-
-
-# --- API models --------------------------------------------------------------------------------
-
-class Strict(BaseModel):
-    """No extra keys, no coercion: `true` is not 1 and "1" is not a number."""
-    model_config = ConfigDict(extra="forbid", strict=True)
-
-
-class SigninIn(Strict):
-    email: str = Field(min_length=3, max_length=254, description="The link is mailed here; only a keyed hash "
-                       "(attempts) and a salted hash (the credential) are stored.")
-    lang: Literal["en", "nl"] = Field(default="en", description="Language of the mail, and of the exam page "
-                                      "its link opens when the service has one in that language.")
-
-
-class SigninOut(BaseModel):
-    sent: bool
-    expires_in_s: int
-    dev_link: str | None = None
-
-
-class ConfirmIn(Strict):
-    token: str = Field(min_length=16, max_length=128)
-
-
-class SessionOut(BaseModel):
-    session: str
-    expires_in_s: int
-
-
-class MeOut(BaseModel):
-    attempts_left_today: int
-    attempts_per_day: int
-    cooldown_until: str | None
-    open_attempt: str | None
-    last_attempt: str | None
-
-
-class StartIn(Strict):
-    display_name: str = Field(min_length=1, max_length=400, description="Printed on the certificate as typed "
-                              "(NFC, 1-100 visible characters).")
-    lang: Literal["en", "nl"] = Field(default="en", description="Language of the questions, the review and the "
-                                      "certificate's text; kept with the attempt (a resumed attempt keeps its own).")
-
-
-class QuestionOut(BaseModel):
-    number: int
-    chapter: int
-    chapter_title: str
-    type: Literal["single", "multiple", "numeric"]
-    question: str
-    choices: list[str]
-    unit: str | None = None
-
-
-class AttemptOut(BaseModel):
-    attempt_id: str
-    display_name: str
-    lang: str = "en"
-    expires_at: str
-    expired: bool
-    finished: bool
-    total: int
-    pass_mark: int
-    answered: list[int]
-    attempts_left_today: int
-    responses: dict[str, dict] = {}
-    resumed: bool | None = None
-    questions: list[QuestionOut] | None = None
-
-
-class AnswerIn(Strict):
-    choice: int | None = Field(default=None, description="single: the shown position")
-    choices: list[int] | None = Field(default=None, max_length=64, description="multiple: shown positions")
-    value: float | None = Field(default=None, description="numeric: in the question's unit")
-
-
-class RecordedOut(BaseModel):
-    number: int
-    recorded: bool
-    answered: int
-    total: int
-
-
-class ReviewItem(QuestionOut):
-    response: dict | None
-    correct: bool
-    key: list[int] | None
-    """Shown positions of the right options (choice items)."""
-    answer: float | None
-    """The exact value, rounded to the significant figures asked (numeric items)."""
-    explain: str | None
-    explains: list[str]
-    """Each shown option's explanation, in shown order."""
-
-
-class ReviewOut(BaseModel):
-    attempt_id: str
-    lang: str = "en"
-    score: int | None
-    total: int
-    passed: bool
-    finished: bool
-    items: list[ReviewItem]
-
-
-class CredentialLinks(BaseModel):
-    code: str
-    credential_url: str
-    certificate_url: str
-    certificate_svg_url: str
-    verify_url: str
-
-
-class FinishOut(BaseModel):
-    score: int
-    total: int
-    percent: float
-    passed: bool
-    pass_mark: int
-    credential: CredentialLinks | None = None
-
-
-class Error(BaseModel):
-    detail: str
-
-
-ERRORS = {401: {"model": Error}, 404: {"model": Error}, 409: {"model": Error}, 410: {"model": Error},
-          413: {"model": Error}, 422: {"model": Error}, 429: {"model": Error}}
 
 
 # --- request bodies ------------------------------------------------------------------------------
