@@ -198,5 +198,11 @@ def test_compose_runs_the_site_on_postgresql():
     url = web["environment"][SERVE_ENV["db"]]
     assert url == f"postgresql://{db['environment']['POSTGRES_USER']}@db:5432/{db['environment']['POSTGRES_DB']}"
     assert web["environment"]["PGPASSWORD"].startswith("${") and ":" not in url.split("@")[0][len("postgresql://"):]
-    assert web["ports"] == ["127.0.0.1:8000:8000"]
+    assert "ports" not in web and web["expose"] == ["8000"]                 # only the proxy reaches the service
+    proxy = compose["services"]["proxy"]
+    assert proxy["image"].startswith("caddy:") and proxy["ports"] == ["127.0.0.1:8000:8000"]
+    caddyfile = compose["configs"]["caddyfile"]["content"]
+    for deadline in ("read_header", "read_body", "idle", "max_size", "reverse_proxy web:8000"):
+        assert deadline in caddyfile, deadline
+    assert web["command"][web["command"].index("--forwarded-allow-ips") + 1] == "172.16.0.0/12"
     assert "MINIMEGA_DB=postgresql://" in (ROOT / "Dockerfile").read_text()

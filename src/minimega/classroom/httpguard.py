@@ -14,6 +14,7 @@ absorbs floods before they reach the process; these are the second line.
 """
 from __future__ import annotations
 
+import ipaddress
 import logging
 import threading
 import time
@@ -32,7 +33,19 @@ def _reply(detail: str) -> bytes:
 def guarded_protocol(header_s: float, body_s: float, per_address: int, exempt=()) -> type:
     """A uvicorn ``http`` protocol class with these deadlines and this per-address connection cap."""
     held: Counter = Counter()
-    exempt = frozenset(exempt)
+    networks = []
+    for entry in exempt:
+        try:
+            networks.append(ipaddress.ip_network(entry, strict=False))
+        except ValueError:
+            pass                                          # a host name: never a socket's peer address
+
+    def is_exempt(address: str) -> bool:
+        try:
+            ip = ipaddress.ip_address(address)
+        except ValueError:
+            return False
+        return any(ip in net for net in networks)
 
     class Guarded(H11Protocol):
         _timer = None
@@ -42,7 +55,7 @@ def guarded_protocol(header_s: float, body_s: float, per_address: int, exempt=()
         def connection_made(self, transport):
             super().connection_made(transport)
             address = self.client[0] if self.client else "unknown"
-            if address not in exempt:
+            if not is_exempt(address):
                 if held[address] >= per_address:
                     LOG.warning("connection refused: %s already holds %d connections (the per-address cap)",
                                 address, per_address)
