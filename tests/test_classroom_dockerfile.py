@@ -171,12 +171,12 @@ def test_cmd_with_dev_set_explicitly_serves_links_on_the_page(tmp_path):
 
 
 def test_readme_documents_every_serve_mail_setting():
-    """Each environment variable serve reads and each mail flag is in the README, and each exists."""
+    """Each environment variable serve reads and each mail flag is in the operator guide, and each exists."""
     import argparse
 
     from minimega.classroom.cli import SERVE_ENV, add_serve_parser
 
-    readme = (ROOT / "README.md").read_text()
+    readme = (ROOT / "OPERATING.md").read_text()
     serve_help = add_serve_parser(argparse.ArgumentParser().add_subparsers()).format_help()
     flags = {f"--{field.replace('_', '-')}" for field in SERVE_ENV}
     assert all(re.search(rf"{flag}\b", serve_help) for flag in flags), serve_help
