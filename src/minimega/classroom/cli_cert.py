@@ -159,26 +159,31 @@ def verify_with_network(cred, *, trusted: dict[str, str], issuer_url=None, offli
     issuer_id = issuer.get("id") if isinstance(issuer, dict) else None
     if issuer_url and offline:
         notes.append(f"--offline: the issuer published at {issuer_url} was not fetched, so not trusted from it")
-    if not offline:
-        if isinstance(issuer_id, str) and issuer_id.startswith("did:web:") and issuer_id not in did_docs:
+    # 1. Trust is decided first, from what the verifier chose (--trust, the trust file, the environment, and
+    #    the one site --issuer-url names). Nothing the credential names is fetched before that.
+    if issuer_url and not offline:
+        url = issuer_url.rstrip("/") + "/.well-known/did.json"
+        try:
+            doc = _fetch_json(url)
+            own = keys.did_web(urllib.parse.urlparse(issuer_url).netloc)
+            if doc.get("id") != own:        # a site speaks for its own host only
+                raise ValueError(f"it describes {str(doc.get('id'))[:80]!r}, not {own}")
+            # the site's did:web, and the did:keys it says it signs with (self-certifying)
+            aka = [d for d in doc.get("alsoKnownAs") or [] if isinstance(d, str) and d.startswith("did:key:")]
+            for did in [own, *aka]:
+                trusted.setdefault(trust.check_did(did, url), f"published by {issuer_url}")
+            did_docs.setdefault(own, doc)
+        except (OSError, ValueError, AttributeError, TypeError, keys.KeyringError) as err:
+            notes.append(f"could not use {url}, so its issuer is not trusted: {err}")
+    # 2. Only a trusted issuer's DID document and status list are fetched.
+    if not offline and isinstance(issuer_id, str) and issuer_id not in trusted:
+        notes.append(f"the issuer {issuer_id[:80]} is not trusted: nothing the credential names was fetched")
+    elif not offline and isinstance(issuer_id, str):
+        if issuer_id.startswith("did:web:") and issuer_id not in did_docs:
             try:
                 did_docs[issuer_id] = _fetch_json(keys.did_web_url(issuer_id))
             except (OSError, ValueError, keys.KeyringError) as err:
-                notes.append(f"could not fetch the DID document of {issuer_id}: {err}")
-        if issuer_url:
-            url = issuer_url.rstrip("/") + "/.well-known/did.json"
-            try:
-                doc = _fetch_json(url)
-                own = keys.did_web(urllib.parse.urlparse(issuer_url).netloc)
-                if doc.get("id") != own:        # a site speaks for its own host only
-                    raise ValueError(f"it describes {str(doc.get('id'))[:80]!r}, not {own}")
-                # the site's did:web, and the did:keys it says it signs with (self-certifying)
-                aka = [d for d in doc.get("alsoKnownAs") or [] if isinstance(d, str) and d.startswith("did:key:")]
-                for did in [own, *aka]:
-                    trusted.setdefault(trust.check_did(did, url), f"published by {issuer_url}")
-                did_docs.setdefault(own, doc)
-            except (OSError, ValueError, AttributeError, TypeError) as err:
-                notes.append(f"could not use {url}, so its issuer is not trusted: {err}")
+                notes.append(f"could not fetch the DID document of {issuer_id[:80]}: {err}")
         if status_doc is None and isinstance(parsed, dict):
             try:
                 url, _ = sl.parse_entry(parsed.get("credentialStatus"))
@@ -215,6 +220,28 @@ def _read_json_arg(path: Path, what: str):
         raise SystemExit(f"{what} {path}: not a readable JSON file ({err})")
 
 
+def _print_result(result, source: str, notes: list[str]) -> None:
+    """The verdict first (and, when it is not VALID, why), then the claims: each marked "(not verified)" unless
+    the credential is valid, so forged words never read as facts."""
+    print(f"{HEADLINE[result.verdict]}  {source}")
+    if not result.valid:
+        for err in result.errors[:10]:
+            print(f"  because: {err[:300]}")
+    mark = "" if result.valid else "  (not verified)"
+    for key, label in LABELS:
+        value = result.claims.get(key)
+        if key == "valid_until" and value is None and result.claims:
+            value = "never"
+        if value is not None:
+            print(f"  {label:<15} {value}{mark}")
+    print(f"  {'Revocation':<15} {result.revocation}")
+    for c in result.checks:
+        print(f"  {MARK[c.status]} {c.name}: {c.detail}")
+    for note in notes:
+        print(f"  note: {note}")
+    sys.stdout.flush()
+
+
 def run_verify(args) -> int:
     try:
         trusted = trusted_issuers(args.trust, args.trust_file)
@@ -227,23 +254,19 @@ def run_verify(args) -> int:
                                         did_document=did_document, status_list=status)
     code = {"valid": 0, "invalid": 1}.get(result.verdict, 3)
     if args.json:
-        print(json.dumps({**result.to_dict(), "source": source, "notes": notes,
-                          "trusted_issuers": trusted}, indent=2, ensure_ascii=False))
+        try:
+            print(json.dumps({**result.to_dict(), "source": source, "notes": notes,
+                              "trusted_issuers": trusted}, indent=2, ensure_ascii=False), flush=True)
+        except BrokenPipeError:
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return code
-    print(f"{HEADLINE[result.verdict]}  {source}")
-    for key, label in LABELS:
-        value = result.claims.get(key)
-        if key == "valid_until" and value is None and result.claims:
-            value = "never"
-        if value is not None:
-            print(f"  {label:<15} {value}")
-    print(f"  {'Revocation':<15} {result.revocation}")
-    for c in result.checks:
-        print(f"  {MARK[c.status]} {c.name}: {c.detail}")
-    for note in notes:
-        print(f"  note: {note}")
+    try:
+        _print_result(result, source, notes)
+    except BrokenPipeError:                 # `cert verify … | head`: the reader has what it wanted
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
     if not result.valid:
-        print("Rejected because: " + "; ".join(result.errors), file=sys.stderr)
+        print("Rejected because: " + "; ".join(result.errors)[:2000], file=sys.stderr)
     return code
 
 
