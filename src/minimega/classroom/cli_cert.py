@@ -62,6 +62,7 @@ def add_cert_parser(subparsers) -> argparse.ArgumentParser:
     who = e.add_mutually_exclusive_group(required=True)
     who.add_argument("--email", help="the address the learner signed in with")
     who.add_argument("--code", help="the verification code of one of the learner's certificates")
+    e.add_argument("--keys-dir", type=Path, help="where the pepper file is (default VAR_DIR/keys; or $MINIMEGA_PEPPER)")
     e.add_argument("--var-dir", type=Path, default=ClassroomConfig().var_dir)
     e.add_argument("--db", default=os.environ.get("MINIMEGA_DB") or None,
                    help="the service's SQLite file or postgresql:// URL (default $MINIMEGA_DB, else VAR_DIR/classroom.sqlite3)")
@@ -288,13 +289,16 @@ def run_erase(args) -> int:
     import time
 
     from .exam import ExamError, clean_email, learner_key
-    from .store import ERASED
+    from .pepper import load_pepper
+    from .store import ERASED, StoreError
     from .verification_code import CodeError, normalize
 
     store = _service_store(args)
     if args.email is not None:
         try:
-            key = learner_key(store.pepper(), clean_email(args.email))
+            key = learner_key(load_pepper(args.keys_dir or args.var_dir / "keys", store), clean_email(args.email))
+        except StoreError as err:
+            raise SystemExit(f"minimega cert erase: {err}")
         except ExamError as err:
             raise SystemExit(f"--email: {err}")
         who = "that address"

@@ -43,6 +43,7 @@ from . import quiz
 from .settings import ClassroomConfig
 from .banks import CHAPTERS, SAMPLE_BANKS, load_exam_banks, load_translations  # noqa: F401  (re-exported)
 from .errors import ExamError
+from .pepper import load_pepper
 from .identity import clean_email, clean_name, learner_key  # noqa: F401  (re-exported)
 from .store import Conflict, OpenAttempt, Store
 
@@ -165,7 +166,7 @@ def _hash(token: str) -> str:
 class Exam:
     def __init__(self, config: ClassroomConfig, store: Store, issuer, rng: random.Random | None = None,
                  clock=time.time, banks: dict[int, quiz.Bank] | None = None, mailer=None,
-                 translations: dict[str, dict[int, quiz.Bank]] | None = None):
+                 translations: dict[str, dict[int, quiz.Bank]] | None = None, pepper: bytes | None = None):
         self.config, self.store, self.issuer, self.clock = config, store, issuer, clock
         folder = config.banks_dir or SAMPLE_BANKS
         self.banks = banks or load_exam_banks(folder, config.questions_per_chapter)
@@ -178,7 +179,7 @@ class Exam:
                 raise ExamError(f"the {lang} exam banks cover chapters {sorted(banks_l)}, the English {sorted(self.banks)}")
         self.rng = rng or random.SystemRandom()
         self.mailer = mailer
-        self._pepper = store.pepper()
+        self._pepper = pepper if pepper is not None else load_pepper(config.keys_path, store)
         self._items = {lang: {(b.chapter, it.id): it for b in bs.values() for it in b.items}
                        for lang, bs in self.banks_by_lang.items()}
 

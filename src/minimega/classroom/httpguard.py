@@ -19,6 +19,7 @@ import logging
 import threading
 import time
 from collections import Counter
+from urllib.parse import urlsplit
 
 import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
@@ -182,3 +183,49 @@ def server_options(config, forwarded_allow_ips: str | None = None) -> dict:
                                      config.connections_per_address, exempt),
             "limit_concurrency": config.limit_concurrency, "timeout_keep_alive": 5,
             "h11_max_incomplete_event_size": 16 * 1024}
+
+
+CSP = ("default-src 'self'; script-src 'self' 'unsafe-inline'; style-src 'self' 'unsafe-inline'; "
+       "img-src 'self' data:; font-src 'self' data:; connect-src 'self' https:; frame-src 'self'; "
+       "object-src 'none'; base-uri 'self'; form-action 'self'; frame-ancestors {ancestors}")
+"""Every page: scripts, styles and frames from this origin only (mkdocs-material and the figure pages inline a
+few scripts); fetches to https anywhere (the verify page reads other issuers' status lists)."""
+FRAMABLE = "/assets/figures/"
+"""The site's figure pages, which its own chapters show in iframes: same-origin framing only."""
+
+
+class SecurityHeaders:
+    """ASGI middleware: CSP, X-Frame-Options (DENY; SAMEORIGIN for the figure pages), nosniff and Referrer-Policy
+    on every response that does not set its own; a redirect's Location built on `base_url`, never on the Host
+    header a client sent."""
+
+    def __init__(self, app, base_url: str):
+        self.app, self.base = app, base_url.rstrip("/").encode()
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        framable = scope.get("path", "").startswith(FRAMABLE)
+        defaults = [(b"content-security-policy", CSP.format(ancestors="'self'" if framable else "'none'").encode()),
+                    (b"x-frame-options", b"SAMEORIGIN" if framable else b"DENY"),
+                    (b"x-content-type-options", b"nosniff"), (b"referrer-policy", b"no-referrer")]
+
+        async def guarded_send(message):
+            if message["type"] == "http.response.start":
+                headers = list(message.get("headers") or [])
+                have = {k.lower() for k, _ in headers}
+                headers += [(k, v) for k, v in defaults if k not in have]
+                if 300 <= message["status"] < 400:
+                    headers = [(k, self._local(v) if k.lower() == b"location" else v) for k, v in headers]
+                message = {**message, "headers": headers}
+            await send(message)
+
+        await self.app(scope, receive, guarded_send)
+
+    def _local(self, location: bytes) -> bytes:
+        """A Location re-rooted on the base URL (Starlette builds absolute ones from the request's Host)."""
+        parts = urlsplit(location.decode("latin-1"))
+        if not parts.scheme and not parts.netloc and not parts.path.startswith("/"):
+            return location                                 # relative to the page: stays on this origin
+        path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+        return self.base + path.encode("latin-1")

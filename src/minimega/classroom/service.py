@@ -46,10 +46,11 @@ from .bare_page import bare_exam_pages, exam_path
 from .exam import Exam, ExamError, clean_email, rules_text
 from .mailer import mailer_for
 from .issuer import Issuer
+from .httpguard import SecurityHeaders
 from .keys import Keyring
 from .limits import block_of, limiter
 from .settings import ClassroomConfig
-from .stores import open_store
+from .stores import open_store, secure_var_dir
 from .verification_code import CodeError, normalize
 
 PUBLIC = {"Access-Control-Allow-Origin": "*", "Cache-Control": "no-cache"}
@@ -132,6 +133,7 @@ def create_app(config: ClassroomConfig, *, keyring: Keyring | None = None, clock
     bank_set = banks.open_bank_set(folder, config.questions_per_chapter)      # fail before touching var/
     banks.refuse_sample(bank_set, dev=config.dev, allow_sample=config.allow_sample_bank)
     mailer = mailer if mailer is not None else mailer_for(config)
+    secure_var_dir(config.var_dir)
     store = open_store(config.db_path)
     keyring = keyring or Keyring.open(config.keys_path, create=True)
     issuer = Issuer(config, keyring, store, clock=clock, bank=bank_set)
@@ -151,6 +153,7 @@ def create_app(config: ClassroomConfig, *, keyring: Keyring | None = None, clock
     app.state.store, app.state.issuer, app.state.exam, app.state.config = store, issuer, exam, config
     app.state.mailer = mailer
     app.add_middleware(BodyLimit, limit=config.body_limit_bytes)
+    app.add_middleware(SecurityHeaders, base_url=config.base_url)       # outermost: every response
 
     @app.exception_handler(ExamError)
     async def exam_error(request: Request, err: ExamError):

@@ -26,6 +26,7 @@ The guarantees, on both:
 from __future__ import annotations
 
 import json
+import os
 import secrets
 import sqlite3
 import threading
@@ -52,9 +53,14 @@ class Store:
     def __init__(self, path: str | Path):
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)   # learner data: owner only
+        os.close(os.open(self.path, os.O_CREAT | os.O_RDWR, 0o600))        # created 0600 (SQLite copies the
+        self.path.chmod(0o600)                                            # mode to its -wal and -shm files)
         self._local = threading.local()
         self._rate_calls = 0
         self.migrate()
+        for extra in (self.path.with_name(self.path.name + "-wal"), self.path.with_name(self.path.name + "-shm")):
+            if extra.exists():
+                extra.chmod(0o600)
 
     @property
     def where(self) -> str:
@@ -170,12 +176,22 @@ class Store:
                 self._set_version(c, version)
         return latest
 
-    def pepper(self) -> bytes:
-        """A random secret of this database, for keyed hashes of learner identities (one for all instances)."""
+    def take_legacy_pepper(self) -> bytes | None:
+        """The pepper an older minimega kept in this database (``meta``), or None. `drop_legacy_pepper` deletes
+        it once it is safe elsewhere (`pepper.load_pepper`)."""
+        row = self.fetchone("SELECT value FROM meta WHERE key='pepper'")
+        return bytes.fromhex(row[0]) if row else None
+
+    def drop_legacy_pepper(self) -> None:
         with self.write() as c:
-            c.execute("INSERT INTO meta VALUES ('pepper', ?) ON CONFLICT (key) DO NOTHING", (secrets.token_hex(32),))
-            value = c.execute("SELECT value FROM meta WHERE key='pepper'").fetchone()[0]
-        return bytes.fromhex(value)
+            c.execute("DELETE FROM meta WHERE key='pepper'")
+
+    def bind_pepper(self, fingerprint: str) -> str:
+        """Record which pepper keys this database's learners (its fingerprint, never the pepper); returns the one
+        recorded first, so an instance started with another pepper can refuse to run."""
+        with self.write() as c:
+            c.execute("INSERT INTO meta VALUES ('pepper_fingerprint', ?) ON CONFLICT (key) DO NOTHING", (fingerprint,))
+            return c.execute("SELECT value FROM meta WHERE key='pepper_fingerprint'").fetchone()[0]
 
     def schema_version(self) -> int:
         with self.snapshot() as c:

@@ -1,6 +1,7 @@
 """`open_store`: the store ``--db`` names. Sits above both stores so neither imports the other."""
 from __future__ import annotations
 
+import stat
 from pathlib import Path
 
 from .store import Store, StoreError
@@ -16,3 +17,17 @@ def open_store(db: str | Path) -> "Store":
         raise StoreError(f"--db {text.split('://')[0]}://…: use a postgresql://user@host/dbname URL or the "
                          "path of a SQLite file")
     return Store(db)
+
+
+def secure_var_dir(path: Path) -> None:
+    """The service's folder (database, keys, pepper): created 0700; an existing one that its group or others can
+    read is refused, with the command that fixes it."""
+    path = Path(path)
+    if path.exists():
+        mode = stat.S_IMODE(path.stat().st_mode)
+        if mode & 0o077:
+            raise StoreError(f"{path} is open to its group or others (mode {mode:04o}) and holds learner data and "
+                             f"keys: run `chmod 700 {path}` and start again")
+        return
+    path.mkdir(parents=True, mode=0o700)
+    path.chmod(0o700)
