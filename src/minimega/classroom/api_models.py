@@ -35,12 +35,24 @@ class SessionOut(BaseModel):
     expires_in_s: int
 
 
+class HeldCredential(BaseModel):
+    code: str
+    issued_at: str
+    revoked: bool
+    credential_url: str
+    certificate_url: str
+    certificate_svg_url: str
+    verify_url: str
+
+
 class MeOut(BaseModel):
     attempts_left_today: int
     attempts_per_day: int
     cooldown_until: str | None
     open_attempt: str | None
     last_attempt: str | None
+    credentials: list[HeldCredential] = []
+    """The learner's certificates, newest first, so the page shows them at any time (not only after a finish)."""
 
 
 class StartIn(Strict):

@@ -262,7 +262,9 @@ class Exam:
                 "attempts_per_day": self.config.attempts_per_day,
                 "cooldown_until": _iso(until) if until and until > now else None,
                 "open_attempt": open_row["id"] if open_row else None,
-                "last_attempt": last["id"] if last else None}
+                "last_attempt": last["id"] if last else None,
+                "credentials": [{**self.issuer.links(r["code"]), "issued_at": _iso(r["issued_at"]),
+                                 "revoked": r["revoked_at"] is not None} for r in self.store.credentials_of(key)]}
 
     # --- attempts ------------------------------------------------------------------------------
 

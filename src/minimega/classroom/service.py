@@ -40,7 +40,8 @@ from fastapi.staticfiles import StaticFiles
 
 from . import banks, certificate
 from .api_models import (  # noqa: F401  (re-exported)
-    ERRORS, Strict, SigninIn, SigninOut, ConfirmIn, SessionOut, MeOut, StartIn, QuestionOut, AttemptOut, AnswerIn, RecordedOut, ReviewItem, ReviewOut, CredentialLinks, FinishOut, Error,
+    ERRORS, Strict, SigninIn, SigninOut, ConfirmIn, SessionOut, MeOut, StartIn, QuestionOut, AttemptOut,
+    AnswerIn, RecordedOut, ReviewItem, ReviewOut, CredentialLinks, FinishOut, Error,
 )
 from .bare_page import bare_exam_pages, exam_path
 from .exam import Exam, ExamError, clean_email, rules_text

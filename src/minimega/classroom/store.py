@@ -371,6 +371,12 @@ class Store:
     def credential_by_code(self, code: str):
         return self.fetchone("SELECT * FROM credentials WHERE code=?", (code,))
 
+    def credentials_of(self, learner_key: str) -> list:
+        """The learner's certificates that are still hosted (not erased), newest first: code, issued_at, revoked_at."""
+        return self.fetchall("SELECT c.code, c.issued_at, c.revoked_at FROM credentials c JOIN attempts a "
+                             "ON a.id = c.attempt_id WHERE a.learner_key=? AND c.erased_at IS NULL "
+                             "ORDER BY c.issued_at DESC", (learner_key,))
+
     def credential_by_attempt(self, attempt_id: str):
         return self.fetchone("SELECT * FROM credentials WHERE attempt_id=?", (attempt_id,))
 
