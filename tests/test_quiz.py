@@ -173,9 +173,9 @@ REFERENCE = {
     "adam-states-gb": lambda psi: 12 * psi,
     "megatron-distopt-gb": lambda psi, d: psi * (2 + 4 + 12 / d),
     "loss-scale-after-overflows": lambda k, o: 2.0 ** k / 2 ** o,
-    "offload-optimizer-split": lambda psi, side: 2 * psi if side == 0 else 14 * psi,
+    "offload-optimizer-split": lambda psi, side: 2 * psi if side == 0 else (4 + 12) * psi,   # fp32 grads on the CPU
     "zero3-offload-estimate": lambda psi, layer, g: (4 * layer * 1e6 + 2 * psi * 1e6 / g) / 2 ** 30,
-    "zero3-full-offload-cpu": lambda psi: 16 * psi,
+    "zero3-full-offload-cpu": lambda psi: (2 + 4 + 12) * psi,          # chapter 5: 18Ψ with the parameters
     "full-recompute-mb": lambda s, b, h: 2 * s * b * h / 1e6,
     "selective-tp-sp-mb": lambda s, b, h, t: 34 * s * b * h / t / 1e6,
     "recompute-saving-ratio": lambda s, h, a: (34 + 5 * a * s / h) / 2,

@@ -1,9 +1,9 @@
 """The exam API's request and response models (OpenAPI at ``/docs``): strict inputs, no coercion."""
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
 
 # --- API models --------------------------------------------------------------------------------
@@ -91,7 +91,8 @@ class AttemptOut(BaseModel):
 class AnswerIn(Strict):
     choice: int | None = Field(default=None, description="single: the shown position")
     choices: list[int] | None = Field(default=None, max_length=64, description="multiple: shown positions")
-    value: float | None = Field(default=None, description="numeric: in the question's unit")
+    value: float | Annotated[str, StringConstraints(max_length=64)] | None = Field(default=None, description="numeric: a number in the question's "
+                                      "unit, or text with the unit (\"31.4 GB\"; a wrong unit is refused by name)")
 
 
 class RecordedOut(BaseModel):

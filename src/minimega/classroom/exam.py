@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
-from . import quiz
+from . import quiz, units
 from .settings import ClassroomConfig
 from .banks import CHAPTERS, SAMPLE_BANKS, load_exam_banks, load_translations  # noqa: F401  (re-exported)
 from .errors import ExamError
@@ -96,6 +96,12 @@ def check_response(d: Drawn, payload: dict) -> None:
     """Refuse a response of the wrong shape: {"choice": i} | {"choices": [i, …]} | {"value": x}."""
     if d.item.type == "numeric":
         value = payload.get("value")
+        if isinstance(value, str) and set(payload) == {"value"}:        # "31.4 GB": the unit must match
+            try:
+                payload["value"] = units.parse(value, d.item.unit, d.item.lang)
+            except units.UnitError as err:
+                raise ExamError(f"question {d.number}: {err}", 422) from None
+            return
         if (set(payload) != {"value"} or not isinstance(value, (int, float)) or isinstance(value, bool)
                 or not math.isfinite(value)):
             raise ExamError(f"question {d.number} is numeric: send {{\"value\": <number in "

@@ -122,7 +122,7 @@ def precision_note(item: Item) -> str:
             return (f"Geef het antwoord{unit} exact (een waarde die niet geheel is, mag je afronden op "
                     f"{item.sig} significante cijfers).")
         return (f"Geef het antwoord{unit}, in {item.sig} significante cijfers; antwoorden die hooguit "
-                f"{item.tolerance * 100:g}% van de exacte waarde afwijken, worden goedgerekend.")
+                f"{show(item.tolerance * 100, 'nl')}% van de exacte waarde afwijken, worden goedgerekend.")
     if item.tolerance == 0:
         return (f"Answer{unit} exactly (a value that is not whole may be rounded to {item.sig} significant "
                 "figures).")
@@ -137,12 +137,11 @@ def round_sig(value: float, sig: int) -> float:
     return round(value, sig - 1 - math.floor(math.log10(abs(value))))
 
 
-def show(value: float) -> str:
-    """A parameter or answer as the question prints it: 64, 7.5, 1.875, 2.5e-05."""
+def show(value: float, lang: str = "en") -> str:
+    """A parameter or answer as the question prints it: 64, 7.5, 1.875, 2.5e-05 (Dutch: 7,5, 1,875)."""
     value = float(value)
-    if value.is_integer() and abs(value) < 1e15:
-        return str(int(value))
-    return f"{value:.6g}"
+    text = str(int(value)) if value.is_integer() and abs(value) < 1e15 else f"{value:.6g}"
+    return text.replace(".", ",") if lang == "nl" else text
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -307,12 +306,12 @@ def instantiate(item: Item, values: dict[str, float]) -> Item:
     answer = evaluate(item.formula, typed)
     if not math.isfinite(answer) or answer == 0:
         raise ValueError(f"formula gives {answer} for {values}")
-    shown = {k: show(v) for k, v in typed.items()}
+    shown = {k: show(v, item.lang) for k, v in typed.items()}
     for name, expr in (item.given or {}).items():
         value = _eval(expr, typed)
-        shown[name] = value if isinstance(value, str) else show(value)
+        shown[name] = value if isinstance(value, str) else show(value, item.lang)
     return replace(item, params=None, given=None, question=item.question.format(**shown), answer=answer,
-                   explain=item.explain.format(**shown, answer=show(round_sig(answer, item.sig))))
+                   explain=item.explain.format(**shown, answer=show(round_sig(answer, item.sig), item.lang)))
 
 
 def load_bank(path: str | Path, lang: str = "en") -> Bank:

@@ -39,7 +39,7 @@
       all: "Choose all that apply.",
       save: "Save answer",
       recorded: "Recorded.",
-      numberFirst: "Enter a number first, for example 16.6.",
+      numberFirst: "Enter a number first (its unit may follow, as the question asks it).",
       optionFirst: "Choose an option first.",
       notRecorded: (m) => `Not recorded: ${m}`,
       progress: (done, total, pass) => `${done} of ${total} answered; ${pass} correct answers pass.`,
@@ -80,7 +80,7 @@
       all: "Kies alle juiste opties.",
       save: "Antwoord opslaan",
       recorded: "Vastgelegd.",
-      numberFirst: "Vul eerst een getal in, bijvoorbeeld 16,6.",
+      numberFirst: "Vul eerst een getal in (de eenheid mag erachter, zoals de vraag die noemt).",
       optionFirst: "Kies eerst een optie.",
       notRecorded: (m) => `Niet vastgelegd: ${m}`,
       progress: (done, total, pass) => `${done} van ${total} beantwoord; met ${pass} goede antwoorden ben je geslaagd.`,
@@ -320,11 +320,13 @@
   async function submit(q, fs, fb, button) {
     let body;
     if (q.type === "numeric") {
-      let raw = fs.querySelector(".value").value.trim().replace(/[\s\u2009]/g, "");
+      const text = fs.querySelector(".value").value.trim();
+      let raw = text.replace(/[\s\u2009]/g, "");
       if (pageLang() === "nl") raw = raw.replace(/,/g, ".");          // Dutch writes a decimal comma
       const value = Number(raw);
-      if (!raw || !Number.isFinite(value)) { fb.textContent = t().numberFirst; return; }
-      body = { value };
+      if (!text) { fb.textContent = t().numberFirst; return; }
+      // a plain number goes as a number; "31.4 GB" as text, and the service checks its unit (naming a wrong one)
+      body = raw && Number.isFinite(value) ? { value } : { value: text };
     } else {
       const picked = [...fs.querySelectorAll("input:checked")].map((i) => Number(i.value));
       if (!picked.length) { fb.textContent = t().optionFirst; return; }
