@@ -21,9 +21,10 @@ import sys
 from pathlib import Path
 
 from . import banks, trust
-from .httpguard import install_repeat_filter, raise_open_files_limit, server_options
 from .cli_cert import ISSUER_URL_ENV, add_cert_parser  # noqa: F401  (re-exported)
+from .httpguard import install_repeat_filter, raise_open_files_limit, server_options
 from .settings import ClassroomConfig
+from .stores import secure_var_dir
 
 SERVE_ENV = {"db": "MINIMEGA_DB", "dev": "MINIMEGA_DEV", "base_url": "MINIMEGA_BASE_URL", "issuer_did": "MINIMEGA_ISSUER_DID",
              "smtp_host": "MINIMEGA_SMTP_HOST", "smtp_port": "MINIMEGA_SMTP_PORT", "smtp_user": "MINIMEGA_SMTP_USER",
@@ -201,6 +202,7 @@ def run_serve(args) -> int:
         bank_set = banks.open_bank_set(folder, config.questions_per_chapter)   # refuse a service with no graded
         banks.refuse_sample(bank_set, dev=config.dev, allow_sample=config.allow_sample_bank)   # bank, or no way
         mailer_for(config)           # to mail a sign-in link, before building anything
+        secure_var_dir(config.var_dir)
         if not args.no_build:        # the key exists before the build so that the site can pin its DID
             ring = Keyring.open(config.keys_path, create=True)
             extra = trust.parse_list(os.environ.get(trust.ENV, ""))       # issuers trusted besides this one

@@ -262,6 +262,9 @@ def _load_pem(path: Path) -> SigningKey:
 
 
 def _write_new_key(folder: Path) -> SigningKey:
+    if not folder.parent.exists():          # the service's var folder (keys, database, pepper): owner only
+        folder.parent.mkdir(parents=True, mode=0o700)
+        os.chmod(folder.parent, 0o700)
     folder.mkdir(parents=True, exist_ok=True)
     os.chmod(folder, 0o700)
     stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S%fZ")
