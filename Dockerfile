@@ -19,6 +19,11 @@
 # -e MINIMEGA_ISSUER_DID=did:web:<your host>. On start the site is rebuilt when its pinned issuers
 # (/verify/trusted-issuers.json) are not this service's keys, so the verify page trusts them.
 #
+# The graded bank: outside MINIMEGA_DEV=1 the service refuses to start without a private bank (the repository's
+# quizzes/exam is the public sample): mount it read-only and name it, -v /srv/bank:/banks:ro
+# -e MINIMEGA_EXAM_BANKS=/banks, after `minimega exam check-bank /srv/bank` (OPERATING.md). Put a reverse proxy in
+# front (compose.yaml runs Caddy with client timeouts) and pass its address to --forwarded-allow-ips.
+#
 # The database: SQLite in /app/var by default (one instance). Several instances behind a load balancer share
 # one PostgreSQL database: -e MINIMEGA_DB=postgresql://minimega@db:5432/minimega -e PGPASSWORD=… (the
 # password only in PGPASSWORD, never in the URL of a command line), the same MINIMEGA_BASE_URL and the same

@@ -114,13 +114,13 @@ def main(argv=None) -> int:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT / "src"), os.environ.get("PYTHONPATH")]))}
     sys.path.insert(0, str(ROOT / "src"))
     from minimega.classroom.keys import Keyring
-    from minimega.classroom.store import open_store
+    from minimega.classroom.stores import open_store
     Keyring.open(tmp / "keys", create=True)        # one signing key for every instance, made before they start
     servers = []
     for k, port in enumerate(ports):
         cmd = [sys.executable, "-m", "minimega.classroom.cli", "serve", "--port", str(port),
                "--var-dir", str(tmp / f"var{k}"), "--keys-dir", str(tmp / "keys"), "--db", db,
-               "--site-dir", str(tmp / "site"), "--banks-dir", str(ROOT / "quizzes" / "exam"), "--no-build", "--dev",
+               "--site-dir", str(tmp / "site"), "--banks-dir", str(ROOT / "quizzes" / "exam"), "--no-build", "--min-attempt-s", "0", "--dev",
                "--questions-per-chapter", str(args.questions_per_chapter), "--attempts-per-day", "1000000",
                "--fail-cooldown-s", "0", "--ip-attempts-per-hour", "100000000", "--ip-requests-per-minute", "100000000",
                "--ip-signins-per-hour", "100000000"]

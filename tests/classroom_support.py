@@ -25,7 +25,8 @@ EXAMPLES_CONTEXT = {"https://www.w3.org/ns/credentials/examples/v2":
 def make_config(tmp: Path, **overrides) -> ClassroomConfig:
     cfg = ClassroomConfig(var_dir=tmp / "var", site_dir=tmp / "site", banks_dir=BANKS,
                           questions_per_chapter=1, ip_attempts_per_hour=10_000,
-                          ip_requests_per_minute=100_000, ip_signins_per_hour=100_000, dev=True)
+                          ip_requests_per_minute=100_000, ip_signins_per_hour=100_000, dev=True, allow_sample_bank=True,
+                          min_attempt_s=0)
     return replace(cfg, **overrides)
 
 

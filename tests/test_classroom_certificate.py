@@ -66,3 +66,38 @@ def test_the_qr_code_reads_as_the_verify_url(chromium, certificates, lang, view)
         page.close()
     assert decode(shot) == [verify_url]
 
+
+
+VALUE_WIDTH = """() => {
+  const probe = document.createElement("span");
+  probe.textContent = "000000000000";                       // 12 characters of the values' font
+  const td = document.querySelector("td");
+  probe.style.font = getComputedStyle(td).font;
+  probe.style.whiteSpace = "nowrap";
+  document.body.append(probe);
+  const twelve = probe.getBoundingClientRect().width;
+  probe.remove();
+  return [twelve, [...document.querySelectorAll("td")].map((td) => td.getBoundingClientRect().width)];
+}"""
+
+
+@pytest.mark.parametrize("width", [390, 1280])
+@pytest.mark.parametrize("view", ["html", "svg"])
+def test_the_certificate_lays_out_on_a_phone_and_a_desktop(chromium, certificates, view, width):
+    """No sideways scrolling at either width; on the page no value is squeezed narrower than 12 characters (the
+    old layout wrapped every value letter by letter at 390 px, 3,611 px tall)."""
+    code, _, html, svg = certificates["nl"]
+    page = chromium.new_page(viewport={"width": width, "height": 900})
+    try:
+        served(page, html if view == "html" else svg, f"{ORIGIN}/certificates/{code}" + ("" if view == "html" else ".svg"))
+        scroll_w = page.evaluate("() => document.documentElement.scrollWidth")
+        assert scroll_w <= width, (view, width, scroll_w)
+        if view == "html":
+            twelve, cells = page.evaluate(VALUE_WIDTH)
+            assert cells and min(cells) >= twelve, (twelve, cells)
+            assert page.evaluate("() => document.documentElement.scrollHeight") < 2600
+        else:
+            box = page.locator("svg").first.bounding_box()
+            assert box["width"] <= width and box["width"] >= min(width, 1100) * 0.9, box
+    finally:
+        page.close()

@@ -98,10 +98,22 @@ def test_cmd_never_passes_dev():
     ({"MINIMEGA_SMTP_HOST": "smtp.example.org", "MINIMEGA_SMTP_USER": "exam"}, "MINIMEGA_SMTP_PASSWORD is empty"),
 ], ids=["unset", "dev-yes", "user-no-password"])
 def test_cmd_refuses_to_start_without_a_way_to_send_links(tmp_path, env, said):
-    argv, full_env = run_cmd(tmp_path, env)
+    argv, full_env = run_cmd(tmp_path, env, extra=["--allow-sample-bank"])       # a bank, so the mail is what's missing
     run = subprocess.run(argv, env=full_env, cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert run.returncode != 0 and said in run.stderr, run.stderr[-2000:]
     assert not (tmp_path / "site").exists() and not (tmp_path / "var").exists()   # refused before building anything
+
+
+def test_cmd_refuses_to_start_without_a_graded_bank(tmp_path):
+    """No --dev, no --exam-banks: one line naming the flag, non-zero, nothing built (checked before the mail)."""
+    argv, full_env = run_cmd(tmp_path, {})
+    run = subprocess.run(argv, env=full_env, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert run.returncode != 0 and "--exam-banks" in run.stderr and "MINIMEGA_EXAM_BANKS" in run.stderr, run.stderr
+    assert len(run.stderr.strip().splitlines()) == 1
+    argv, full_env = run_cmd(tmp_path, {"MINIMEGA_EXAM_BANKS": str(ROOT / "quizzes" / "exam")})
+    run = subprocess.run(argv, env=full_env, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert run.returncode != 0 and "--allow-sample-bank" in run.stderr and "sample" in run.stderr, run.stderr
+    assert not (tmp_path / "site").exists() and not (tmp_path / "var").exists()
 
 
 def test_serve_settings_flags_override_the_environment():
@@ -159,12 +171,12 @@ def test_cmd_with_dev_set_explicitly_serves_links_on_the_page(tmp_path):
 
 
 def test_readme_documents_every_serve_mail_setting():
-    """Each environment variable serve reads and each mail flag is in the README, and each exists."""
+    """Each environment variable serve reads and each mail flag is in the operator guide, and each exists."""
     import argparse
 
     from minimega.classroom.cli import SERVE_ENV, add_serve_parser
 
-    readme = (ROOT / "README.md").read_text()
+    readme = (ROOT / "OPERATING.md").read_text()
     serve_help = add_serve_parser(argparse.ArgumentParser().add_subparsers()).format_help()
     flags = {f"--{field.replace('_', '-')}" for field in SERVE_ENV}
     assert all(re.search(rf"{flag}\b", serve_help) for flag in flags), serve_help
@@ -186,5 +198,11 @@ def test_compose_runs_the_site_on_postgresql():
     url = web["environment"][SERVE_ENV["db"]]
     assert url == f"postgresql://{db['environment']['POSTGRES_USER']}@db:5432/{db['environment']['POSTGRES_DB']}"
     assert web["environment"]["PGPASSWORD"].startswith("${") and ":" not in url.split("@")[0][len("postgresql://"):]
-    assert web["ports"] == ["127.0.0.1:8000:8000"]
+    assert "ports" not in web and web["expose"] == ["8000"]                 # only the proxy reaches the service
+    proxy = compose["services"]["proxy"]
+    assert proxy["image"].startswith("caddy:") and proxy["ports"] == ["127.0.0.1:8000:8000"]
+    caddyfile = compose["configs"]["caddyfile"]["content"]
+    for deadline in ("read_header", "read_body", "idle", "max_size", "reverse_proxy web:8000"):
+        assert deadline in caddyfile, deadline
+    assert web["command"][web["command"].index("--forwarded-allow-ips") + 1] == "172.16.0.0/12"
     assert "MINIMEGA_DB=postgresql://" in (ROOT / "Dockerfile").read_text()

@@ -11,7 +11,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from minimega.classroom.store import MIGRATIONS, Conflict, Duplicate, OpenAttempt, Store, StoreError, open_store
+from minimega.classroom.store import MIGRATIONS, Conflict, Duplicate, OpenAttempt, Store, StoreError
+from minimega.classroom.stores import open_store
 
 BACKENDS = ["sqlite", "postgresql"]
 
@@ -69,10 +70,32 @@ def test_migrations_apply_once_and_refuse_a_newer_schema(opener):
         opener()
 
 
-def test_one_pepper_per_database(opener):
+def test_one_pepper_per_database_kept_outside_it(opener, tmp_path):
+    from minimega.classroom.pepper import load_pepper
+
     stores = [opener() for _ in range(4)]
-    peppers = race(lambda i: stores[i].pepper(), 4)
-    assert len(set(peppers)) == 1 and len(peppers[0]) == 32
+    peppers = race(lambda i: load_pepper(tmp_path / "keys", stores[i], env={}), 4)
+    assert len(set(peppers)) == 1 and len(peppers[0]) == 32, peppers
+    assert oct((tmp_path / "keys" / "pepper").stat().st_mode & 0o777) == "0o600"
+    if opener.backend == "sqlite":                        # the database file never holds it
+        raw = b"".join(p.read_bytes() for p in (tmp_path / "var").glob("classroom.sqlite3*"))
+        assert peppers[0].hex().encode() not in raw and peppers[0] not in raw
+    with pytest.raises(StoreError, match="another pepper"):    # an instance with its own pepper refuses
+        load_pepper(tmp_path / "other-keys", stores[0], env={})
+    with pytest.raises(StoreError, match="chmod 600"):
+        (tmp_path / "keys" / "pepper").chmod(0o644)
+        load_pepper(tmp_path / "keys", stores[0], env={})
+
+
+def test_a_pepper_an_older_version_kept_in_the_database_moves_out(opener, tmp_path):
+    from minimega.classroom.pepper import load_pepper
+
+    store = opener()
+    old = "ab" * 32
+    with store.write() as c:
+        c.execute("INSERT INTO meta VALUES ('pepper', ?)", (old,))
+    assert load_pepper(tmp_path / "keys", store, env={}) == bytes.fromhex(old)      # same learners, same keys
+    assert store.take_legacy_pepper() is None and (tmp_path / "keys" / "pepper").read_text().strip() == old
 
 
 def test_rows_read_by_name_and_position(opener):

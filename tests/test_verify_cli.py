@@ -147,7 +147,7 @@ def test_site_pin_and_serve_rebuilds_when_its_keys_change(tmp_path, monkeypatch)
 
 
 def test_issuer_url_speaks_only_for_its_own_host(tmp_path, capsys, monkeypatch):
-    from minimega.classroom import cli, keys
+    from minimega.classroom import cli_cert as cli, keys
 
     monkeypatch.setenv("HOME", str(tmp_path))
     monkeypatch.delenv(trust.ENV, raising=False)
@@ -166,3 +166,70 @@ def test_issuer_url_speaks_only_for_its_own_host(tmp_path, capsys, monkeypatch):
     result = json.loads(out)
     assert code == 3 and result["trusted_issuers"] == {}
     assert any("describes 'did:web:evil.example', not did:web:course.example" in n for n in result["notes"])
+
+
+# --- trust before any fetch; did:web hosts; the INVALID layout; a closed pipe ---------------------------------
+
+def test_nothing_an_untrusted_credential_names_is_fetched(tmp_path, capsys, monkeypatch):
+    from minimega.classroom import cli_cert
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.delenv(trust.ENV, raising=False)
+    fetched = []
+    monkeypatch.setattr(cli_cert, "_fetch_json", lambda url, timeout=5.0: fetched.append(url) or {})
+    case = next(c for c in CASES if c["name"] == "attacker-resigned")
+    cred_path = tmp_path / "credential.json"
+    cred_path.write_text(json.dumps(case["credential"]))
+    code, out, _ = run_cli(capsys, cred_path)                          # online, nobody trusted
+    assert code != 0 and fetched == [], fetched
+    assert "not trusted: nothing the credential names was fetched" in out
+    trusted = [a for did in verify_cases.trusted_dids(BASE) for a in ("--trust", did)]
+    run_cli(capsys, cred_path, *trusted)                               # the attacker is still not among them
+    assert fetched == []
+
+
+@pytest.mark.parametrize("did", ["did:web:evil.example%40course.example", "did:web:course.example%2Fevil",
+                                 "did:web:course.example%3Fx%3D1", "did:web:course.example%3A8443",
+                                 "did:web:course.example%23frag", "did:web:10.0.0.1%3A6379", "did:web:a:b%2F..",
+                                 "did:web:", "did:web:-bad-.example"])
+def test_did_web_hosts_that_decode_elsewhere_are_refused(did):
+    from minimega.classroom import keys
+
+    with pytest.raises(keys.KeyringError):
+        keys.did_web_url(did)
+
+
+def test_plain_did_web_hosts_resolve():
+    from minimega.classroom import keys
+
+    assert keys.did_web_url("did:web:course.example") == "https://course.example/.well-known/did.json"
+    assert keys.did_web_url("did:web:course.example:users:ada") == "https://course.example/users/ada/did.json"
+    assert keys.did_web_url("did:web:localhost%3A8000") == "http://localhost:8000/.well-known/did.json"
+
+
+def test_invalid_output_leads_with_the_verdict_and_marks_every_claim(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.delenv(trust.ENV, raising=False)
+    case = next(c for c in CASES if c["verdict"] == "invalid" and isinstance(c["credential"], dict)
+                and c["name"] != "attacker-resigned")
+    trusted = [a for did in verify_cases.trusted_dids(BASE) for a in ("--trust", did)]
+    code, out, _ = run_cli(capsys, *case_files(case, tmp_path), "--offline", *trusted)
+    lines = out.splitlines()
+    assert code == 1 and lines[0].startswith("INVALID") and lines[1].startswith("  because: "), out
+    claims = [ln for ln in lines if ln.startswith("  ") and not ln.startswith(("  because", "  pass", "  FAIL",
+                                                                                 "  n/a", "  note", "  Revocation"))]
+    assert claims and all(ln.endswith("(not verified)") for ln in claims), claims
+
+
+def test_a_closed_pipe_ends_the_output_quietly(tmp_path):
+    case = next(c for c in CASES if c["verdict"] == "valid")
+    args = case_files(case, tmp_path)
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {**os.environ, "HOME": str(tmp_path),
+           "PYTHONPATH": os.pathsep.join(filter(None, [os.path.join(root, "src"), os.environ.get("PYTHONPATH")]))}
+    trusted = [a for did in verify_cases.trusted_dids(BASE) for a in ("--trust", did)]
+    cmd = [sys.executable, "-m", "minimega.classroom.cli", "cert", "verify", *map(str, args), "--offline", *trusted]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    proc.stdout.close()                                   # the reader is gone before a line is written (`| head -0`)
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=60) == 0 and "BrokenPipe" not in err and "Traceback" not in err, err

@@ -81,7 +81,7 @@ def svg(doc: dict, code: str, verify_url: str) -> str:
     path, _ = qr_path(verify_url, 180)
     desc = "".join(f'<tspan x="{W/2}" dy="24">{escape(line)}</tspan>' for line in _wrap(c["achievement"] or "", 70))
     baked = json.dumps(doc, ensure_ascii=False, indent=1).replace("]]>", "]]]]><![CDATA[>")
-    return f"""<svg xmlns="http://www.w3.org/2000/svg" xmlns:openbadges="https://purl.imsglobal.org/ob/v3p0" viewBox="0 0 {W} {H}" width="{W}" height="{H}" role="img" aria-label="{escape(w['aria'].format(name=c['name'] or ''))}">
+    return f"""<svg xmlns="http://www.w3.org/2000/svg" xmlns:openbadges="https://purl.imsglobal.org/ob/v3p0" viewBox="0 0 {W} {H}" width="100%" height="100%" role="img" aria-label="{escape(w['aria'].format(name=c['name'] or ''))}">
 <openbadges:credential><![CDATA[{baked}]]></openbadges:credential>
 <rect x="0" y="0" width="{W}" height="{H}" fill="#fbfaf7"/>
 <rect x="24" y="24" width="{W-48}" height="{H-48}" fill="none" stroke="#3f51b5" stroke-width="3"/>
@@ -121,9 +121,14 @@ body{{font-family:Georgia,'DejaVu Serif',serif;margin:0;background:#eee;color:#1
 main{{max-width:900px;margin:2rem auto;background:#fbfaf7;border:3px solid #3f51b5;padding:3rem}}
 h1{{font-size:1.2rem;letter-spacing:.3em;text-align:center;font-weight:normal}}
 .name{{font-size:2.6rem;text-align:center;margin:1.5rem 0}} .ach{{font-size:1.4rem;text-align:center}}
-table{{margin-top:2rem;border-collapse:collapse;font-family:system-ui,sans-serif;font-size:.9rem}}
-th{{text-align:left;padding:.2rem 1rem .2rem 0;font-weight:600}} td{{padding:.2rem 0;word-break:break-all}}
-.foot{{display:flex;justify-content:space-between;align-items:flex-end;gap:2rem}}
+table{{margin-top:2rem;border-collapse:collapse;font-family:system-ui,sans-serif;font-size:.9rem;flex:1 1 24rem;
+  min-width:0}}
+th{{text-align:left;padding:.2rem 1rem .2rem 0;font-weight:600;white-space:nowrap;vertical-align:top}}
+td{{padding:.2rem 0;overflow-wrap:anywhere}}
+.foot{{display:flex;flex-wrap:wrap;justify-content:space-between;align-items:flex-end;gap:2rem}}
+@media (max-width:640px){{main{{margin:0;padding:1.2rem;border-width:2px}} .name{{font-size:1.8rem}}
+  .ach{{font-size:1.15rem}} h1{{letter-spacing:.15em}} table,tbody,tr,th,td{{display:block}}
+  th{{padding:.6rem 0 0}} td{{padding:0 0 .2rem}} .foot{{justify-content:center}}}}
 .actions{{font-family:system-ui,sans-serif;text-align:center;margin:1rem}}
 @media print{{body{{background:#fff}} main{{margin:0;border-width:2px}} .actions{{display:none}}}}
 </style></head><body>

@@ -38,6 +38,7 @@ from datetime import datetime, timedelta, timezone
 
 from . import canonical, keys, status_list
 from .keys import Ed25519PrivateKey, KeyringError
+from .claims import claims_of  # noqa: F401  (re-exported)
 
 VC_V2 = "https://www.w3.org/ns/credentials/v2"
 OB_V3 = "https://purl.imsglobal.org/spec/ob/v3p0/context-3.0.3.json"
@@ -291,26 +292,6 @@ def _check_proof_set(doc: dict, r: Verification, did_documents, label: str) -> s
         if r.add(name, why is None, f"signature valid, by the issuer's key {fingerprint[:16]}…", why or ""):
             signers.append(fingerprint)
     return signers[0] if well_formed and len(signers) == 2 and signers[0] == signers[1] else None
-
-
-def claims_of(doc: dict) -> dict:
-    """The human-readable claims of an OpenBadgeCredential (as written in it; check `valid`)."""
-    subject = doc.get("credentialSubject") if isinstance(doc.get("credentialSubject"), dict) else {}
-    achievement = subject.get("achievement") if isinstance(subject.get("achievement"), dict) else {}
-    issuer = doc.get("issuer") if isinstance(doc.get("issuer"), dict) else {"id": doc.get("issuer")}
-    ids = subject.get("identifier") if isinstance(subject.get("identifier"), list) else []
-    ids = [i for i in ids if isinstance(i, dict)]
-    name = next((i.get("identityHash") for i in ids if i.get("identityType") == "name"), None)
-    email = next((i for i in ids if i.get("identityType") == "emailAddress"), None)
-    criteria = achievement.get("criteria") if isinstance(achievement.get("criteria"), dict) else {}
-    return {
-        "name": name, "achievement": achievement.get("name"),
-        "description": achievement.get("description"), "criteria": criteria.get("narrative"),
-        "course_version": achievement.get("version"), "valid_from": doc.get("validFrom"),
-        "valid_until": doc.get("validUntil"), "issuer_name": issuer.get("name"),
-        "issuer_id": issuer.get("id"), "issuer_url": issuer.get("url"), "credential_id": doc.get("id"),
-        "email": "salted SHA-256 hash" if email else "none",
-    }
 
 
 def _check_shape(doc: dict, r: Verification) -> bool:

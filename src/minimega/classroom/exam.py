@@ -32,33 +32,19 @@ import hmac
 import json
 import math
 import random
-import re
 import secrets
 import time
-import unicodedata
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
-from . import quiz
+from . import quiz, units
 from .settings import ClassroomConfig
+from .banks import CHAPTERS, SAMPLE_BANKS, load_exam_banks, load_translations  # noqa: F401  (re-exported)
+from .errors import ExamError
+from .pepper import load_pepper
+from .identity import clean_email, clean_name, learner_key  # noqa: F401  (re-exported)
 from .store import Conflict, OpenAttempt, Store
-
-CHAPTERS = tuple(range(1, 17))
-"""Chapters that must have an exam bank (and that each attempt draws from)."""
-
-
-class ExamError(Exception):
-    """Maps to an HTTP status: 401 not signed in, 403 not yours, 404 unknown, 409 conflict, 410 expired,
-    422 bad input, 429 limit."""
-
-    status = 400
-
-    def __init__(self, message: str, status: int | None = None):
-        super().__init__(message)
-        if status is not None:
-            self.status = status
-
 
 def split_bank(bank: quiz.Bank) -> tuple[list[quiz.Item], list[quiz.Item]]:
     """(parametric templates, fixed items) of a bank."""
@@ -70,38 +56,6 @@ def chapter_plan(bank: quiz.Bank, per_chapter: int) -> tuple[int, int]:
     templates, fixed = split_bank(bank)
     n_par = min(len(templates), max(math.ceil(per_chapter / 2), per_chapter - len(fixed)))
     return n_par, per_chapter - n_par
-
-
-def load_exam_banks(folder: str | Path, per_chapter: int, lang: str = "en") -> dict[int, quiz.Bank]:
-    """Chapter -> bank; every chapter of `CHAPTERS` must have a bank that can fill `per_chapter` questions.
-
-    `folder` is the English one; another `lang` reads its words from the twins (`quiz.twin_path`)."""
-    folder = Path(folder)
-    if not folder.is_dir():
-        raise ExamError(f"exam banks folder {folder} does not exist (expected quizzes/exam/NN-slug.yaml)")
-    banks = {}
-    for b in quiz.load_banks(folder, lang):
-        if b.chapter in banks:
-            raise ExamError(f"{folder}: two exam banks for chapter {b.chapter}")
-        banks[b.chapter] = b
-    missing = [c for c in CHAPTERS if c not in banks]
-    if missing:
-        raise ExamError(f"{folder}: no exam bank for chapters {missing}")
-    small = {c: len(b.items) for c, b in banks.items() if len(b.items) < per_chapter}
-    if small:
-        raise ExamError(f"{folder}: banks with fewer than {per_chapter} items: {small}")
-    return banks
-
-
-def load_translations(folder: str | Path, per_chapter: int) -> dict[str, dict[int, quiz.Bank]]:
-    """Language -> its exam banks, for every language but English whose twin folder exists
-    (``quizzes/nl/exam`` for ``quizzes/exam``). A twin folder that lacks a bank, or whose structure
-    differs from the English, raises: the service refuses to start rather than serve half a language."""
-    out = {}
-    for lang in quiz.LANGUAGES:
-        if lang != "en" and quiz.twin_path(Path(folder) / "x.yaml", lang).parent.is_dir():
-            out[lang] = load_exam_banks(folder, per_chapter, lang)
-    return out
 
 
 @dataclass(frozen=True)
@@ -141,6 +95,12 @@ def check_response(d: Drawn, payload: dict) -> None:
     """Refuse a response of the wrong shape: {"choice": i} | {"choices": [i, …]} | {"value": x}."""
     if d.item.type == "numeric":
         value = payload.get("value")
+        if isinstance(value, str) and set(payload) == {"value"}:        # "31.4 GB": the unit must match
+            try:
+                payload["value"] = units.parse(value, d.item.unit, d.item.lang)
+            except units.UnitError as err:
+                raise ExamError(f"question {d.number}: {err}", 422) from None
+            return
         if (set(payload) != {"value"} or not isinstance(value, (int, float)) or isinstance(value, bool)
                 or not math.isfinite(value)):
             raise ExamError(f"question {d.number} is numeric: send {{\"value\": <number in "
@@ -168,61 +128,6 @@ def grade_shown(d: Drawn, payload: dict) -> quiz.Grade:
     return quiz.grade(d.item, [d.order[i] for i in payload["choices"]])
 
 
-# Characters that render as nothing (or reorder text) although Unicode does not class them as
-# format characters: Hangul fillers, the braille blank, the Khmer inherent vowels, Mongolian
-# free variation selectors and vowel separator, the combining grapheme joiner.
-INVISIBLE = set("\u115f\u1160\u3164\uffa0\u2800\u17b4\u17b5\u180b\u180c\u180d\u180e\u180f\u034f")
-MAX_COMBINING = 3
-"""Combining marks allowed on one base character (Vietnamese needs 2; zalgo text uses dozens)."""
-NAME_MAX = 100
-
-
-def clean_name(name: str) -> str:
-    """A display name as it will be signed: NFC, one line of 1..100 visible characters.
-
-    Refused (not silently dropped, so what is signed is what was typed): control, format (bidi
-    overrides, zero-width, tag characters), private-use, unassigned and separator characters other
-    than the space, the invisible fillers of `INVISIBLE`, more than `MAX_COMBINING` combining marks on
-    one character. Runs of spaces collapse to one.
-    """
-    if not isinstance(name, str):
-        raise ExamError("display name: a string", 422)
-    name = " ".join(unicodedata.normalize("NFC", name).split(" ")).strip(" ")
-    name = re.sub(" {2,}", " ", name)
-    run = visible = 0
-    for ch in name:
-        cat = unicodedata.category(ch)
-        if cat in ("Cc", "Cf", "Co", "Cn", "Cs", "Zl", "Zp") or (cat == "Zs" and ch != " ") or ch in INVISIBLE:
-            raise ExamError(f"display name: character U+{ord(ch):04X} ({unicodedata.name(ch, cat)}) is not "
-                            "allowed; type the name with visible characters only", 422)
-        if cat.startswith("M"):
-            run += 1
-            if run > MAX_COMBINING or visible == 0:
-                raise ExamError(f"display name: at most {MAX_COMBINING} combining marks on one character", 422)
-        else:
-            run = 0
-            visible += ch != " "
-    if not 1 <= visible or len(name) > NAME_MAX:
-        raise ExamError(f"display name: 1 to {NAME_MAX} visible characters", 422)
-    return name
-
-
-EMAIL = re.compile(r"[^@\s\x00-\x1f\x7f]{1,64}@[A-Za-z0-9.-]{1,189}\.[A-Za-z]{2,63}")
-
-
-def clean_email(email: str) -> str:
-    email = unicodedata.normalize("NFC", email or "").strip()
-    if len(email) > 254 or not EMAIL.fullmatch(email):
-        raise ExamError("email: not an address like name@example.org", 422)
-    return email
-
-
-def learner_key(pepper: bytes, email: str) -> str:
-    """A learner's key: the database's pepper over their address (the store never holds the address)."""
-    ident = f"email:{email.strip().lower()}"
-    return hmac.new(pepper, ident.encode("utf-8"), hashlib.sha256).hexdigest()
-
-
 def rules_text(config: ClassroomConfig, n_chapters: int, lang: str = "en") -> str:
     """The exam's rules in one paragraph, from the configuration (the page and GET /api/v1/exam)."""
     k = config.questions_per_chapter
@@ -238,7 +143,8 @@ def rules_text(config: ClassroomConfig, n_chapters: int, lang: str = "en") -> st
                 f"antwoord wordt vastgelegd en vergrendeld zodra je het opslaat; of het goed was, de uitgewerkte "
                 f"waarden en de uitleg krijg je in de nabespreking nadat je klaar bent. Log in met je e-mailadres: "
                 f"{config.attempts_per_day} pogingen per UTC-dag, {cool}; een poging blijft "
-                f"{config.attempt_ttl_s / 3600:g} uur open, en als je de pagina herlaadt, ga je verder waar je was.")
+                f"{config.attempt_ttl_s / 3600:g} uur open, en als je de pagina herlaadt, ga je verder waar je was."
+                + (f" Inleveren kan pas {_minutes(config.min_attempt_s, 'nl')} na de start." if config.min_attempt_s else ""))
     cool = (f"after a failed attempt the next one opens {cooldown:g} hour{'s' if cooldown != 1 else ''} later"
             if config.fail_cooldown_s else "there is no wait after a failed attempt")
     return (f"{total} questions, {k} from each of the {n_chapters} chapters, at least half of them with numbers "
@@ -246,7 +152,16 @@ def rules_text(config: ClassroomConfig, n_chapters: int, lang: str = "en") -> st
             f"a verifiable certificate. Each answer is recorded and locked when you save it; whether it was right, "
             f"the worked values and the explanations come in the review after you finish. Sign in with your "
             f"email: {config.attempts_per_day} attempts per UTC day, {cool}; an attempt stays open "
-            f"{config.attempt_ttl_s / 3600:g} hours, and reloading the page resumes it.")
+            f"{config.attempt_ttl_s / 3600:g} hours, and reloading the page resumes it."
+            + (f" An attempt can be finished no sooner than {_minutes(config.min_attempt_s, 'en')} after it starts."
+               if config.min_attempt_s else ""))
+
+
+def _minutes(seconds: float, lang: str) -> str:
+    if seconds >= 60 and seconds % 60 == 0:
+        n = int(seconds // 60)
+        return f"{n} minu{'ut' if n == 1 else 'ten'}" if lang == "nl" else f"{n} minute{'s' if n != 1 else ''}"
+    return f"{seconds:g} seconde{'n' if seconds != 1 else ''}" if lang == "nl" else f"{seconds:g} s"
 
 
 def _hash(token: str) -> str:
@@ -256,11 +171,12 @@ def _hash(token: str) -> str:
 class Exam:
     def __init__(self, config: ClassroomConfig, store: Store, issuer, rng: random.Random | None = None,
                  clock=time.time, banks: dict[int, quiz.Bank] | None = None, mailer=None,
-                 translations: dict[str, dict[int, quiz.Bank]] | None = None):
+                 translations: dict[str, dict[int, quiz.Bank]] | None = None, pepper: bytes | None = None):
         self.config, self.store, self.issuer, self.clock = config, store, issuer, clock
-        self.banks = banks or load_exam_banks(config.banks_dir, config.questions_per_chapter)
+        folder = config.banks_dir or SAMPLE_BANKS
+        self.banks = banks or load_exam_banks(folder, config.questions_per_chapter)
         if translations is None:
-            translations = {} if banks else load_translations(config.banks_dir, config.questions_per_chapter)
+            translations = {} if banks else load_translations(folder, config.questions_per_chapter)
         self.banks_by_lang = {"en": self.banks, **translations}
         """Language -> chapter -> bank; every language has the English banks' structure."""
         for lang, banks_l in translations.items():
@@ -268,7 +184,7 @@ class Exam:
                 raise ExamError(f"the {lang} exam banks cover chapters {sorted(banks_l)}, the English {sorted(self.banks)}")
         self.rng = rng or random.SystemRandom()
         self.mailer = mailer
-        self._pepper = store.pepper()
+        self._pepper = pepper if pepper is not None else load_pepper(config.keys_path, store)
         self._items = {lang: {(b.chapter, it.id): it for b in bs.values() for it in b.items}
                        for lang, bs in self.banks_by_lang.items()}
 
@@ -351,7 +267,9 @@ class Exam:
                 "attempts_per_day": self.config.attempts_per_day,
                 "cooldown_until": _iso(until) if until and until > now else None,
                 "open_attempt": open_row["id"] if open_row else None,
-                "last_attempt": last["id"] if last else None}
+                "last_attempt": last["id"] if last else None,
+                "credentials": [{**self.issuer.links(r["code"]), "issued_at": _iso(r["issued_at"]),
+                                 "revoked": r["revoked_at"] is not None} for r in self.store.credentials_of(key)]}
 
     # --- attempts ------------------------------------------------------------------------------
 
@@ -455,6 +373,12 @@ class Exam:
             raise ExamError("this attempt is already finished", 409)
         if self.clock() > row["expires_at"]:
             raise ExamError("this attempt has expired; start a new one", 410)
+        early = row["created_at"] + self.config.min_attempt_s - self.clock()
+        if early > 0:
+            err = ExamError(f"an attempt cannot be finished within {self.config.min_attempt_s:g} s of its start: "
+                            f"retry in {int(early) + 1} s (your answers are kept)", 429)
+            err.retry_after = int(early) + 1
+            raise err
         try:
             score, total, passed = self.store.finish_attempt(attempt_id, self.clock(), self.config.pass_fraction)
         except Conflict as err:

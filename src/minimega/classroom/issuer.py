@@ -19,7 +19,7 @@ from datetime import datetime, timedelta, timezone
 from urllib.parse import urlparse
 
 from . import credential, keys, status_list
-from .exam import CHAPTERS
+from .banks import CHAPTERS, BankSet
 from .keys import Keyring, SigningKey
 from .settings import ClassroomConfig
 from .store import Duplicate, Store
@@ -27,8 +27,11 @@ from .verification_code import new_code
 
 
 class Issuer:
-    def __init__(self, config: ClassroomConfig, keyring: Keyring, store: Store, clock=time.time):
+    def __init__(self, config: ClassroomConfig, keyring: Keyring, store: Store, clock=time.time,
+                 bank: BankSet | None = None):
         self.config, self.keyring, self.store, self.clock = config, keyring, store, clock
+        self.bank = bank
+        """What attempts are graded on; every achievement names it (id and content hash)."""
         self._lists: dict[str, tuple[int, float, dict]] = {}
         self._lock = threading.Lock()
 
@@ -45,6 +48,26 @@ class Issuer:
                 "url": self.config.base_url + "/"}
 
     def achievement(self, lang: str = "en") -> dict:
+        """`_achievement` plus the bank it was graded on: an ``otherIdentifier`` (``<id>@sha256:<hex>``) and a
+        sentence of the criteria, which says so plainly when the bank is the public sample."""
+        out = self._achievement(lang)
+        if self.bank is None:
+            return out
+        b = self.bank
+        out["otherIdentifier"] = [{"type": ["IdentifierEntry"], "identifier": f"{b.id}@sha256:{b.sha256}",
+                                   "identifierType": "ext:examBank"}]
+        if lang == "nl":
+            said = (f" Beoordeeld op de examenbank {b.label}." if not b.sample else
+                    f" Beoordeeld op de OPENBARE VOORBEELDBANK {b.label}: de antwoorden staan in de repository, dus "
+                    "dit certificaat bewijst niets.")
+        else:
+            said = (f" Graded on exam bank {b.label}." if not b.sample else
+                    f" Graded on the PUBLIC SAMPLE bank {b.label}: its answers are in the repository, so this "
+                    "certificate proves nothing.")
+        out["criteria"] = {"narrative": out["criteria"]["narrative"] + said}
+        return out
+
+    def _achievement(self, lang: str = "en") -> dict:
         """The OB 3.0 Achievement, its human-readable text in `lang` (``inLanguage``, BCP 47). The id, type,
         version and every other machine-readable field are the same in every language: one achievement,
         described in the learner's language."""

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import sys
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -118,13 +119,28 @@ def did_web(host: str) -> str:
     return "did:web:" + quote(host, safe="")
 
 
+WEB_HOST = re.compile(r"[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?(?:\.[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?)*")
+WEB_SEGMENT = re.compile(r"[A-Za-z0-9._~-]{1,100}")
+LOOPBACK = ("localhost", "127.0.0.1")
+
+
 def did_web_url(did: str) -> str:
-    """Where a did:web document lives (https, or http for localhost/127.0.0.1 during development)."""
+    """Where a did:web document lives (https, or http for localhost/127.0.0.1 during development).
+
+    The host must decode to a plain DNS name: a decoded ``@``, ``/``, ``?``, ``#``, ``:`` or a port would let a
+    credential point the verifier at any host:port or path (user info, a path in the host). A port is allowed
+    for localhost and 127.0.0.1 only (a service under development)."""
     if not did.startswith("did:web:"):
-        raise KeyringError(f"{did!r} is not a did:web")
-    parts = [unquote(p) for p in did[len("did:web:"):].split(":")]
-    host, path = parts[0], parts[1:]
-    scheme = "http" if host.split(":")[0] in ("localhost", "127.0.0.1") else "https"
+        raise KeyringError(f"{did[:80]!r} is not a did:web")
+    raw = did[len("did:web:"):].split(":")
+    host, path = unquote(raw[0]).lower(), [unquote(p) for p in raw[1:]]
+    name, _, port = host.partition(":")
+    if port and not (name in LOOPBACK and port.isdigit() and 0 < int(port) < 65536):
+        raise KeyringError(f"did:web host {host[:80]!r}: a port is allowed for localhost only")
+    if not (WEB_HOST.fullmatch(name) and len(name) <= 253) or any(not WEB_SEGMENT.fullmatch(p) for p in path):
+        raise KeyringError(f"did:web {did[:80]!r}: the host must decode to a plain DNS name and each path segment "
+                           "to letters, digits, '.', '_', '~' or '-' (no '@', '/', '?', '#' or ':')")
+    scheme = "http" if name in LOOPBACK else "https"
     return f"{scheme}://{host}/" + ("/".join(path) + "/did.json" if path else ".well-known/did.json")
 
 
@@ -246,6 +262,9 @@ def _load_pem(path: Path) -> SigningKey:
 
 
 def _write_new_key(folder: Path) -> SigningKey:
+    if not folder.parent.exists():          # the service's var folder (keys, database, pepper): owner only
+        folder.parent.mkdir(parents=True, mode=0o700)
+        os.chmod(folder.parent, 0o700)
     folder.mkdir(parents=True, exist_ok=True)
     os.chmod(folder, 0o700)
     stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S%fZ")

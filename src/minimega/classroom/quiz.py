@@ -61,25 +61,17 @@ a key or a number: it can only be refused, with the item and the field named.
 """
 from __future__ import annotations
 
-import ast
 import functools
 import math
 import random
-import string
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-import yaml
-
 from minimega import estimate as est
 
+from .quiz_twins import LANGUAGES, QuizError, bank_text, merge_twin, parse_bank, twin_path  # noqa: F401  (re-exported)
+
 ITEM_TYPES = ("single", "multiple", "numeric")
-LANGUAGES = ("en", "nl")
-"""English is the source; every other language is a twin of it (`merge_twin`)."""
-
-
-class QuizError(ValueError):
-    """A bank that does not follow the schema; the message names the file and the item."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -107,10 +99,10 @@ class Item:
     """A template: parameter -> the values it may take (answer computed by `formula`)."""
     given: dict[str, str] | None = None
     """A template's derived quantities the question prints: name -> formula of the parameters."""
-    hint: str = ""
-    """Practice items: a nudge shown after a first wrong answer, before the worked answer (optional)."""
     lang: str = "en"
     """Language of the words (question, explanations, unit, the precision note and grading messages)."""
+    hint: str = ""
+    """Practice items: a nudge shown after a first wrong answer, before the worked answer (optional)."""
 
     @property
     def parametric(self) -> bool:
@@ -132,7 +124,7 @@ def precision_note(item: Item) -> str:
             return (f"Geef het antwoord{unit} exact (een waarde die niet geheel is, mag je afronden op "
                     f"{item.sig} significante cijfers).")
         return (f"Geef het antwoord{unit}, in {item.sig} significante cijfers; antwoorden die hooguit "
-                f"{item.tolerance * 100:g}% van de exacte waarde afwijken, worden goedgerekend.")
+                f"{show(item.tolerance * 100, 'nl')}% van de exacte waarde afwijken, worden goedgerekend.")
     if item.tolerance == 0:
         return (f"Answer{unit} exactly (a value that is not whole may be rounded to {item.sig} significant "
                 "figures).")
@@ -147,12 +139,11 @@ def round_sig(value: float, sig: int) -> float:
     return round(value, sig - 1 - math.floor(math.log10(abs(value))))
 
 
-def show(value: float) -> str:
-    """A parameter or answer as the question prints it: 64, 7.5, 1.875, 2.5e-05."""
+def show(value: float, lang: str = "en") -> str:
+    """A parameter or answer as the question prints it: 64, 7.5, 1.875, 2.5e-05 (Dutch: 7,5, 1,875)."""
     value = float(value)
-    if value.is_integer() and abs(value) < 1e15:
-        return str(int(value))
-    return f"{value:.6g}"
+    text = str(int(value)) if value.is_integer() and abs(value) < 1e15 else f"{value:.6g}"
+    return text.replace(".", ",") if lang == "nl" else text
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -318,129 +309,12 @@ def instantiate(item: Item, values: dict[str, float]) -> Item:
     answer = evaluate(item.formula, typed)
     if not math.isfinite(answer) or answer == 0:
         raise ValueError(f"formula gives {answer} for {values}")
-    shown = {k: show(v) for k, v in typed.items()}
+    shown = {k: show(v, item.lang) for k, v in typed.items()}
     for name, expr in (item.given or {}).items():
         value = _eval(expr, typed)
-        shown[name] = value if isinstance(value, str) else show(value)
+        shown[name] = value if isinstance(value, str) else show(value, item.lang)
     return replace(item, params=None, given=None, question=item.question.format(**shown), answer=answer,
-                   explain=item.explain.format(**shown, answer=show(round_sig(answer, item.sig))))
-
-
-def twin_path(path: str | Path, lang: str) -> Path:
-    """Where `lang`'s twin of the English bank `path` lives: the same relative path under
-    ``quizzes/<lang>/`` (a bank in ``quizzes/exam/`` keeps its ``exam/`` folder)."""
-    if lang not in LANGUAGES:
-        raise QuizError(f"language {lang!r} is not one of {LANGUAGES}")
-    path = Path(path)
-    if lang == "en":
-        return path
-    folder = path.parent
-    if folder.name == "exam":                       # quizzes/exam/X -> quizzes/nl/exam/X
-        return folder.parent / lang / "exam" / path.name
-    return folder / lang / path.name                # quizzes/X -> quizzes/nl/X
-
-
-STRUCTURE_KEYS = ("type", "answer", "tolerance", "sig", "params", "formula")
-"""Item keys a twin must repeat exactly: they decide what is graded as right."""
-TEXT_KEYS = ("question", "explain", "unit", "hint")
-"""Item keys a twin supplies in its own language."""
-
-
-def _text(path: Path) -> str:
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise QuizError(f"{path}: no such bank") from None
-    if len(text) > 1_000_000:
-        raise QuizError(f"{path}: over 1 MB; a bank is a few kB")
-    return text
-
-
-def _parse(text: str, path: str) -> dict:
-    raw = yaml.safe_load(text)
-    if not isinstance(raw, dict) or not isinstance(raw.get("items"), list) or "chapter" not in raw:
-        raise QuizError(f"{path}: a bank needs 'chapter', 'title' and 'items'")
-    return raw
-
-
-def _placeholders(text) -> set[str]:
-    """The ``{name}`` fields of a template string (``{{`` escapes excluded)."""
-    return {f for _, f, _, _ in string.Formatter().parse(str(text or "")) if f}
-
-
-def _code_shape(expr: str) -> str:
-    """A `given` expression with every string literal blanked: a twin may translate the words a
-    formula prints, never the arithmetic."""
-    tree = ast.parse(str(expr), mode="eval")
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Constant) and isinstance(node.value, str):
-            node.value = ""
-    return ast.dump(tree)
-
-
-def merge_twin(en: dict, twin: dict, where: str) -> dict:
-    """The English bank `en` with its words replaced by the twin's; `QuizError` naming the item and the
-    field where the twin's structure differs (a missing or extra id, a changed key, answer, parameter,
-    formula, option count or correct flag, a dropped or added ``{placeholder}``)."""
-    if twin.get("chapter") != en.get("chapter"):
-        raise QuizError(f"{where}: chapter {twin.get('chapter')!r}, the English bank has {en.get('chapter')!r}")
-    if not str(twin.get("title") or "").strip():
-        raise QuizError(f"{where}: missing 'title'")
-    en_items = {str(r.get("id")): r for r in en["items"] if isinstance(r, dict)}
-    tw_items = {}
-    for r in twin["items"]:
-        if not isinstance(r, dict) or not r.get("id"):
-            raise QuizError(f"{where}: every item needs an 'id'")
-        if str(r["id"]) in tw_items:
-            raise QuizError(f"{where}: duplicate item id {r['id']!r}")
-        tw_items[str(r["id"])] = r
-    if missing := [i for i in en_items if i not in tw_items]:
-        raise QuizError(f"{where}: no translation of items {missing}")
-    if extra := [i for i in tw_items if i not in en_items]:
-        raise QuizError(f"{where}: items {extra} are not in the English bank")
-    items = []
-    for item_id, e in en_items.items():
-        t, at = tw_items[item_id], f"{where} (id {item_id!r})"
-        if set(t) != set(e):
-            raise QuizError(f"{at}: keys {sorted(t)} differ from the English {sorted(e)}")
-        for key in STRUCTURE_KEYS:
-            if t.get(key) != e.get(key):
-                raise QuizError(f"{at}: {key!r} is {t.get(key)!r}, the English has {e.get(key)!r}")
-        merged = dict(e)
-        for key in TEXT_KEYS:
-            if key in e:
-                if _placeholders(t[key]) != _placeholders(e[key]):
-                    raise QuizError(f"{at}: {key!r} has placeholders {sorted(_placeholders(t[key]))}, "
-                                    f"the English has {sorted(_placeholders(e[key]))}")
-                if str(e[key]).strip() and not str(t[key] or "").strip():
-                    raise QuizError(f"{at}: {key!r} is empty")
-                merged[key] = t[key]
-        if "given" in e:
-            eg, tg = e["given"] or {}, t["given"] or {}
-            if not isinstance(tg, dict) or set(tg) != set(eg):
-                raise QuizError(f"{at}: 'given' names {sorted(tg) if isinstance(tg, dict) else tg!r}, "
-                                f"the English has {sorted(eg)}")
-            for name, expr in eg.items():
-                try:
-                    same = _code_shape(tg[name]) == _code_shape(expr)
-                except SyntaxError:
-                    same = False
-                if not same:
-                    raise QuizError(f"{at}: given {name!r} differs from the English in more than its words")
-            merged["given"] = tg
-        if "choices" in e:
-            ec, tc = e["choices"] or [], t["choices"] or []
-            if not isinstance(tc, list) or len(tc) != len(ec):
-                raise QuizError(f"{at}: {len(tc) if isinstance(tc, list) else tc!r} options, the English has {len(ec)}")
-            choices = []
-            for j, (ce, ct) in enumerate(zip(ec, tc)):
-                if not isinstance(ct, dict) or set(ct) != set(ce) or ct.get("correct") != ce.get("correct"):
-                    raise QuizError(f"{at}, choice {j}: keys or 'correct' differ from the English option "
-                                    f"{ce.get('text')!r}")
-                choices.append({**ce, "text": ct["text"], "explain": ct["explain"]})
-            merged["choices"] = choices
-        items.append(merged)
-    return {**en, "title": twin["title"], "items": items}
+                   explain=item.explain.format(**shown, answer=show(round_sig(answer, item.sig), item.lang)))
 
 
 def load_bank(path: str | Path, lang: str = "en") -> Bank:
@@ -456,14 +330,14 @@ def load_bank(path: str | Path, lang: str = "en") -> Bank:
     """
     path = Path(path)
     source = twin_path(path, lang)
-    return _load(str(path), str(source), lang, _text(path), _text(source) if lang != "en" else None)
+    return _load(str(path), str(source), lang, bank_text(path), bank_text(source) if lang != "en" else None)
 
 
 @functools.lru_cache(maxsize=256)
 def _load(path: str, source: str, lang: str, text: str, twin_text: str | None) -> Bank:
-    raw = _parse(text, path)
+    raw = parse_bank(text, path)
     if twin_text is not None:
-        raw = merge_twin(raw, _parse(twin_text, source), source)
+        raw = merge_twin(raw, parse_bank(twin_text, source), source)
     items = tuple(_item(r, f"{source}, item {i}", lang) for i, r in enumerate(raw["items"]))
     ids = [it.id for it in items]
     if dupes := sorted({i for i in ids if ids.count(i) > 1}):

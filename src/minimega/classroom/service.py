@@ -28,9 +28,7 @@ from __future__ import annotations
 
 import json
 import math
-import threading
 import time
-from collections import defaultdict, deque
 from importlib import resources
 from pathlib import Path
 from typing import Literal
@@ -39,149 +37,24 @@ from fastapi import FastAPI, Header, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 from fastapi.staticfiles import StaticFiles
-from pydantic import BaseModel, ConfigDict, Field
 
-from . import certificate
+from . import banks, certificate
+from .api_models import (  # noqa: F401  (re-exported)
+    ERRORS, Strict, SigninIn, SigninOut, ConfirmIn, SessionOut, MeOut, StartIn, QuestionOut, AttemptOut,
+    AnswerIn, RecordedOut, ReviewItem, ReviewOut, CredentialLinks, FinishOut, Error,
+)
 from .bare_page import bare_exam_pages, exam_path
-from .exam import Exam, ExamError, load_exam_banks, load_translations, rules_text
+from .exam import Exam, ExamError, clean_email, rules_text
 from .mailer import mailer_for
 from .issuer import Issuer
+from .httpguard import SecurityHeaders
 from .keys import Keyring
+from .limits import block_of, limiter
 from .settings import ClassroomConfig
-from .store import open_store
+from .stores import open_store, secure_var_dir
 from .verification_code import CodeError, normalize
 
 PUBLIC = {"Access-Control-Allow-Origin": "*", "Cache-Control": "no-cache"}
-
-
-# --- API models --------------------------------------------------------------------------------
-
-class Strict(BaseModel):
-    """No extra keys, no coercion: `true` is not 1 and "1" is not a number."""
-    model_config = ConfigDict(extra="forbid", strict=True)
-
-
-class SigninIn(Strict):
-    email: str = Field(min_length=3, max_length=254, description="The link is mailed here; only a keyed hash "
-                       "(attempts) and a salted hash (the credential) are stored.")
-    lang: Literal["en", "nl"] = Field(default="en", description="Language of the mail, and of the exam page "
-                                      "its link opens when the service has one in that language.")
-
-
-class SigninOut(BaseModel):
-    sent: bool
-    expires_in_s: int
-    dev_link: str | None = None
-
-
-class ConfirmIn(Strict):
-    token: str = Field(min_length=16, max_length=128)
-
-
-class SessionOut(BaseModel):
-    session: str
-    expires_in_s: int
-
-
-class MeOut(BaseModel):
-    attempts_left_today: int
-    attempts_per_day: int
-    cooldown_until: str | None
-    open_attempt: str | None
-    last_attempt: str | None
-
-
-class StartIn(Strict):
-    display_name: str = Field(min_length=1, max_length=400, description="Printed on the certificate as typed "
-                              "(NFC, 1-100 visible characters).")
-    lang: Literal["en", "nl"] = Field(default="en", description="Language of the questions, the review and the "
-                                      "certificate's text; kept with the attempt (a resumed attempt keeps its own).")
-
-
-class QuestionOut(BaseModel):
-    number: int
-    chapter: int
-    chapter_title: str
-    type: Literal["single", "multiple", "numeric"]
-    question: str
-    choices: list[str]
-    unit: str | None = None
-
-
-class AttemptOut(BaseModel):
-    attempt_id: str
-    display_name: str
-    lang: str = "en"
-    expires_at: str
-    expired: bool
-    finished: bool
-    total: int
-    pass_mark: int
-    answered: list[int]
-    attempts_left_today: int
-    responses: dict[str, dict] = {}
-    resumed: bool | None = None
-    questions: list[QuestionOut] | None = None
-
-
-class AnswerIn(Strict):
-    choice: int | None = Field(default=None, description="single: the shown position")
-    choices: list[int] | None = Field(default=None, max_length=64, description="multiple: shown positions")
-    value: float | None = Field(default=None, description="numeric: in the question's unit")
-
-
-class RecordedOut(BaseModel):
-    number: int
-    recorded: bool
-    answered: int
-    total: int
-
-
-class ReviewItem(QuestionOut):
-    response: dict | None
-    correct: bool
-    key: list[int] | None
-    """Shown positions of the right options (choice items)."""
-    answer: float | None
-    """The exact value, rounded to the significant figures asked (numeric items)."""
-    explain: str | None
-    explains: list[str]
-    """Each shown option's explanation, in shown order."""
-
-
-class ReviewOut(BaseModel):
-    attempt_id: str
-    lang: str = "en"
-    score: int | None
-    total: int
-    passed: bool
-    finished: bool
-    items: list[ReviewItem]
-
-
-class CredentialLinks(BaseModel):
-    code: str
-    credential_url: str
-    certificate_url: str
-    certificate_svg_url: str
-    verify_url: str
-
-
-class FinishOut(BaseModel):
-    score: int
-    total: int
-    percent: float
-    passed: bool
-    pass_mark: int
-    credential: CredentialLinks | None = None
-
-
-class Error(BaseModel):
-    detail: str
-
-
-ERRORS = {401: {"model": Error}, 404: {"model": Error}, 409: {"model": Error}, 410: {"model": Error},
-          413: {"model": Error}, 422: {"model": Error}, 429: {"model": Error}}
 
 
 # --- request bodies ------------------------------------------------------------------------------
@@ -241,46 +114,6 @@ def validation_detail(err: RequestValidationError) -> str:
     return "; ".join(parts) + (f" (and {more} more)" if more > 0 else "")
 
 
-# --- per-IP limits -------------------------------------------------------------------------------
-
-class RateLimiter:
-    """At most `limit` events per `window_s` seconds per key (sliding window)."""
-
-    def __init__(self, limit: int, window_s: float):
-        self.limit, self.window = limit, window_s
-        self.events: dict[str, deque] = defaultdict(deque)
-        self.lock = threading.Lock()
-
-    def hit(self, key: str, now: float | None = None) -> None:
-        now = time.monotonic() if now is None else now
-        with self.lock:
-            q = self.events[key]
-            while q and q[0] <= now - self.window:
-                q.popleft()
-            if len(q) >= self.limit:
-                retry = int(q[0] + self.window - now) + 1
-                raise ExamError(f"too many requests from this address: retry in {retry} s", 429)
-            q.append(now)
-            if len(self.events) > 100_000:                 # forget idle addresses
-                for k in [k for k, v in self.events.items() if not v or v[-1] <= now - self.window]:
-                    del self.events[k]
-
-
-class SharedRateLimiter:
-    """`RateLimiter`'s sliding window kept in the store (`Store.rate_hit`), so that every service instance
-    on one PostgreSQL database counts the same events. Wall-clock time: instances on other hosts agree
-    on it to within their clock skew, which is small against these windows (a minute, an hour)."""
-
-    def __init__(self, store, bucket: str, limit: int, window_s: float, clock=time.time):
-        self.store, self.bucket, self.limit, self.window, self.clock = store, bucket, limit, window_s, clock
-
-    def hit(self, key: str, now: float | None = None) -> None:
-        retry = self.store.rate_hit(self.bucket, key, limit=self.limit, window_s=self.window,
-                                    now=self.clock() if now is None else now)
-        if retry is not None:
-            raise ExamError(f"too many requests from this address: retry in {int(retry) + 1} s", 429)
-
-
 # --- the app -------------------------------------------------------------------------------------
 
 def _fixed_page(page: str, lang: str):
@@ -297,45 +130,55 @@ def _redirect_to(path: str):
 
 def create_app(config: ClassroomConfig, *, keyring: Keyring | None = None, clock=time.time,
                mailer=None) -> FastAPI:
-    banks = load_exam_banks(config.banks_dir, config.questions_per_chapter)    # fail before touching var/
-    translations = load_translations(config.banks_dir, config.questions_per_chapter)
+    folder = banks.choose(config.banks_dir, dev=config.dev, allow_sample=config.allow_sample_bank)
+    bank_set = banks.open_bank_set(folder, config.questions_per_chapter)      # fail before touching var/
+    banks.refuse_sample(bank_set, dev=config.dev, allow_sample=config.allow_sample_bank)
     mailer = mailer if mailer is not None else mailer_for(config)
+    secure_var_dir(config.var_dir)
     store = open_store(config.db_path)
     keyring = keyring or Keyring.open(config.keys_path, create=True)
-    issuer = Issuer(config, keyring, store, clock=clock)
-    exam = Exam(config, store, issuer, clock=clock, banks=banks, mailer=mailer, translations=translations)
-    if store.shared:                            # several instances: count in the database they share
-        signin_limit = SharedRateLimiter(store, "signin", config.ip_signins_per_hour, 3600)
-        start_limit = SharedRateLimiter(store, "start", config.ip_attempts_per_hour, 3600)
-        api_limit = SharedRateLimiter(store, "api", config.ip_requests_per_minute, 60)
-    else:
-        signin_limit = RateLimiter(config.ip_signins_per_hour, 3600)
-        start_limit = RateLimiter(config.ip_attempts_per_hour, 3600)
-        api_limit = RateLimiter(config.ip_requests_per_minute, 60)
+    issuer = Issuer(config, keyring, store, clock=clock, bank=bank_set)
+    exam = Exam(config, store, issuer, clock=clock, banks=bank_set.banks, mailer=mailer,
+                translations=bank_set.translations)
+    # per-address budgets count the sender's /24 (IPv4) or /64 (IPv6) block (`limits.block_of`); shared by every
+    # instance when the store is
+    signin_limit = limiter(store, "signin", config.ip_signins_per_hour, 3600)
+    start_limit = limiter(store, "start", config.ip_attempts_per_hour, 3600)
+    api_limit = limiter(store, "api", config.ip_requests_per_minute, 60)
+    signin_all = limiter(store, "signin-all", config.signins_per_hour_total, 3600, what="for sign-ins")
+    signin_domain = limiter(store, "signin-domain", config.signins_per_domain_per_hour, 3600,
+                            what="for sign-ins from this email domain")
 
     app = FastAPI(title="minimega exam", version=config.course_version,
                   description="Graded exam and verifiable Open Badges 3.0 certificates.")
     app.state.store, app.state.issuer, app.state.exam, app.state.config = store, issuer, exam, config
     app.state.mailer = mailer
     app.add_middleware(BodyLimit, limit=config.body_limit_bytes)
+    app.add_middleware(SecurityHeaders, base_url=config.base_url)       # outermost: every response
 
     @app.exception_handler(ExamError)
     async def exam_error(request: Request, err: ExamError):
-        headers = {"WWW-Authenticate": "Bearer"} if err.status == 401 else None
+        headers = {"WWW-Authenticate": "Bearer"} if err.status == 401 else {}
+        if getattr(err, "retry_after", None):
+            headers["Retry-After"] = str(err.retry_after)
         return JSONResponse({"detail": str(err)}, status_code=err.status, headers=headers)
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, err: RequestValidationError):
         try:                                    # a malformed request spends the sender's budget too
-            api_limit.hit(ip(request))
+            api_limit.hit(net(request))
             if request.url.path == "/api/v1/signin":
-                signin_limit.hit(ip(request))
+                signin_limit.hit(net(request))
         except ExamError as limited:
-            return JSONResponse({"detail": str(limited)}, status_code=429)
+            return JSONResponse({"detail": str(limited)}, status_code=429,
+                                headers={"Retry-After": str(getattr(limited, "retry_after", 60))})
         return JSONResponse({"detail": validation_detail(err)}, status_code=422)
 
     def ip(request: Request) -> str:
         return request.client.host if request.client else "unknown"
+
+    def net(request: Request) -> str:
+        return block_of(ip(request))
 
     def bearer(authorization: str | None) -> str | None:
         if authorization and authorization[:7].lower() == "bearer " and len(authorization) <= 200:
@@ -358,55 +201,58 @@ def create_app(config: ClassroomConfig, *, keyring: Keyring | None = None, clock
 
     @app.post("/api/v1/signin", response_model=SigninOut, responses=ERRORS)
     def signin(body: SigninIn, request: Request):
-        signin_limit.hit(ip(request))
-        return exam.request_signin(body.email, lang=body.lang)
+        signin_limit.hit(net(request))
+        email = clean_email(body.email)
+        signin_domain.hit(email.rsplit("@", 1)[1].lower())
+        signin_all.hit("all")
+        return exam.request_signin(email, lang=body.lang)
 
     @app.post("/api/v1/signin/confirm", response_model=SessionOut, responses=ERRORS)
     def confirm(body: ConfirmIn, request: Request):
-        api_limit.hit(ip(request))
-        signin_limit.hit(ip(request))           # guessing tokens costs as much as asking for them
+        api_limit.hit(net(request))
+        signin_limit.hit(net(request))           # guessing tokens costs as much as asking for them
         return exam.redeem_signin(body.token)
 
     @app.post("/api/v1/signout", status_code=204, responses=ERRORS)
     def signout(request: Request, authorization: str | None = Auth):
-        api_limit.hit(ip(request))
+        api_limit.hit(net(request))
         exam.learner(bearer(authorization))
         exam.sign_out(bearer(authorization))
         return Response(status_code=204)
 
     @app.get("/api/v1/me", response_model=MeOut, responses=ERRORS)
     def me(request: Request, authorization: str | None = Auth):
-        api_limit.hit(ip(request))
+        api_limit.hit(net(request))
         return exam.me(bearer(authorization))
 
     @app.post("/api/v1/attempts", response_model=AttemptOut, status_code=201, responses=ERRORS)
     def start_attempt(body: StartIn, request: Request, authorization: str | None = Auth):
-        start_limit.hit(ip(request))
+        start_limit.hit(net(request))
         return exam.start(bearer(authorization), body.display_name, ip(request), body.lang)
 
     @app.get("/api/v1/attempts/{attempt_id}", response_model=AttemptOut, responses=ERRORS)
     def get_attempt(attempt_id: str, request: Request, questions: bool = False,
                     authorization: str | None = Auth):
-        api_limit.hit(ip(request))
+        api_limit.hit(net(request))
         return exam.status(attempt_id, bearer(authorization), with_questions=questions)
 
     @app.post("/api/v1/attempts/{attempt_id}/answers/{number}", response_model=RecordedOut, responses=ERRORS)
     def answer(attempt_id: str, number: int, body: AnswerIn, request: Request, authorization: str | None = Auth):
-        api_limit.hit(ip(request))
+        api_limit.hit(net(request))
         return exam.answer(attempt_id, number, body.model_dump(exclude_none=True), bearer(authorization))
 
     @app.post("/api/v1/attempts/{attempt_id}/finish", response_model=FinishOut, responses=ERRORS)
     def finish(attempt_id: str, request: Request, authorization: str | None = Auth):
-        api_limit.hit(ip(request))
+        api_limit.hit(net(request))
         return exam.finish(attempt_id, bearer(authorization))
 
     @app.get("/api/v1/attempts/{attempt_id}/review", response_model=ReviewOut, responses=ERRORS)
     def review(attempt_id: str, request: Request, authorization: str | None = Auth):
-        api_limit.hit(ip(request))
+        api_limit.hit(net(request))
         return exam.review(attempt_id, bearer(authorization))
 
     def credential_row(code: str, request: Request):
-        api_limit.hit(ip(request))
+        api_limit.hit(net(request))
         try:
             row = store.credential_by_code(normalize(code))
         except CodeError as err:

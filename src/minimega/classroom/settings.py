@@ -16,8 +16,11 @@ class ClassroomConfig:
     """Folder of ``key-*.pem`` signing keys; default ``var_dir/keys``."""
     site_dir: Path = Path("site")
     """The built mkdocs site served at ``/``."""
-    banks_dir: Path = Path("quizzes/exam")
-    """Server-side exam banks (never published by the site build)."""
+    banks_dir: Path | None = None
+    """The graded banks (``--exam-banks``): deployment data the operator keeps private (`banks`). None: the
+    repository's public sample bank, which only ``dev`` or `allow_sample_bank` accept."""
+    allow_sample_bank: bool = False
+    """Grade on a public sample bank outside ``dev`` (its certificates say so)."""
     base_url: str = "http://127.0.0.1:8000"
     """Public origin of the service; credential, status list and verify URLs start with it."""
     issuer_did: str | None = None
@@ -54,6 +57,22 @@ class ClassroomConfig:
     ip_requests_per_minute: int = 600
     """Per-IP limit on API calls (answers, finishes, look-ups); invalid requests count too."""
     ip_signins_per_hour: int = 30
+    """Per-address budgets (sign-ins, starts, API calls) count the sender's IPv4 /24 or IPv6 /64 block."""
+    signins_per_hour_total: int = 2000
+    """Sign-in mails per hour, all addresses together: what no address pool escapes."""
+    signins_per_domain_per_hour: int = 300
+    """Sign-in mails per hour to one email domain (mailboxes at one provider are cheap too)."""
+    header_timeout_s: float = 10
+    """A request's headers must arrive within this (of the connection, or of the last response): else 408, closed."""
+    body_timeout_s: float = 20
+    """A request's body must arrive within this of its headers: else 408 and the connection closed."""
+    limit_concurrency: int = 2000
+    """Connections and requests in flight at once; beyond it, 503 (uvicorn's ``limit_concurrency``)."""
+    connections_per_address: int = 50
+    """Open connections one client address may hold (proxies in ``--forwarded-allow-ips`` are exempt)."""
+    min_attempt_s: float = 300
+    """An attempt cannot be finished sooner than this after it starts (stated on the page): a script answers 48
+    questions in well under a second, a person takes far longer than 5 minutes."""
     status_list_ttl_s: float = 24 * 3600
     """A signed status list is valid this long; verifiers reject older ones as stale."""
     credential_valid_days: int | None = None
@@ -64,6 +83,10 @@ class ClassroomConfig:
             raise ValueError(f"pass_fraction={self.pass_fraction}: must lie in (0, 1]")
         if self.questions_per_chapter < 1 or self.attempts_per_day < 1:
             raise ValueError("questions_per_chapter and attempts_per_day must be >= 1")
+        if min(self.header_timeout_s, self.body_timeout_s) <= 0 or min(self.limit_concurrency,
+                                                                          self.connections_per_address) < 1:
+            raise ValueError("header_timeout_s and body_timeout_s must be > 0, limit_concurrency and "
+                             "connections_per_address >= 1")
         if self.fail_cooldown_s < 0 or self.body_limit_bytes < 1024:
             raise ValueError("fail_cooldown_s must be >= 0 and body_limit_bytes >= 1024")
         if not self.base_url.startswith(("http://", "https://")) or self.base_url.endswith("/"):

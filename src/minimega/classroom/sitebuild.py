@@ -30,7 +30,6 @@ from __future__ import annotations
 import html
 import json
 import logging
-import math
 import re
 from pathlib import Path
 

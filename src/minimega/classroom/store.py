@@ -1,8 +1,8 @@
 """Storage for attempts, answers and credentials: SQLite (the embedded default) or PostgreSQL.
 
 `Store` is the SQLite store and holds every query; `store_postgres.PostgresStore` overrides only what
-differs: connections (a pool), placeholders, column types, row locks and advisory locks. `open_store`
-picks one from ``--db``: a ``postgresql://`` URL, else a SQLite file.
+differs: connections (a pool), placeholders, column types, row locks and advisory locks. `stores.open_store`
+(`stores.open_store`) picks one from ``--db``: a ``postgresql://`` URL, else a SQLite file.
 
 The guarantees, on both:
 
@@ -26,6 +26,7 @@ The guarantees, on both:
 from __future__ import annotations
 
 import json
+import os
 import secrets
 import sqlite3
 import threading
@@ -33,152 +34,9 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
-MIGRATIONS: list[tuple[int, str, str]] = [
-    (1, "attempts, answers, credentials", """
-        CREATE TABLE attempts (
-            id           TEXT PRIMARY KEY,          -- 128-bit random token, the learner's handle
-            learner_key  TEXT NOT NULL,             -- hash of email, else of the display name
-            display_name TEXT NOT NULL,
-            email_id     TEXT,                      -- JSON IdentityObject: salted hash, never the email
-            ip           TEXT NOT NULL,
-            day          TEXT NOT NULL,             -- UTC date, for per-day limits
-            created_at   REAL NOT NULL,
-            expires_at   REAL NOT NULL,
-            finished_at  REAL,
-            score        INTEGER,
-            total        INTEGER NOT NULL,
-            passed       INTEGER
-        );
-        CREATE TABLE attempt_items (
-            attempt_id   TEXT NOT NULL REFERENCES attempts(id),
-            number       INTEGER NOT NULL,          -- 1-based question number shown to the learner
-            chapter      INTEGER NOT NULL,
-            item_id      TEXT NOT NULL,
-            choice_order TEXT NOT NULL,             -- JSON: shown position -> bank index
-            PRIMARY KEY (attempt_id, number)
-        );
-        CREATE TABLE answers (
-            attempt_id   TEXT NOT NULL REFERENCES attempts(id),
-            number       INTEGER NOT NULL,
-            response     TEXT NOT NULL,             -- JSON, in shown positions
-            correct      INTEGER NOT NULL,
-            answered_at  REAL NOT NULL,
-            PRIMARY KEY (attempt_id, number)        -- one answer per question: the lock
-        );
-        CREATE TABLE credentials (
-            id           TEXT PRIMARY KEY,          -- urn:uuid
-            code         TEXT NOT NULL UNIQUE,      -- human verification code
-            attempt_id   TEXT NOT NULL UNIQUE REFERENCES attempts(id),
-            status_list  TEXT NOT NULL,             -- which list: the signing key's fingerprint
-            status_index INTEGER NOT NULL,
-            issued_at    REAL NOT NULL,
-            document     TEXT NOT NULL,             -- the signed credential, as issued
-            revoked_at   REAL,
-            revoked_why  TEXT,
-            UNIQUE (status_list, status_index)
-        );
-        CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
-        INSERT INTO meta VALUES ('status_version', '0');
-    """),
-    (2, "index for per-learner daily limits", """
-        CREATE INDEX attempts_by_learner_day ON attempts(learner_key, day);
-        CREATE INDEX attempts_by_ip_created ON attempts(ip, created_at);
-    """),
-    (3, "email sign-in, sessions, parametric items, seeds", """
-        CREATE TABLE signins (
-            token_hash   TEXT PRIMARY KEY,          -- SHA-256 of the mailed one-time token
-            learner_key  TEXT NOT NULL,             -- keyed hash of the verified email
-            email_id     TEXT NOT NULL,             -- JSON IdentityObject (salted hash) for the credential
-            created_at   REAL NOT NULL,
-            expires_at   REAL NOT NULL,
-            used_at      REAL
-        );
-        CREATE INDEX signins_by_learner_created ON signins(learner_key, created_at);
-        CREATE TABLE sessions (
-            token_hash   TEXT PRIMARY KEY,          -- SHA-256 of the bearer token the page keeps
-            learner_key  TEXT NOT NULL,
-            email_id     TEXT NOT NULL,
-            created_at   REAL NOT NULL,
-            expires_at   REAL NOT NULL
-        );
-        ALTER TABLE attempts ADD COLUMN seed TEXT;                -- the draw's seed (hex), for audits
-        ALTER TABLE attempt_items ADD COLUMN params TEXT;         -- JSON values of a parametric item
-        CREATE INDEX attempts_by_learner_finished ON attempts(learner_key, finished_at);
-    """),
-    (4, "per-address rate limits shared by every instance", """
-        CREATE TABLE rate_hits (
-            bucket       TEXT NOT NULL,             -- which limit: signin, start, api
-            key          TEXT NOT NULL,             -- the client address
-            hit_at       REAL NOT NULL              -- when (Unix seconds)
-        );
-        CREATE INDEX rate_hits_by_key ON rate_hits(bucket, key, hit_at);
-    """),
-    (5, "the language an attempt is taken in", """
-        ALTER TABLE attempts ADD COLUMN lang TEXT NOT NULL DEFAULT 'en';  -- items, review and certificate text
-    """),
-    (6, "erasure at a learner's request", """
-        ALTER TABLE attempts ADD COLUMN erased_at REAL;              -- personal fields blanked, answers deleted
-        ALTER TABLE credentials ADD COLUMN erased_at REAL;           -- document deleted, code and status bit kept
-    """),
-]
-ERASED = "erased"
-"""The learner key and display name of an erased attempt (no personal data; counts per day start afresh)."""
-
-
-class StoreError(RuntimeError):
-    pass
-
-
-class Conflict(StoreError):
-    """The write would break a rule: answered twice, finished twice, ..."""
-
-
-class OpenAttempt(Conflict):
-    """The learner already has an unfinished, unexpired attempt: resume it (`attempt_id`) instead."""
-
-    def __init__(self, attempt_id: str):
-        super().__init__(f"attempt {attempt_id} is still open")
-        self.attempt_id = attempt_id
-
-
-class Duplicate(Conflict):
-    """A unique key is taken (a credential's code or status index, or its attempt already has one)."""
-
-
-class Row:
-    """A result row read by column name (``row["score"]``) or position (``row[0]``), like `sqlite3.Row`."""
-
-    __slots__ = ("_index", "_values")
-
-    def __init__(self, index: dict[str, int], values):
-        self._index, self._values = index, tuple(values)
-
-    def __getitem__(self, key):
-        return self._values[self._index[key]] if isinstance(key, str) else self._values[key]
-
-    def __len__(self):
-        return len(self._values)
-
-    def __iter__(self):
-        return iter(self._values)
-
-    def keys(self) -> list[str]:
-        return list(self._index)
-
-    def __repr__(self):
-        return f"Row({dict(zip(self._index, self._values))!r})"
-
-
-def open_store(db: str | Path) -> "Store":
-    """The store ``--db`` names: a ``postgresql://`` URL (PostgreSQL), else the path of a SQLite file."""
-    text = str(db)
-    if text.startswith(("postgresql://", "postgres://")):
-        from .store_postgres import PostgresStore
-        return PostgresStore(text)
-    if "://" in text:
-        raise StoreError(f"--db {text.split('://')[0]}://…: use a postgresql://user@host/dbname URL or the "
-                         "path of a SQLite file")
-    return Store(db)
+from .store_schema import (  # noqa: F401  (re-exported: the store's public names)
+    ERASED, MIGRATIONS, Conflict, Duplicate, OpenAttempt, Row, StoreError,
+)
 
 
 class Store:
@@ -195,9 +53,14 @@ class Store:
     def __init__(self, path: str | Path):
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)   # learner data: owner only
+        os.close(os.open(self.path, os.O_CREAT | os.O_RDWR, 0o600))        # created 0600 (SQLite copies the
+        self.path.chmod(0o600)                                            # mode to its -wal and -shm files)
         self._local = threading.local()
         self._rate_calls = 0
         self.migrate()
+        for extra in (self.path.with_name(self.path.name + "-wal"), self.path.with_name(self.path.name + "-shm")):
+            if extra.exists():
+                extra.chmod(0o600)
 
     @property
     def where(self) -> str:
@@ -313,12 +176,22 @@ class Store:
                 self._set_version(c, version)
         return latest
 
-    def pepper(self) -> bytes:
-        """A random secret of this database, for keyed hashes of learner identities (one for all instances)."""
+    def take_legacy_pepper(self) -> bytes | None:
+        """The pepper an older minimega kept in this database (``meta``), or None. `drop_legacy_pepper` deletes
+        it once it is safe elsewhere (`pepper.load_pepper`)."""
+        row = self.fetchone("SELECT value FROM meta WHERE key='pepper'")
+        return bytes.fromhex(row[0]) if row else None
+
+    def drop_legacy_pepper(self) -> None:
         with self.write() as c:
-            c.execute("INSERT INTO meta VALUES ('pepper', ?) ON CONFLICT (key) DO NOTHING", (secrets.token_hex(32),))
-            value = c.execute("SELECT value FROM meta WHERE key='pepper'").fetchone()[0]
-        return bytes.fromhex(value)
+            c.execute("DELETE FROM meta WHERE key='pepper'")
+
+    def bind_pepper(self, fingerprint: str) -> str:
+        """Record which pepper keys this database's learners (its fingerprint, never the pepper); returns the one
+        recorded first, so an instance started with another pepper can refuse to run."""
+        with self.write() as c:
+            c.execute("INSERT INTO meta VALUES ('pepper_fingerprint', ?) ON CONFLICT (key) DO NOTHING", (fingerprint,))
+            return c.execute("SELECT value FROM meta WHERE key='pepper_fingerprint'").fetchone()[0]
 
     def schema_version(self) -> int:
         with self.snapshot() as c:
@@ -497,6 +370,12 @@ class Store:
 
     def credential_by_code(self, code: str):
         return self.fetchone("SELECT * FROM credentials WHERE code=?", (code,))
+
+    def credentials_of(self, learner_key: str) -> list:
+        """The learner's certificates that are still hosted (not erased), newest first: code, issued_at, revoked_at."""
+        return self.fetchall("SELECT c.code, c.issued_at, c.revoked_at FROM credentials c JOIN attempts a "
+                             "ON a.id = c.attempt_id WHERE a.learner_key=? AND c.erased_at IS NULL "
+                             "ORDER BY c.issued_at DESC", (learner_key,))
 
     def credential_by_attempt(self, attempt_id: str):
         return self.fetchone("SELECT * FROM credentials WHERE attempt_id=?", (attempt_id,))

@@ -19,6 +19,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     add_train_parser(sub)
     add_checkpoint_parser(sub)
+    from ..classroom.checkbank import add_exam_parser
     from ..classroom.cli import add_cert_parser, add_serve_parser
     from .estimate_cli import add_estimate_parser
     from .export_config import add_export_parser
@@ -32,6 +33,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_record_parser(sub)
     add_serve_parser(sub)
     add_cert_parser(sub)
+    add_exam_parser(sub)
     return parser
 
 

@@ -28,15 +28,18 @@
       cooldown: (t) => `After a failed attempt the next one opens at ${t}.`,
       starting: "Starting…",
       notStarted: (m) => `Could not start: ${m}`,
-      status: (name, total, until) => `${name}: ${total} questions, open until ${until}. ` +
+      status: (name, total, until) => `${name}: ${total} questions, open until ${until} (your time). ` +
         "Answers are recorded and locked; results come after you finish.",
+      left_s: (h, m, s) => `${h} h ${m} min ${s} s left`, expired: "Time is up: this attempt has expired.",
+      locale: "en-GB",
+      mineIssued: (c, when) => `${c} (issued ${when})`, revoked: "revoked",
       question: (n) => `Question ${n}`,
       chapter: (n, title) => `Chapter ${n}: ${title}`,
       yourAnswer: "Your answer",
       all: "Choose all that apply.",
       save: "Save answer",
       recorded: "Recorded.",
-      numberFirst: "Enter a number first, for example 16.6.",
+      numberFirst: "Enter a number first (its unit may follow, as the question asks it).",
       optionFirst: "Choose an option first.",
       notRecorded: (m) => `Not recorded: ${m}`,
       progress: (done, total, pass) => `${done} of ${total} answered; ${pass} correct answers pass.`,
@@ -66,15 +69,18 @@
       cooldown: (t) => `Na een mislukte poging gaat de volgende open om ${t}.`,
       starting: "Bezig met starten…",
       notStarted: (m) => `Starten lukte niet: ${m}`,
-      status: (name, total, until) => `${name}: ${total} vragen, open tot ${until}. ` +
+      status: (name, total, until) => `${name}: ${total} vragen, open tot ${until} (jouw tijd). ` +
         "Antwoorden worden vastgelegd en vergrendeld; de uitslag krijg je als je klaar bent.",
+      left_s: (h, m, s) => `nog ${h} u ${m} min ${s} s`, expired: "De tijd is om: deze poging is verlopen.",
+      locale: "nl-NL",
+      mineIssued: (c, when) => `${c} (uitgereikt ${when})`, revoked: "ingetrokken",
       question: (n) => `Vraag ${n}`,
       chapter: (n, title) => `Hoofdstuk ${n}: ${title}`,
       yourAnswer: "Jouw antwoord",
       all: "Kies alle juiste opties.",
       save: "Antwoord opslaan",
       recorded: "Vastgelegd.",
-      numberFirst: "Vul eerst een getal in, bijvoorbeeld 16,6.",
+      numberFirst: "Vul eerst een getal in (de eenheid mag erachter, zoals de vraag die noemt).",
       optionFirst: "Kies eerst een optie.",
       notRecorded: (m) => `Niet vastgelegd: ${m}`,
       progress: (done, total, pass) => `${done} van ${total} beantwoord; met ${pass} goede antwoorden ben je geslaagd.`,
@@ -128,11 +134,58 @@
     return data;
   }
 
+  /* One view at a time; the learner's certificates stay listed in every signed-in view. No control is shown
+     that cannot act: "Finish" only while an open attempt is on the page. */
   function show(which) {
     for (const id of ["signin", "start", "exam", "after"]) {
       const section = $(`mm-exam-${id}`);
-      if (section) section.hidden = id !== which && !(which === "after" && id === "exam");
+      if (section) section.hidden = id !== which;
     }
+    const mine = $("mm-exam-mine");
+    if (mine) mine.hidden = which === "signin" || !$("mm-exam-mine-list").children.length;
+    const fin = $("mm-exam-finish");
+    if (fin) fin.hidden = !(which === "exam" && attempt && !attempt.finished && !attempt.expired);
+    if (which !== "exam") stopCountdown();
+  }
+
+  /* A moment from the server (ISO UTC) in the reader's own time zone and language. */
+  function local(iso) {
+    const d = new Date(iso);
+    return isNaN(d) ? iso : d.toLocaleString(t().locale, { dateStyle: "medium", timeStyle: "short" });
+  }
+
+  let ticker = null;
+  function stopCountdown() { if (ticker) { clearInterval(ticker); ticker = null; } }
+  function countdown(iso) {
+    stopCountdown();
+    const box = $("mm-exam-countdown");
+    const end = new Date(iso).getTime();
+    const tick = () => {
+      const left = Math.max(0, Math.round((end - Date.now()) / 1000));
+      box.textContent = left ? t().left_s(Math.floor(left / 3600), Math.floor(left / 60) % 60, left % 60) : t().expired;
+      if (!left) { stopCountdown(); const fin = $("mm-exam-finish"); if (fin) fin.hidden = true; }
+    };
+    tick();
+    ticker = setInterval(tick, 1000);
+  }
+
+  /* The learner's certificates, from GET /me: code, download, print, image, verify; at any time. */
+  function renderMine(creds) {
+    const list = $("mm-exam-mine-list");
+    if (!list) return;
+    list.replaceChildren(...(creds || []).map((c) => {
+      const li = el("li", null, { class: "mm-exam-mine-item", "data-code": c.code });
+      li.append(el("span", t().mineIssued(c.code, local(c.issued_at)) + (c.revoked ? ` (${t().revoked})` : ""),
+        { class: "mm-exam-mine-code" }), " ");
+      credentialAnchors(c.code).forEach((a, i) => { if (i) li.append(" · "); li.append(a); });
+      return li;
+    }));
+  }
+
+  async function refreshMine() {
+    try { renderMine((await call("GET", "/me")).credentials); } catch (e) { /* keeps the list it has */ }
+    const mine = $("mm-exam-mine");
+    if (mine) mine.hidden = !session() || !$("mm-exam-mine-list").children.length;
   }
 
   function chapterTitle(q) {
@@ -182,10 +235,12 @@
   /* --- start or resume --- */
   async function home() {
     const me = await call("GET", "/me");
+    renderMine(me.credentials);
     if (me.open_attempt) return resume(me.open_attempt);
+    attempt = null;
     show("start");
     const parts = [t().left(me.attempts_left_today, me.attempts_per_day)];
-    if (me.cooldown_until) parts.push(t().cooldown(me.cooldown_until));
+    if (me.cooldown_until) parts.push(t().cooldown(local(me.cooldown_until)));
     $("mm-exam-limits").textContent = parts.join(" ");
     const last = $("mm-exam-last");
     last.hidden = !me.last_attempt;
@@ -216,7 +271,9 @@
 
   function render() {
     show("exam");
-    $("mm-exam-status").textContent = t().status(attempt.display_name, attempt.total, attempt.expires_at);
+    $("mm-exam-status").replaceChildren(el("span", t().status(attempt.display_name, attempt.total, local(attempt.expires_at))),
+      " ", el("strong", null, { id: "mm-exam-countdown" }));
+    countdown(attempt.expires_at);
     const box = $("mm-exam-questions");
     box.replaceChildren(...attempt.questions.map(renderQuestion));
     progress();
@@ -263,11 +320,13 @@
   async function submit(q, fs, fb, button) {
     let body;
     if (q.type === "numeric") {
-      let raw = fs.querySelector(".value").value.trim().replace(/[\s\u2009]/g, "");
+      const text = fs.querySelector(".value").value.trim();
+      let raw = text.replace(/[\s\u2009]/g, "");
       if (pageLang() === "nl") raw = raw.replace(/,/g, ".");          // Dutch writes a decimal comma
       const value = Number(raw);
-      if (!raw || !Number.isFinite(value)) { fb.textContent = t().numberFirst; return; }
-      body = { value };
+      if (!text) { fb.textContent = t().numberFirst; return; }
+      // a plain number goes as a number; "31.4 GB" as text, and the service checks its unit (naming a wrong one)
+      body = raw && Number.isFinite(value) ? { value } : { value: text };
     } else {
       const picked = [...fs.querySelectorAll("input:checked")].map((i) => Number(i.value));
       if (!picked.length) { fb.textContent = t().optionFirst; return; }
@@ -292,6 +351,7 @@
   }
 
   async function finish() {
+    if (!attempt || attempt.finished) return;                  // nothing open to finish
     const box = $("mm-exam-result");
     const unanswered = attempt.total - document.querySelectorAll("fieldset.mm-exam-q[data-locked]").length;
     if (unanswered && !confirm(t().unanswered(unanswered))) return;
@@ -299,25 +359,31 @@
     try {
       res = await call("POST", `/attempts/${attempt.attempt_id}/finish`);
     } catch (e) { box.textContent = t().notFinished(e.message); return; }
-    show("after");
-    $("mm-exam-exam").hidden = true;
+    const id = attempt.attempt_id;
+    attempt.finished = true;
     box.replaceChildren(el("h2", res.passed ? t().passed : t().failed), el("p", t().score(res), { id: "mm-exam-score" }));
     if (res.credential) credentialLinks(box, res.credential);
-    await review(attempt.attempt_id);
+    await refreshMine();
+    await review(id, true);
+    box.scrollIntoView({ block: "start" });                   // the result at the top, above the review
+  }
+
+  function credentialAnchors(code, ids) {
+    const links = [[t().download, `/api/v1/credentials/${code}`, "mm-exam-download", "minimega-certificate.json"],
+      [t().printable, `/certificates/${code}`, "mm-exam-certificate", null],
+      [t().svg, `/certificates/${code}.svg`, "mm-exam-svg", "minimega-certificate.svg"],
+      [t().verify, sitePath(`/verify/?c=${encodeURIComponent(code)}`), "mm-exam-verify", null]];
+    return links.map(([text, href, id, download]) => {
+      const a = el("a", text, ids ? { href, id } : { href, class: id });
+      if (download) a.setAttribute("download", download);
+      return a;
+    });
   }
 
   function credentialLinks(box, c) {
     box.append(el("p", t().code(c.code), { id: "mm-exam-code" }));
     const ul = el("ul");
-    const links = [[t().download, `/api/v1/credentials/${c.code}`, "mm-exam-download", "minimega-certificate.json"],
-      [t().printable, `/certificates/${c.code}`, "mm-exam-certificate", null],
-      [t().svg, `/certificates/${c.code}.svg`, "mm-exam-svg", "minimega-certificate.svg"],
-      [t().verify, sitePath(`/verify/?c=${encodeURIComponent(c.code)}`), "mm-exam-verify", null]];
-    for (const [text, href, id, download] of links) {
-      const a = el("a", text, { href, id });
-      if (download) a.setAttribute("download", download);
-      const li = el("li"); li.append(a); ul.append(li);
-    }
+    for (const a of credentialAnchors(c.code, true)) { const li = el("li"); li.append(a); ul.append(li); }
     box.append(ul);
   }
 
@@ -328,8 +394,9 @@
     return picked.map((i) => q.choices[i]).join("; ");
   }
 
-  async function review(id) {
+  async function review(id, keepResult) {
     const box = $("mm-exam-review");
+    if (!keepResult) $("mm-exam-result").replaceChildren();
     show("after");
     let res;
     try { res = await call("GET", `/attempts/${encodeURIComponent(id)}/review`); }
@@ -374,7 +441,7 @@
     $("mm-exam-again").addEventListener("click", () => { $("mm-exam-again").hidden = true; home(); });
     $("mm-exam-signout").addEventListener("click", async () => {
       try { await call("POST", "/signout"); } catch (e) { /* signed out anyway */ }
-      setSession(null); show("signin");
+      setSession(null); attempt = null; renderMine([]); show("signin");
     });
     window.addEventListener("hashchange", () => { if (/signin=/.test(location.hash)) boot(); });
     rules();

@@ -1,0 +1,231 @@
+"""What keeps one process standing through a flood of slow or idle connections (the slowloris attack).
+
+- `guarded_protocol`: uvicorn's h11 protocol with two read deadlines. A request whose headers have not arrived in
+  full within `header_s` of the connection (or of the previous response), or whose body has not arrived within
+  `body_s` of its headers, gets ``408 Request Timeout`` and its connection is closed. uvicorn alone waits forever.
+  It also caps the connections one address holds open (`per_address`; proxies named in ``--forwarded-allow-ips``
+  are exempt, since every client arrives through them): the surplus is closed at once.
+- `RepeatFilter`: one log line per kind of message per interval, the next one saying how many were held back,
+  so a flood cannot fill the disk with "Too many open files" tracebacks.
+- `raise_open_files_limit`: the soft limit on open files up to the hard one (a server holds one per connection).
+
+``limit_concurrency`` (uvicorn's own: 503 beyond it) bounds the rest. A reverse proxy in front (compose.yaml)
+absorbs floods before they reach the process; these are the second line.
+"""
+from __future__ import annotations
+
+import ipaddress
+import logging
+import threading
+import time
+from collections import Counter
+from urllib.parse import urlsplit
+
+import h11
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
+LOG = logging.getLogger("minimega.classroom.guard")
+def _reply(detail: str) -> bytes:
+    body = detail.encode()
+    return (b"HTTP/1.1 408 Request Timeout\r\ncontent-type: text/plain; charset=utf-8\r\nconnection: close\r\n"
+            b"content-length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+
+
+def guarded_protocol(header_s: float, body_s: float, per_address: int, exempt=()) -> type:
+    """A uvicorn ``http`` protocol class with these deadlines and this per-address connection cap."""
+    held: Counter = Counter()
+    networks = []
+    for entry in exempt:
+        try:
+            networks.append(ipaddress.ip_network(entry, strict=False))
+        except ValueError:
+            pass                                          # a host name: never a socket's peer address
+
+    def is_exempt(address: str) -> bool:
+        try:
+            ip = ipaddress.ip_address(address)
+        except ValueError:
+            return False
+        return any(ip in net for net in networks)
+
+    class Guarded(H11Protocol):
+        _timer = None
+        _phase = None
+        _counted = None
+
+        def connection_made(self, transport):
+            super().connection_made(transport)
+            address = self.client[0] if self.client else "unknown"
+            if not is_exempt(address):
+                if held[address] >= per_address:
+                    LOG.warning("connection refused: %s already holds %d connections (the per-address cap)",
+                                address, per_address)
+                    transport.abort()
+                    return
+                held[address] += 1
+                self._counted = address
+            self._arm()
+
+        def connection_lost(self, exc):
+            self._cancel()
+            if self._counted is not None:
+                held[self._counted] -= 1
+                if held[self._counted] <= 0:
+                    del held[self._counted]
+                self._counted = None
+            super().connection_lost(exc)
+
+        def data_received(self, data):
+            super().data_received(data)
+            self._arm()
+
+        def on_response_complete(self):
+            super().on_response_complete()
+            self._arm()
+
+        def _cancel(self):
+            if self._timer is not None:
+                self._timer.cancel()
+                self._timer = None
+
+        def _arm(self):
+            """Header phase while the peer is IDLE, body phase while it SENDs_BODY, no deadline otherwise
+            (the request is in: the app's time is its own)."""
+            if self.transport.is_closing():
+                return self._cancel()
+            their = self.conn.their_state
+            phase = "header" if their is h11.IDLE else "body" if their is h11.SEND_BODY else None
+            if phase == self._phase:
+                return
+            self._cancel()
+            self._phase = phase
+            if phase is not None:
+                self._timer = self.loop.call_later(header_s if phase == "header" else body_s, self._expire, phase)
+
+        def _expire(self, phase):
+            self._timer = None
+            if self.transport.is_closing():
+                return
+            if self.cycle is not None and self.cycle.response_started:     # answering already: let it finish
+                return
+            limit = header_s if phase == "header" else body_s
+            LOG.warning("408: request %s not received within %g s; connection closed", phase, limit)
+            if self.cycle is not None:                                   # the app waiting for the body ends
+                self.cycle.disconnected = True                            # quietly; nothing more is sent
+                self.cycle.message_event.set()
+            self.transport.write(_reply(f"request {phase} not received within {limit:g} s"))
+            self.transport.close()
+
+    Guarded.held = held
+    return Guarded
+
+
+class RepeatFilter(logging.Filter):
+    """At most one record per (logger, level, message template, exception type) per `interval_s`; the first
+    record after a quiet spell says how many like it were held back."""
+
+    def __init__(self, interval_s: float = 10.0, clock=time.monotonic):
+        super().__init__()
+        self.interval, self.clock = interval_s, clock
+        self.last: dict[tuple, float] = {}
+        self.held: Counter = Counter()
+        self.lock = threading.Lock()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[0].__name__ if record.exc_info and record.exc_info[0] else None
+        key = (record.name, record.levelno, str(record.msg)[:120], exc)
+        now = self.clock()
+        with self.lock:
+            if now - self.last.get(key, -1e18) < self.interval:
+                self.held[key] += 1
+                return False
+            self.last[key] = now
+            n = self.held.pop(key, 0)
+            if len(self.last) > 10_000:
+                self.last = {k: t for k, t in self.last.items() if now - t < self.interval}
+        if n:
+            record.msg = f"{record.msg} ({n} more like this held back in the last {self.interval:g} s)"
+        return True
+
+
+LOGGERS = ("uvicorn", "uvicorn.error", "uvicorn.access", "asyncio", "minimega.classroom.guard")
+
+
+def install_repeat_filter(interval_s: float = 10.0) -> RepeatFilter:
+    """Rate-limit the loggers a flood writes to (their own records; filters do not apply to children)."""
+    f = RepeatFilter(interval_s)
+    for name in LOGGERS:
+        logging.getLogger(name).addFilter(f)
+    return f
+
+
+def raise_open_files_limit(target: int = 65536) -> int:
+    """Soft RLIMIT_NOFILE up to min(hard, target); returns the limit in force."""
+    try:
+        import resource
+    except ImportError:                                   # not POSIX
+        return -1
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = target if hard == resource.RLIM_INFINITY else min(hard, target)
+    if soft < want:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+            soft = want
+        except (ValueError, OSError):
+            pass
+    return soft
+
+
+def server_options(config, forwarded_allow_ips: str | None = None) -> dict:
+    """uvicorn options for `config`'s deadlines and caps (the service's and the tests' one source)."""
+    exempt = [a.strip() for a in (forwarded_allow_ips or "").split(",") if a.strip() and a.strip() != "*"]
+    return {"http": guarded_protocol(config.header_timeout_s, config.body_timeout_s,
+                                     config.connections_per_address, exempt),
+            "limit_concurrency": config.limit_concurrency, "timeout_keep_alive": 5,
+            "h11_max_incomplete_event_size": 16 * 1024}
+
+
+CSP = ("default-src 'self'; script-src 'self' 'unsafe-inline'; style-src 'self' 'unsafe-inline'; "
+       "img-src 'self' data:; font-src 'self' data:; connect-src 'self' https:; frame-src 'self'; "
+       "object-src 'none'; base-uri 'self'; form-action 'self'; frame-ancestors {ancestors}")
+"""Every page: scripts, styles and frames from this origin only (mkdocs-material and the figure pages inline a
+few scripts); fetches to https anywhere (the verify page reads other issuers' status lists)."""
+FRAMABLE = "/assets/figures/"
+"""The site's figure pages, which its own chapters show in iframes: same-origin framing only."""
+
+
+class SecurityHeaders:
+    """ASGI middleware: CSP, X-Frame-Options (DENY; SAMEORIGIN for the figure pages), nosniff and Referrer-Policy
+    on every response that does not set its own; a redirect's Location built on `base_url`, never on the Host
+    header a client sent."""
+
+    def __init__(self, app, base_url: str):
+        self.app, self.base = app, base_url.rstrip("/").encode()
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        framable = scope.get("path", "").startswith(FRAMABLE)
+        defaults = [(b"content-security-policy", CSP.format(ancestors="'self'" if framable else "'none'").encode()),
+                    (b"x-frame-options", b"SAMEORIGIN" if framable else b"DENY"),
+                    (b"x-content-type-options", b"nosniff"), (b"referrer-policy", b"no-referrer")]
+
+        async def guarded_send(message):
+            if message["type"] == "http.response.start":
+                headers = list(message.get("headers") or [])
+                have = {k.lower() for k, _ in headers}
+                headers += [(k, v) for k, v in defaults if k not in have]
+                if 300 <= message["status"] < 400:
+                    headers = [(k, self._local(v) if k.lower() == b"location" else v) for k, v in headers]
+                message = {**message, "headers": headers}
+            await send(message)
+
+        await self.app(scope, receive, guarded_send)
+
+    def _local(self, location: bytes) -> bytes:
+        """A Location re-rooted on the base URL (Starlette builds absolute ones from the request's Host)."""
+        parts = urlsplit(location.decode("latin-1"))
+        if not parts.scheme and not parts.netloc and not parts.path.startswith("/"):
+            return location                                 # relative to the page: stays on this origin
+        path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+        return self.base + path.encode("latin-1")

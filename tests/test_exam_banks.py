@@ -1,0 +1,138 @@
+"""Graded banks are deployment data: the white-box route (everything in the repository) fails on a private bank
+and passes on the sample; `exam check-bank` names each fault; credentials name their bank; the service refuses
+the sample bank outside --dev."""
+import json
+import shutil
+
+import pytest
+from fastapi.testclient import TestClient
+
+from bank_support import SAMPLE, WhiteBox, write_private_bank
+from classroom_support import make_config, sign_in
+from minimega.classroom import banks, checkbank
+from minimega.classroom.errors import ExamError
+from minimega.classroom.service import create_app
+
+
+def _take_exam(client, script) -> dict:
+    auth = sign_in(client)
+    attempt = client.post("/api/v1/attempts", json={"display_name": "White Box"}, headers=auth).json()
+    for q in attempt["questions"]:
+        r = client.post(f"/api/v1/attempts/{attempt['attempt_id']}/answers/{q['number']}", json=script.answer(q),
+                        headers=auth)
+        assert r.status_code == 200, r.text
+    return client.post(f"/api/v1/attempts/{attempt['attempt_id']}/finish", headers=auth).json()
+
+
+def test_the_repository_answers_the_sample_bank_but_not_a_private_one(tmp_path):
+    """The script reads the sample bank's keys and formulas: 48/48 on --dev with the sample bank (so it works),
+    below the pass mark on a service graded on a private bank the test writes."""
+    config = dict(questions_per_chapter=3, fail_cooldown_s=0, attempts_per_day=100)
+    with TestClient(create_app(make_config(tmp_path / "dev", **config))) as client:
+        script = WhiteBox()
+        fin = _take_exam(client, script)
+    assert fin["passed"] and fin["score"] == fin["total"] == 48 and script.known == 48, fin
+    private = write_private_bank(tmp_path / "bank")
+    app = create_app(make_config(tmp_path / "prod", banks_dir=private, allow_sample_bank=False, **config))
+    with TestClient(app) as client:
+        script = WhiteBox()
+        scores = [_take_exam(client, script) for _ in range(3)]
+    assert script.known == 0
+    assert all(not f["passed"] and f["score"] < f["pass_mark"] for f in scores), scores
+    print(f"white-box on the private bank: {[f['score'] for f in scores]} of 48 (pass mark {scores[0]['pass_mark']})")
+
+
+def test_credentials_name_the_bank_they_were_graded_on(tmp_path):
+    from classroom_support import pass_exam
+    from minimega.classroom.credential import claims_of
+
+    private = write_private_bank(tmp_path / "bank", bank_id="acme-2027")
+    bank_set = banks.open_bank_set(private, 1)
+    for folder, sample in ((private, False), (None, True)):
+        app = create_app(make_config(tmp_path / str(sample), banks_dir=folder))
+        with TestClient(app) as client:
+            if folder is not None:                       # answer from the private bank's own keys
+                import classroom_support
+                classroom_support.BANKS, saved = private, classroom_support.BANKS
+                try:
+                    fin = pass_exam(client)
+                finally:
+                    classroom_support.BANKS = saved
+            else:
+                fin = pass_exam(client)
+            doc = client.get(f"/api/v1/credentials/{fin['credential']['code']}").json()
+        claims = claims_of(doc)
+        narrative = claims["criteria"]
+        if sample:
+            assert claims["exam_bank"].startswith("minimega-sample@sha256:") and "PUBLIC SAMPLE" in narrative
+        else:
+            assert claims["exam_bank"] == f"acme-2027@sha256:{bank_set.sha256}" and "SAMPLE" not in narrative
+            assert bank_set.label in narrative
+
+
+def test_the_service_refuses_the_sample_bank_outside_dev(tmp_path):
+    with pytest.raises(ExamError, match="--exam-banks"):
+        create_app(make_config(tmp_path, dev=False, allow_sample_bank=False, smtp_host="127.0.0.1"))
+    with pytest.raises(ExamError, match="--allow-sample-bank"):
+        create_app(make_config(tmp_path, dev=False, allow_sample_bank=False, smtp_host="127.0.0.1",
+                               banks_dir=SAMPLE))
+    copied = tmp_path / "copy"                       # a copy of the sample without its bank.json is still the sample
+    copied.mkdir()
+    for p in SAMPLE.glob("*.yaml"):
+        shutil.copy(p, copied / p.name)
+    (copied / "bank.json").write_text(json.dumps({"id": "totally-private"}))
+    with pytest.raises(ExamError, match="sample"):
+        create_app(make_config(tmp_path, dev=False, allow_sample_bank=False, smtp_host="127.0.0.1", banks_dir=copied))
+
+
+def test_check_bank_passes_a_private_bank(tmp_path, capsys):
+    from minimega.tools.cli import main
+
+    folder = write_private_bank(tmp_path / "bank")
+    assert main(["exam", "check-bank", str(folder), "--draws", "20"]) == 0
+    assert "ok. bank acme-private@sha256:" in capsys.readouterr().out
+
+
+def _break(folder, how):
+    en, nl = folder / "05-private.yaml", folder / "nl" / "05-private.yaml"
+    if how == "sample-copy":
+        shutil.copy(SAMPLE / "03-zero.yaml", folder / "03-private.yaml")
+        (folder / "nl" / "03-private.yaml").unlink()
+        shutil.copy(SAMPLE.parent / "nl" / "exam" / "03-zero.yaml", folder / "nl" / "03-private.yaml")
+    elif how == "formula":                           # divides by zero at one end of a range
+        for p in (en, nl):
+            p.write_text(p.read_text().replace("a * 6 + b / 3", "a * 6 + b / (b - 30)"))
+    elif how == "no-twins":
+        shutil.rmtree(folder / "nl")
+    elif how == "untranslated":
+        nl.write_text(en.read_text().replace("Chapter 5", "Hoofdstuk 5"))
+    elif how == "tells":                             # every key the longest option
+        for p in folder.glob("*.yaml"):
+            p.write_text(p.read_text().replace("correct: true", "correct: true\n  # longest"))
+        for p in [*folder.glob("*.yaml"), *(folder / "nl").glob("*.yaml")]:
+            import yaml
+            raw = yaml.safe_load(p.read_text())
+            for it in raw["items"]:
+                for c in it.get("choices", []):
+                    if c["correct"]:
+                        c["text"] += " (the well-qualified one)"
+            p.write_text(yaml.safe_dump(raw, allow_unicode=True, sort_keys=False))
+    elif how == "overlap":                           # a practice question, reworded a little
+        import yaml
+        practice = yaml.safe_load((SAMPLE.parent / "05-offload.yaml").read_text())["items"][0]["question"]
+        for p in (en, nl):
+            raw = yaml.safe_load(p.read_text())
+            raw["items"][2]["question"] = practice + " " if p == en else "Vertaald: " + practice
+            p.write_text(yaml.safe_dump(raw, allow_unicode=True, sort_keys=False))
+    elif how == "no-manifest":
+        (folder / "bank.json").unlink()
+
+
+@pytest.mark.parametrize("how, check", [("sample-copy", "schema"), ("formula", "formula"), ("no-twins", "twins"),
+                                        ("untranslated", "twins"), ("tells", "tells"), ("overlap", "overlap"),
+                                        ("no-manifest", "schema")])
+def test_check_bank_names_each_fault(tmp_path, how, check):
+    folder = write_private_bank(tmp_path / "bank")
+    _break(folder, how)
+    problems, _ = checkbank.check_bank(folder, draws=40)
+    assert check in {p.check for p in problems}, problems
