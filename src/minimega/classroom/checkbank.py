@@ -151,7 +151,8 @@ def add_exam_parser(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser("exam", help="check a private graded exam bank before deploying it")
     sub = p.add_subparsers(dest="exam_command", required=True)
     c = sub.add_parser("check-bank", help="validate a graded bank: schema, formulas, Dutch twins, tells, overlap",
-                       description=__doc__.split("\n\n", 1)[1], formatter_class=argparse.RawDescriptionHelpFormatter)
+                       description=re.sub(r"``(.+?)``", r"`\1`", __doc__.split("\n\n", 1)[1], flags=re.S),
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
     c.add_argument("folder", type=Path, metavar="DIR")
     c.add_argument("--draws", type=int, default=200, help="random draws per template (default 200)")
     c.add_argument("--practice", type=Path, help="the public practice banks (default: the repository's quizzes/)")
