@@ -12,6 +12,7 @@ import torch
 import torch.distributed as dist
 
 import minimega as mm
+from minimega import processes
 
 
 def _rank_info(tag):
@@ -246,7 +247,7 @@ def _forkserver_pid():
 
 
 def test_environment_set_after_the_first_launch_reaches_the_ranks(monkeypatch):
-    sys.modules["minimega.launch"]._stop_forkserver()                          # a forkserver started with OLD set ...
+    processes.stop_forkserver()                          # a forkserver started with OLD set ...
     monkeypatch.setenv("MINIMEGA_TEST_OLD", "1")
     names = ["MINIMEGA_TEST_OLD", "MINIMEGA_TEST_NEW"]
     assert mm.launch(_environment, 1, names, timeout=60)[0]["MINIMEGA_TEST_OLD"] == "1"
@@ -263,7 +264,7 @@ def test_an_edited_source_or_a_dead_forkserver_starts_a_fresh_one(monkeypatch):
     source = Path(mm.__file__)                                # an edit to minimega: a newer mtime
     stat = source.stat()
     try:
-        newest = sys.modules["minimega.launch"]._source_stamp()
+        newest = processes.source_stamp()
         os.utime(source, (stat.st_atime, newest + 10))
         second = mm.launch(_environment, 1, [], timeout=60)[0]["ppid"]
     finally:
@@ -285,7 +286,7 @@ def test_an_edited_source_or_a_dead_forkserver_starts_a_fresh_one(monkeypatch):
     assert len(mm.launch(_environment, 2, [], timeout=60)) == 2 and len(calls) > 1
     launch_module = sys.modules["minimega.launch"]              # dying every time: one line, no EOFError
     restarts = []
-    monkeypatch.setattr(launch_module, "_stop_forkserver", lambda: restarts.append(1))   # (spare the restarts)
+    monkeypatch.setattr(launch_module, "stop_forkserver", lambda: restarts.append(1))   # (spare the restarts)
     monkeypatch.setattr(forkserver, "read_signed", lambda fd: (_ for _ in ()).throw(EOFError()))
     with pytest.raises(RuntimeError, match=r"^launch\(\): could not start the ranks: the forkserver died while "
                                            r"starting them, twice \(EOFError"):

@@ -39,7 +39,7 @@ def pipeline_schedule(timelines: list[list[dict]], step: int = 0, title: str | N
                 showlegend=e["kind"] not in seen, hovertext=label,
                 text=[f"{e['kind'][0].upper()}{e['micro']}" if "micro" in e else ""], textposition="inside"))
             seen.add(e["kind"])
-    fig.updatehouse_layout(barmode="overlay", title=title or f"pipeline schedule, step {step} (gaps are idle)",
+    fig.update_layout(barmode="overlay", title=title or f"pipeline schedule, step {step} (gaps are idle)",
                       xaxis_title="time since the step started (ms)", yaxis_title="pipeline rank",
                       yaxis_autorange="reversed", template="plotly_white")
     return fig
