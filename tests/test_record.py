@@ -7,6 +7,7 @@ import pytest
 
 from minimega import estimate as est
 from minimega.figures import record
+from minimega.tools import record_cli
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "course" / "data"
@@ -191,9 +192,9 @@ def test_recording_again_gives_the_same_schema_and_bytes(tmp_path, traces):
 
 def test_cli_parser_and_refusals(tmp_path):
     p = argparse.ArgumentParser()
-    record.add_record_parser(p.add_subparsers())
+    record_cli.add_record_parser(p.add_subparsers())
     args = p.parse_args(["record", "--out", str(tmp_path), "--steps", "2", "--only", "memory"])
-    assert args.func is record.run_record and args.only == ["memory"] and args.steps == 2
+    assert args.func is record_cli.run_record and args.only == ["memory"] and args.steps == 2
     with pytest.raises(SystemExit):
         p.parse_args(["record", "--only", "interleaved"])
     with pytest.raises(ValueError, match="at least one step"):
