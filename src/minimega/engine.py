@@ -188,9 +188,11 @@ class Engine:
         sent_before = self.comm_log.total_sent()
         total = torch.zeros((), device=self.mesh.device)
         self.model.train()
-        # Peaks are sampled (costly) in steps 0 and 1 (the second is steady) and whenever asked (`track_peak`).
-        peak = self._peak.track() if self.step < 2 or self._peak_steps > 0 else nullcontext()
+        # Memory is watched in steps 0 and 1 (the second is steady), whenever asked (`track_peak`), and the states
+        # at the step also in a resumed run's first; peaks are sampled (costly) only when watched.
+        watch = self.step < 2 or self._peak_steps > 0
         self._peak_steps = max(0, self._peak_steps - 1)
+        peak = self._peak.track() if watch else nullcontext()
         with self.comm_log, comm.overlap(self.config.overlap_comm), peak:
             if self.pipeline is not None:
                 total = self.pipeline.forward_backward(x, y, self.step)    # sum_i loss_i / m, last stage only
@@ -213,7 +215,8 @@ class Engine:
             # --8<-- [start:tour_step_end]
             norm = self._clip()
             self.optimizer.step()
-            self.memory_at_step = self.memory()     # params, grads and optimizer states all live
+            if watch or not self.memory_at_step:   # params, grads and optimizer states all live
+                self.memory_at_step = self.memory()
             self.optimizer.zero_grad(set_to_none=True)
             self._event("optimizer_step_end")
         self.comm_per_step.append(self.comm_log.total_sent() - sent_before)
