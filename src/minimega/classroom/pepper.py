@@ -55,15 +55,18 @@ def load_pepper(keys_dir: Path, store, env=os.environ) -> bytes:
         else:
             pepper = store.take_legacy_pepper() or secrets.token_bytes(32)
             Path(keys_dir).mkdir(parents=True, exist_ok=True, mode=0o700)
+            tmp = path.with_name(f".{FILE}.{os.getpid()}.{secrets.token_hex(4)}")
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "w") as f:
+                f.write(pepper.hex() + "\n")
+                f.flush()
+                os.fsync(f.fileno())
             try:
-                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+                os.link(tmp, path)                        # appears whole, or not at all: never half written
             except FileExistsError:                       # another instance wrote it a moment ago
                 pepper = _read_file(path)
-            else:
-                with os.fdopen(fd, "w") as f:
-                    f.write(pepper.hex() + "\n")
-                    f.flush()
-                    os.fsync(f.fileno())
+            finally:
+                os.unlink(tmp)
     if store.bind_pepper(fingerprint(pepper)) != fingerprint(pepper):
         raise StoreError(f"{store.where} was keyed with another pepper: give every instance the same ${ENV} "
                          f"(or the same keys folder's {FILE} file)")
