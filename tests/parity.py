@@ -51,7 +51,8 @@ def reference_run(model_config: mm.GPTConfig, config: mm.TrainConfig, steps: int
     """The single-process run every layout must reproduce: same seed, same global batches, torch's optimizer.
 
     ``config.precision="bf16"`` runs the bf16 policy on one process: the model (weights, activations,
-    gradients) in bf16, fp32 master weights stepped by the optimizer and copied back into the model.
+    each micro-step's gradients) in bf16, the micro-steps' gradients summed in fp32 (Megatron's main_grad,
+    as the engine does), fp32 master weights stepped by the optimizer and copied back into the model.
 
     Returns the final fp32 state dict (the masters under bf16) and the per-step losses; with clipping,
     appends each step's gradient norm (before clipping) to ``norms`` when given.
@@ -77,9 +78,11 @@ def reference_run(model_config: mm.GPTConfig, config: mm.TrainConfig, steps: int
             _, loss = model(xm, ym)
             (loss / ga).backward()
             total += loss.item()
-        if low:
-            for m, p in zip(masters, model.parameters()):
-                m.grad = p.grad.float()
+            if low:                                     # main_grad: each micro-step's bf16 gradient, summed in fp32
+                for m, p in zip(masters, model.parameters()):
+                    if p.grad is not None:
+                        m.grad = p.grad.float() if m.grad is None else m.grad.add_(p.grad)
+                        p.grad = None
         if config.gradient_clipping:
             norm = torch.nn.utils.clip_grad_norm_(stepped, config.gradient_clipping)
             if norms is not None:

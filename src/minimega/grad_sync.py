@@ -14,6 +14,10 @@ parameters into buckets (DDP: ~bucket_mb each; ZeRO: one per unit) and follows t
 Inside ``no_sync()`` the hooks start nothing: gradients accumulate locally and the next synchronised
 backward reduces the sum once.
 
+Where gradients accumulate (Megatron-LM's ``main_grad``): with ``main_grad_dtype`` set (bf16 training:
+fp32), the hook first adds the backward's ``p.grad`` (bf16) into ``main_grads[p]`` (fp32) and drops it, so
+micro-steps (``no_sync``, the pipeline's micro-batches) sum in fp32 and the reduction reads fp32 buffers.
+
 [Note: why not queue_callback] Autograd's ``queue_callback`` attaches the end-of-backward work to
 whichever graph task is running when it is queued. A checkpointed block recomputes its forward and runs
 ``torch.autograd.backward`` on it inside the outer backward: a nested graph task. A callback queued by a
@@ -64,9 +68,15 @@ class GradSync(ABC):
     """Whether after the sync each dp rank holds a disjoint part of the gradients (ZeRO) or all of them (DDP)."""
     reduce_every_micro_step = False
     """Whether gradient accumulation reduces on every micro-step instead of accumulating under ``no_sync``."""
+    main_grad_dtype: torch.dtype | None = None
+    """When set, gradients accumulate in ``main_grads`` of this dtype, not in ``p.grad`` (see the module)."""
 
-    def _watch(self, buckets: Sequence[Sequence[nn.Parameter]], hooks: bool = True) -> None:
+    def _watch(self, buckets: Sequence[Sequence[nn.Parameter]], hooks: bool = True,
+               main_grads: dict | None = None) -> None:
+        """Register the hooks; ``main_grads``: preallocated accumulation buffers (views of a flat buffer,
+        ZeRO-1); a parameter without one gets a fresh buffer at its first backward (ZeRO-2/3, freed on reduce)."""
         self._sync = True
+        self.main_grads: dict[nn.Parameter, torch.Tensor] = main_grads if main_grads is not None else {}
         self._buckets = [list(b) for b in buckets] if hooks else []
         self._bucket_of = {p: i for i, b in enumerate(self._buckets) for p in b}
         self._seen: list[set] = [set() for _ in self._buckets]         # parameters ready in this backward
@@ -88,6 +98,8 @@ class GradSync(ABC):
         if i in self._started:
             raise RuntimeError(f"a gradient of bucket {i} arrived after its reduction started: a parameter took part "
                                "in two backward passes before finish_grad_sync(); run the earlier ones under no_sync()")
+        if self.main_grad_dtype is not None:
+            self._accumulate_main_grad(p)
         seen = self._seen[i]
         seen.add(p)
         if len(seen) == len(self._buckets[i]):
@@ -95,6 +107,20 @@ class GradSync(ABC):
             if self._sync:
                 self._started.add(i)
                 self._start(i)
+
+    # --8<-- [start:main_grad]
+    @torch.no_grad()
+    def _accumulate_main_grad(self, p: nn.Parameter) -> None:
+        """``main_grads[p] += p.grad`` in ``main_grad_dtype``; ``p.grad`` (the parameter's dtype) is dropped."""
+        if p.grad is None:
+            return
+        main = self.main_grads.get(p)
+        if main is None:
+            self.main_grads[p] = p.grad.to(self.main_grad_dtype)
+        else:
+            main.add_(p.grad)
+        p.grad = None
+    # --8<-- [end:main_grad]
 
     def finish_grad_sync(self) -> None:
         """End of a backward: under sync, start what the hooks did not, wait and write the results (once)."""

@@ -198,6 +198,7 @@ def state_tensors(dp_wrappers, optimizer=None) -> dict[str, list[torch.Tensor]]:
                 else:
                     out["params"].append(u.flat)
             out["grads"] += list(w.grad_buffers()) + [p.grad for u in w.units for p in u.params]
+            out["grads"] += list(getattr(w, "main_grads", {}).values())     # bf16: the fp32 accumulators
             states = []
             if w.store.location == "device":      # offloaded (CPUOffloadStore): host memory, not this device's
                 out["master"] += list(w.store.master)

@@ -3,10 +3,15 @@
 A policy names the dtype parameters and gradients are *stored and communicated* in; the optimizer
 always works on fp32 master weights (one shard per rank, see `minimega.zero`):
 
-    policy   params / grads   master + Adam m, v   loss scaling
-    fp32     fp32             fp32 (the params themselves)   none
-    bf16     bf16             fp32                 none (bf16 has fp32's exponent range)
-    fp16     fp16             fp32                 dynamic (or a fixed ``loss_scale``)
+    policy   params / grads   accumulated and reduced in   master + Adam m, v   loss scaling
+    fp32     fp32             fp32                         fp32 (the params themselves)   none
+    bf16     bf16             fp32 (``main_grad``)         fp32                 none (bf16 has fp32's exponent range)
+    fp16     fp16             fp16                         fp32                 dynamic (or a fixed ``loss_scale``)
+
+bf16 keeps 8 bits of mantissa: summing micro-steps or ranks in bf16 rounds every partial sum to ~0.4%.
+As Megatron-LM (``main_grad``) and DeepSpeed do, each backward's bf16 gradient is added into an fp32
+buffer and the data-parallel reduction runs on that buffer (`grad_sync.GradSync`); the gradients cost 4
+bytes per parameter instead of 2. fp16 keeps DeepSpeed's fp16 default (reduced in fp16, loss-scaled).
 
 fp16's 5-bit exponent underflows small gradients, so the loss is multiplied by a scale S before
 backward and gradients are divided by S before the step. `DynamicLossScaler` follows DeepSpeed's
@@ -27,8 +32,14 @@ import torch
 class Policy:
     name: str
     param_dtype: torch.dtype
-    """Storage and communication dtype of parameters and gradients (the masters are always fp32)."""
+    """Storage dtype of parameters and of each backward's gradients (the masters are always fp32)."""
     loss_scaling: bool = False
+    grad_dtype: torch.dtype | None = None
+    """The dtype gradients are accumulated (micro-steps) and reduced (dp) in; None: ``param_dtype``."""
+
+    @property
+    def accumulate_dtype(self) -> torch.dtype:
+        return self.grad_dtype or self.param_dtype
 
     @property
     def has_master_copy(self) -> bool:
@@ -38,7 +49,7 @@ class Policy:
 
 POLICIES = {
     "fp32": Policy("fp32", torch.float32),
-    "bf16": Policy("bf16", torch.bfloat16),
+    "bf16": Policy("bf16", torch.bfloat16, grad_dtype=torch.float32),
     "fp16": Policy("fp16", torch.float16, loss_scaling=True),
 }
 # --8<-- [end:policies]

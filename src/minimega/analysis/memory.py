@@ -159,23 +159,26 @@ def peak_memory_bytes(units: list[list[int]], dp: int, stage: int, *, precision:
         params            stage 0-2: Σ N_u·e (0: unpadded) | stage 3: the shards, Σ P_u/n·e
         gathered          stage 3: max_k (P_k + P_k+1)·e, two neighbouring units (prefetch) | max_k P_k·e without
         master            bf16: the fp32 master shards, Σ P_u/n·4 (fp32: the shards are their own masters)
-        grads             stage 0: Σ N_u·e | 1: the flat buffers Σ P_u·e
-                          stage 2-3: the shards Σ P_u/n·e + one unit's full gradients max_u N_u·e (before
+        grads             in fp32 under both policies (g = 4: bf16 gradients accumulate and reduce in fp32,
+                          Megatron-LM's main_grad, see `precision`), handed to the optimizer in place:
+                          stage 0: Σ N_u·g | 1: the flat buffers Σ P_u·g
+                          stage 2-3: the shards Σ P_u/n·g + one unit's full gradients max_u N_u·g (before
                           its reduce-scatter flattens them)
-                          bf16, at the step: + the fp32 copies handed to the optimizer, Σ P_u/n·4
-                          (stages 2-3: whichever of the two terms is larger)
+                          bf16, stage 1: + the largest parameter's gradient in bf16 (max p·e), which lives beside
+                          the whole buffer until the hook adds it into its fp32 main grad (stages 2-3: it lives
+                          while its own main grad does not exist yet, so the unit's N_u·g stays the peak)
         optimizer_states  Adam's m and v in fp32: 2·Σ N_u·4 (stage 0) | 2·Σ P_u/n·4
         comm_buffers      what collectives in flight hold beyond the categories above:
-                          stage 0: every bucket, Σ N_u·e (all are issued before the first is waited for)
-                          stage 1: the reduce-scatter outputs, Σ P_u/n·e (max_u P_u/n·e without overlap)
-                          stage 2-3: each unit's flattened gradient and its output shard, Σ P_u(1 + 1/n)·e,
-                          held until backward ends (max_u P_u(1 + 1/n)·e without overlap)
+                          stage 0: every bucket, Σ N_u·g (all are issued before the first is waited for)
+                          stage 1: the reduce-scatter outputs, Σ P_u/n·g (max_u P_u/n·g without overlap)
+                          stage 2-3: each unit's flattened gradient and its output shard, Σ P_u(1 + 1/n)·g,
+                          held until backward ends (max_u P_u(1 + 1/n)·g without overlap)
         optimizer_step_counters  torch's 0-d fp32 ``step`` per optimizer tensor: one per parameter
                           (stage 0), one per unit (1-3)
 
     ``offload`` (``offload_optimizer``, stages 1-3) counts the device only: master, optimizer states and
     step counters live on the host (0 here), and so do the reduced gradient shards, so grads are
-    stage 1: the flat buffers Σ P_u·e | stage 2-3: one unit's full gradients, max_u N_u·e.
+    stage 1: the flat buffers Σ P_u·g | stage 2-3: one unit's full gradients, max_u N_u·g.
 
     Activations (tensors saved for backward) are those of `model.py` on the rank's rows in the same dtype:
     measured by `activation_checkpoint.saved_activation_bytes`, estimated by `gpt_activation_bytes_per_layer`.
@@ -186,12 +189,15 @@ def peak_memory_bytes(units: list[list[int]], dp: int, stage: int, *, precision:
                          "stages 0-3, bf16 at stages 1-3")
     if offload and stage == 0:
         raise ValueError("peak_memory_bytes: offload at stage 0; minimega offloads ZeRO's shards (stages 1-3)")
-    e, n = (4 if precision == "fp32" else 2), dp
+    e, g, n = (4 if precision == "fp32" else 2), 4, dp     # g: gradients are fp32 under both policies
     N = [sum(u) for u in units]
     P = [padded_numel(x, n) for x in N]
     shard_elems = sum(P) // n
-    full = sum(N if stage == 0 else P) * e
-    masters = shard_elems * 4 if e != 4 else 0          # fp32 master shards, and at the step fp32 grad copies
+    full, full_g = sum(N if stage == 0 else P) * e, sum(N if stage == 0 else P) * g
+    masters = shard_elems * 4 if e != 4 else 0          # fp32 master shards
+    # bf16: a parameter's backward gradient (e) lives until the hook adds it into its fp32 main grad
+    fold = max(map(max, units)) * e if e != g else 0
+    unit_grads = max(N) * g        # 2-3: the bf16 gradient comes while the unit's main grads are not all there
     out = {"params": shard_elems * e if stage == 3 else full, "gathered": 0, "master": masters,
            "optimizer_states": 2 * 4 * (sum(N) if stage == 0 else shard_elems),
            "optimizer_step_counters": 4 * (sum(len(u) for u in units) if stage == 0 else len(units))}
@@ -199,17 +205,17 @@ def peak_memory_bytes(units: list[list[int]], dp: int, stage: int, *, precision:
         out["gathered"] = e * (max(a + b for a, b in zip(P, P[1:])) if prefetch and len(P) > 1 else max(P))
     if offload:                                          # on the host: not this device's bytes
         out.update(master=0, optimizer_states=0, optimizer_step_counters=0)
-        out["grads"] = full if stage < 2 else max(N) * e
+        out["grads"] = full_g + fold if stage < 2 else unit_grads
     elif stage < 2:
-        out["grads"] = full + masters
+        out["grads"] = full_g + fold
     else:
-        out["grads"] = shard_elems * e + max(max(N) * e, masters)
+        out["grads"] = shard_elems * g + unit_grads
     if stage == 0:
-        out["comm_buffers"] = full
+        out["comm_buffers"] = full_g
     elif stage == 1:
-        out["comm_buffers"] = shard_elems * e if overlap else max(P) // n * e
+        out["comm_buffers"] = shard_elems * g if overlap else max(P) // n * g
     else:
-        per_unit = [p * e + p // n * e for p in P]
+        per_unit = [p * g + p // n * g for p in P]
         out["comm_buffers"] = sum(per_unit) if overlap else max(per_unit)
     return out
 # --8<-- [end:peak_memory]

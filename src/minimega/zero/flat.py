@@ -74,12 +74,14 @@ class FlatUnit:
         """Views of ``flat`` shaped like each parameter (padding excluded)."""
         return [flat[o:o + p.numel()].view_as(p) for o, p in zip(self.offsets, self.params)]
 
-    def flatten_grads(self) -> torch.Tensor:
-        """A fresh padded flat buffer holding every parameter's ``.grad`` (zeros where there is none)."""
-        flat = torch.zeros(self.padded, dtype=self.flat.dtype, device=self.flat.device)
+    def flatten_grads(self, grads: dict | None = None, dtype: torch.dtype | None = None) -> torch.Tensor:
+        """A fresh padded flat buffer (``dtype``, default the parameters') holding every parameter's gradient:
+        ``grads[p]`` when given (`grad_sync`'s ``main_grads``), else ``p.grad``; zeros where there is none."""
+        flat = torch.zeros(self.padded, dtype=dtype or self.flat.dtype, device=self.flat.device)
         for p, view in zip(self.params, self.views(flat)):
-            if p.grad is not None:
-                view.copy_(p.grad)
+            g = grads.get(p, p.grad) if grads else p.grad
+            if g is not None:
+                view.copy_(g)
         return flat
 
     # The storage trick behind ZeRO-3's reshard: the views stay valid while their bytes come and go.

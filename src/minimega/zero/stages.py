@@ -80,6 +80,8 @@ class Zero1(GradSync, nn.Module):
         self.model_parallel = model_parallel
         self.policy = precision.policy(config.precision)
         self.scaler = precision.make_scaler(self.policy, config)
+        if self.policy.accumulate_dtype != self.policy.param_dtype:       # bf16: fp32 gradients (grad_sync)
+            self.main_grad_dtype = self.policy.accumulate_dtype
         self.timeline: list[dict] = clock.Window()          # the newest events (a long run stays bounded)
         self.clock = clock.HostClock()           # the engine lends its own (CUDA events on a GPU)
         self._prepared, self._overflow = False, False
@@ -95,7 +97,7 @@ class Zero1(GradSync, nn.Module):
         self.store = store(self.shards, make_optimizer)
         self.grad_shards = self._make_grad_buffers()      # on the device; none under offload (the host keeps them)
         self._reducing: dict[int, tuple[torch.Tensor, comm.Handle]] = {}     # unit index -> (output, handle)
-        self._watch([u.params for u in self.units])
+        self._watch([u.params for u in self.units], main_grads=self._main_views)
 
     # -- layout: what Zero2 and Zero3 override ---------------------------------------------------
     def _units(self, module):
@@ -105,14 +107,19 @@ class Zero1(GradSync, nn.Module):
         return unit.flat[unit.start:unit.end]          # a view: the parameters themselves
 
     def _make_grad_buffers(self) -> list[torch.Tensor]:
-        """Full flat gradient buffers; each ``p.grad`` is a view, so autograd accumulates in place.
+        """Full flat gradient buffers (the policy's accumulation dtype); each ``p.grad`` is a view, so autograd
+        accumulates in place; under bf16 the views are the fp32 ``main_grads`` the hooks add into instead.
 
         Returns this rank's shard of each (a view), where the reduced sum is written; none under offload.
         """
-        self.flat_grads = [torch.zeros_like(u.flat) for u in self.units]
+        self.flat_grads = [torch.zeros_like(u.flat, dtype=self.policy.accumulate_dtype) for u in self.units]
+        self._main_views = {}
         for u, g in zip(self.units, self.flat_grads):
             for p, view in zip(u.params, u.views(g)):
-                p.grad = view
+                if self.main_grad_dtype is None:
+                    p.grad = view
+                else:
+                    self._main_views[p] = view
         if self.store.keeps_grads:
             return []
         return [g[u.start:u.end] for u, g in zip(self.units, self.flat_grads)]
@@ -132,11 +139,10 @@ class Zero1(GradSync, nn.Module):
     # --8<-- [start:tour_reduce_scatter]
     def _start(self, i: int) -> None:
         """Phase 1: unit i's gradients are all in its flat buffer: start the buffer's reduce-scatter."""
-        unit = self.units[i]
-        out = torch.empty(unit.shard_numel, dtype=unit.flat.dtype, device=unit.flat.device)
+        unit, full = self.units[i], self._reduce_input(i)
+        out = torch.empty(unit.shard_numel, dtype=full.dtype, device=full.device)
         self._event("reduce_scatter_issued", unit=unit.name)
-        self._reducing[i] = out, comm.reduce_scatter(out, self._reduce_input(i), self.group, async_op=True,
-                                                     tag=unit.name)
+        self._reducing[i] = out, comm.reduce_scatter(out, full, self.group, async_op=True, tag=unit.name)
     # --8<-- [end:tour_reduce_scatter]
 
     def _reduce_input(self, i: int) -> torch.Tensor:
@@ -268,9 +274,11 @@ class Zero2(Zero1):
     reduce_every_micro_step = True
 
     def _make_grad_buffers(self) -> list[torch.Tensor]:
+        self._main_views = {}                                  # main_grads live only until their unit reduces
         if self.store.keeps_grads:                             # offload: the shards accumulate on the host
             return []
-        return [torch.zeros(u.shard_numel, dtype=u.flat.dtype, device=u.flat.device) for u in self.units]
+        return [torch.zeros(u.shard_numel, dtype=self.policy.accumulate_dtype, device=u.flat.device)
+                for u in self.units]
 
     def grad_buffers(self) -> list[torch.Tensor]:
         return self.grad_shards
@@ -279,9 +287,10 @@ class Zero2(Zero1):
     # --8<-- [start:zero2_hook]
     def _reduce_input(self, i: int) -> torch.Tensor:
         unit = self.units[i]
-        flat = unit.flatten_grads()                            # (padded,) this rank's full gradient
+        flat = unit.flatten_grads(self.main_grads, self.policy.accumulate_dtype)   # (padded,) this rank's full gradient
         for p in unit.params:
             p.grad = None                                      # the full gradient is not kept
+            self.main_grads.pop(p, None)
         return flat
 
     def _write_shard(self, i: int, reduced: torch.Tensor) -> None:
