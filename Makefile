@@ -40,11 +40,16 @@ serve: install
 	@echo "==> starting the course site and the exam on http://127.0.0.1:$(PORT)/ (a first start builds the site, ~10 s)"
 	$(BIN)/minimega serve --host 127.0.0.1 --port $(PORT) --dev
 
+# Two workers (pytest-xdist): a file's tests stay together on one (conftest.py groups them), and the
+# multi-rank jobs of one overlap the single-process tests of the other. WORKERS=0 runs in this process.
+WORKERS ?= 2
+XDIST   := $(if $(filter 0,$(WORKERS)),,-n $(WORKERS) --dist loadgroup)
+
 test: install-test
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q $(XDIST)
 
 test-fast: install-test
-	$(BIN)/python -m pytest -q -m "not slow and not browser"
+	$(BIN)/python -m pytest -q $(XDIST) -m "not slow and not browser"
 
 lab: $(LABSTAMP)
 	$(BIN)/python -m ipykernel install --sys-prefix --name minimega --display-name "minimega"

@@ -19,7 +19,15 @@ CHROMIUM_FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first
                   "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 
 
+@pytest.hookimpl(tryfirst=True)               # before pytest-xdist reads the groups
 def pytest_collection_modifyitems(config, items):
+    """Skips what this machine cannot run, and groups the tests for `make test`'s two workers (pytest-xdist,
+    ``--dist loadgroup``): a file's tests share its module fixtures, so a file runs on one worker; the labs
+    (each notebook its own process tree) spread over both."""
+    for item in items:
+        path = item.nodeid.split("::")[0]
+        group = item.nodeid if path.endswith("test_labs.py") else path
+        item.add_marker(pytest.mark.xdist_group(group))
     no_gpu = pytest.mark.skip(reason="needs CUDA")
     no_browser = pytest.mark.skip(reason="needs /usr/bin/chromium (apt-get install -y chromium)")
     for item in items:

@@ -27,17 +27,20 @@ def _train(engine, mesh, config, steps):
         engine.train_step(batch)
 
 
+HALF = 4        # steps before and after a save: Adam's step count, the moments and the data position all matter by then
+
+
 def _straight_and_resumed(config, directory, resume_world_note):
-    """20 steps straight, and 10 + save + (fresh engine) load + 10 in the same layout."""
+    """2·HALF steps straight, and HALF + save + (fresh engine) load + HALF in the same layout."""
     mesh, straight = _engine(config)
-    _train(straight, mesh, config, 20)
+    _train(straight, mesh, config, 2 * HALF)
     mesh, first = _engine(config)
-    _train(first, mesh, config, 10)
+    _train(first, mesh, config, HALF)
     first.save(directory)
     mesh, second = _engine(config)
-    assert second.load(directory) == 10
-    _train(second, mesh, config, 10)
-    return straight.full_state_dict(), second.full_state_dict(), straight.losses[10:], second.losses
+    assert second.load(directory) == HALF
+    _train(second, mesh, config, HALF)
+    return straight.full_state_dict(), second.full_state_dict(), straight.losses[HALF:], second.losses
 
 
 def test_resume_is_bit_identical_dp2(tmp_path):
@@ -45,25 +48,25 @@ def test_resume_is_bit_identical_dp2(tmp_path):
     straight, resumed, l1, l2 = mm.launch(_straight_and_resumed, 2, config, str(tmp_path), None, timeout=240)[0]
     assert all(torch.equal(straight[k], resumed[k]) for k in straight)
     assert l1 == l2
-    step_dir = tmp_path / "step-00000010"
+    step_dir = tmp_path / f"step-{HALF:08d}"
     manifest = json.loads((step_dir / "manifest.json").read_text())
     assert manifest["layout"] == {"world": 2, "dp": 2, "tp": 1, "pp": 1, "zero_stage": 0}
     assert sorted(manifest["files"]) == ["shard-00000.safetensors", "shard-00001.safetensors"]
-    assert (tmp_path / "latest").read_text() == "step-00000010"
+    assert (tmp_path / "latest").read_text() == f"step-{HALF:08d}"
 
 
 def _save_after(config, directory, steps):
     mesh, engine = _engine(config)
     _train(engine, mesh, config, steps)
     engine.save(directory)
-    _train(engine, mesh, config, 10)
+    _train(engine, mesh, config, HALF)
     return engine.full_state_dict()
 
 
 def _load_and_continue(config, directory):
     mesh, engine = _engine(config)
     engine.load(directory)
-    _train(engine, mesh, config, 10)
+    _train(engine, mesh, config, HALF)
     return engine.full_state_dict(), engine.eval_step(data.global_batch(0, 8, 32, split="val"))
 
 
@@ -78,11 +81,27 @@ LAYOUTS = {"dp1": (1, {}), "dp2": (2, {}), "dp4": (4, {}), "tp2": (2, {"tp": 2})
                                       ("dp2-zero3", "dp1"), ("dp2-zero3", "dp4-zero1"), ("dp2-zero3", "tp2"),
                                       ("tp2", "dp2-zero2"), ("tp2", "pp2"), ("pp2", "dp2-zero2"),
                                       ("dp2-tp2-zero1", "tp2-pp2"), ("tp2-pp2", "dp2-pp2-zero1")], ids=lambda v: v)
-def test_reshard_across_layouts(tmp_path, src, dst):
-    (w_src, kw_src), (w_dst, kw_dst) = LAYOUTS[src], LAYOUTS[dst]
-    straight = mm.launch(_save_after, w_src, parity_config(**kw_src), str(tmp_path), 10, timeout=240)[0]
-    resumed, _ = mm.launch(_load_and_continue, w_dst, parity_config(**kw_dst), str(tmp_path), timeout=240)[0]
+def test_reshard_across_layouts(saved_sources, src, dst):
+    (w_dst, kw_dst) = LAYOUTS[dst]
+    directory, straight = saved_sources(src)
+    resumed, _ = mm.launch(_load_and_continue, w_dst, parity_config(**kw_dst), str(directory), timeout=240)[0]
     assert max_rel_error(resumed, straight) <= 1e-5
+
+
+@pytest.fixture(scope="module")
+def saved_sources(tmp_path_factory):
+    """Each source layout trains, saves at step HALF and trains on once per module: its checkpoint (read-only to the
+    targets, which load it and train on) and its straight weights."""
+    done: dict[str, tuple] = {}
+
+    def get(src):
+        if src not in done:
+            world, kw = LAYOUTS[src]
+            directory = tmp_path_factory.mktemp(f"src-{src}")
+            done[src] = directory, mm.launch(_save_after, world, parity_config(**kw), str(directory), HALF,
+                                             timeout=240)[0]
+        return done[src]
+    return get
 
 
 @pytest.mark.parametrize("stage", [1, 2, 3])
@@ -106,7 +125,7 @@ def test_resume_is_bit_identical_tp2(tmp_path):
 
 def test_consolidate_gives_the_distributed_models_loss(tmp_path):
     config = parity_config()
-    mm.launch(_save_after, 2, config, str(tmp_path), 10, timeout=240)
+    mm.launch(_save_after, 2, config, str(tmp_path), HALF, timeout=240)
     out = checkpoint.consolidate(tmp_path, tmp_path / "model.safetensors")
     weights = load_file(str(out))
     model = mm.GPT(MODEL)
@@ -114,7 +133,7 @@ def test_consolidate_gives_the_distributed_models_loss(tmp_path):
     _, dist_loss = mm.launch(_load_and_continue, 2, parity_config(lr=1e-12), str(tmp_path), timeout=240)[0]
     with torch.no_grad():
         x, y = data.global_batch(0, 8, 32, split="val")
-        # 10 steps at lr 1e-12 change nothing measurable: the loaded model's loss is the saved model's.
+        # HALF steps at lr 1e-12 change nothing measurable: the loaded model's loss is the saved model's.
         assert model(x, y)[1].item() == pytest.approx(dist_loss, rel=1e-5)
 
 

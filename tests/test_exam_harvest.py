@@ -18,6 +18,18 @@ def _stem(text):
     return re.sub(r"\s+", " ", text).strip()
 
 
+def most_similar(seen: list[str], text: str) -> str:
+    """The first of `seen` with the highest SequenceMatcher(None, seen, text).ratio(); quick_ratio, an upper bound
+    of ratio, skips the ones that cannot beat the best so far."""
+    matcher = SequenceMatcher(None, b=text)                     # indexes `text` once
+    best, best_ratio = None, -1.0
+    for candidate in seen:
+        matcher.set_seq1(candidate)
+        if matcher.quick_ratio() > best_ratio and matcher.ratio() > best_ratio:
+            best, best_ratio = candidate, matcher.ratio()
+    return best
+
+
 class Harvester:
     """Everything an attacker can read in reviews: question text -> right option texts, or -> worked value."""
 
@@ -44,9 +56,8 @@ class Harvester:
                 return {"value": self.values[text]}
             if not self.values:
                 return {"value": 1.0}
-            # no estimator: reuse the worked value of the most similar question seen
-            best = max(self.values, key=lambda seen: SequenceMatcher(None, seen, text).ratio())
-            return {"value": self.values[best]}
+            # no estimator: reuse the worked value of the most similar question seen (the first of the best)
+            return {"value": self.values[most_similar(self.values, text)]}
         known = self.keys.get(text)
         if known:
             picked = [i for i, c in enumerate(q["choices"]) if c in known]
