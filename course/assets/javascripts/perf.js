@@ -16,16 +16,25 @@
   var NVLINK3 = link("NVLink 3 (A100)", 300 * GB, 5e-6), NVLINK4 = link("NVLink 4 (H100/H200)", 450 * GB, 5e-6);
   var IB_HDR = link("InfiniBand HDR 200 Gb/s", 25 * GB, 10e-6), IB_NDR = link("InfiniBand NDR 400 Gb/s", 50 * GB, 10e-6);
   var PCIE4 = link("PCIe Gen4 x16", 32 * GB, 10e-6), PCIE5 = link("PCIe Gen5 x16", 64 * GB, 10e-6);
-  function hw(name, peak, hbm, memory, intra, inter, host, hostMem) {
-    return {name: name, peak_flops: peak, hbm_bandwidth: hbm, memory_bytes: memory, gpus_per_node: 8, intra: intra,
-            inter: inter, nics_per_node: 8, matmul_efficiency: 0.75, memory_efficiency: 0.8, host: host,
-            host_memory_bandwidth: hostMem};
+  var NVLINK5 = link("NVLink 5 (B200/GB200)", 900 * GB, 5e-6);
+  var XGMI_MI300X = link("Infinity Fabric (MI300X, 7 links)", 448 * GB, 5e-6);
+  var C2C_GB200 = link("NVLink-C2C (GB200, per GPU)", 225 * GB, 10e-6);
+  function hw(name, peak, hbm, memory, intra, inter, host, hostMem, node) {
+    node = node || {};
+    return {name: name, peak_flops: peak, hbm_bandwidth: hbm, memory_bytes: memory,
+            gpus_per_node: node.gpus_per_node || 8, nvlink_domain: node.nvlink_domain || null, intra: intra,
+            mesh: !!node.mesh, inter: inter, nics_per_node: node.nics_per_node || 8, matmul_efficiency: 0.75,
+            memory_efficiency: 0.8, host: host, host_memory_bandwidth: hostMem};
   }
   var HARDWARE = {                                   // perf_hardware.HARDWARE
     "a100-40gb": hw("A100 SXM4 40GB", 312e12, 1555 * GB, 40 * GB, NVLINK3, IB_HDR, PCIE4, 51.2 * GB),
     "a100-80gb": hw("A100 SXM4 80GB", 312e12, 2039 * GB, 80 * GB, NVLINK3, IB_HDR, PCIE4, 51.2 * GB),
     "h100": hw("H100 SXM5 80GB", 989e12, 3350 * GB, 80 * GB, NVLINK4, IB_NDR, PCIE5, 76.8 * GB),
-    "h200": hw("H200 SXM 141GB", 989e12, 4800 * GB, 141 * GB, NVLINK4, IB_NDR, PCIE5, 76.8 * GB)
+    "h200": hw("H200 SXM 141GB", 989e12, 4800 * GB, 141 * GB, NVLINK4, IB_NDR, PCIE5, 76.8 * GB),
+    "b200": hw("B200 SXM 180GB", 2250e12, 8000 * GB, 180 * GB, NVLINK5, IB_NDR, PCIE5, 76.8 * GB),
+    "gb200-nvl72": hw("GB200 NVL72 (B200 186GB)", 2500e12, 8000 * GB, 186 * GB, NVLINK5, IB_NDR, C2C_GB200, 250 * GB,
+                      {gpus_per_node: 4, nics_per_node: 4, nvlink_domain: 72}),
+    "mi300x": hw("MI300X OAM 192GB", 1307.4e12, 5300 * GB, 192 * GB, XGMI_MI300X, IB_NDR, PCIE5, 76.8 * GB, {mesh: true})
   };
 
   function hardware(h) {
@@ -34,8 +43,14 @@
     return HARDWARE[h];
   }
   function beta(l) { return l.bandwidth * l.efficiency; }
+  function domain(h) { return h.nvlink_domain || h.gpus_per_node; }   // Hardware.domain
   function linkFor(h, span) {                        // Hardware.link
-    if (span <= h.gpus_per_node) return h.intra;
+    var d = domain(h);
+    if (span <= d && d % span === 0) {
+      if (!h.mesh || span >= d) return h.intra;
+      return {name: h.intra.name, bandwidth: h.intra.bandwidth * (Math.max(span, 2) - 1) / (d - 1),
+              alpha: h.intra.alpha, efficiency: h.intra.efficiency};
+    }
     return {name: h.inter.name, bandwidth: h.inter.bandwidth * (h.nics_per_node / h.gpus_per_node),
             alpha: h.inter.alpha, efficiency: h.inter.efficiency};
   }
@@ -320,8 +335,13 @@
 
   function layouts(model, n, B, h, o) {              // perf_plan.layouts
     var out = [];
+    if (o.tps) {                                     // perf_plan.check_tps
+      var far = o.tps.filter(function (t) { return !(t === Math.floor(t) && t >= 1 && t <= domain(h)); });
+      if (far.length) throw new Error("tp " + far.join(", ") + ": tensor parallelism stays inside one NVLink domain, " +
+                                      domain(h) + " GPUs on " + h.name + "; ask for tp <= " + domain(h));
+    }
     divisors(n).forEach(function (tp) {
-      if (tp > h.gpus_per_node || model.heads % tp !== 0) return;
+      if (tp > domain(h) || model.heads % tp !== 0 || (o.tps && o.tps.indexOf(tp) < 0)) return;
       cpVariants(model, n, tp, o).forEach(function (cv) {
         var cp = cv[0];
         divisors(n / (tp * cp)).forEach(function (pp) {
@@ -364,7 +384,8 @@
     var top = opts.top === undefined ? 10 : opts.top;
     var o = {zero_stages: opts.zero_stages || [0, 1, 2, 3], recompute: opts.recompute || ["none", "selective", "full"],
              schedules: opts.schedules || ["1f1b", "interleaved"], micro_batches: opts.micro_batches || [1, 2, 4, 8, 16],
-             sp: opts.sp || [false, true], cps: opts.cps || [1], cp_attentions: opts.cp_attentions || ["ring", "ulysses"]};
+             sp: opts.sp || [false, true], cps: opts.cps || [1], cp_attentions: opts.cp_attentions || ["ring", "ulysses"],
+             tps: opts.tps || null};
     var all = layouts(model, n, B, h, o), fits = [];
     all.forEach(function (c) {
       var m = mem.memoryPerGpu(memCfg(perfConfig(c))).total;
