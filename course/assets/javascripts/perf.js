@@ -31,7 +31,7 @@
     "a100-80gb": hw("A100 SXM4 80GB", 312e12, 2039 * GB, 80 * GB, NVLINK3, IB_HDR, PCIE4, 51.2 * GB),
     "h100": hw("H100 SXM5 80GB", 989e12, 3350 * GB, 80 * GB, NVLINK4, IB_NDR, PCIE5, 76.8 * GB),
     "h200": hw("H200 SXM 141GB", 989e12, 4800 * GB, 141 * GB, NVLINK4, IB_NDR, PCIE5, 76.8 * GB),
-    "b200": hw("B200 SXM 180GB", 2250e12, 8000 * GB, 180 * GB, NVLINK5, IB_NDR, PCIE5, 76.8 * GB),
+    "b200": hw("B200 SXM 180GB", 2250e12, 7700 * GB, 180 * GB, NVLINK5, IB_NDR, PCIE5, 76.8 * GB),
     "gb200-nvl72": hw("GB200 NVL72 (B200 186GB)", 2500e12, 8000 * GB, 186 * GB, NVLINK5, IB_NDR, C2C_GB200, 250 * GB,
                       {gpus_per_node: 4, nics_per_node: 4, nvlink_domain: 72}),
     "mi300x": hw("MI300X OAM 192GB", 1307.4e12, 5300 * GB, 192 * GB, XGMI_MI300X, IB_NDR, PCIE5, 76.8 * GB, {mesh: true})

@@ -163,7 +163,7 @@ HARDWARE = {
     "h200": Hardware(name="H200 SXM 141GB", peak_flops=989e12, hbm_bandwidth=4800 * GB, memory_bytes=141 * GB,
                      intra=NVLINK4, inter=IB_NDR, host=PCIE5, host_memory_bandwidth=76.8 * GB),
     # hardware_sources.md: every number below, its vendor document and what is assumed
-    "b200": Hardware(name="B200 SXM 180GB", peak_flops=2250e12, hbm_bandwidth=8000 * GB, memory_bytes=180 * GB,
+    "b200": Hardware(name="B200 SXM 180GB", peak_flops=2250e12, hbm_bandwidth=7700 * GB, memory_bytes=180 * GB,
                      intra=NVLINK5, inter=IB_NDR, host=PCIE5, host_memory_bandwidth=76.8 * GB),
     "gb200-nvl72": Hardware(name="GB200 NVL72 (B200 186GB)", peak_flops=2500e12, hbm_bandwidth=8000 * GB,
                             memory_bytes=186 * GB, gpus_per_node=4, nvlink_domain=72, intra=NVLINK5, inter=IB_NDR,
