@@ -47,6 +47,10 @@ def test_a_72_gpu_domain_keeps_groups_on_nvlink_that_8_gpu_nodes_send_over_infin
     assert h100.link(8) is h100.intra and h100.link(16).bandwidth == 50 * GB
     for span in (16, 32, 64, 144):                        # a span that does not divide 72 straddles two racks
         assert gb.link(span).bandwidth == 50 * GB, span
+    # a job inside one rack has no rack boundary to straddle: tp 16 or 64 on 64 GPUs stays on NVLink
+    assert gb.link(16, 64) is gb.link(64, 64) is gb.link(72, 72) is gb.intra
+    assert gb.link(16, 144).bandwidth == gb.link(16).bandwidth == 50 * GB
+    assert h100.link(6, 8) is h100.intra and h100.link(6, 16).bandwidth == 50 * GB      # ranks 6-11 straddle
     # the compute tray is 4 GPUs with 4 NICs: beyond the rack each GPU has one 400 Gb/s NIC
     assert gb.link(144).name.startswith("InfiniBand")
 

@@ -43,10 +43,11 @@
     return HARDWARE[h];
   }
   function beta(l) { return l.bandwidth * l.efficiency; }
+  function world(c) { return c.dp * c.cp * c.tp * c.pp; }            // PerfConfig.n_gpus
   function domain(h) { return h.nvlink_domain || h.gpus_per_node; }   // Hardware.domain
-  function linkFor(h, span) {                        // Hardware.link
+  function linkFor(h, span, world) {                 // Hardware.link
     var d = domain(h);
-    if (span <= d && d % span === 0) {
+    if (span <= d && (d % span === 0 || (world !== undefined && world <= d))) {
       if (!h.mesh || span >= d) return h.intra;
       return {name: h.intra.name, bandwidth: h.intra.bandwidth * (Math.max(span, 2) - 1) / (d - 1),
               alpha: h.intra.alpha, efficiency: h.intra.efficiency};
@@ -169,13 +170,13 @@
     var fwd = sumTimes(ops, h), core = sumTimes(ops, h, true);
     var recompute = {none: 0, selective: core, full: fwd}[c.recompute];
     var e = c.precision === "fp32" ? 4 : 2;
-    var ar = collectiveTime("all_reduce", Math.floor(c.seq_len / c.cp) * c.micro_batch * c.hidden * e, c.tp, linkFor(h, c.tp));
+    var ar = collectiveTime("all_reduce", Math.floor(c.seq_len / c.cp) * c.micro_batch * c.hidden * e, c.tp, linkFor(h, c.tp, world(c)));
     var perPass = c.experts ? 1 : 2;
     var nAr = 2 * perPass + (c.recompute === "full" ? perPass : 0);
     var epComm = 0;
     if (c.experts && c.ep > 1) {
       var size = c.micro_batch * c.experts * mem.moeCapacity(c.seq_len, c.experts, c.top_k, c.capacity_factor) * c.hidden * e;
-      epComm = (4 + (c.recompute === "full" ? 2 : 0)) * collectiveTime("all_to_all", size, c.ep, linkFor(h, c.tp * c.ep));
+      epComm = (4 + (c.recompute === "full" ? 2 : 0)) * collectiveTime("all_to_all", size, c.ep, linkFor(h, c.tp * c.ep, world(c)));
     }
     return {forward: fwd, backward: 2 * fwd, recompute: recompute, tp_comm: nAr * ar, ep_comm: epComm,
             cp_comm: c.cp_attention === "ulysses" ? ulyssesAttentionTime(c, h) : ringAttentionTime(c, h, core)};
@@ -185,7 +186,7 @@
     if (c.cp === 1) return 0;
     var e = c.precision === "fp32" ? 4 : 2;
     var block = 2 * c.micro_batch * Math.floor(c.seq_len / c.cp) * c.hidden / c.tp * e;
-    var hop = collectiveTime("send_recv", block, 2, linkFor(h, c.cp * c.tp));
+    var hop = collectiveTime("send_recv", block, 2, linkFor(h, c.cp * c.tp, world(c)));
     var fwd = (c.cp - 1) * hop, bwd = (2 * c.cp - 1) * hop;
     if (c.overlap_comm) { fwd = Math.max(0, fwd - core); bwd = Math.max(0, bwd - 2 * core); }
     return fwd + bwd + (c.recompute !== "none" ? fwd : 0);
@@ -195,7 +196,7 @@
     if (c.cp === 1) return 0;
     var e = c.precision === "fp32" ? 4 : 2;
     var size = c.micro_batch * Math.floor(c.seq_len / c.cp) * c.hidden / c.tp * e;
-    return (8 + (c.recompute !== "none" ? 4 : 0)) * collectiveTime("all_to_all", size, c.cp, linkFor(h, c.cp * c.tp));
+    return (8 + (c.recompute !== "none" ? 4 : 0)) * collectiveTime("all_to_all", size, c.cp, linkFor(h, c.cp * c.tp, world(c)));
   }
 
   function stageLayers(c) {
@@ -214,7 +215,7 @@
     var fl = stageLayers(c), first = fl[0], last = fl[1];
     var head = sumTimes(headOps(c), h) * 3;
     var e = c.precision === "fp32" ? 4 : 2;
-    var headTp = collectiveTime("all_reduce", Math.floor(c.seq_len / c.cp) * c.micro_batch * c.hidden * e, c.tp, linkFor(h, c.tp));
+    var headTp = collectiveTime("all_reduce", Math.floor(c.seq_len / c.cp) * c.micro_batch * c.hidden * e, c.tp, linkFor(h, c.tp, world(c)));
     var perLayer = lt.forward + lt.backward + lt.recompute;
     var sFirst = first * perLayer + (c.pp > 1 ? 0 : head), sLast = last * perLayer + head;
     var slow = sLast > sFirst ? "last" : "first";     // Python's max() keeps the first on ties
@@ -241,14 +242,14 @@
     var m = c.micro_batches, p = c.pp, v = c.virtual_stages, e = c.precision === "fp32" ? 4 : 2;
     var nGpus = c.dp * c.cp * c.tp * c.pp;
     var p2p = 0;
-    if (p > 1) p2p = 2 * v * collectiveTime("send_recv", Math.floor(c.seq_len / c.cp) * c.micro_batch * c.hidden * e / c.tp, 2, linkFor(h, nGpus));
+    if (p > 1) p2p = 2 * v * collectiveTime("send_recv", Math.floor(c.seq_len / c.cp) * c.micro_batch * c.hidden * e / c.tp, 2, linkFor(h, nGpus, nGpus));
     var slot = mb.forward + mb.backward + mb.recompute + mb.tp_comm + mb.ep_comm + mb.cp_comm + p2p;
     var bubble = p > 1 ? (p - 1) / v * slot : 0;
     var stackOverhead = (m + (p - 1) / v) * slot * (1 / STACKS[c.stack] - 1);
     var split = mem.stageParamSplit(memCfg(c)), nStage = split[0], nExpert = split[1];
     var gradB = (c.fp32_grads || c.precision === "fp32") ? 4 : 2;
     var replicas = c.dp * c.cp;                       // ranks holding the same parameters
-    var l = linkFor(h, c.tp * c.cp * c.dp);
+    var l = linkFor(h, c.tp * c.cp * c.dp, nGpus);
     var lastBwd = mb.backward + mb.recompute;
     var dpComm = 0;
     if (replicas > 1) {

@@ -130,15 +130,18 @@ class Hardware:
         """GPUs a tp, ep or cp group may span at NVLink bandwidth: `nvlink_domain`, else the node."""
         return self.nvlink_domain or self.gpus_per_node
 
-    def link(self, span: int) -> Link:
-        """The link a group of GPUs uses: NVLink when every group of `span` consecutive ranks fits in one NVLink
-        domain (the span divides the domain: spans of 64 in 72-GPU racks straddle two racks, and the slowest
-        hop sets a ring's pace), on a mesh the share of its links a group of `span` reaches; else InfiniBand,
-        each GPU's share of its node's NICs."""
-        if span <= self.domain and self.domain % span == 0:
-            if not self.mesh or span >= self.domain:
+    def link(self, span: int, world: int | None = None) -> Link:
+        """The link a group of `span` consecutive ranks uses, in a job of `world` GPUs (None: many domains).
+
+        NVLink when every such group lies inside one NVLink domain: no domain boundary falls inside a group
+        (spans of 16 in 72-GPU racks straddle ranks 64-79 once a job outgrows a rack, and the slowest hop sets
+        a ring's pace); on a mesh, the share of its links a group of `span` reaches. Else InfiniBand, each
+        GPU's share of its node's NICs."""
+        d = self.domain                           # the first boundary, rank d, is inside a group unless span | d
+        if span <= d and (d % span == 0 or (world is not None and world <= d)):
+            if not self.mesh or span >= d:
                 return self.intra
-            return replace(self.intra, bandwidth=self.intra.bandwidth * (max(span, 2) - 1) / (self.domain - 1))
+            return replace(self.intra, bandwidth=self.intra.bandwidth * (max(span, 2) - 1) / (d - 1))
         share = self.nics_per_node / self.gpus_per_node
         return replace(self.inter, bandwidth=self.inter.bandwidth * share)
 
