@@ -1,6 +1,7 @@
 """The step-time calculator and planner in JavaScript (course/assets/javascripts/perf.js) against minimega.analysis.perf."""
 import json
 import random
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -168,3 +169,23 @@ def test_planner_js_ranks_like_python_on_the_post_hopper_presets():
         assert js["ranked"] == py["ranked"]
         for a, b in zip(js["top"], py["top"]):
             assert a["total"] == pytest.approx(b["total"], rel=1e-9) and a["memory_gb"] == pytest.approx(b["memory_gb"], rel=1e-9)
+
+
+def test_js_and_the_calculator_pages_carry_every_python_preset():
+    proc = subprocess.run([NODE, "-e", "const p = require(process.argv[1]); const out = {};"
+                           "for (const k in p.HARDWARE) out[k] = p.HARDWARE[k]; process.stdout.write(JSON.stringify(out));",
+                           str(PERF_JS)], capture_output=True, text=True, timeout=60)
+    js = json.loads(proc.stdout)
+    assert sorted(js) == sorted(perf.HARDWARE)
+    for name, hw in perf.HARDWARE.items():
+        h = js[name]
+        assert (h["name"], h["peak_flops"], h["hbm_bandwidth"], h["memory_bytes"], h["gpus_per_node"],
+                h["nics_per_node"], h["mesh"]) == (hw.name, hw.peak_flops, hw.hbm_bandwidth, hw.memory_bytes,
+                                                   hw.gpus_per_node, hw.nics_per_node, hw.mesh), name
+        assert (h["nvlink_domain"] or h["gpus_per_node"]) == hw.domain
+        for tier in ("intra", "inter", "host"):
+            assert (h[tier]["bandwidth"], h[tier]["alpha"]) == (getattr(hw, tier).bandwidth, getattr(hw, tier).alpha)
+    for page in ("calculator.md", "calculator.nl.md"):
+        text = (PERF_JS.parents[2] / page).read_text(encoding="utf-8")
+        select = re.search(r'<select name="gpu">(.*?)</select>', text).group(1)
+        assert sorted(re.findall(r'value="([^"]+)"', select)) == sorted(perf.HARDWARE), page
