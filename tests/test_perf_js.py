@@ -1,6 +1,7 @@
 """The step-time calculator and planner in JavaScript (course/assets/javascripts/perf.js) against minimega.analysis.perf."""
 import json
 import random
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -123,3 +124,68 @@ def test_planner_js_ranks_like_python():
         assert js["ranked"] == py["ranked"]
         for a, b in zip(js["top"], py["top"]):
             assert a["total"] == pytest.approx(b["total"], rel=1e-9) and a["memory_gb"] == pytest.approx(b["memory_gb"], rel=1e-9)
+
+
+NEW_HW = ("b200", "gb200-nvl72", "mi300x")
+
+
+def test_step_time_js_matches_python_on_the_post_hopper_presets():
+    """Every new preset, with tp, ep and cp groups that stay in a node, fill a 72-GPU rack, or straddle racks."""
+    rng = random.Random(2026)
+    cfgs, hws = [], []
+    for _ in range(120):
+        cfg = _random_config(rng)
+        heads = rng.choice([64, 96, 128])
+        cfg.update(heads=heads, hidden=heads * 64, tp=rng.choice([t for t in (1, 2, 4, 8, 16, 24, 32, 64) if heads % t == 0]))
+        if cfg.get("cp_attention") == "ulysses" and heads % (cfg["tp"] * cfg["cp"]):
+            del cfg["cp_attention"]
+        cfgs.append(cfg)
+        hws.append(rng.choice(NEW_HW))
+    got = _run([{"kind": "step", "cfg": c, "hw": h} for c, h in zip(cfgs, hws)])
+    for cfg, hw, js in zip(cfgs, hws, got):
+        py = perf.step_time(perf.PerfConfig(**cfg), hw)
+        assert "error" not in js, (cfg, js)
+        for k in KEYS:
+            assert js[k] == pytest.approx(py[k], rel=1e-9, abs=1e-12), (k, cfg, hw)
+    assert {c["tp"] for c in cfgs} >= {16, 24, 32, 64} and set(hws) == set(NEW_HW)
+
+
+def test_planner_js_ranks_like_python_on_the_post_hopper_presets():
+    model = dict(layers=16, hidden=8192, heads=64, vocab=32000, seq_len=2048)
+    jobs = [(model, 144, 288, "gb200-nvl72", {}), (model, 64, 128, "gb200-nvl72", {"tps": (16, 32, 64)}),
+            (model, 64, 128, "mi300x", {}), (model, 64, 128, "b200", {"zero_stages": (0, 1)}),
+            (model, 64, 128, "h100", {"tps": (8, 16)})]
+    got = _run([{"kind": "plan", "model": m, "n": n, "B": B, "hw": hw, "opts": {k: list(v) for k, v in o.items()}}
+                for m, n, B, hw, o in jobs])
+    for (m, n, B, hw, o), js in zip(jobs, got):
+        if hw == "h100":                       # tp 16 leaves the node: both refuse it by name
+            with pytest.raises(ValueError, match="NVLink domain"):
+                perf_plan.plan(m, n, B, hw, **o)
+            assert "NVLink domain, 8 GPUs" in js["error"]
+            continue
+        py = perf_plan.plan(m, n, B, hw, **o)
+        assert "error" not in js, js
+        assert (js["searched"], js["fit"]) == (py["searched"], py["fit"]) and js["fit"] > 0
+        assert js["ranked"] == py["ranked"]
+        for a, b in zip(js["top"], py["top"]):
+            assert a["total"] == pytest.approx(b["total"], rel=1e-9) and a["memory_gb"] == pytest.approx(b["memory_gb"], rel=1e-9)
+
+
+def test_js_and_the_calculator_pages_carry_every_python_preset():
+    proc = subprocess.run([NODE, "-e", "const p = require(process.argv[1]); const out = {};"
+                           "for (const k in p.HARDWARE) out[k] = p.HARDWARE[k]; process.stdout.write(JSON.stringify(out));",
+                           str(PERF_JS)], capture_output=True, text=True, timeout=60)
+    js = json.loads(proc.stdout)
+    assert sorted(js) == sorted(perf.HARDWARE)
+    for name, hw in perf.HARDWARE.items():
+        h = js[name]
+        assert (h["name"], h["peak_flops"], h["hbm_bandwidth"], h["memory_bytes"], h["gpus_per_node"],
+                h["nics_per_node"], h["mesh"]) == (hw.name, hw.peak_flops, hw.hbm_bandwidth, hw.memory_bytes,
+                                                   hw.gpus_per_node, hw.nics_per_node, hw.mesh), name
+        assert (h["nvlink_domain"] or h["gpus_per_node"]) == hw.domain
+        for tier in ("intra", "inter", "host"):
+            assert (h[tier]["bandwidth"], h[tier]["alpha"]) == (getattr(hw, tier).bandwidth, getattr(hw, tier).alpha)
+    for page in ("calculator.md", "calculator.nl.md"):
+        text = (PERF_JS.parents[2] / page).read_text(encoding="utf-8")
+        select = re.search(r'<select name="gpu">(.*?)</select>', text).group(1)
+        assert sorted(re.findall(r'value="([^"]+)"', select)) == sorted(perf.HARDWARE), page

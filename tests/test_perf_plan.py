@@ -129,3 +129,29 @@ def test_plan_prints_model_tflops_that_mfu_divides_and_a_legend_for_its_codes(ca
         cols = row[row.index("sp") + 1:] if "sp" in row else row
         model_tf, mfu, logged = float(cols[2]), float(cols[3].rstrip("%")) / 100, float(cols[4])
         assert abs(model_tf * 1e12 / peak - mfu) < 0.002 and logged > model_tf     # full recomputation: 4/3 more
+
+
+def test_tp_spans_the_nvlink_domain_not_the_node():
+    """On 8-GPU nodes tp stops at 8; on GB200 NVL72 it may reach the 72-GPU rack (tp 16, 32, 64 here)."""
+    model = dict(layers=8, hidden=8192, heads=64, vocab=32000, seq_len=2048)
+    tps = {hw: {c.tp for c in perf_plan.layouts(model, 144, 144, HARDWARE[hw], zero_stages=(1,), recompute=("full",),
+                                                 micro_batches=(1,), sp=(False,), schedules=("1f1b",))}
+           for hw in ("h100", "gb200-nvl72", "mi300x")}
+    assert tps["h100"] == tps["mi300x"] == {1, 2, 4, 8}
+    assert tps["gb200-nvl72"] == {1, 2, 4, 8, 16}                 # 144's divisors that divide 64 heads, <= 72
+    assert {c.tp for c in perf_plan.layouts(model, 64, 64, HARDWARE["gb200-nvl72"], zero_stages=(0,), sp=(False,),
+                                            recompute=("full",), micro_batches=(1,))} == {1, 2, 4, 8, 16, 32, 64}
+
+
+def test_asked_for_tp_beyond_the_domain_is_refused_by_name(capsys):
+    model = dict(layers=8, hidden=8192, heads=64, vocab=32000, seq_len=2048)
+    with pytest.raises(ValueError, match=r"tp \[16\]: tensor parallelism stays inside one NVLink domain, 8 GPUs"):
+        perf_plan.plan(model, 64, 64, "h100", tps=(8, 16))
+    res = perf_plan.plan(model, 64, 64, "gb200-nvl72", tps=(16, 32), top=1000)
+    assert res["fit"] > 0 and {r["config"]["tp"] for r in res["top"]} == {16, 32}
+    assert main(["plan", "--layers", "8", "--hidden", "8192", "--heads", "64", "--vocab", "32000", "--seq-len", "2048",
+                 "--gpus", "64", "--global-batch", "64", "--gpu", "b200", "--tp", "16"]) == 2
+    assert "tp [16]: tensor parallelism stays inside one NVLink domain, 8 GPUs on B200" in capsys.readouterr().err
+    assert main(["plan", "--layers", "8", "--hidden", "8192", "--heads", "64", "--vocab", "32000", "--seq-len", "2048",
+                 "--gpus", "64", "--global-batch", "64", "--gpu", "gb200-nvl72", "--tp", "16", "--top", "2"]) == 0
+    assert "-tp16-" in capsys.readouterr().out

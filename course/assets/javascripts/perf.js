@@ -16,16 +16,25 @@
   var NVLINK3 = link("NVLink 3 (A100)", 300 * GB, 5e-6), NVLINK4 = link("NVLink 4 (H100/H200)", 450 * GB, 5e-6);
   var IB_HDR = link("InfiniBand HDR 200 Gb/s", 25 * GB, 10e-6), IB_NDR = link("InfiniBand NDR 400 Gb/s", 50 * GB, 10e-6);
   var PCIE4 = link("PCIe Gen4 x16", 32 * GB, 10e-6), PCIE5 = link("PCIe Gen5 x16", 64 * GB, 10e-6);
-  function hw(name, peak, hbm, memory, intra, inter, host, hostMem) {
-    return {name: name, peak_flops: peak, hbm_bandwidth: hbm, memory_bytes: memory, gpus_per_node: 8, intra: intra,
-            inter: inter, nics_per_node: 8, matmul_efficiency: 0.75, memory_efficiency: 0.8, host: host,
-            host_memory_bandwidth: hostMem};
+  var NVLINK5 = link("NVLink 5 (B200/GB200)", 900 * GB, 5e-6);
+  var XGMI_MI300X = link("Infinity Fabric (MI300X, 7 links)", 448 * GB, 5e-6);
+  var C2C_GB200 = link("NVLink-C2C (GB200, per GPU)", 225 * GB, 10e-6);
+  function hw(name, peak, hbm, memory, intra, inter, host, hostMem, node) {
+    node = node || {};
+    return {name: name, peak_flops: peak, hbm_bandwidth: hbm, memory_bytes: memory,
+            gpus_per_node: node.gpus_per_node || 8, nvlink_domain: node.nvlink_domain || null, intra: intra,
+            mesh: !!node.mesh, inter: inter, nics_per_node: node.nics_per_node || 8, matmul_efficiency: 0.75,
+            memory_efficiency: 0.8, host: host, host_memory_bandwidth: hostMem};
   }
   var HARDWARE = {                                   // perf_hardware.HARDWARE
     "a100-40gb": hw("A100 SXM4 40GB", 312e12, 1555 * GB, 40 * GB, NVLINK3, IB_HDR, PCIE4, 51.2 * GB),
     "a100-80gb": hw("A100 SXM4 80GB", 312e12, 2039 * GB, 80 * GB, NVLINK3, IB_HDR, PCIE4, 51.2 * GB),
     "h100": hw("H100 SXM5 80GB", 989e12, 3350 * GB, 80 * GB, NVLINK4, IB_NDR, PCIE5, 76.8 * GB),
-    "h200": hw("H200 SXM 141GB", 989e12, 4800 * GB, 141 * GB, NVLINK4, IB_NDR, PCIE5, 76.8 * GB)
+    "h200": hw("H200 SXM 141GB", 989e12, 4800 * GB, 141 * GB, NVLINK4, IB_NDR, PCIE5, 76.8 * GB),
+    "b200": hw("B200 SXM 180GB", 2250e12, 7700 * GB, 180 * GB, NVLINK5, IB_NDR, PCIE5, 76.8 * GB),
+    "gb200-nvl72": hw("GB200 NVL72 (B200 186GB)", 2500e12, 8000 * GB, 186 * GB, NVLINK5, IB_NDR, C2C_GB200, 250 * GB,
+                      {gpus_per_node: 4, nics_per_node: 4, nvlink_domain: 72}),
+    "mi300x": hw("MI300X OAM 192GB", 1307.4e12, 5300 * GB, 192 * GB, XGMI_MI300X, IB_NDR, PCIE5, 76.8 * GB, {mesh: true})
   };
 
   function hardware(h) {
@@ -34,8 +43,15 @@
     return HARDWARE[h];
   }
   function beta(l) { return l.bandwidth * l.efficiency; }
-  function linkFor(h, span) {                        // Hardware.link
-    if (span <= h.gpus_per_node) return h.intra;
+  function world(c) { return c.dp * c.cp * c.tp * c.pp; }            // PerfConfig.n_gpus
+  function domain(h) { return h.nvlink_domain || h.gpus_per_node; }   // Hardware.domain
+  function linkFor(h, span, world) {                 // Hardware.link
+    var d = domain(h);
+    if (span <= d && (d % span === 0 || (world !== undefined && world <= d))) {
+      if (!h.mesh || span >= d) return h.intra;
+      return {name: h.intra.name, bandwidth: h.intra.bandwidth * (Math.max(span, 2) - 1) / (d - 1),
+              alpha: h.intra.alpha, efficiency: h.intra.efficiency};
+    }
     return {name: h.inter.name, bandwidth: h.inter.bandwidth * (h.nics_per_node / h.gpus_per_node),
             alpha: h.inter.alpha, efficiency: h.inter.efficiency};
   }
@@ -154,13 +170,13 @@
     var fwd = sumTimes(ops, h), core = sumTimes(ops, h, true);
     var recompute = {none: 0, selective: core, full: fwd}[c.recompute];
     var e = c.precision === "fp32" ? 4 : 2;
-    var ar = collectiveTime("all_reduce", Math.floor(c.seq_len / c.cp) * c.micro_batch * c.hidden * e, c.tp, linkFor(h, c.tp));
+    var ar = collectiveTime("all_reduce", Math.floor(c.seq_len / c.cp) * c.micro_batch * c.hidden * e, c.tp, linkFor(h, c.tp, world(c)));
     var perPass = c.experts ? 1 : 2;
     var nAr = 2 * perPass + (c.recompute === "full" ? perPass : 0);
     var epComm = 0;
     if (c.experts && c.ep > 1) {
       var size = c.micro_batch * c.experts * mem.moeCapacity(c.seq_len, c.experts, c.top_k, c.capacity_factor) * c.hidden * e;
-      epComm = (4 + (c.recompute === "full" ? 2 : 0)) * collectiveTime("all_to_all", size, c.ep, linkFor(h, c.tp * c.ep));
+      epComm = (4 + (c.recompute === "full" ? 2 : 0)) * collectiveTime("all_to_all", size, c.ep, linkFor(h, c.tp * c.ep, world(c)));
     }
     return {forward: fwd, backward: 2 * fwd, recompute: recompute, tp_comm: nAr * ar, ep_comm: epComm,
             cp_comm: c.cp_attention === "ulysses" ? ulyssesAttentionTime(c, h) : ringAttentionTime(c, h, core)};
@@ -170,7 +186,7 @@
     if (c.cp === 1) return 0;
     var e = c.precision === "fp32" ? 4 : 2;
     var block = 2 * c.micro_batch * Math.floor(c.seq_len / c.cp) * c.hidden / c.tp * e;
-    var hop = collectiveTime("send_recv", block, 2, linkFor(h, c.cp * c.tp));
+    var hop = collectiveTime("send_recv", block, 2, linkFor(h, c.cp * c.tp, world(c)));
     var fwd = (c.cp - 1) * hop, bwd = (2 * c.cp - 1) * hop;
     if (c.overlap_comm) { fwd = Math.max(0, fwd - core); bwd = Math.max(0, bwd - 2 * core); }
     return fwd + bwd + (c.recompute !== "none" ? fwd : 0);
@@ -180,7 +196,7 @@
     if (c.cp === 1) return 0;
     var e = c.precision === "fp32" ? 4 : 2;
     var size = c.micro_batch * Math.floor(c.seq_len / c.cp) * c.hidden / c.tp * e;
-    return (8 + (c.recompute !== "none" ? 4 : 0)) * collectiveTime("all_to_all", size, c.cp, linkFor(h, c.cp * c.tp));
+    return (8 + (c.recompute !== "none" ? 4 : 0)) * collectiveTime("all_to_all", size, c.cp, linkFor(h, c.cp * c.tp, world(c)));
   }
 
   function stageLayers(c) {
@@ -199,7 +215,7 @@
     var fl = stageLayers(c), first = fl[0], last = fl[1];
     var head = sumTimes(headOps(c), h) * 3;
     var e = c.precision === "fp32" ? 4 : 2;
-    var headTp = collectiveTime("all_reduce", Math.floor(c.seq_len / c.cp) * c.micro_batch * c.hidden * e, c.tp, linkFor(h, c.tp));
+    var headTp = collectiveTime("all_reduce", Math.floor(c.seq_len / c.cp) * c.micro_batch * c.hidden * e, c.tp, linkFor(h, c.tp, world(c)));
     var perLayer = lt.forward + lt.backward + lt.recompute;
     var sFirst = first * perLayer + (c.pp > 1 ? 0 : head), sLast = last * perLayer + head;
     var slow = sLast > sFirst ? "last" : "first";     // Python's max() keeps the first on ties
@@ -226,14 +242,14 @@
     var m = c.micro_batches, p = c.pp, v = c.virtual_stages, e = c.precision === "fp32" ? 4 : 2;
     var nGpus = c.dp * c.cp * c.tp * c.pp;
     var p2p = 0;
-    if (p > 1) p2p = 2 * v * collectiveTime("send_recv", Math.floor(c.seq_len / c.cp) * c.micro_batch * c.hidden * e / c.tp, 2, linkFor(h, nGpus));
+    if (p > 1) p2p = 2 * v * collectiveTime("send_recv", Math.floor(c.seq_len / c.cp) * c.micro_batch * c.hidden * e / c.tp, 2, linkFor(h, nGpus, nGpus));
     var slot = mb.forward + mb.backward + mb.recompute + mb.tp_comm + mb.ep_comm + mb.cp_comm + p2p;
     var bubble = p > 1 ? (p - 1) / v * slot : 0;
     var stackOverhead = (m + (p - 1) / v) * slot * (1 / STACKS[c.stack] - 1);
     var split = mem.stageParamSplit(memCfg(c)), nStage = split[0], nExpert = split[1];
     var gradB = (c.fp32_grads || c.precision === "fp32") ? 4 : 2;
     var replicas = c.dp * c.cp;                       // ranks holding the same parameters
-    var l = linkFor(h, c.tp * c.cp * c.dp);
+    var l = linkFor(h, c.tp * c.cp * c.dp, nGpus);
     var lastBwd = mb.backward + mb.recompute;
     var dpComm = 0;
     if (replicas > 1) {
@@ -320,8 +336,13 @@
 
   function layouts(model, n, B, h, o) {              // perf_plan.layouts
     var out = [];
+    if (o.tps) {                                     // perf_plan.check_tps
+      var far = o.tps.filter(function (t) { return !(t === Math.floor(t) && t >= 1 && t <= domain(h)); });
+      if (far.length) throw new Error("tp " + far.join(", ") + ": tensor parallelism stays inside one NVLink domain, " +
+                                      domain(h) + " GPUs on " + h.name + "; ask for tp <= " + domain(h));
+    }
     divisors(n).forEach(function (tp) {
-      if (tp > h.gpus_per_node || model.heads % tp !== 0) return;
+      if (tp > domain(h) || model.heads % tp !== 0 || (o.tps && o.tps.indexOf(tp) < 0)) return;
       cpVariants(model, n, tp, o).forEach(function (cv) {
         var cp = cv[0];
         divisors(n / (tp * cp)).forEach(function (pp) {
@@ -364,7 +385,8 @@
     var top = opts.top === undefined ? 10 : opts.top;
     var o = {zero_stages: opts.zero_stages || [0, 1, 2, 3], recompute: opts.recompute || ["none", "selective", "full"],
              schedules: opts.schedules || ["1f1b", "interleaved"], micro_batches: opts.micro_batches || [1, 2, 4, 8, 16],
-             sp: opts.sp || [false, true], cps: opts.cps || [1], cp_attentions: opts.cp_attentions || ["ring", "ulysses"]};
+             sp: opts.sp || [false, true], cps: opts.cps || [1], cp_attentions: opts.cp_attentions || ["ring", "ulysses"],
+             tps: opts.tps || null};
     var all = layouts(model, n, B, h, o), fits = [];
     all.forEach(function (c) {
       var m = mem.memoryPerGpu(memCfg(perfConfig(c))).total;

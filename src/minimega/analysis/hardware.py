@@ -4,7 +4,8 @@ A `Hardware` is everything `perf.step_time` needs to turn FLOPs and bytes into s
 
     peak_flops          dense 16-bit tensor-core FLOP/s (the MFU denominator)
     hbm_bandwidth       bytes/s to device memory (the roofline's slope)
-    intra, inter        `Link`s: NVLink/NVSwitch inside a node, InfiniBand between nodes (per NIC)
+    intra, inter        `Link`s: NVLink/NVSwitch inside an NVLink domain, InfiniBand beyond it (per NIC)
+    nvlink_domain       GPUs one NVLink fabric joins: the node's 8 on DGX/HGX, a rack's 72 on GB200 NVL72
 
 Spec sources (vendor datasheets; the "achievable" fractions are this model's assumptions, see below):
     A100 SXM4 40/80 GB  NVIDIA A100 Tensor Core GPU datasheet (nvidia-a100-datasheet-us-nvidia-1758950-r4):
@@ -13,6 +14,8 @@ Spec sources (vendor datasheets; the "achievable" fractions are this model's ass
     H100 SXM5           NVIDIA H100 Tensor Core GPU datasheet: BF16 989 TFLOP/s dense (1,979 with sparsity),
                         HBM3 3.35 TB/s, NVLink 4 900 GB/s total (450 GB/s each way)
     H200 SXM            NVIDIA H200 datasheet: the H100's compute with 141 GB HBM3e at 4.8 TB/s
+    B200, GB200 NVL72,  see hardware_sources.md beside this file: each number with its vendor document
+    MI300X              (DGX/HGX B200, GB200 NVL72, AMD Instinct MI300X data sheets), dense = sparse / 2
     DGX A100 node       8 GPUs, 8 HDR InfiniBand NICs at 200 Gb/s (25 GB/s) each: Narayanan et al. 2021
                         (arXiv:2104.04473) §5, the cluster behind Table 1, MT-NLG and BLOOM's Jean Zay nodes
     DGX H100 node       8 GPUs, 8 NDR InfiniBand NICs at 400 Gb/s (50 GB/s) each
@@ -80,8 +83,13 @@ class Hardware:
     memory_bytes: float
     """Device memory per GPU."""
     gpus_per_node: int = 8
+    nvlink_domain: int | None = None
+    """GPUs joined by the `intra` fabric (a multiple of `gpus_per_node`); None: the node."""
     intra: Link = field(default_factory=lambda: NVLINK3)
-    """Link inside a node (NVLink through NVSwitch)."""
+    """Link inside the NVLink domain (NVLink through NVSwitch)."""
+    mesh: bool = False
+    """`intra` is a full mesh of point-to-point links (Infinity Fabric), not a switch: `intra.bandwidth` is the
+    sum over a GPU's domain - 1 links, and a group of n GPUs reaches (n - 1)/(domain - 1) of it."""
     inter: Link = field(default_factory=lambda: IB_HDR)
     """Link between nodes, per NIC."""
     nics_per_node: int = 8
@@ -99,6 +107,12 @@ class Hardware:
         for name in ("gpus_per_node", "nics_per_node"):
             if not (isinstance(getattr(self, name), int) and getattr(self, name) >= 1):
                 raise ValueError(f"{name}={getattr(self, name)!r}: expected an integer >= 1")
+        d = self.nvlink_domain
+        if d is not None and not (isinstance(d, int) and d >= self.gpus_per_node and d % self.gpus_per_node == 0):
+            raise ValueError(f"nvlink_domain={d!r}: expected a multiple of gpus_per_node={self.gpus_per_node} "
+                             "(a domain holds whole nodes)")
+        if self.mesh and self.domain < 2:
+            raise ValueError("mesh=True needs an NVLink domain of at least 2 GPUs")
         for name in ("matmul_efficiency", "memory_efficiency"):
             if not 0 < getattr(self, name) <= 1:
                 raise ValueError(f"{name}={getattr(self, name)!r}: must be in (0, 1]")
@@ -111,22 +125,38 @@ class Hardware:
         """Arithmetic intensity (FLOP/byte) above which an op is compute-bound: the roofline's knee."""
         return self.peak_flops * self.matmul_efficiency / (self.hbm_bandwidth * self.memory_efficiency)
 
-    def link(self, span: int) -> Link:
-        """The link a group of GPUs uses: NVLink when its `span` consecutive ranks fit in one node,
-        else InfiniBand, each GPU's share of the node's NICs."""
-        if span <= self.gpus_per_node:
-            return self.intra
+    @property
+    def domain(self) -> int:
+        """GPUs a tp, ep or cp group may span at NVLink bandwidth: `nvlink_domain`, else the node."""
+        return self.nvlink_domain or self.gpus_per_node
+
+    def link(self, span: int, world: int | None = None) -> Link:
+        """The link a group of `span` consecutive ranks uses, in a job of `world` GPUs (None: many domains).
+
+        NVLink when every such group lies inside one NVLink domain: no domain boundary falls inside a group
+        (spans of 16 in 72-GPU racks straddle ranks 64-79 once a job outgrows a rack, and the slowest hop sets
+        a ring's pace); on a mesh, the share of its links a group of `span` reaches. Else InfiniBand, each
+        GPU's share of its node's NICs."""
+        d = self.domain                           # the first boundary, rank d, is inside a group unless span | d
+        if span <= d and (d % span == 0 or (world is not None and world <= d)):
+            if not self.mesh or span >= d:
+                return self.intra
+            return replace(self.intra, bandwidth=self.intra.bandwidth * (max(span, 2) - 1) / (d - 1))
         share = self.nics_per_node / self.gpus_per_node
         return replace(self.inter, bandwidth=self.inter.bandwidth * share)
 
 
 NVLINK3 = Link(name="NVLink 3 (A100)", bandwidth=300 * GB, alpha=5e-6)
 NVLINK4 = Link(name="NVLink 4 (H100/H200)", bandwidth=450 * GB, alpha=5e-6)
+NVLINK5 = Link(name="NVLink 5 (B200/GB200)", bandwidth=900 * GB, alpha=5e-6)
+XGMI_MI300X = Link(name="Infinity Fabric (MI300X, 7 links)", bandwidth=448 * GB, alpha=5e-6)
 IB_HDR = Link(name="InfiniBand HDR 200 Gb/s", bandwidth=25 * GB, alpha=10e-6)
 IB_NDR = Link(name="InfiniBand NDR 400 Gb/s", bandwidth=50 * GB, alpha=10e-6)
+C2C_GB200 = Link(name="NVLink-C2C (GB200, per GPU)", bandwidth=225 * GB, alpha=10e-6)
 PCIE4 = Link(name="PCIe Gen4 x16", bandwidth=32 * GB, alpha=10e-6)
 PCIE5 = Link(name="PCIe Gen5 x16", bandwidth=64 * GB, alpha=10e-6)
-LINKS = {"nvlink3": NVLINK3, "nvlink4": NVLINK4, "ib-hdr": IB_HDR, "ib-ndr": IB_NDR, "pcie4": PCIE4, "pcie5": PCIE5}
+LINKS = {"nvlink3": NVLINK3, "nvlink4": NVLINK4, "nvlink5": NVLINK5, "xgmi-mi300x": XGMI_MI300X, "ib-hdr": IB_HDR,
+         "ib-ndr": IB_NDR, "pcie4": PCIE4, "pcie5": PCIE5, "c2c-gb200": C2C_GB200}
 
 HARDWARE = {
     "a100-40gb": Hardware(name="A100 SXM4 40GB", peak_flops=312e12, hbm_bandwidth=1555 * GB, memory_bytes=40 * GB),
@@ -135,6 +165,14 @@ HARDWARE = {
                      intra=NVLINK4, inter=IB_NDR, host=PCIE5, host_memory_bandwidth=76.8 * GB),
     "h200": Hardware(name="H200 SXM 141GB", peak_flops=989e12, hbm_bandwidth=4800 * GB, memory_bytes=141 * GB,
                      intra=NVLINK4, inter=IB_NDR, host=PCIE5, host_memory_bandwidth=76.8 * GB),
+    # hardware_sources.md: every number below, its vendor document and what is assumed
+    "b200": Hardware(name="B200 SXM 180GB", peak_flops=2250e12, hbm_bandwidth=7700 * GB, memory_bytes=180 * GB,
+                     intra=NVLINK5, inter=IB_NDR, host=PCIE5, host_memory_bandwidth=76.8 * GB),
+    "gb200-nvl72": Hardware(name="GB200 NVL72 (B200 186GB)", peak_flops=2500e12, hbm_bandwidth=8000 * GB,
+                            memory_bytes=186 * GB, gpus_per_node=4, nvlink_domain=72, intra=NVLINK5, inter=IB_NDR,
+                            nics_per_node=4, host=C2C_GB200, host_memory_bandwidth=250 * GB),
+    "mi300x": Hardware(name="MI300X OAM 192GB", peak_flops=1307.4e12, hbm_bandwidth=5300 * GB, memory_bytes=192 * GB,
+                       intra=XGMI_MI300X, mesh=True, inter=IB_NDR, host=PCIE5, host_memory_bandwidth=76.8 * GB),
 }
 
 
@@ -151,11 +189,12 @@ def parse_custom(spec: str) -> Hardware:
 
     Example: ``peak_tflops=312,hbm_gbs=2039,memory_gb=80,gpus_per_node=8,nvlink_gbs=300,ib_gbs=25,nics=8``.
     Optional: ``nvlink_alpha_us``, ``ib_alpha_us``, ``matmul_eff``, ``memory_eff``, ``link_eff``, ``pcie_gbs`` (one
-    way, default 32), ``host_mem_gbs`` (CPU memory per GPU, default 51.2). Unknown keys
-    are refused by name.
+    way, default 32), ``host_mem_gbs`` (CPU memory per GPU, default 51.2), ``nvlink_domain`` (GPUs one NVLink
+    fabric joins, a multiple of gpus_per_node; default the node). Unknown keys are refused by name.
     """
     keys = {"peak_tflops", "hbm_gbs", "memory_gb", "gpus_per_node", "nvlink_gbs", "ib_gbs", "nics",
-            "nvlink_alpha_us", "ib_alpha_us", "matmul_eff", "memory_eff", "link_eff", "pcie_gbs", "host_mem_gbs"}
+            "nvlink_alpha_us", "ib_alpha_us", "matmul_eff", "memory_eff", "link_eff", "pcie_gbs", "host_mem_gbs",
+            "nvlink_domain"}
     vals: dict[str, float] = {}
     for part in filter(None, (p.strip() for p in spec.split(","))):
         k, sep, v = part.partition("=")
@@ -168,10 +207,14 @@ def parse_custom(spec: str) -> Hardware:
     missing = {"peak_tflops", "hbm_gbs", "memory_gb", "nvlink_gbs", "ib_gbs"} - vals.keys()
     if missing:
         raise ValueError(f"--custom: missing {sorted(missing)}")
+    for k in ("gpus_per_node", "nics", "nvlink_domain"):
+        if k in vals and not (vals[k].is_integer() and vals[k] >= 1):
+            raise ValueError(f"--custom: {k}={vals[k]:g} is not an integer >= 1")
     eff = vals.get("link_eff", 0.8)
     hw = Hardware(
         name="custom", peak_flops=vals["peak_tflops"] * 1e12, hbm_bandwidth=vals["hbm_gbs"] * GB,
         memory_bytes=vals["memory_gb"] * GB, gpus_per_node=int(vals.get("gpus_per_node", 8)),
+        nvlink_domain=int(vals["nvlink_domain"]) if "nvlink_domain" in vals else None,
         intra=Link(name="custom intra", bandwidth=vals["nvlink_gbs"] * GB,
                    alpha=vals.get("nvlink_alpha_us", 5) * 1e-6, efficiency=eff),
         inter=Link(name="custom inter", bandwidth=vals["ib_gbs"] * GB,

@@ -233,7 +233,7 @@ def layer_times(cfg: PerfConfig, hw: Hardware | str) -> dict:
     core = sum(op_time(f, b, hw) for name, f, b in ops if name in ATTENTION_CORE)
     recompute = {"none": 0.0, "selective": core, "full": fwd}[cfg.recompute]
     e = 4 if cfg.precision == "fp32" else 2
-    tp_link = hw.link(cfg.tp)
+    tp_link = hw.link(cfg.tp, cfg.n_gpus)
     tokens = cfg.seq_len // cfg.cp * cfg.micro_batch
     ar = collective_time("all_reduce", tokens * cfg.hidden * e, cfg.tp, tp_link)
     per_pass = 1 if cfg.experts else 2                 # a MoE MLP is whole on every tp rank: no all-reduce of its own
@@ -242,7 +242,7 @@ def layer_times(cfg: PerfConfig, hw: Hardware | str) -> dict:
     if cfg.experts and cfg.ep > 1:                     # dispatch + combine, forward and backward (and the recompute)
         size = cfg.micro_batch * cfg.experts * est.moe_capacity(cfg.seq_len, cfg.experts, cfg.top_k,
                                                                 cfg.capacity_factor) * cfg.hidden * e
-        a2a = collective_time("all_to_all", size, cfg.ep, hw.link(cfg.tp * cfg.ep))
+        a2a = collective_time("all_to_all", size, cfg.ep, hw.link(cfg.tp * cfg.ep, cfg.n_gpus))
         ep_comm = (4 + (2 if cfg.recompute == "full" else 0)) * a2a
     cp_comm = ulysses_attention_time(cfg, hw) if cfg.cp_attention == "ulysses" else ring_attention_time(cfg, hw, core)
     return {"forward": fwd, "backward": 2 * fwd, "recompute": recompute, "tp_comm": n_ar * ar, "ep_comm": ep_comm,
@@ -263,7 +263,7 @@ def ring_attention_time(cfg: PerfConfig, hw: Hardware | str, core: float) -> flo
     hw = _hw(hw)
     e = 4 if cfg.precision == "fp32" else 2
     block = 2 * cfg.micro_batch * (cfg.seq_len // cfg.cp) * cfg.hidden / cfg.tp * e
-    hop = collective_time("send_recv", block, 2, hw.link(cfg.cp * cfg.tp))
+    hop = collective_time("send_recv", block, 2, hw.link(cfg.cp * cfg.tp, cfg.n_gpus))
     fwd, bwd = (cfg.cp - 1) * hop, (2 * cfg.cp - 1) * hop
     if cfg.overlap_comm:
         fwd, bwd = max(0.0, fwd - core), max(0.0, bwd - 2 * core)
@@ -284,7 +284,7 @@ def ulysses_attention_time(cfg: PerfConfig, hw: Hardware | str) -> float:
     hw = _hw(hw)
     e = 4 if cfg.precision == "fp32" else 2
     size = cfg.micro_batch * (cfg.seq_len // cfg.cp) * cfg.hidden / cfg.tp * e
-    a2a = collective_time("all_to_all", size, cfg.cp, hw.link(cfg.cp * cfg.tp))
+    a2a = collective_time("all_to_all", size, cfg.cp, hw.link(cfg.cp * cfg.tp, cfg.n_gpus))
     return (8 + (4 if cfg.recompute != "none" else 0)) * a2a
 # --8<-- [end:ulysses_attention_time]
 
@@ -297,7 +297,7 @@ def microbatch_time(cfg: PerfConfig, hw: Hardware | str) -> dict:
     head = sum(op_time(f, b, hw) for _, f, b in head_ops(cfg)) * 3          # forward + 2x backward
     e = 4 if cfg.precision == "fp32" else 2
     head_tp = collective_time("all_reduce", cfg.seq_len // cfg.cp * cfg.micro_batch * cfg.hidden * e, cfg.tp,
-                              hw.link(cfg.tp))
+                              hw.link(cfg.tp, cfg.n_gpus))
     per_layer = lt["forward"] + lt["backward"] + lt["recompute"]
     stages = {"first": first * per_layer + (0 if cfg.pp > 1 else head),
               "last": last * per_layer + head}
@@ -349,7 +349,7 @@ def step_time(cfg: PerfConfig, hw: Hardware | str = "a100-80gb") -> dict:
     p2p = 0.0
     if p > 1:
         msg = cfg.seq_len // cfg.cp * cfg.micro_batch * cfg.hidden * e / cfg.tp
-        p2p = 2 * v * collective_time("send_recv", msg, 2, hw.link(cfg.n_gpus))
+        p2p = 2 * v * collective_time("send_recv", msg, 2, hw.link(cfg.n_gpus, cfg.n_gpus))
     slot = mb["forward"] + mb["backward"] + mb["recompute"] + mb["tp_comm"] + mb["ep_comm"] + mb["cp_comm"] + p2p
     bubble = (p - 1) / v * slot if p > 1 else 0.0
     stack_overhead = (m + (p - 1) / v) * slot * (1 / STACKS[cfg.stack] - 1)
@@ -357,7 +357,7 @@ def step_time(cfg: PerfConfig, hw: Hardware | str = "a100-80gb") -> dict:
     n_stage, n_expert = est.stage_param_split(cfg.memory_config())
     replicas = cfg.dp * cfg.cp
     grad_b = 4 if cfg.fp32_grads or cfg.precision == "fp32" else 2
-    link = hw.link(_dp_group_span(cfg))
+    link = hw.link(_dp_group_span(cfg), cfg.n_gpus)
     last_bwd = mb["backward"] + mb["recompute"]
     dp_comm = 0.0
     params_up = cfg.offload == "optimizer+params"

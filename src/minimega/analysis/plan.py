@@ -2,7 +2,8 @@
 cluster, the ones that fit memory ranked by predicted throughput (``perf.step_time``); ``minimega plan``.
 
 Rules of the search (each one a constraint the stacks themselves impose):
-    tp divides the heads and stays inside a node (TP is on the critical path: NVLink only);
+    tp divides the heads and stays inside an NVLink domain (TP is on the critical path: NVLink only): the
+    node's 8 GPUs on DGX/HGX machines, a rack's 72 on GB200 NVL72 (`Hardware.domain`); ``tps`` narrows it;
     pp ≤ layers; dp = GPUs / (tp·pp) divides the global batch, and micro-batches divide the rest;
     ZeRO-2/3 only without pp (`mesh.py`'s note on composing: they would reduce or gather every micro-batch);
     interleaved 1F1B with v chunks only when pp·v divides the layers and pp divides m (Megatron's rule);
@@ -55,12 +56,23 @@ def _cp_variants(model: dict, n: int, tp: int, cps, cp_attentions) -> list[tuple
     return out
 
 
+def check_tps(tps, hw: Hardware) -> None:
+    """Refuse asked-for tp degrees that leave the NVLink domain, by name."""
+    far = [t for t in tps if not (isinstance(t, int) and 1 <= t <= hw.domain)]
+    if far:
+        raise ValueError(f"tp {far}: tensor parallelism stays inside one NVLink domain, {hw.domain} GPUs on "
+                         f"{hw.name}; ask for tp <= {hw.domain} (GB200 NVL72's domain is 72)")
+
+
 def layouts(model: dict, n_gpus: int, global_batch: int, hw: Hardware, *, zero_stages=(0, 1, 2, 3),
             recompute=("none", "selective", "full"), schedules=("1f1b", "interleaved"),
-            micro_batches=MICRO_BATCHES, sp=(False, True), cps=(1,), cp_attentions=est.CP_ATTENTION, **fixed):
+            micro_batches=MICRO_BATCHES, sp=(False, True), cps=(1,), cp_attentions=est.CP_ATTENTION, tps=None,
+            **fixed):
     """Yield every valid `PerfConfig` of `model` (layers, hidden, heads, vocab, seq_len) on `n_gpus`."""
+    if tps is not None:
+        check_tps(tps, hw)
     for tp in _divisors(n_gpus):
-        if tp > hw.gpus_per_node or model["heads"] % tp:
+        if tp > hw.domain or model["heads"] % tp or (tps is not None and tp not in tps):
             continue
         for cp, cp_attention in _cp_variants({**model, **fixed}, n_gpus, tp, cps, cp_attentions):
             yield from _layouts_at(model, n_gpus, global_batch, tp, cp, cp_attention, zero_stages, recompute,
@@ -102,7 +114,8 @@ def plan(model: dict, n_gpus: int, global_batch: int, hw: Hardware | str = "a100
         model: layers, hidden, heads, vocab, seq_len (and optionally precision, fp32_grads, dropout,
             attention, position_embedding, pp_partition, stack: fixed for every layout).
         options: restrict the search, e.g. ``recompute=("full",)``, ``schedules=("1f1b",)``, ``zero_stages=(0, 1)``,
-            or widen it: ``cps=(1, 2, 4, 8)`` searches context parallelism (``cp_attentions``: its variants).
+            or widen it: ``cps=(1, 2, 4, 8)`` searches context parallelism (``cp_attentions``: its variants);
+            ``tps=(8, 16)`` searches only those tp degrees (each at most the NVLink domain, else refused).
     Returns:
         ``{"searched", "fit", "top": [row, ...]}``; a row is the layout, its `step_time` breakdown, memory
         per GPU and, with `tokens`, days, GPU-hours and cost.
@@ -113,7 +126,7 @@ def plan(model: dict, n_gpus: int, global_batch: int, hw: Hardware | str = "a100
     if not (isinstance(n_gpus, int) and n_gpus >= 1):
         raise ValueError(f"n_gpus={n_gpus!r}: expected an integer >= 1")
     search = {k: options.pop(k) for k in ("zero_stages", "recompute", "schedules", "micro_batches", "sp", "cps",
-                                          "cp_attentions") if k in options}
+                                          "cp_attentions", "tps") if k in options}
     shape = {**model, **options}
     searched, fits = 0, []
     budget = hw.memory_bytes * memory_fraction

@@ -44,7 +44,8 @@ def add_plan_parser(subparsers) -> argparse.ArgumentParser:
     g.add_argument("--capacity-factor", type=positive_float, default=None, help="with --experts; default 1.25")
     c = p.add_argument_group("cluster")
     add_hardware_args(c)
-    c.add_argument("--nodes", type=positive_int, default=None, help="nodes (GPUs = nodes x GPUs per node)")
+    c.add_argument("--nodes", type=positive_int, default=None,
+                   help="nodes (GPUs = nodes x GPUs per node; a GB200 NVL72 node is a 4-GPU compute tray)")
     c.add_argument("--gpus", type=positive_int, default=None, help="total GPUs (instead of --nodes)")
     c.add_argument("--stack", choices=sorted(STACKS), default=None, help="pipeline engine (default: the preset's)")
     r = p.add_argument_group("run")
@@ -62,6 +63,9 @@ def add_plan_parser(subparsers) -> argparse.ArgumentParser:
                         "needs --attention fused)")
     s.add_argument("--cp-attention", nargs="+", choices=est.CP_ATTENTION, default=None,
                    help="context-parallel attention to search with cp > 1 (default: ring ulysses)")
+    s.add_argument("--tp", nargs="+", type=positive_int, default=None, metavar="TP",
+                   help="tensor-parallel degrees to search (default: every divisor of the heads up to the NVLink "
+                        "domain: 8 GPUs on DGX/HGX, 72 on GB200 NVL72; a larger one is refused)")
     s.add_argument("--top", type=positive_int, default=10, help="layouts to print (default 10)")
     s.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=run_plan)
@@ -91,6 +95,8 @@ def run_plan(args: argparse.Namespace) -> int:
                                                     ("schedules", "schedules")) if getattr(args, a)}
     if args.no_sp:
         opts["sp"] = (False,)
+    if args.tp:
+        opts["tps"] = tuple(dict.fromkeys(args.tp))
     if args.cp:
         opts["cps"] = tuple(dict.fromkeys(args.cp))
     if args.cp_attention:
@@ -104,7 +110,7 @@ def run_plan(args: argparse.Namespace) -> int:
         print(json.dumps(res, indent=2, default=str))
         return 0
     print(f"{res['hardware']} x {n}: {res['searched']} layouts searched, {res['fit']} fit "
-          f"{args.memory_fraction:.0%} of {hw.memory_bytes / GB:.0f} GB")
+          f"{args.memory_fraction:.0%} of {hw.memory_bytes / GB:.0f} GB; NVLink domain {hw.domain} GPUs")
     w = max([38] + [len(r["layout"]) for r in res["top"]])
     ep, cp = any(r["ep_comm"] for r in res["top"]), any(r["cp_comm"] for r in res["top"])
     parts = ["compute", "tp", "p2p", "bubble", "stack", "dp"] + ["ep"] * ep + ["cp"] * cp
