@@ -51,7 +51,8 @@ def _cp_variants(model: dict, n: int, tp: int, cps, cp_attentions) -> list[tuple
             out.append((1, "ring"))
         elif n % (tp * cp) == 0 and model["seq_len"] % (2 * cp) == 0 and not model.get("experts", 0) \
                 and model.get("attention", "unfused") == "fused":
-            out += [(cp, a) for a in cp_attentions if a == "ring" or model["heads"] % (tp * cp) == 0]
+            kv = model.get("kv_heads", 0) or model["heads"]          # Ulysses splits query and key/value heads
+            out += [(cp, a) for a in cp_attentions if a == "ring" or (model["heads"] % (tp * cp) == 0 == kv % (tp * cp))]
     return out
 
 
@@ -60,7 +61,7 @@ def layouts(model: dict, n_gpus: int, global_batch: int, hw: Hardware, *, zero_s
             micro_batches=MICRO_BATCHES, sp=(False, True), cps=(1,), cp_attentions=est.CP_ATTENTION, **fixed):
     """Yield every valid `PerfConfig` of `model` (layers, hidden, heads, vocab, seq_len) on `n_gpus`."""
     for tp in _divisors(n_gpus):
-        if tp > hw.gpus_per_node or model["heads"] % tp:
+        if tp > hw.gpus_per_node or model["heads"] % tp or (model.get("kv_heads", 0) or model["heads"]) % tp:
             continue
         for cp, cp_attention in _cp_variants({**model, **fixed}, n_gpus, tp, cps, cp_attentions):
             yield from _layouts_at(model, n_gpus, global_batch, tp, cp, cp_attention, zero_stages, recompute,
@@ -137,7 +138,7 @@ def plan(model: dict, n_gpus: int, global_batch: int, hw: Hardware | str = "a100
 
 
 SHAPE_KEYS = ("layers", "hidden", "heads", "vocab", "seq_len", "precision", "fp32_grads", "position_embedding",
-              "pp_partition", "attention", "experts", "top_k", "capacity_factor")
+              "pp_partition", "attention", "experts", "top_k", "capacity_factor", "kv_heads", "ffn", "mlp", "tied", "bias")
 
 
 def preset_shape(name: str) -> dict:
