@@ -255,3 +255,13 @@ def test_js_refuses_the_shapes_python_refuses():
         with pytest.raises(ValueError):
             est.memory_per_gpu(est.MemoryConfig(**cfg))
         assert "error" in js, cfg
+
+
+def test_plan_cli_searches_a_llama_preset(capsys):
+    assert cli_main(["plan", "--model", "llama3-8b", "--gpus", "8", "--global-batch", "16", "--recompute", "full",
+                     "--zero-stages", "3", "--no-sp", "--top", "1", "--json"]) == 0
+    best = json.loads(capsys.readouterr().out)["top"][0]
+    assert {k: best["config"][k] for k in ("kv_heads", "ffn", "mlp", "tied", "bias", "dropout")} == dict(
+        kv_heads=8, ffn=14336, mlp="swiglu", tied=False, bias=False, dropout=False)
+    layout = {k: v for k, v in best["config"].items() if k != "micro_batches"}       # derived from the batch
+    assert best["memory_gb"] * 1e9 == pytest.approx(est.memory_per_gpu(perf.PerfConfig(**layout).memory_config())["total"])

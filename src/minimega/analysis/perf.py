@@ -432,7 +432,7 @@ def preset_config(name: str, **overrides) -> PerfConfig:
     base = dict(est.PRESETS[name])
     m = base.pop("micro_batches", 1)
     base.setdefault("global_batch", m * base.get("dp", 1) * base.get("micro_batch", 1))
-    if name == "bloom-176b":
+    if name == "bloom-176b" or name in est.LLAMA_PRESETS:            # BLOOM and Llama train without dropout
         base["dropout"] = False
     if name in ("bloom-176b", "mt-nlg-530b"):
         base["stack"] = "megatron-deepspeed"

@@ -150,6 +150,8 @@ def preset_shape(name: str) -> dict:
         shape.update(dropout=False, stack="megatron-deepspeed")
     if name == "mt-nlg-530b":
         shape.update(stack="megatron-deepspeed")
+    if name in est.LLAMA_PRESETS:                                   # no dropout in Llama's pre-training
+        shape.update(dropout=False)
     return shape
 
 
