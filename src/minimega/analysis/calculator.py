@@ -182,7 +182,8 @@ def stage_params(cfg: MemoryConfig) -> float:
     The first stage holds `stage_blocks` blocks and the embeddings. TP splits every weight matrix, the
     column-parallel biases (QKV 3h, MLP up 4h) and the vocabulary; LayerNorms (4h), the two
     row-parallel biases (2h) and the position embedding (if the model learns one) stay whole on
-    each TP rank. With experts: `stage_param_split`.
+    each TP rank. With experts: `stage_param_split`. Other block shapes (GQA, SwiGLU, no biases, an untied
+    head): `shapes.block_split_params` and `shapes.block_whole_params`.
     """
     return sum(stage_param_split(cfg))
 

@@ -2,7 +2,7 @@
 cluster, the ones that fit memory ranked by predicted throughput (``perf.step_time``); ``minimega plan``.
 
 Rules of the search (each one a constraint the stacks themselves impose):
-    tp divides the heads and stays inside a node (TP is on the critical path: NVLink only);
+    tp divides the heads (and the key/value heads under GQA) and stays inside a node (TP is on the critical path);
     pp ≤ layers; dp = GPUs / (tp·pp) divides the global batch, and micro-batches divide the rest;
     ZeRO-2/3 only without pp (`mesh.py`'s note on composing: they would reduce or gather every micro-batch);
     interleaved 1F1B with v chunks only when pp·v divides the layers and pp divides m (Megatron's rule);
@@ -52,7 +52,8 @@ def _cp_variants(model: dict, n: int, tp: int, cps, cp_attentions) -> list[tuple
         elif n % (tp * cp) == 0 and model["seq_len"] % (2 * cp) == 0 and not model.get("experts", 0) \
                 and model.get("attention", "unfused") == "fused":
             kv = model.get("kv_heads", 0) or model["heads"]          # Ulysses splits query and key/value heads
-            out += [(cp, a) for a in cp_attentions if a == "ring" or (model["heads"] % (tp * cp) == 0 == kv % (tp * cp))]
+            heads_split = model["heads"] % (tp * cp) == 0 and kv % (tp * cp) == 0
+            out += [(cp, a) for a in cp_attentions if a == "ring" or heads_split]
     return out
 
 
