@@ -15,13 +15,32 @@
   var ATTENTION = ["unfused", "fused"];
   var PP_PARTITION = ["blocks", "blocks+embedding"];
   var CP_ATTENTION = ["ring", "ulysses"];
-  var BOOLS = ["sp", "position_embedding", "fp32_grads"];
+  var BOOLS = ["sp", "position_embedding", "fp32_grads", "tied", "bias"];
+  var MLPS = ["gelu", "swiglu"];
   var INTS = ["layers", "hidden", "heads", "vocab", "seq_len", "micro_batch", "tp", "dp", "pp", "cp",
               "micro_batches", "virtual_stages"];
   var DEFAULTS = {micro_batch: 1, precision: "mixed", zero_stage: 0, tp: 1, dp: 1, pp: 1, cp: 1, sp: false,
                   recompute: "none", schedule: "1f1b", micro_batches: 1, virtual_stages: 1, offload: "none",
                   attention: "unfused", position_embedding: true, fp32_grads: false, pp_partition: "blocks",
-                  experts: 0, top_k: 2, capacity_factor: 1.25, ep: 1, cp_attention: "ring"};
+                  experts: 0, top_k: 2, capacity_factor: 1.25, ep: 1, cp_attention: "ring",
+                  kv_heads: 0, ffn: 0, mlp: "gelu", tied: true, bias: true};
+
+  /* Block shapes (minimega.analysis.shapes): GQA's k = kv_heads · h/a, the MLP's width f, GELU or SwiGLU. */
+  function kvWidth(c) { return (c.kv_heads || c.heads) * Math.floor(c.hidden / c.heads); }
+  function ffnWidth(c) { return c.ffn || 4 * c.hidden; }
+  function blockMatmulParams(c) {                    // shapes.block_matmul_params
+    var h = c.hidden, k = kvWidth(c), f = ffnWidth(c);
+    return 2 * h * h + 2 * h * k + (c.mlp === "swiglu" ? 3 : 2) * h * f;
+  }
+  function blockSplitParams(c) {                     // shapes.block_split_params
+    var h = c.hidden, k = kvWidth(c), f = ffnWidth(c);
+    return blockMatmulParams(c) + (c.bias ? h + 2 * k + (c.mlp === "swiglu" ? 2 : 1) * f : 0);
+  }
+  function blockWholeParams(c) { return c.bias ? 6 * c.hidden : 2 * c.hidden; }
+  function splitWidth(h, a, kvHeads, ffn, mlp) {     // activations._split_width
+    var k = (kvHeads || a) * Math.floor(h / a), f = ffn || 4 * h;
+    return 2 * h + 2 * k + (mlp === "swiglu" ? 4 : 2) * f;
+  }
 
   function stateBytesPerParam(precision) {          // estimate.state_bytes_per_param
     if (precision === "mixed" || precision === "bf16" || precision === "fp16") return [2, 2, 12];
@@ -52,11 +71,12 @@
     return out;
   }
 
-  function activationBytesPerLayer(s, b, h, a, t, sp, recompute, attention, actBytes, maskBytes) {
+  function activationBytesPerLayer(s, b, h, a, t, sp, recompute, attention, actBytes, maskBytes, shape) {
     var sbh = s * b * h;                             // estimate.activation_bytes_per_layer
     if (recompute === "full") return actBytes * sbh / (sp ? t : 1);
     var whole = sbh * (4 * actBytes + 2 * maskBytes) / (sp ? t : 1);
-    var split = sbh * 12 * actBytes / t;
+    shape = shape || {};
+    var split = s * b * splitWidth(h, a, shape.kv_heads, shape.ffn, shape.mlp) * actBytes / t;
     var core;
     if (recompute === "selective") core = 0;
     else if (attention === "fused") core = 4 * a * s * b / t;
@@ -64,11 +84,11 @@
     return whole + split + core;
   }
 
-  function recomputeWorkingBytes(s, b, h, a, t, sp, recompute, attention, actBytes, maskBytes) {
+  function recomputeWorkingBytes(s, b, h, a, t, sp, recompute, attention, actBytes, maskBytes, shape) {
     if (recompute === "none") return 0;              // estimate.recompute_working_bytes
-    var full = activationBytesPerLayer(s, b, h, a, t, sp, "none", attention, actBytes, maskBytes);
+    var full = activationBytesPerLayer(s, b, h, a, t, sp, "none", attention, actBytes, maskBytes, shape);
     if (recompute === "full") return full;
-    return full - activationBytesPerLayer(s, b, h, a, t, sp, "selective", attention, actBytes, maskBytes);
+    return full - activationBytesPerLayer(s, b, h, a, t, sp, "selective", attention, actBytes, maskBytes, shape);
   }
 
   function moeCapacity(s, E, k, cf) {                 // estimate.moe_capacity
@@ -116,6 +136,7 @@
       throw new Error("Ulysses: heads = " + cfg.heads + " is not divisible by tp × cp = " + cfg.tp * cfg.cp);
     if (cfg.cp > 1 && cfg.seq_len % (2 * cfg.cp) !== 0)
       throw new Error("seq_len = " + cfg.seq_len + " is not divisible by 2 × cp = " + 2 * cfg.cp);
+    checkShape(cfg);
     if (!(Number.isInteger(cfg.experts) && cfg.experts >= 0)) throw new Error("experts = " + cfg.experts + ": expected an integer >= 0");
     if (!(Number.isInteger(cfg.ep) && cfg.ep >= 1)) throw new Error("ep = " + cfg.ep + ": expected an integer >= 1");
     if (cfg.experts === 0) {
@@ -132,10 +153,26 @@
     if (cfg.cp > 1) throw new Error("context parallelism with experts: use cp = 1");
   }
 
+  function checkShape(cfg) {                          // estimate.MemoryConfig._check_shape
+    ["kv_heads", "ffn"].forEach(function (k) {
+      if (!(Number.isInteger(cfg[k]) && cfg[k] >= 0)) throw new Error(k + " = " + cfg[k] + ": expected an integer >= 0 (0 for GPT's default)");
+    });
+    if (MLPS.indexOf(cfg.mlp) < 0) throw new Error("mlp " + cfg.mlp + ": expected gelu or swiglu");
+    var kv = cfg.kv_heads || cfg.heads;
+    if (cfg.heads % kv !== 0 || kv % cfg.tp !== 0)
+      throw new Error("kv heads = " + kv + ", heads = " + cfg.heads + ", tp = " + cfg.tp +
+                      ": kv heads must divide heads and tp must divide kv heads");
+    if (cfg.cp > 1 && cfg.cp_attention === "ulysses" && kv % (cfg.tp * cfg.cp) !== 0)
+      throw new Error("Ulysses: kv heads = " + kv + " is not divisible by tp × cp = " + cfg.tp * cfg.cp);
+    if (cfg.experts && (cfg.kv_heads || cfg.ffn || cfg.mlp !== "gelu" || !cfg.bias))
+      throw new Error("experts model GPT's block: leave kv heads, ffn, mlp and biases at their defaults");
+  }
+
   function ulyssesActivationBytes(cfg) {            // estimate.ulysses_activation_bytes
     if (cfg.cp === 1 || cfg.cp_attention !== "ulysses") return [0, 0];
-    var one = (cfg.precision === "fp32" ? 4 : 2) * cfg.micro_batch * Math.floor(cfg.seq_len / cfg.cp) * cfg.hidden / cfg.tp;
-    return [cfg.recompute === "none" ? one : 0, {none: 0, full: one, selective: 4 * one}[cfg.recompute]];
+    var rows = (cfg.precision === "fp32" ? 4 : 2) * cfg.micro_batch * Math.floor(cfg.seq_len / cfg.cp);
+    var one = rows * cfg.hidden / cfg.tp, kv = rows * kvWidth(cfg) / cfg.tp;
+    return [cfg.recompute === "none" ? one : 0, {none: 0, full: one, selective: 2 * one + 2 * kv}[cfg.recompute]];
   }
 
   function stageBlocks(cfg) {                         // estimate.stage_blocks
@@ -146,14 +183,15 @@
 
   function blockParams(cfg) {                         // estimate.block_params
     var h = cfg.hidden, t = cfg.tp;
-    if (!cfg.experts) return [(12 * h * h + 7 * h) / t + 6 * h, 0];
+    if (!cfg.experts) return [blockSplitParams(cfg) / t + blockWholeParams(cfg), 0];
     return [(4 * h * h + 3 * h) / t + 5 * h + h * cfg.experts, cfg.experts / cfg.ep * 8 * h * h];
   }
 
   function stageParamSplit(cfg) {                     // estimate.stage_param_split
     var h = cfg.hidden, t = cfg.tp, bp = blockParams(cfg);
     var positions = cfg.position_embedding ? cfg.seq_len * h : 0;
-    var embed = cfg.vocab * h / t + positions + (cfg.pp === 1 ? 2 * h : 0);
+    var embed = cfg.vocab * h / t + positions + (cfg.pp === 1 ? (cfg.bias ? 2 * h : h) : 0);
+    if (!cfg.tied && cfg.pp === 1) embed += cfg.vocab * h / t;   // the untied head; with pp > 1 on the last stage
     return [stageBlocks(cfg) * bp[0] + embed, stageBlocks(cfg) * bp[1]];
   }
 
@@ -187,12 +225,12 @@
     var sLocal = Math.floor(cfg.seq_len / cfg.cp);   // this rank's tokens of each sequence
     var uly = ulyssesActivationBytes(cfg);
     var perLayer = activationBytesPerLayer(sLocal, cfg.micro_batch, h, cfg.heads, t, sp,
-                                           cfg.recompute, cfg.attention, actBytes, 1) + (cfg.recompute === "full" ? 0 : moe) + uly[0];
+                                           cfg.recompute, cfg.attention, actBytes, 1, cfg) + (cfg.recompute === "full" ? 0 : moe) + uly[0];
     var inFlight = cfg.pp > 1 ? inFlightMicrobatches(cfg.pp, cfg.micro_batches, cfg.schedule, cfg.virtual_stages) : 1;
     var out = {params: st.params, grads: st.grads, optimizer: st.optimizer, gathered: gathered,
                activations: perLayer * stageBlocks(cfg) * inFlight,
                recompute: recomputeWorkingBytes(sLocal, cfg.micro_batch, h, cfg.heads, t, sp,
-                                                cfg.recompute, cfg.attention, actBytes, 1) + (cfg.recompute === "full" ? moe : 0) + uly[1]};
+                                                cfg.recompute, cfg.attention, actBytes, 1, cfg) + (cfg.recompute === "full" ? moe : 0) + uly[1]};
     out.total = out.params + out.grads + out.optimizer + out.gathered + out.activations + out.recompute;
     out.cpu = cpu;
     out.stage_params = n;
@@ -203,7 +241,8 @@
              stageParamSplit: stageParamSplit, blockParams: blockParams, moeCapacity: moeCapacity,
              readExperts: function (form, cfg) { return readExperts(form, cfg); },
              modelStateBreakdown: modelStateBreakdown, activationBytesPerLayer: activationBytesPerLayer,
-             recomputeWorkingBytes: recomputeWorkingBytes, inFlightMicrobatches: inFlightMicrobatches};
+             recomputeWorkingBytes: recomputeWorkingBytes, inFlightMicrobatches: inFlightMicrobatches,
+             kvWidth: kvWidth, ffnWidth: ffnWidth, blockMatmulParams: blockMatmulParams, blockSplitParams: blockSplitParams};
   if (typeof module !== "undefined" && module.exports) { module.exports = api; return; }
   root.mmMemory = api;
 
@@ -257,6 +296,8 @@
       cfg[k] = form.elements[k].value;
     });
     BOOLS.forEach(function (k) { cfg[k] = form.elements[k].checked; });
+    ["kv_heads", "ffn"].forEach(function (k) { cfg[k] = Number(form.elements[k].value); });
+    cfg.mlp = form.elements.mlp.value;
     readExperts(form, cfg);
     return cfg;
   }
@@ -273,7 +314,7 @@
     for (k in DEFAULTS) cfg[k] = DEFAULTS[k];
     for (k in preset) cfg[k] = preset[k];
     INTS.concat(["zero_stage", "precision", "recompute", "schedule", "offload", "attention", "cp_attention", "pp_partition",
-                 "experts", "top_k", "ep", "capacity_factor"])
+                 "experts", "top_k", "ep", "capacity_factor", "kv_heads", "ffn", "mlp"])
       .forEach(function (k) { form.elements[k].value = String(cfg[k]); });
     BOOLS.forEach(function (k) { form.elements[k].checked = !!cfg[k]; });
   }

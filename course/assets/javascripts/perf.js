@@ -82,7 +82,8 @@
                   recompute: "none", schedule: "1f1b", virtual_stages: 1, offload: "none", attention: "unfused",
                   position_embedding: true, fp32_grads: false, pp_partition: "blocks", global_batch: 1,
                   dropout: true, bucket_bytes: 25e6, stack: "megatron", overlap_comm: true,
-                  experts: 0, top_k: 2, capacity_factor: 1.25, ep: 1, cp_attention: "ring"};
+                  experts: 0, top_k: 2, capacity_factor: 1.25, ep: 1, cp_attention: "ring",
+                  kv_heads: 0, ffn: 0, mlp: "gelu", tied: true, bias: true};
 
   function perfConfig(input) {                       // perf.PerfConfig (+ check)
     var c = {}, k;
@@ -107,7 +108,8 @@
     var out = {}, k;
     ["layers", "hidden", "heads", "vocab", "seq_len", "micro_batch", "precision", "zero_stage", "tp", "dp", "pp", "cp", "sp",
      "recompute", "schedule", "micro_batches", "virtual_stages", "offload", "attention", "position_embedding",
-     "fp32_grads", "pp_partition", "experts", "top_k", "capacity_factor", "ep", "cp_attention"].forEach(function (k2) { out[k2] = c[k2]; });
+     "fp32_grads", "pp_partition", "experts", "top_k", "capacity_factor", "ep", "cp_attention", "kv_heads", "ffn", "mlp",
+     "tied", "bias"].forEach(function (k2) { out[k2] = c[k2]; });
     return out;
   }
 
@@ -115,24 +117,25 @@
     var s = c.seq_len, b = c.micro_batch, h = c.hidden, a = c.heads, t = c.tp;
     var e = c.precision === "fp32" ? 4 : 2;
     var N = Math.floor(s / c.cp) * b, ht = h / t, at = a / t;   // the rank's tokens; its queries see all s keys
+    var qkv = (h + 2 * mem.kvWidth(c)) / t, kt = mem.kvWidth(c) / t, ft = mem.ffnWidth(c) / t;   // GPT: 3h, h, 4h /t
     var rep = (c.sp && t > 1) ? t : 1;
     var drop = c.dropout ? 1 : 0;
     var ops = [["layernorm", 8 * N * h / rep, 2 * N * h * e / rep],
-               ["qkv", 2 * N * h * 3 * ht, e * (N * h + 3 * h * ht + 3 * N * ht)]];
-    if (c.attention === "fused") ops.push(["attention (fused)", 4 * N * s * ht, e * 4 * N * ht]);
+               ["qkv", 2 * N * h * qkv, e * (N * h + h * qkv + N * qkv)]];
+    if (c.attention === "fused") ops.push(["attention (fused)", 4 * N * s * ht, e * (2 * N * ht + 2 * N * kt)]);
     else {
       var scores = at * s * N;
-      ops.push(["scores q·kᵀ", 2 * N * s * ht, e * (2 * N * ht + scores)], ["softmax", 5 * scores, 2 * e * scores]);
+      ops.push(["scores q·kᵀ", 2 * N * s * ht, e * (N * ht + N * kt + scores)], ["softmax", 5 * scores, 2 * e * scores]);
       if (drop) ops.push(["attention dropout", scores, 2 * e * scores + scores]);
-      ops.push(["scores·v", 2 * N * s * ht, e * (scores + 2 * N * ht)]);
+      ops.push(["scores·v", 2 * N * s * ht, e * (scores + N * kt + N * ht)]);
     }
     ops.push(["proj", 2 * N * ht * h, e * (N * ht + ht * h + N * h)],
              ["dropout+residual", 3 * N * h / rep, (3 * e + drop) * N * h / rep],
              ["layernorm", 8 * N * h / rep, 2 * N * h * e / rep]);
+    var up = [2 * N * h * ft, e * (N * h + h * ft + N * ft)], down = ["fc2", 2 * N * ft * h, e * (N * ft + ft * h + N * h)];
     if (c.experts) ops = ops.concat(moeOps(c));
-    else ops.push(["fc1", 2 * N * h * 4 * ht, e * (N * h + 4 * h * ht + 4 * N * ht)],
-                  ["gelu", 8 * N * ht * 4, 2 * e * 4 * N * ht],
-                  ["fc2", 2 * N * 4 * ht * h, e * (4 * N * ht + 4 * ht * h + N * h)]);
+    else if (c.mlp === "swiglu") ops.push(["gate", up[0], up[1]], ["up", up[0], up[1]], ["silu·mul", 6 * N * ft, 3 * e * N * ft], down);
+    else ops.push(["fc1", up[0], up[1]], ["gelu", 8 * N * ft, 2 * e * N * ft], down);
     ops.push(["dropout+residual", 3 * N * h / rep, (3 * e + drop) * N * h / rep]);
     return ops;
   }
@@ -185,7 +188,7 @@
   function ringAttentionTime(c, h, core) {           // perf.ring_attention_time
     if (c.cp === 1) return 0;
     var e = c.precision === "fp32" ? 4 : 2;
-    var block = 2 * c.micro_batch * Math.floor(c.seq_len / c.cp) * c.hidden / c.tp * e;
+    var block = 2 * c.micro_batch * Math.floor(c.seq_len / c.cp) * mem.kvWidth(c) / c.tp * e;   // K and V
     var hop = collectiveTime("send_recv", block, 2, linkFor(h, c.cp * c.tp, world(c)));
     var fwd = (c.cp - 1) * hop, bwd = (2 * c.cp - 1) * hop;
     if (c.overlap_comm) { fwd = Math.max(0, fwd - core); bwd = Math.max(0, bwd - 2 * core); }
@@ -195,8 +198,10 @@
   function ulyssesAttentionTime(c, h) {             // perf.ulysses_attention_time
     if (c.cp === 1) return 0;
     var e = c.precision === "fp32" ? 4 : 2;
-    var size = c.micro_batch * Math.floor(c.seq_len / c.cp) * c.hidden / c.tp * e;
-    return (8 + (c.recompute !== "none" ? 4 : 0)) * collectiveTime("all_to_all", size, c.cp, linkFor(h, c.cp * c.tp, world(c)));
+    var rows = c.micro_batch * Math.floor(c.seq_len / c.cp), l = linkFor(h, c.cp * c.tp, world(c));
+    var qOut = collectiveTime("all_to_all", rows * c.hidden / c.tp * e, c.cp, l);
+    var kv = collectiveTime("all_to_all", rows * mem.kvWidth(c) / c.tp * e, c.cp, l);
+    return (2 + (c.recompute !== "none" ? 1 : 0)) * (2 * qOut + 2 * kv);
   }
 
   function stageLayers(c) {
@@ -256,7 +261,7 @@
       if (c.zero_stage === 3) {
         var lt = layerTimes(c, h);
         var hh = c.hidden;
-        var layerBytes = (c.experts ? (4 * hh * hh + 3 * hh) / c.tp + hh * c.experts : (12 * hh * hh + 7 * hh) / c.tp) * e;
+        var layerBytes = (c.experts ? (4 * hh * hh + 3 * hh) / c.tp + hh * c.experts : mem.blockSplitParams(c) / c.tp) * e;
         var fetch = c.offload === "optimizer+params" ? collectiveTime("send_recv", layerBytes / replicas, 2, h.host) : 0;
         var ag = fetch + collectiveTime("all_gather", layerBytes, replicas, l);
         var rs = collectiveTime("reduce_scatter", layerBytes * gradB / e, replicas, l);
@@ -289,12 +294,7 @@
                stack_overhead: stackOverhead, dp_comm: dpComm, offload: offload, optimizer: optimizer};
     out.total = compute + out.tp_comm + out.ep_comm + out.cp_comm + out.p2p + bubble + stackOverhead + dpComm + offload + optimizer;
     var tokens = c.global_batch * c.seq_len;
-    var moe = moeExtraFlops(c);
-    var mf = modelFlops(c.global_batch, c.seq_len, c.layers, c.hidden, c.vocab) + moe;
-    var logged = hardwareFlops(c.global_batch, c.seq_len, c.layers, c.hidden, c.vocab) + moe * 4 / 3;
-    var hf = {none: mf, full: logged,
-              selective: 72 * c.global_batch * c.layers * c.seq_len * c.hidden * c.hidden *
-                         (1 + c.seq_len / (3 * c.hidden) + c.vocab / (12 * c.hidden * c.layers)) + moe}[c.recompute];
+    var fl = iterationFlops(c), mf = fl[0], logged = fl[1], hf = fl[2];
     var memory = mem.memoryPerGpu(memCfg(c));
     out.tokens_per_s = tokens / out.total;
     out.micro_batches = m;
@@ -306,6 +306,19 @@
     out.memory = memory;
     out.fits = memory.total <= h.memory_bytes;
     return out;
+  }
+
+  function iterationFlops(c) {                       // shapes.iteration_flops: [model, logged, hardware]
+    var B = c.global_batch, s = c.seq_len, L = c.layers, hd = c.hidden, V = c.vocab;
+    if (!(mem.kvWidth(c) === hd && mem.ffnWidth(c) === 4 * hd && c.mlp === "gelu")) {   // shapes.shape_flops
+      var tokens = B * s, weights = L * mem.blockMatmulParams(c), head = V * hd, attn = tokens * L * s * hd;
+      var model = 6 * tokens * (weights + head) + 12 * attn, full = 8 * tokens * weights + 6 * tokens * head + 16 * attn;
+      return [model, full, {none: model, full: full, selective: 6 * tokens * (weights + head) + 24 * attn}[c.recompute]];
+    }
+    var moe = moeExtraFlops(c);
+    var mf = modelFlops(B, s, L, hd, V) + moe, logged = hardwareFlops(B, s, L, hd, V) + moe * 4 / 3;
+    return [mf, logged, {none: mf, full: logged,
+                         selective: 72 * B * L * s * hd * hd * (1 + s / (3 * hd) + V / (12 * hd * L)) + moe}[c.recompute]];
   }
 
   function moeExtraFlops(c) {                        // perf.moe_extra_flops
@@ -329,7 +342,9 @@
     o.cps.forEach(function (cp) {
       if (cp === 1) out.push([1, "ring"]);
       else if (n % (tp * cp) === 0 && model.seq_len % (2 * cp) === 0 && !model.experts && model.attention === "fused")
-        o.cp_attentions.forEach(function (a) { if (a === "ring" || model.heads % (tp * cp) === 0) out.push([cp, a]); });
+        o.cp_attentions.forEach(function (a) {
+          if (a === "ring" || (model.heads % (tp * cp) === 0 && (model.kv_heads || model.heads) % (tp * cp) === 0)) out.push([cp, a]);
+        });
     });
     return out;
   }
@@ -342,7 +357,8 @@
                                       domain(h) + " GPUs on " + h.name + "; ask for tp <= " + domain(h));
     }
     divisors(n).forEach(function (tp) {
-      if (tp > domain(h) || model.heads % tp !== 0 || (o.tps && o.tps.indexOf(tp) < 0)) return;
+      if (tp > domain(h) || model.heads % tp !== 0 || (model.kv_heads || model.heads) % tp !== 0 ||
+          (o.tps && o.tps.indexOf(tp) < 0)) return;
       cpVariants(model, n, tp, o).forEach(function (cv) {
         var cp = cv[0];
         divisors(n / (tp * cp)).forEach(function (pp) {
@@ -455,7 +471,9 @@
       .forEach(function (k) { cfg[k] = Number(f.elements[k].value); });
     cfg.zero_stage = Number(f.elements.zero_stage.value);
     ["precision", "recompute", "schedule", "offload", "attention", "cp_attention", "pp_partition"].forEach(function (k) { cfg[k] = f.elements[k].value; });
-    ["sp", "position_embedding", "fp32_grads"].forEach(function (k) { cfg[k] = f.elements[k].checked; });
+    ["sp", "position_embedding", "fp32_grads", "tied", "bias"].forEach(function (k) { cfg[k] = f.elements[k].checked; });
+    ["kv_heads", "ffn"].forEach(function (k) { cfg[k] = Number(f.elements[k].value); });
+    cfg.mlp = f.elements.mlp.value;
     cfg.global_batch = cfg.dp * cfg.micro_batch * Number(f.elements.micro_batches.value);
     mem.readExperts(f, cfg);
     return cfg;
@@ -488,6 +506,7 @@
     var model = {layers: c.layers, hidden: c.hidden, heads: c.heads, vocab: c.vocab, seq_len: c.seq_len,
                  precision: c.precision, attention: c.attention, position_embedding: c.position_embedding,
                  fp32_grads: c.fp32_grads, pp_partition: c.pp_partition, stack: f.elements.stack.value,
+                 kv_heads: c.kv_heads, ffn: c.ffn, mlp: c.mlp, tied: c.tied, bias: c.bias,
                  dropout: f.elements.dropout.checked};
     var res;
     try {

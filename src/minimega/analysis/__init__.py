@@ -7,6 +7,7 @@ The estimators are pure functions of a few integers (no torch), one concern per 
     activations.py     saved activations per layer (Korthikanti et al.), recomputation, the experts'
     pipeline.py        bubbles and micro-batches in flight
     flops.py           parameters, FLOPs, MFU, time, GPU-hours and money
+    shapes.py          block shapes after GPT-2: GQA, SwiGLU, untied heads, bias-free blocks (Llama)
     calculator.py      everything per GPU (`MemoryConfig`, `memory_per_gpu`, published presets)
 
 and above them the step-time model (``perf.py``, ``hardware.py``), the planner (``plan.py``) and the
@@ -21,3 +22,4 @@ from .communication import *  # noqa: F403
 from .flops import *  # noqa: F403
 from .memory import *  # noqa: F403
 from .pipeline import *  # noqa: F403
+from .shapes import *  # noqa: F403

@@ -11,7 +11,8 @@ ATTENTION = ("unfused", "fused")
 
 def activation_bytes_per_layer(seq_len: int, micro_batch: int, hidden: int, heads: int, *, tp: int = 1,
                                sp: bool = False, recompute: str = "none", attention: str = "unfused",
-                               act_bytes: int = 2, mask_bytes: int = 1) -> float:
+                               act_bytes: int = 2, mask_bytes: int = 1, kv_heads: int | None = None,
+                               ffn: int | None = None, mlp: str = "gelu") -> float:
     """Bytes one transformer layer keeps for its backward, per micro-batch (Korthikanti Table 2).
 
     With 16-bit activations, 1-byte dropout masks and unfused attention this is the paper's table:
@@ -29,6 +30,11 @@ def activation_bytes_per_layer(seq_len: int, micro_batch: int, hidden: int, head
         attention core:      softmax and its dropout (2as²b) + the dropout mask (as²b), split by TP
     Sequence parallelism splits the first group over t too; selective recompute drops the core.
 
+    Other block shapes (`shapes`): under grouped-query attention K and V are k = kv_heads·h/a wide, not h, so
+    the split group holds Q and the projection input (2sbh) and K, V (2sbk); the MLP keeps 2sbf for a GELU
+    of width f (8sbh at f = 4h) and 4sbf for SwiGLU (the gate's output, its SiLU, the up-projection's output
+    and their product, as PyTorch's autograd saves them; a fused SwiGLU kernel saves 3sbf).
+
     ``attention="fused"`` (FlashAttention, PyTorch SDPA, Megatron-core's default kernel) never stores
     the s² scores: the kernel recomputes them in its backward from Q, K, V and one fp32 log-sum-exp
     per row and head, 4asb bytes (/t). The quadratic term is then gone without any recomputation
@@ -43,7 +49,7 @@ def activation_bytes_per_layer(seq_len: int, micro_batch: int, hidden: int, head
     if recompute == "full":
         return act_bytes * sbh / (t if sp else 1)
     whole = sbh * (4 * act_bytes + 2 * mask_bytes) / (t if sp else 1)
-    split = sbh * 12 * act_bytes / t
+    split = s * b * _split_width(h, a, kv_heads, ffn, mlp) * act_bytes / t
     if recompute == "selective":
         core = 0.0
     elif attention == "fused":
@@ -55,7 +61,8 @@ def activation_bytes_per_layer(seq_len: int, micro_batch: int, hidden: int, head
 
 def recompute_working_bytes(seq_len: int, micro_batch: int, hidden: int, heads: int, *, tp: int = 1,
                             sp: bool = False, recompute: str = "none", attention: str = "unfused",
-                            act_bytes: int = 2, mask_bytes: int = 1) -> float:
+                            act_bytes: int = 2, mask_bytes: int = 1, kv_heads: int | None = None,
+                            ffn: int | None = None, mlp: str = "gelu") -> float:
     """Bytes recomputation brings back during the backward, one layer and one micro-batch at a time.
 
     Full: the backward reruns one layer's forward and holds that layer's activations again, as if
@@ -64,7 +71,8 @@ def recompute_working_bytes(seq_len: int, micro_batch: int, hidden: int, heads: 
     layer above is the same size). Selective: that layer's attention core again (5as²b/t unfused).
     None: nothing. This term is added once, not per layer or per micro-batch in flight.
     """
-    kw = dict(tp=tp, sp=sp, attention=attention, act_bytes=act_bytes, mask_bytes=mask_bytes)
+    kw = dict(tp=tp, sp=sp, attention=attention, act_bytes=act_bytes, mask_bytes=mask_bytes, kv_heads=kv_heads,
+              ffn=ffn, mlp=mlp)
     args = (seq_len, micro_batch, hidden, heads)
     if recompute not in RECOMPUTE:
         raise ValueError(f"recompute {recompute!r}: expected one of {RECOMPUTE}")
@@ -77,11 +85,21 @@ def recompute_working_bytes(seq_len: int, micro_batch: int, hidden: int, heads: 
 # --8<-- [end:activations]
 
 
+def _split_width(h: int, a: int, kv_heads: int | None, ffn: int | None, mlp: str) -> int:
+    """Elements per token that tensor parallelism splits: Q, K, V and the projection input (2h + 2k), the MLP's
+    2f (GELU) or 4f (SwiGLU). 12h for GPT's block."""
+    if mlp not in ("gelu", "swiglu"):
+        raise ValueError(f"mlp {mlp!r}: expected 'gelu' or 'swiglu'")
+    k, f = (kv_heads or a) * (h // a), ffn or 4 * h
+    return 2 * h + 2 * k + (4 if mlp == "swiglu" else 2) * f
+
+
 # --8<-- [start:gpt_activations]
 def gpt_activation_bytes_per_layer(seq_len: int, micro_batch: int, hidden: int, heads: int, *, tp: int = 1,
                                    sp: bool = False, recompute: str = "none", act_bytes: int = 4,
                                    mask_bytes: int | None = None, dropout: bool = False,
-                                   attention: str = "math") -> float:
+                                   attention: str = "math", kv_heads: int | None = None, ffn: int | None = None,
+                                   mlp: str = "gelu") -> float:
     """Bytes one block of minimega's GPT (``model.py``) keeps for backward, per tp rank.
 
     `activation_bytes_per_layer` above is the paper's table; this is the same count adapted to the
@@ -101,6 +119,9 @@ def gpt_activation_bytes_per_layer(seq_len: int, micro_batch: int, hidden: int, 
     LayerNorm statistics it neglects, and under sequence parallelism plus 2sbh·e·(1 − 1/t) more for the kept
     gathered input: sbh(4 + 30/t + 5as/(ht)) rather than sbh(34/t + 5as/(ht)). ``recompute="selective"``
     drops the attention-core term; ``"full"`` keeps only the block input sbh·e (/t with SP), as in the paper.
+    With ``kv_heads``, ``ffn`` and ``mlp`` (`activation_bytes_per_layer`'s shapes) the split group is the qkv
+    output (h + 2k), the projection input h and the MLP's 2f (GELU) or 4f (SwiGLU): the tests measure a
+    GQA + SwiGLU block built in plain PyTorch.
     """
     if recompute not in RECOMPUTE:
         raise ValueError(f"recompute {recompute!r}: expected one of {RECOMPUTE}")
@@ -113,7 +134,7 @@ def gpt_activation_bytes_per_layer(seq_len: int, micro_batch: int, hidden: int, 
         return s * b * h * e / rep
     replicated = (2 * s * b * h * e + 16 * s * b + (2 * s * b * h * m if dropout else 0)) / rep
     replicated += 2 * s * b * h * e
-    split = 12 * s * b * h * e / t
+    split = s * b * _split_width(h, a, kv_heads, ffn, mlp) * e / t
     if attention == "flash":
         core = a * s * b * 4 / t
     else:

@@ -11,6 +11,7 @@ from .activations import ATTENTION, activation_bytes_per_layer, moe_activation_d
 from .memory import (CP_ATTENTION, OFFLOAD, PP_PARTITION, PRECISIONS, RECOMPUTE, SCHEDULES, _check_stage_dp,
                      model_state_breakdown, model_state_placement, state_bytes_per_param)
 from .pipeline import in_flight_microbatches
+from .shapes import MLPS, block_split_params, block_whole_params, kv_width
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -23,7 +24,7 @@ class MemoryConfig:
     heads: int
     """Attention heads a."""
     vocab: int
-    """Vocabulary V (the token embedding is tied to the output head)."""
+    """Vocabulary V (the token embedding is tied to the output head unless `tied` is False)."""
     seq_len: int
     """Sequence length s."""
     micro_batch: int = 1
@@ -74,6 +75,16 @@ class MemoryConfig:
     """Slots per expert and sequence = capacity_factor · top_k · s / E, rounded up (`moe_capacity`)."""
     ep: int = 1
     """Expert parallelism, carved out of dp: E/ep experts per rank, all-to-all dispatch and combine."""
+    kv_heads: int = 0
+    """Key/value heads (grouped-query attention, ``shapes.kv_width``); 0: one per query head (GPT)."""
+    ffn: int = 0
+    """The MLP's inner width f; 0: 4·hidden (GPT)."""
+    mlp: str = "gelu"
+    """'gelu': two h × f matrices (GPT); 'swiglu': three (Llama), saving four f-wide tensors per token."""
+    tied: bool = True
+    """False: the output head is a V × h matrix of its own (Llama), on the last pipeline stage."""
+    bias: bool = True
+    """False: no biases and norms with a weight only (RMSNorm, Llama; minimega's `GPTConfig`)."""
 
     def check(self) -> None:
         for name in ("layers", "hidden", "heads", "vocab", "seq_len", "micro_batch", "tp", "dp", "pp", "cp",
@@ -84,7 +95,7 @@ class MemoryConfig:
                 or self.schedule not in SCHEDULES or self.offload not in OFFLOAD \
                 or self.attention not in ATTENTION or self.pp_partition not in PP_PARTITION:
             raise ValueError(f"unknown option in {self}")
-        for name in ("sp", "position_embedding", "fp32_grads"):
+        for name in ("sp", "position_embedding", "fp32_grads", "tied", "bias"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name}={getattr(self, name)!r}: expected True or False")
         if self.fp32_grads and self.precision == "fp32":
@@ -110,7 +121,25 @@ class MemoryConfig:
         if self.seq_len % (2 * self.cp):
             if self.cp > 1:
                 raise ValueError(f"cp={self.cp}: seq_len={self.seq_len} is not divisible by 2*cp = {2 * self.cp}")
+        self._check_shape()
         self._check_experts()
+
+    def _check_shape(self) -> None:
+        for name in ("kv_heads", "ffn"):
+            v = getattr(self, name)
+            if not (isinstance(v, int) and not isinstance(v, bool) and v >= 0):
+                raise ValueError(f"{name}={v!r}: expected an integer >= 0 (0 for GPT's default)")
+        if self.mlp not in MLPS:
+            raise ValueError(f"mlp={self.mlp!r}: expected one of {MLPS}")
+        kv = self.kv_heads or self.heads
+        if self.heads % kv or kv % self.tp:
+            raise ValueError(f"kv_heads={self.kv_heads}, heads={self.heads}, tp={self.tp}: kv_heads must divide heads "
+                             "and tp must divide kv_heads (each tp rank holds whole key/value heads)")
+        if self.cp > 1 and self.cp_attention == "ulysses" and kv % (self.tp * self.cp):
+            raise ValueError(f"cp_attention='ulysses': kv_heads={kv} is not divisible by tp*cp = {self.tp * self.cp}")
+        if self.experts and (self.kv_heads or self.ffn or self.mlp != "gelu" or not self.bias):
+            raise ValueError("experts > 0 models minimega's MoE block (GPT's attention and 4h GELU experts): "
+                             "leave kv_heads, ffn, mlp and bias at their defaults")
 
     def _check_experts(self) -> None:
         if not (isinstance(self.experts, int) and not isinstance(self.experts, bool) and self.experts >= 0):
@@ -153,7 +182,8 @@ def stage_params(cfg: MemoryConfig) -> float:
     The first stage holds `stage_blocks` blocks and the embeddings. TP splits every weight matrix, the
     column-parallel biases (QKV 3h, MLP up 4h) and the vocabulary; LayerNorms (4h), the two
     row-parallel biases (2h) and the position embedding (if the model learns one) stay whole on
-    each TP rank. With experts: `stage_param_split`.
+    each TP rank. With experts: `stage_param_split`. Other block shapes (GQA, SwiGLU, no biases, an untied
+    head): `shapes.block_split_params` and `shapes.block_whole_params`.
     """
     return sum(stage_param_split(cfg))
 
@@ -162,8 +192,8 @@ def block_params(cfg: MemoryConfig) -> tuple[float, float]:
     """(non-expert, expert) parameters of one block on one GPU. A MoE block has attention's (4h² + 3h)/t + 5h
     (its LayerNorms and the projection bias whole), an h·E router, and E/ep experts of 8h² each, whole over tp."""
     h, t = cfg.hidden, cfg.tp
-    if not cfg.experts:
-        return (12 * h * h + 7 * h) / t + 6 * h, 0.0
+    if not cfg.experts:                     # GPT: (12h² + 7h)/t + 6h; any shape: `shapes.block_split_params`
+        return block_split_params(cfg) / t + block_whole_params(cfg), 0.0
     return (4 * h * h + 3 * h) / t + 5 * h + h * cfg.experts, cfg.experts / cfg.ep * 8 * h * h
 
 
@@ -172,7 +202,10 @@ def stage_param_split(cfg: MemoryConfig) -> tuple[float, float]:
     h, t = cfg.hidden, cfg.tp
     dense, expert = block_params(cfg)
     positions = cfg.seq_len * h if cfg.position_embedding else 0
-    embed = cfg.vocab * h / t + positions + (2 * h if cfg.pp == 1 else 0)  # final LayerNorm
+    final_norm = 2 * h if cfg.bias else h
+    embed = cfg.vocab * h / t + positions + (final_norm if cfg.pp == 1 else 0)
+    if not cfg.tied and cfg.pp == 1:        # the head's own V × h; with pp > 1 it sits on the last stage
+        embed += cfg.vocab * h / t
     return stage_blocks(cfg) * dense + embed, stage_blocks(cfg) * expert
 
 
@@ -206,7 +239,7 @@ def memory_per_gpu(cfg: MemoryConfig) -> dict:
     h, t = cfg.hidden, cfg.tp
     gathered = p_bytes * block_params(cfg)[0] * (1 - 1 / replicas) if cfg.zero_stage == 3 else 0.0
     act = dict(tp=t, sp=cfg.sp and t > 1, recompute=cfg.recompute, attention=cfg.attention,
-               act_bytes=4 if cfg.precision == "fp32" else 2)
+               act_bytes=4 if cfg.precision == "fp32" else 2, kv_heads=cfg.kv_heads, ffn=cfg.ffn, mlp=cfg.mlp)
     shape = (cfg.seq_len // cfg.cp, cfg.micro_batch, h, cfg.heads)      # this rank's tokens of each sequence
     moe = moe_activation_delta(*shape[:3], cfg.experts, cfg.top_k, cfg.capacity_factor, tp=t,
                                act_bytes=act["act_bytes"]) if cfg.experts else 0.0
@@ -230,12 +263,14 @@ def ulysses_activation_bytes(cfg: MemoryConfig) -> tuple[float, float]:
     output projection keeps its input sequence-split, (b, s/cp, h/t): e · b · (s/cp) · h/t bytes more per
     layer than ring attention, whose projection input is a view of the kernel's output (measured in
     tests/test_ulysses.py). Recomputation drops it: with 'full' the working set holds it again, with
-    'selective' the recomputed core holds its head-split q, k, v and output (four of it). (0, 0) for ring or cp = 1.
+    'selective' the recomputed core holds its head-split q, k, v and output (four of it; k and v are k/h of it
+    under GQA). (0, 0) for ring or cp = 1.
     """
     if cfg.cp == 1 or cfg.cp_attention != "ulysses":
         return 0.0, 0.0
-    one = (4 if cfg.precision == "fp32" else 2) * cfg.micro_batch * (cfg.seq_len // cfg.cp) * cfg.hidden / cfg.tp
-    return (one if cfg.recompute == "none" else 0.0), {"none": 0.0, "full": one, "selective": 4 * one}[cfg.recompute]
+    rows = (4 if cfg.precision == "fp32" else 2) * cfg.micro_batch * (cfg.seq_len // cfg.cp)
+    one, kv = rows * cfg.hidden / cfg.tp, rows * kv_width(cfg) / cfg.tp
+    return (one if cfg.recompute == "none" else 0.0), {"none": 0.0, "full": one, "selective": 2 * one + 2 * kv}[cfg.recompute]
 # --8<-- [end:memory_per_gpu]
 
 
@@ -266,3 +301,33 @@ mt-nlg-530b: Smith et al. 2022 (arXiv:2201.11990) and Korthikanti Table 3: 105 l
 m = 240; its data parallelism is ZeRO-powered (stage 1, the stage DeepSpeed's pipeline engine runs
 with) and it recomputes activations (full checkpointing per layer).
 """
+
+LLAMA = dict(mlp="swiglu", precision="bf16", attention="fused", position_embedding=False, tied=False, bias=False)
+"""What the Llama presets share: SwiGLU, bf16, a fused attention kernel, RoPE (no position table), an untied
+head, RMSNorm and no biases (Touvron et al. 2023, arXiv:2307.09288 §2.2; Llama 3, arXiv:2407.21783 §3.2)."""
+
+# --8<-- [start:llama_presets]
+LLAMA_PRESETS = {
+    "llama2-7b": dict(LLAMA, layers=32, hidden=4096, heads=32, ffn=11008, vocab=32000, seq_len=4096),
+    "llama2-70b": dict(LLAMA, layers=80, hidden=8192, heads=64, kv_heads=8, ffn=28672, vocab=32000, seq_len=4096),
+    "llama3-8b": dict(LLAMA, layers=32, hidden=4096, heads=32, kv_heads=8, ffn=14336, vocab=128256, seq_len=8192),
+    "llama3-70b": dict(LLAMA, layers=80, hidden=8192, heads=64, kv_heads=8, ffn=28672, vocab=128256, seq_len=8192),
+    "llama3-405b": dict(LLAMA, layers=126, hidden=16384, heads=128, kv_heads=8, ffn=53248, vocab=128256,
+                        seq_len=8192),
+}
+# --8<-- [end:llama_presets]
+"""Llama shapes, the model only (dp = tp = pp = 1 until a layout is chosen: ``minimega plan --model llama3-405b``).
+
+Llama 2 (Touvron et al. 2023, arXiv:2307.09288): Table 1 gives the 4k context and GQA for the 70B (not the
+7B); layers, width, heads, key/value heads and the SwiGLU width are those of Meta's released ``config.json``
+(Llama-2-7b-hf: 32 layers, hidden_size 4096, 32 heads, 32 key/value heads, intermediate_size 11008,
+vocab_size 32000; Llama-2-70b-hf: 80, 8192, 64, 8, 28672, 32000). Parameters: 6,738,415,616 and
+68,976,648,192 (published: 6.74B and 68.98B).
+
+Llama 3 (Llama Team 2024, "The Llama 3 Herd of Models", arXiv:2407.21783, Table 3): 8B / 70B / 405B have
+32 / 80 / 126 layers, model dimension 4096 / 8192 / 16384, FFN dimension 14336 / 28672 / 53248, 32 / 64 / 128
+attention heads and 8 key/value heads, a 128K vocabulary (the released configs: vocab_size 128256); 8K
+sequences in pre-training (§3.4.1). Parameters: 8,030,261,248, 70,553,706,496 and 405,853,388,800
+(published: 8.03B, 70.6B and 405B). ``tests/test_shapes.py`` checks each against the published count.
+"""
+PRESETS.update(LLAMA_PRESETS)

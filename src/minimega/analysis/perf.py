@@ -134,28 +134,31 @@ def layer_ops(cfg: PerfConfig) -> list[tuple[str, float, float]]:
     s, b, h, a, t = cfg.seq_len, cfg.micro_batch, cfg.hidden, cfg.heads, cfg.tp
     e = 4 if cfg.precision == "fp32" else 2
     N, ht, at = s // cfg.cp * b, h / t, a / t
+    qkv, kt, ft = (h + 2 * est.kv_width(cfg)) / t, est.kv_width(cfg) / t, est.ffn_width(cfg) / t   # GPT: 3h, h, 4h /t
     rep = t if (cfg.sp and t > 1) else 1
     drop = 1 if cfg.dropout else 0
     ops = [("layernorm", 8 * N * h / rep, 2 * N * h * e / rep),
-           ("qkv", 2 * N * h * 3 * ht, e * (N * h + 3 * h * ht + 3 * N * ht))]
+           ("qkv", 2 * N * h * qkv, e * (N * h + h * qkv + N * qkv))]
     if cfg.attention == "fused":
-        ops.append(("attention (fused)", 4 * N * s * ht, e * 4 * N * ht))
+        ops.append(("attention (fused)", 4 * N * s * ht, e * (2 * N * ht + 2 * N * kt)))
     else:
         scores = at * s * N                              # a/t · s · s · b elements
-        ops += [("scores q·kᵀ", 2 * N * s * ht, e * (2 * N * ht + scores)),
+        ops += [("scores q·kᵀ", 2 * N * s * ht, e * (N * ht + N * kt + scores)),
                 ("softmax", 5 * scores, 2 * e * scores)]
         if drop:
             ops.append(("attention dropout", scores, 2 * e * scores + scores))
-        ops.append(("scores·v", 2 * N * s * ht, e * (scores + 2 * N * ht)))
+        ops.append(("scores·v", 2 * N * s * ht, e * (scores + N * kt + N * ht)))
     ops += [("proj", 2 * N * ht * h, e * (N * ht + ht * h + N * h)),
             ("dropout+residual", 3 * N * h / rep, (3 * e + drop) * N * h / rep),
             ("layernorm", 8 * N * h / rep, 2 * N * h * e / rep)]
+    up = ("fc1", 2 * N * h * ft, e * (N * h + h * ft + N * ft))
+    down = ("fc2", 2 * N * ft * h, e * (N * ft + ft * h + N * h))
     if cfg.experts:
         ops += moe_ops(cfg)
+    elif cfg.mlp == "swiglu":                 # gate and up GEMMs, silu(gate)·up (reads 2, writes 1), down
+        ops += [("gate", *up[1:]), ("up", *up[1:]), ("silu·mul", 6 * N * ft, 3 * e * N * ft), down]
     else:
-        ops += [("fc1", 2 * N * h * 4 * ht, e * (N * h + 4 * h * ht + 4 * N * ht)),
-                ("gelu", 8 * N * ht * 4, 2 * e * 4 * N * ht),
-                ("fc2", 2 * N * 4 * ht * h, e * (4 * N * ht + 4 * ht * h + N * h))]
+        ops += [up, ("gelu", 8 * N * ft, 2 * e * N * ft), down]
     ops.append(("dropout+residual", 3 * N * h / rep, (3 * e + drop) * N * h / rep))
     return ops
 # --8<-- [end:layer_ops]
@@ -262,7 +265,7 @@ def ring_attention_time(cfg: PerfConfig, hw: Hardware | str, core: float) -> flo
         return 0.0
     hw = _hw(hw)
     e = 4 if cfg.precision == "fp32" else 2
-    block = 2 * cfg.micro_batch * (cfg.seq_len // cfg.cp) * cfg.hidden / cfg.tp * e
+    block = 2 * cfg.micro_batch * (cfg.seq_len // cfg.cp) * est.kv_width(cfg) / cfg.tp * e     # K and V
     hop = collective_time("send_recv", block, 2, hw.link(cfg.cp * cfg.tp, cfg.n_gpus))
     fwd, bwd = (cfg.cp - 1) * hop, (2 * cfg.cp - 1) * hop
     if cfg.overlap_comm:
@@ -283,9 +286,10 @@ def ulysses_attention_time(cfg: PerfConfig, hw: Hardware | str) -> float:
         return 0.0
     hw = _hw(hw)
     e = 4 if cfg.precision == "fp32" else 2
-    size = cfg.micro_batch * (cfg.seq_len // cfg.cp) * cfg.hidden / cfg.tp * e
-    a2a = collective_time("all_to_all", size, cfg.cp, hw.link(cfg.cp * cfg.tp, cfg.n_gpus))
-    return (8 + (4 if cfg.recompute != "none" else 0)) * a2a
+    rows, link = cfg.micro_batch * (cfg.seq_len // cfg.cp), hw.link(cfg.cp * cfg.tp, cfg.n_gpus)
+    q_out = collective_time("all_to_all", rows * cfg.hidden / cfg.tp * e, cfg.cp, link)     # q and the output
+    kv = collective_time("all_to_all", rows * est.kv_width(cfg) / cfg.tp * e, cfg.cp, link)  # k, v (GQA: k wide)
+    return (2 + (1 if cfg.recompute != "none" else 0)) * (2 * q_out + 2 * kv)
 # --8<-- [end:ulysses_attention_time]
 
 
@@ -366,7 +370,7 @@ def step_time(cfg: PerfConfig, hw: Hardware | str = "a100-80gb") -> dict:
             lt = layer_times(cfg, hw)
             h = cfg.hidden
             layer_bytes = ((4 * h * h + 3 * h) / cfg.tp + h * cfg.experts if cfg.experts
-                           else (12 * h * h + 7 * h) / cfg.tp) * e
+                           else est.block_split_params(cfg) / cfg.tp) * e        # GPT: (12h² + 7h)/t
             fetch = collective_time("send_recv", layer_bytes / replicas, 2, hw.host) if params_up else 0.0
             ag = fetch + collective_time("all_gather", layer_bytes, replicas, link)
             rs = collective_time("reduce_scatter", layer_bytes * grad_b / e, replicas, link)
@@ -408,12 +412,7 @@ def step_time(cfg: PerfConfig, hw: Hardware | str = "a100-80gb") -> dict:
                     + dp_comm + offload + optimizer)
     # --8<-- [end:step_total]
     tokens = cfg.global_batch * cfg.seq_len
-    moe = est.moe_extra_flops(cfg)
-    model_flops = est.megatron_model_flops(cfg.global_batch, cfg.seq_len, cfg.layers, cfg.hidden, cfg.vocab) + moe
-    logged = est.megatron_hardware_flops(cfg.global_batch, cfg.seq_len, cfg.layers, cfg.hidden, cfg.vocab) + moe * 4 / 3
-    hw_flops = {"none": model_flops, "full": logged,
-                "selective": 72 * cfg.global_batch * cfg.layers * cfg.seq_len * cfg.hidden ** 2 * (
-                    1 + cfg.seq_len / (3 * cfg.hidden) + cfg.vocab / (12 * cfg.hidden * cfg.layers)) + moe}[cfg.recompute]
+    model_flops, logged, hw_flops = est.iteration_flops(cfg)         # any block shape (`shapes`)
     n = cfg.n_gpus
     mem = est.memory_per_gpu(cfg.memory_config())
     out.update(tokens_per_s=tokens / out["total"], micro_batches=m, n_gpus=n,
@@ -433,7 +432,7 @@ def preset_config(name: str, **overrides) -> PerfConfig:
     base = dict(est.PRESETS[name])
     m = base.pop("micro_batches", 1)
     base.setdefault("global_batch", m * base.get("dp", 1) * base.get("micro_batch", 1))
-    if name == "bloom-176b":
+    if name == "bloom-176b" or name in est.LLAMA_PRESETS:            # BLOOM and Llama train without dropout
         base["dropout"] = False
     if name in ("bloom-176b", "mt-nlg-530b"):
         base["stack"] = "megatron-deepspeed"

@@ -2,8 +2,9 @@
 cluster, the ones that fit memory ranked by predicted throughput (``perf.step_time``); ``minimega plan``.
 
 Rules of the search (each one a constraint the stacks themselves impose):
-    tp divides the heads and stays inside an NVLink domain (TP is on the critical path: NVLink only): the
-    node's 8 GPUs on DGX/HGX machines, a rack's 72 on GB200 NVL72 (`Hardware.domain`); ``tps`` narrows it;
+    tp divides the heads (and the key/value heads under GQA) and stays inside an NVLink domain (TP is on the
+    critical path: NVLink only): the node's 8 GPUs on DGX/HGX machines, a rack's 72 on GB200 NVL72
+    (`Hardware.domain`); ``tps`` narrows it;
     pp ≤ layers; dp = GPUs / (tp·pp) divides the global batch, and micro-batches divide the rest;
     ZeRO-2/3 only without pp (`mesh.py`'s note on composing: they would reduce or gather every micro-batch);
     interleaved 1F1B with v chunks only when pp·v divides the layers and pp divides m (Megatron's rule);
@@ -52,7 +53,9 @@ def _cp_variants(model: dict, n: int, tp: int, cps, cp_attentions) -> list[tuple
             out.append((1, "ring"))
         elif n % (tp * cp) == 0 and model["seq_len"] % (2 * cp) == 0 and not model.get("experts", 0) \
                 and model.get("attention", "unfused") == "fused":
-            out += [(cp, a) for a in cp_attentions if a == "ring" or model["heads"] % (tp * cp) == 0]
+            kv = model.get("kv_heads", 0) or model["heads"]          # Ulysses splits query and key/value heads
+            heads_split = model["heads"] % (tp * cp) == 0 and kv % (tp * cp) == 0
+            out += [(cp, a) for a in cp_attentions if a == "ring" or heads_split]
     return out
 
 
@@ -72,7 +75,8 @@ def layouts(model: dict, n_gpus: int, global_batch: int, hw: Hardware, *, zero_s
     if tps is not None:
         check_tps(tps, hw)
     for tp in _divisors(n_gpus):
-        if tp > hw.domain or model["heads"] % tp or (tps is not None and tp not in tps):
+        if (tp > hw.domain or model["heads"] % tp or (model.get("kv_heads", 0) or model["heads"]) % tp
+                or (tps is not None and tp not in tps)):
             continue
         for cp, cp_attention in _cp_variants({**model, **fixed}, n_gpus, tp, cps, cp_attentions):
             yield from _layouts_at(model, n_gpus, global_batch, tp, cp, cp_attention, zero_stages, recompute,
@@ -150,7 +154,7 @@ def plan(model: dict, n_gpus: int, global_batch: int, hw: Hardware | str = "a100
 
 
 SHAPE_KEYS = ("layers", "hidden", "heads", "vocab", "seq_len", "precision", "fp32_grads", "position_embedding",
-              "pp_partition", "attention", "experts", "top_k", "capacity_factor")
+              "pp_partition", "attention", "experts", "top_k", "capacity_factor", "kv_heads", "ffn", "mlp", "tied", "bias")
 
 
 def preset_shape(name: str) -> dict:
@@ -162,6 +166,8 @@ def preset_shape(name: str) -> dict:
         shape.update(dropout=False, stack="megatron-deepspeed")
     if name == "mt-nlg-530b":
         shape.update(stack="megatron-deepspeed")
+    if name in est.LLAMA_PRESETS:                                   # no dropout in Llama's pre-training
+        shape.update(dropout=False)
     return shape
 
 

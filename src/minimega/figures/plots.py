@@ -180,7 +180,7 @@ def tp_scaling(seq: int = 2048, hidden: int = 12288, heads: int = 96, ts=(1, 2, 
 
 def presets_memory(lang: str = "en") -> go.Figure:
     """GB per GPU by category for the calculator's presets (first pipeline stage)."""
-    names = list(est.PRESETS)
+    names = [n for n in est.PRESETS if n not in est.LLAMA_PRESETS]   # with a layout; the Llama shapes have none
     outs = [est.memory_per_gpu(est.MemoryConfig(**est.PRESETS[n])) for n in names]
     fig = go.Figure()
     for key in ("params", "grads", "optimizer", "gathered", "activations", "recompute"):

@@ -4,7 +4,8 @@ from __future__ import annotations
 import argparse
 import json
 
-from ..analysis import GB, PRECISIONS, STAGES, comm_bytes_per_step, model_state_breakdown, state_bytes_per_param
+from ..analysis import (GB, PRECISIONS, PRESETS, STAGES, MemoryConfig, comm_bytes_per_step, model_params,
+                        model_state_breakdown, state_bytes_per_param)
 from .args import count, positive_int
 
 
@@ -12,14 +13,17 @@ def add_estimate_parser(subparsers) -> argparse.ArgumentParser:
     """Register ``estimate`` on an argparse subparsers object; the handler is `run_estimate`."""
     p = subparsers.add_parser("estimate", help="model-state bytes per rank and communication per step (ZeRO paper)",
                               description="Per-rank model-state memory (ZeRO paper Fig. 1) and ring communication "
-                                          "volume per step. Example: minimega estimate --params 7.5e9 --dp 64")
+                                          "volume per step. Examples: minimega estimate --params 7.5e9 --dp 64; "
+                                          "minimega estimate --model llama3-405b --dp 512")
     _add_estimate_args(p)
     p.set_defaults(func=run_estimate)
     return p
 
 
 def _add_estimate_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--params", type=count, required=True, help="parameter count Psi, e.g. 7.5e9, 7.5B or 125M")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--params", type=count, help="parameter count Psi, e.g. 7.5e9, 7.5B or 125M")
+    src.add_argument("--model", choices=sorted(PRESETS), help="a preset model: Psi is its parameter count")
     p.add_argument("--dp", type=positive_int, default=1, help="data-parallel degree N_d (default 1)")
     p.add_argument("--stage", type=int, choices=STAGES, default=None,
                    help="one ZeRO stage (default: all four)")
@@ -43,14 +47,22 @@ def run_estimate(args: argparse.Namespace) -> int:
     """Handler for ``minimega estimate``; prints and returns 0."""
     if args.dp < 1:
         raise SystemExit(f"--dp {args.dp}: must be >= 1")
+    model = getattr(args, "model", None)
+    if model is not None:
+        if PRESETS[model].get("experts"):
+            raise SystemExit(f"--model {model}: a mixture of experts; give --params (dense + expert parameters)")
+        args.params = model_params(MemoryConfig(**PRESETS[model]))
     if not args.params > 0:
         raise SystemExit(f"--params {args.params}: must be > 0")
     stages = STAGES if args.stage is None else (args.stage,)
     rep = estimate_report(args.params, args.dp, stages, args.precision)
+    if model is not None:
+        rep["model"] = model
     if args.json:
         print(json.dumps(rep, indent=2))
         return 0
-    print(f"Psi = {args.params:.4g} parameters, N_d = {args.dp}, {args.precision} (K = {rep['k']}); GB = 1e9 bytes")
+    name = f"{model}: " if model is not None else ""
+    print(f"{name}Psi = {args.params:.4g} parameters, N_d = {args.dp}, {args.precision} (K = {rep['k']}); GB = 1e9 bytes")
     print(f"{'stage':>5} {'params':>10} {'grads':>10} {'optimizer':>10} {'total GB':>10} {'comm GB/step':>13}")
     for r in rep["stages"]:
         print(f"{r['stage']:>5} {r['params'] / GB:>10.3f} {r['grads'] / GB:>10.3f} {r['optimizer'] / GB:>10.3f} "

@@ -35,6 +35,9 @@ def add_plan_parser(subparsers) -> argparse.ArgumentParser:
     g.add_argument("--model", choices=sorted(est.PRESETS), default=None, help="a preset shape")
     for name in ("layers", "hidden", "heads", "vocab", "seq-len"):
         g.add_argument(f"--{name}", type=positive_int, default=None, help="overrides the preset")
+    g.add_argument("--kv-heads", type=positive_int, default=None, help="key/value heads (grouped-query attention)")
+    g.add_argument("--ffn", type=positive_int, default=None, help="the MLP's inner width (default 4 x hidden)")
+    g.add_argument("--mlp", choices=est.MLPS, default=None, help="gelu (2 matrices) or swiglu (3)")
     g.add_argument("--precision", choices=est.PRECISIONS, default=None)
     g.add_argument("--fp32-grads", action="store_true", default=None, help="grads accumulate in fp32 (4 B/param)")
     g.add_argument("--no-dropout", action="store_true", help="the model has no dropout (BLOOM)")
@@ -75,7 +78,7 @@ def add_plan_parser(subparsers) -> argparse.ArgumentParser:
 def _model_from_args(args) -> dict:
     model = preset_shape(args.model) if args.model else {}
     for k in ("layers", "hidden", "heads", "vocab", "seq_len", "precision", "fp32_grads", "attention", "stack",
-              "experts", "top_k", "capacity_factor"):
+              "experts", "top_k", "capacity_factor", "kv_heads", "ffn", "mlp"):
         if getattr(args, k) is not None:
             model[k] = getattr(args, k)
     if args.no_dropout:
