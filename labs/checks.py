@@ -954,16 +954,21 @@ def _offload_oracle() -> tuple[int, list[dict]]:
 
 def _offload_hint(precision: str, stage: int, offload: bool, got: dict, want: dict, psi: int, dp: int) -> str:
     where = f"{precision}, stage {stage}, offload={offload}"
-    width = 4 if precision == "fp32" else 2
+    width, grad_width = (4 if precision == "fp32" else 2), (2 if precision == "fp16" else 4)
     head = f"{where}: got device {got['device']:,} / cpu {got['cpu']:,} B, measured {want['device']:,} / {want['cpu']:,}"
-    shard, host_grads = width * psi // dp, 4 * psi // dp
+    shard, host_grads = grad_width * psi // dp, 4 * psi // dp
+    on_device = psi // (dp if stage >= 2 else 1) if not offload or stage == 1 else 0    # gradient elements there
+    if precision == "bf16" and on_device and got["device"] == want["device"] - 2 * on_device:
+        return head + (": bf16 gradients are summed and reduced in an fp32 buffer (Megatron's main_grad): 4 bytes "
+                       "per element, not bf16's 2")
     if offload and stage >= 2 and got["device"] == want["device"] + shard and got["cpu"] == want["cpu"] - host_grads:
         return head + (": under offload each unit's reduced gradient shard goes to the host as soon as it is reduced "
                        "(summed there in fp32, 4 bytes per element); from stage 2 on none stays on the device")
-    if offload and got["device"] == want["device"] and got["cpu"] == want["cpu"] - host_grads + shard and width != 4:
+    if offload and got["device"] == want["device"] and got["cpu"] == want["cpu"] - host_grads + width * psi // dp \
+            and width != 4:
         return head + (": the host sums the gradient shards in fp32: 4 bytes per element, whatever the parameters' "
                        "dtype")
-    if offload and stage == 1 and got["device"] == want["device"] - width * psi:
+    if offload and stage == 1 and got["device"] == want["device"] - grad_width * psi:
         return head + (": stage 1 does not shard gradients: the whole buffer the backward accumulates into stays on "
                        "the device; only this rank's reduced shard goes to the host")
     master = 4 * psi // dp
@@ -977,7 +982,7 @@ def _offload_hint(precision: str, stage: int, offload: bool, got: dict, want: di
     if precision == "fp32" and offload and got["cpu"] == want["cpu"] - master:
         return head + (": offloading always makes a separate fp32 master copy on the host, even when the parameters "
                        "are fp32 (the device keeps its own parameters)")
-    grads_stage = width * psi // (dp if stage >= 2 else 1)
+    grads_stage = grad_width * psi // (dp if stage >= 2 else 1)
     if (got["cpu"] or got["device"]) and (got["cpu"] == dp * want["cpu"] or
                                           got["device"] - want["device"] == (dp - 1) * (want["device"] - (
                                               width * psi // (dp if stage >= 3 else 1) + grads_stage))):
@@ -985,8 +990,9 @@ def _offload_hint(precision: str, stage: int, offload: bool, got: dict, want: di
     if got["device"] != want["device"]:
         params = width * psi // (dp if stage >= 3 else 1)
         return head + (f": the device holds parameters ({params:,} B at stage {stage}: sharded only at stage 3) and "
-                       f"gradients ({grads_stage:,} B: sharded from stage 2), each {width} bytes per element in "
-                       f"{precision}" + ("; under offload the gradient shards are on the host" if offload else ""))
+                       f"gradients ({grads_stage:,} B: sharded from stage 2), {width} and {grad_width} bytes per "
+                       f"element in {precision}"
+                       + ("; under offload the gradient shards are on the host" if offload else ""))
     return head
 
 

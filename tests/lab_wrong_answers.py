@@ -452,7 +452,7 @@ class ScalerForgetsSkipped(_GoodScaler):
 def location_keeps_grad_shard(n_params, dp, stage, precision, offload):
     out = _good_location(n_params, dp, stage, precision, offload)
     if offload and stage >= 2:                 # the shard kept on the device until the step, none on the host
-        shard = (4 if precision == "fp32" else 2) * n_params // dp
+        shard = (2 if precision == "fp16" else 4) * n_params // dp        # bf16: reduced in fp32
         out = {"device": out["device"] + shard, "cpu": out["cpu"] - 4 * n_params // dp}
     return out
 
@@ -467,7 +467,14 @@ def location_host_grads_16bit(n_params, dp, stage, precision, offload):
 def location_stage1_grads_moved(n_params, dp, stage, precision, offload):
     out = _good_location(n_params, dp, stage, precision, offload)
     if offload and stage == 1:
-        out["device"] -= (4 if precision == "fp32" else 2) * n_params
+        out["device"] -= (2 if precision == "fp16" else 4) * n_params
+    return out
+
+
+def location_bf16_grads_16bit(n_params, dp, stage, precision, offload):
+    out = _good_location(n_params, dp, stage, precision, offload)
+    if precision == "bf16" and (not offload or stage == 1):    # gradients on the device counted in bf16, not fp32
+        out["device"] -= 2 * n_params // (dp if stage >= 2 else 1)
     return out
 
 

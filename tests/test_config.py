@@ -31,6 +31,10 @@ def test_from_deepspeed_maps_buckets_prefetch_and_fp16():
         "enabled": True, "loss_scale": 0, "initial_scale_power": 12, "hysteresis": 3}})
     assert (fp16.precision, fp16.initial_scale_power, fp16.hysteresis) == ("fp16", 12, 3)
     assert mm.TrainConfig.from_deepspeed({"fp16": {"enabled": False}}).precision == "fp32"
+    # bf16 with fp32 gradient sums (what export_config writes; minimega's main_grad) reads as bf16
+    bf16 = mm.TrainConfig.from_deepspeed({"zero_optimization": {"stage": 2}, "bf16": {"enabled": True},
+                                          "data_types": {"grad_accum_dtype": "fp32"}, "communication_data_type": "fp32"})
+    assert (bf16.precision, bf16.zero_stage) == ("bf16", 2)
 
 
 @pytest.mark.parametrize("config, message", [
@@ -68,6 +72,14 @@ def test_from_deepspeed_maps_buckets_prefetch_and_fp16():
      "param_persistence_threshold=10 has an effect only with zero_stage=3"),
     ({"train_micro_batch_size_per_gpu": 4, "_dp": None}, "train_micro_batch_size_per_gpu needs the data-parallel"),
     ({"zero_optimization": []}, "'zero_optimization' must be a JSON object"),
+    # minimega sums bf16 gradients in fp32 and fp32/fp16 ones in their own dtype: other sums are refused
+    ({"zero_optimization": {"stage": 1}, "bf16": {"enabled": True}, "data_types": {"grad_accum_dtype": "bf16"}},
+     "grad_accum_dtype.*minimega sums gradients in fp32 under bf16 only"),
+    ({"zero_optimization": {"stage": 1}, "bf16": {"enabled": True}, "communication_data_type": "bf16"},
+     "communication_data_type.*in fp32 under bf16 only"),
+    ({"zero_optimization": {"stage": 1}, "fp16": {"enabled": True}, "communication_data_type": "fp32"},
+     "communication_data_type.*in fp32 under bf16 only"),
+    ({"bf16": {"enabled": True}, "data_types": {"param_dtype": "fp32"}}, "unsupported key.*data_types.param_dtype"),
 ])
 def test_from_deepspeed_rejects_bad_input_by_name(config, message):
     dp = config.pop("_dp", 2)

@@ -38,8 +38,11 @@ def test_stage_formulas_and_precisions():
     assert est.model_state_bytes(psi, nd, 1) == 4 * psi + 12 * psi / nd
     assert est.model_state_bytes(psi, nd, 2) == 2 * psi + 14 * psi / nd
     assert est.model_state_bytes(psi, nd, 3) == 16 * psi / nd
-    for p in ("bf16", "fp16"):
-        assert est.model_state_bytes(psi, nd, 2, p) == est.model_state_bytes(psi, nd, 2, "mixed")
+    assert est.model_state_bytes(psi, nd, 2, "fp16") == est.model_state_bytes(psi, nd, 2, "mixed")
+    # bf16 keeps fp32 gradients (Megatron's main grads): dist_optimizer.md's bf16 rows, 18 and 6 + 12/d
+    assert est.model_state_bytes(psi, 1, 0, "bf16") / psi == 18
+    assert est.model_state_bytes(psi, nd, 1, "bf16") / psi == 6 + 12 / nd
+    assert est.model_state_bytes(psi, nd, 2, "bf16") == 2 * psi + 16 * psi / nd
     assert est.model_state_bytes(psi, 1, 0, "fp32") == 16 * psi  # 4 + 4 + 8, no master copy
     assert est.model_state_bytes(psi, nd, 1, "fp32") == 8 * psi + 8 * psi / nd
     # Megatron distributed optimizer, fp32 params and grads: 8 + 8/d bytes/param (dist_optimizer.md)
@@ -321,15 +324,19 @@ def test_bloom_preset_matches_the_tr11_notes():
     # BF16_Optimizer is Megatron's bf16 / fp32-main-grads row: 6 + 12/d bytes per parameter
     assert (out["params"] + out["grads"] + out["optimizer"]) / n == 6 + 12 / 8
     assert out["total"] < 80 * est.GB
-    with pytest.raises(ValueError, match="fp32_grads"):
-        est.memory_per_gpu(est.MemoryConfig(**{**est.PRESETS["bloom-176b"], "precision": "fp32"}))
+    for precision in ("fp32", "bf16"):           # gradients already fp32: the switch would change nothing
+        with pytest.raises(ValueError, match="fp32_grads"):
+            est.memory_per_gpu(est.MemoryConfig(**{**est.PRESETS["bloom-176b"], "precision": precision,
+                                                   "fp32_grads": True}))
     with pytest.raises(ValueError, match="position_embedding"):
         est.memory_per_gpu(est.MemoryConfig(**{**est.PRESETS["bloom-176b"], "position_embedding": 0}))
     # a learned table and 16-bit gradients change exactly their own terms
     learned = est.memory_per_gpu(est.MemoryConfig(**{**est.PRESETS["bloom-176b"], "position_embedding": True}))
     assert learned["stage_params"] - n == 2048 * h
-    g16 = est.memory_per_gpu(est.MemoryConfig(**{**est.PRESETS["bloom-176b"], "fp32_grads": False}))
+    g16 = est.memory_per_gpu(est.MemoryConfig(**{**est.PRESETS["bloom-176b"], "precision": "mixed"}))
     assert g16["grads"] == 2 * n
+    g32 = est.memory_per_gpu(est.MemoryConfig(**{**est.PRESETS["bloom-176b"], "precision": "mixed", "fp32_grads": True}))
+    assert g32 == out                               # fp16 with an fp32 buffer costs what bf16 does
 
 
 def test_bloom_cost_from_its_log_and_paper():

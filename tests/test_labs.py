@@ -221,6 +221,7 @@ def test_loss_scaler_check_names_the_mistake(answer, says):
     (wrong.location_keeps_grad_shard, "from stage 2 on none stays on the device"),
     (wrong.location_host_grads_16bit, "the host sums the gradient shards in fp32"),
     (wrong.location_stage1_grads_moved, "stage 1 does not shard gradients"),
+    (wrong.location_bf16_grads_16bit, "summed and reduced in an fp32 buffer"),
     (wrong.location_fp32_master_on_device, "the parameter shard *is* the master copy"),
     (wrong.location_fp32_offload_no_copy, "always makes a separate fp32 master copy on the host"),
     (wrong.location_optimizer_not_sharded, "each rank keeps Ψ/dp of them"),

@@ -53,7 +53,7 @@ def _random_config(rng):
                 seq_len=rng.choice([512, 2048, 8192]), micro_batch=b, precision=precision, zero_stage=stage, tp=tp,
                 dp=dp, pp=pp, sp=rng.random() < 0.5, recompute=rng.choice(est.RECOMPUTE), schedule=schedule,
                 virtual_stages=v, attention=attention, position_embedding=rng.random() < 0.5,
-                fp32_grads=rng.random() < 0.5 and precision != "fp32", pp_partition=rng.choice(est.PP_PARTITION),
+                fp32_grads=rng.random() < 0.5 and precision in ("mixed", "fp16"), pp_partition=rng.choice(est.PP_PARTITION),
                 global_batch=dp * b * m, dropout=rng.random() < 0.5, stack=rng.choice(sorted(perf.STACKS)),
                 bucket_bytes=rng.choice([25e6, 5e8]),
                 offload=rng.choice(["none"] + (["optimizer"] if stage else []) + (["optimizer+params"] if stage == 3 else [])),

@@ -290,7 +290,7 @@ def _random_config(rng: random.Random) -> dict:
                 micro_batches=rng.randint(1, 300), virtual_stages=rng.randint(1, 4),
                 offload=rng.choice(est.OFFLOAD if stage == 3 else est.OFFLOAD[:2] if stage else est.OFFLOAD[:1]),
                 attention=attention, position_embedding=rng.random() < 0.5,
-                fp32_grads=rng.random() < 0.5 and precision != "fp32", pp_partition=rng.choice(est.PP_PARTITION))
+                fp32_grads=rng.random() < 0.5 and precision in ("mixed", "fp16"), pp_partition=rng.choice(est.PP_PARTITION))
     if cp > 1 and heads % (tp * cp) == 0 and rng.random() < 0.5:
         cfg["cp_attention"] = "ulysses"                                       # all-to-all over heads
     return {**cfg, **(_random_experts(rng) if cfg["cp"] == 1 else {})}   # no MoE under cp
@@ -334,6 +334,7 @@ def test_calculator_js_rejects_what_python_rejects():
            {**base, "offload": "optimizer", "zero_stage": 0}, {**base, "dp": 0},
            {**base, "recompute": "half"}, {**base, "layers": 2.5}, {**base, "attention": "flash"},
            {**base, "pp_partition": "uniform"}, {**base, "fp32_grads": True, "precision": "fp32"},
+           {**base, "fp32_grads": True, "precision": "bf16"},
            {**base, "position_embedding": 1}, {**base, "ep": 2}, {**base, "experts": 4, "ep": 3, "dp": 3},
            {**base, "experts": 4, "top_k": 5}, {**base, "experts": 4, "capacity_factor": 0},
            {**base, "experts": 4, "sp": True, "tp": 2}, {**base, "experts": -1},

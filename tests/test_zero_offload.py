@@ -64,13 +64,12 @@ def _by_location(m: dict) -> dict:
 @pytest.mark.parametrize("stage,precision", CASES, ids=[f"stage{s}-{p}" for s, p in CASES])
 def test_device_bytes_at_the_step_are_the_estimators(runs, stage, precision):
     psi = sum(estimate.padded_numel(sum(u), DP) for u in _units())        # the padded Ψ the flat buffers hold
-    # minimega's bf16 accumulates and reduces gradients in fp32 (main_grad): the estimators' fp32-gradient variant.
-    main_grad = precision == "bf16"
+    # minimega's bf16 accumulates and reduces gradients in fp32 (main_grad): the estimators' "bf16" counts 4 bytes.
     cfg = estimate.MemoryConfig(layers=MODEL["n_layer"], hidden=MODEL["n_embd"], heads=MODEL["n_head"],
                                 vocab=MODEL["vocab_size"], seq_len=MODEL["block_size"], precision=precision,
-                                zero_stage=stage, dp=DP, offload="optimizer", fp32_grads=main_grad)
+                                zero_stage=stage, dp=DP, offload="optimizer")
     per_gpu = estimate.memory_per_gpu(cfg)
-    placed = estimate.model_state_placement(psi, DP, stage, precision, "optimizer", grad_bytes=4 if main_grad else None)
+    placed = estimate.model_state_placement(psi, DP, stage, precision, "optimizer")
     for rank, result in enumerate(runs):
         got = _by_location(result[(stage, precision)]["at_step"])
         # In bytes, for minimega's padded Ψ: exactly.

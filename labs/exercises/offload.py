@@ -3,7 +3,8 @@
 minimega's ZeRO keeps on each rank (Ψ = the padded parameter count, n = dp):
 
     parameters           in the precision's dtype (fp32: 4 bytes, bf16/fp16: 2); whole, or Ψ/n at stage 3
-    gradients            same dtype; whole at stage 1, Ψ/n at stages 2 and 3
+    gradients            fp32 (4 bytes) under fp32 and bf16 (bf16 sums and reduces its gradients in an fp32
+                         buffer, Megatron's main_grad), fp16: 2; whole at stage 1, Ψ/n at stages 2 and 3
     fp32 master shard    Ψ/n × 4 bytes: a separate copy for bf16/fp16; for fp32 the parameter shard *is* the
                          master (no extra bytes) — unless it is offloaded, which always makes a host copy
     Adam's moments       Ψ/n × 8 bytes (exp_avg, exp_avg_sq), fp32

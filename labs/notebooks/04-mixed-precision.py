@@ -4,8 +4,11 @@
 # **Why.** Storing parameters and gradients in 16 bits halves their bytes and (on GPUs) multiplies the matmul
 # throughput. The optimizer still works in fp32: a *master copy* of the weights and Adam's moments stay fp32, since
 # updates of ~1e-4 × w vanish in bf16's 8-bit mantissa. That is the ZeRO paper's accounting: 2 + 2 + K bytes per
-# parameter with K = 12 (master 4 + two moments 4 + 4). fp16 adds a problem bf16 does not have: its 5-bit exponent
-# underflows small gradients, so the loss is *scaled* up before backward and the gradients scaled down after.
+# parameter with K = 12 (master 4 + two moments 4 + 4). Sums need fp32 too: minimega's bf16, like Megatron-LM's
+# `main_grad` and DeepSpeed's BF16_Optimizer, adds each backward's bf16 gradient into an fp32 buffer and reduces that
+# buffer over the ranks, so its gradients cost 4 bytes: 2 + 4 + 12 = 18, Megatron's bf16 row. fp16 adds a problem
+# bf16 does not have: its 5-bit exponent underflows small gradients, so the loss is *scaled* up before backward and
+# the gradients scaled down after.
 #
 # This lab trains the same model in fp32, bf16 and fp16 on 2 ranks (ZeRO-1, so the master copy is sharded too),
 # measures the bytes, and compares the loss curves. The model is small on purpose (n_embd = 32, 16 tokens): CPUs
@@ -37,6 +40,8 @@ runs = {precision: mm.launch(workers.train, dp, model,
 # ## 2. Bytes per rank
 # With ZeRO-1 the parameters and gradients are whole on each rank; the master copy and Adam's moments are sharded.
 # In fp32 the parameters *are* the master weights (no copy), so K = 8; in bf16/fp16 the store keeps an fp32 copy.
+# bf16's gradients are its fp32 accumulation buffer (4 bytes, the estimator's "bf16"); fp16 keeps 2-byte gradients,
+# reduced in fp16 under the loss scale (the ZeRO paper's "mixed" accounting).
 
 # %%
 # NBVAL_CHECK_OUTPUT
@@ -47,11 +52,29 @@ print(f"Ψ = {psi:,}")
 for precision, reports in runs.items():
     m = reports[0]["memory_at_step"]
     states = m["params"] + m["grads"] + m["master"] + m["optimizer_states"]
-    mode = "fp32" if precision == "fp32" else "mixed"
-    formula = estimate.model_state_bytes(padded, dp, 1, mode)
+    formula = estimate.model_state_bytes(padded, dp, 1, precision)
     print(f"{precision}, bytes per parameter on rank 0: params {m['params'] / psi:.0f}, grads {m['grads'] / psi:.0f}, "
           f"fp32 master {m['master'] / psi:.0f}, Adam moments {m['optimizer_states'] / psi:.0f} "
-          f"→ {states:,} B on rank 0; ZeRO-1 formula ({mode}) {formula:,.0f} B")
+          f"→ {states:,} B on rank 0; ZeRO-1 formula ({precision}) {formula:,.0f} B")
+
+# %% [markdown]
+# ### Why bf16 gradients are summed in fp32
+# Gradient accumulation and the data-parallel reduction are sums. bf16 stores 7 mantissa bits, so every partial sum
+# rounds to within 2^-8 ≈ 0.4% of itself, and the errors add up over micro-steps and ranks. Eight micro-step
+# gradients, summed in bf16 and summed in fp32 (each one still computed in bf16), against the exact sum:
+
+# %%
+# NBVAL_CHECK_OUTPUT
+torch.manual_seed(0)
+parts = (torch.randn(8, 100_000) * 1e-3).to(torch.bfloat16)        # 8 micro-steps' bf16 gradients
+exact = parts.double().sum(0)
+in_bf16, in_fp32 = torch.zeros(100_000, dtype=torch.bfloat16), torch.zeros(100_000)
+for g in parts:
+    in_bf16 += g                                                    # accumulated where it is stored
+    in_fp32 += g.float()                                            # main_grad: accumulated in an fp32 buffer
+for name, acc in (("bf16", in_bf16), ("fp32 (main_grad)", in_fp32)):
+    err = ((acc.double() - exact).norm() / exact.norm()).item()
+    print(f"summed in {name:16}: error {err:.1e} of the gradient's norm")
 
 # %% [markdown]
 # ## 3. Loss curves
@@ -124,5 +147,6 @@ checks.check_loss_scaler(mine.LossScaler)
 
 # %% [markdown]
 # **Takeaway.** Mixed precision stores 2 + 2 bytes per parameter and keeps 12 in fp32 for the optimizer: 16 in all,
-# the same as fp32 training — the saving is in activations, bandwidth and speed, and ZeRO shards the 12. bf16 trains
-# like fp32 with no scaling; fp16 needs a dynamic loss scale, and pays with the steps it skips.
+# the same as fp32 training; bf16 with fp32 gradient sums (`main_grad`) keeps 2 + 4 + 12 = 18. The saving is in
+# activations, bandwidth and speed, and ZeRO shards the 12 (from stage 2 the gradients too). bf16 trains like fp32
+# with no scaling as long as its sums are fp32; fp16 needs a dynamic loss scale, and pays with the steps it skips.

@@ -25,7 +25,8 @@ import workers     # labs/workers.py: the functions each rank runs
 
 # %% [markdown]
 # ## 1. Same job, optimizer on the device or on the CPU
-# bf16 parameters with an fp32 master, ZeRO-2, dp = 2, a small model (bf16 matmuls are slow on CPUs).
+# bf16 parameters with an fp32 master, ZeRO-2, dp = 2, a small model (bf16 matmuls are slow on CPUs). bf16's
+# gradients are summed and reduced in fp32 (chapter 4's `main_grad`): 4 bytes per element.
 
 # %%
 model = mm.GPTConfig.tiny(n_embd=32)
@@ -50,7 +51,7 @@ for offload, reports in runs.items():
           f"{rows[offload]['device']:,} B on the device ({rows[offload]['device'] / psi:.0f} B/param), "
           f"{m['grads']:,} B of them gradients, and {rows[offload]['cpu']:,} B on the CPU "
           f"({rows[offload]['cpu'] / psi:.0f} B/param)")
-print(f"formula, ZeRO-2 over dp={dp}: without offload device 2Ψ + 2Ψ/dp + 12Ψ/dp = {2 * psi + 14 * psi // dp:,} B; "
+print(f"formula, ZeRO-2 over dp={dp}: without offload device 2Ψ + 4Ψ/dp + 12Ψ/dp = {2 * psi + 16 * psi // dp:,} B; "
       f"with offload device 2Ψ = {2 * psi:,} B, CPU (12 + 4)Ψ/dp = {16 * psi // dp:,} B")
 gap = max(abs(a - b) for a, b in zip(runs[True][0]["losses"], runs[False][0]["losses"]))
 print("losses", [round(x, 4) for x in runs[False][0]["losses"]], "; offloaded run within 1e-5:", gap < 1e-5)
@@ -62,15 +63,15 @@ figures.model_states_by_location([runs[False][0], runs[True][0]], ["on the devic
 
 # %% [markdown]
 # The step is the same torch AdamW on the same fp32 numbers, only elsewhere: the losses agree. On a GPU the price is
-# the PCIe traffic — gradients down (2Ψ/dp bytes) and updated parameters up (2Ψ/dp) every step — and the CPU's
-# slower step, which ZeRO-Offload overlaps with the next backward.
+# the PCIe traffic — gradients down (4Ψ/dp bytes here: bf16's are reduced in fp32; 2Ψ/dp with fp16) and updated
+# parameters up (2Ψ/dp) every step — and the CPU's slower step, which ZeRO-Offload overlaps with the next backward.
 #
-# With offload the device holds no gradients at the step: as soon as a unit's reduce-scatter is done, its 16-bit shard
-# is copied to the host and summed there into an fp32 buffer (4 bytes per element, as DeepSpeed's pinned fp32
-# gradient partition), and the device's copy is freed. The host so holds 16 bytes per parameter of its shard: the
+# With offload the device holds no gradients at the step: as soon as a unit's reduce-scatter is done, its shard (fp32
+# under bf16, 16-bit under fp16) is copied to the host and summed there into an fp32 buffer (4 bytes per element, as
+# DeepSpeed's pinned fp32 gradient partition), and the device's copy is freed. The host so holds 16 bytes per parameter of its shard: the
 # fp32 master (4), Adam's moments (8) and the gradients (4) — DeepSpeed's estimator counts the same 16Ψ before its
-# 1.5× buffer factor. With gradient accumulation the host sums the micro-steps in fp32, where the device without
-# offload sums them in the parameters' dtype, so in bf16 the two runs then differ by rounding.
+# 1.5× buffer factor. With gradient accumulation the host sums the micro-steps in fp32, and so does the device
+# without offload under bf16 (its fp32 gradient shards); only fp16, which sums on the device in fp16, then differs.
 #
 # ## 2. A billion parameters on one GPU
 # `estimate.memory_per_gpu` adds activations to the model states. A 1.3 B-parameter GPT (24 layers, width 2048), one

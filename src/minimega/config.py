@@ -276,11 +276,12 @@ class TrainConfig:
         every other key is refused by name (with the reason, where DeepSpeed has it and minimega does not).
 
         Read: train_batch_size, train_micro_batch_size_per_gpu (needs ``dp``), gradient_accumulation_steps,
-        gradient_clipping, optimizer {type, params{lr, betas, eps, weight_decay, adam_w_mode}}, zero_optimization {stage,
-        reduce_bucket_size (stage 0: DDP's buckets), overlap_comm (absent: DeepSpeed's default, on at stage 3 only),
-        stage3_param_persistence_threshold,
-        stage3_prefetch_bucket_size (0 only: prefetch off), offload_optimizer {device}}, bf16 {enabled},
-        fp16 {enabled, loss_scale, initial_scale_power, loss_scale_window, hysteresis, min_loss_scale}.
+        gradient_clipping, optimizer {type, params{lr, betas, eps, weight_decay, adam_w_mode}}, zero_optimization
+        {stage, reduce_bucket_size (stage 0: DDP's buckets), overlap_comm (absent: DeepSpeed's default, on at stage 3
+        only), stage3_param_persistence_threshold, stage3_prefetch_bucket_size (0 only: prefetch off),
+        offload_optimizer {device}}, bf16 {enabled}, fp16 {enabled, loss_scale, initial_scale_power,
+        loss_scale_window, hysteresis, min_loss_scale}, data_types {grad_accum_dtype} and communication_data_type
+        ('fp32', bf16 only).
         Values are taken as JSON types: ``"false"`` is not a bool and ``"16"`` is not an int.
 
         Args:
@@ -348,7 +349,7 @@ def _read_deepspeed(config: dict, dp: int | None) -> dict:
     out: dict = {}
     top = _ds_section(config, "", {"train_batch_size", "train_micro_batch_size_per_gpu",
                                    "gradient_accumulation_steps", "gradient_clipping", "optimizer",
-                                   "zero_optimization", "bf16", "fp16"})
+                                   "zero_optimization", "bf16", "fp16", "data_types", "communication_data_type"})
     ga = _ds_get(top, "gradient_accumulation_steps", "int") if "gradient_accumulation_steps" in top else 1
     out["gradient_accumulation_steps"] = ga
     tb = _ds_get(top, "train_batch_size", "int") if "train_batch_size" in top else None
@@ -370,20 +371,16 @@ def _read_deepspeed(config: dict, dp: int | None) -> dict:
         kind = _ds_get(opt, "type", "str", "optimizer.").lower() if "type" in opt else "adamw"
         if kind not in OPTIMIZERS:
             raise ValueError(f"DeepSpeed config: optimizer.type={opt.get('type')!r}; supported: AdamW, Adam, SGD")
+        mode = True                         # DeepSpeed: "Adam" decouples weight decay (AdamW) unless adam_w_mode false
         if "params" in opt:
             params = _ds_section(opt, "params", {"lr", "betas", "eps", "weight_decay", "adam_w_mode"},
                                  "optimizer.params")
-            if "adam_w_mode" in params:     # DeepSpeed: "Adam" decouples weight decay (AdamW) unless this is false
+            if "adam_w_mode" in params:
                 mode = _ds_get(params, "adam_w_mode", "bool", "optimizer.params.")
                 if kind != "adam":
                     raise ValueError(f"DeepSpeed config: optimizer.params.adam_w_mode={mode} has an effect only with "
                                      f"type Adam (AdamW always decouples weight decay); remove it")
-                kind = "adamw" if mode else "adam"
-            elif kind == "adam":
-                kind = "adamw"
-        elif kind == "adam":
-            kind = "adamw"                  # DeepSpeed's default adam_w_mode is true
-        out["optimizer"] = kind
+        out["optimizer"] = "adamw" if kind == "adam" and mode else kind
         if "params" in opt:
             for k in ("lr", "eps", "weight_decay"):
                 if k in params:
@@ -446,4 +443,8 @@ def _read_deepspeed(config: dict, dp: int | None) -> dict:
     if enabled.get("bf16") and enabled.get("fp16"):
         raise ValueError("DeepSpeed config: fp16 and bf16 are both enabled; enable at most one")
     out["precision"] = "bf16" if enabled.get("bf16") else "fp16" if enabled.get("fp16") else "fp32"
+    sums = {**(_ds_section(top, "data_types", {"grad_accum_dtype"}) if "data_types" in top else {}),
+            **{k: top[k] for k in ("communication_data_type",) if k in top}}      # bf16: fp32 sums (main_grad)
+    if any(v != "fp32" for v in sums.values()) or (sums and out["precision"] != "bf16"):
+        raise ValueError(f"DeepSpeed config: {sums}: minimega sums gradients in fp32 under bf16 only; use 'fp32' or remove")
     return out

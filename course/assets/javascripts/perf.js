@@ -252,7 +252,7 @@
     var bubble = p > 1 ? (p - 1) / v * slot : 0;
     var stackOverhead = (m + (p - 1) / v) * slot * (1 / STACKS[c.stack] - 1);
     var split = mem.stageParamSplit(memCfg(c)), nStage = split[0], nExpert = split[1];
-    var gradB = (c.fp32_grads || c.precision === "fp32") ? 4 : 2;
+    var gradB = (c.fp32_grads || c.precision === "fp32" || c.precision === "bf16") ? 4 : 2;   // bf16: fp32 main grads
     var replicas = c.dp * c.cp;                       // ranks holding the same parameters
     var l = linkFor(h, c.tp * c.cp * c.dp, nGpus);
     var lastBwd = mb.backward + mb.recompute;

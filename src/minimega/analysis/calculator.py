@@ -58,8 +58,9 @@ class MemoryConfig:
     position_embedding: bool = True
     """A learned s × h position table (GPT-2, GPT-3, MT-NLG); False for ALiBi or RoPE (BLOOM, Llama)."""
     fp32_grads: bool = False
-    """Gradients accumulate in an fp32 buffer, 4 bytes per parameter instead of 2 (DeepSpeed's
-    BF16_Optimizer, Megatron's main grads); only for 16-bit precisions."""
+    """fp16 ("mixed", "fp16") gradients accumulate in an fp32 buffer, 4 bytes per parameter instead of 2
+    (Megatron's ``--accumulate-allreduce-grads-in-fp32``); "bf16" counts that buffer already (Megatron's
+    main grads, DeepSpeed's BF16_Optimizer, minimega's bf16 policy) and "fp32" has nothing to widen."""
     pp_partition: str = "blocks"
     """'blocks': every stage holds ceil(L/p) blocks, the first one also the embedding.
     'blocks+embedding': the embedding counts as one more layer to balance (Megatron-DeepSpeed's
@@ -98,9 +99,9 @@ class MemoryConfig:
         for name in ("sp", "position_embedding", "fp32_grads", "tied", "bias"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name}={getattr(self, name)!r}: expected True or False")
-        if self.fp32_grads and self.precision == "fp32":
-            raise ValueError("fp32_grads=True: gradients are already fp32 with precision='fp32'; "
-                             "use a 16-bit precision or drop fp32_grads")
+        if self.fp32_grads and self.precision in ("fp32", "bf16"):
+            raise ValueError(f"fp32_grads=True: gradients are already fp32 with precision={self.precision!r}; "
+                             "use precision='mixed' or 'fp16', or drop fp32_grads")
         _check_stage_dp(self.zero_stage, self.dp)
         if self.hidden % self.heads or self.heads % self.tp:
             raise ValueError(f"hidden={self.hidden}, heads={self.heads}, tp={self.tp}: "
@@ -279,8 +280,7 @@ PRESETS = {
     "zero-7.5b": dict(layers=36, hidden=4096, heads=32, vocab=51200, seq_len=2048, dp=64),
     "bloom-176b": dict(layers=70, hidden=14336, heads=112, vocab=250880, seq_len=2048, micro_batch=2,
                        precision="bf16", zero_stage=1, tp=4, dp=8, pp=12, recompute="full",
-                       micro_batches=128, position_embedding=False, fp32_grads=True,
-                       pp_partition="blocks+embedding"),
+                       micro_batches=128, position_embedding=False, pp_partition="blocks+embedding"),
     "mt-nlg-530b": dict(layers=105, hidden=20480, heads=128, vocab=51200, seq_len=2048, micro_batch=1,
                         zero_stage=1, tp=8, dp=8, pp=35, recompute="full", micro_batches=240),
 }
@@ -294,7 +294,8 @@ vocabulary 250880, TP 4 x PP 12 x DP 8, micro-batch 2, global batch 2048 so m = 
 bf16, activation checkpointing; ALiBi, so no learned position table; `--pp-partition-method
 'type:transformer|embedding'`, so pp rank 0 holds the embedding and 5 blocks; DeepSpeed's
 BF16_Optimizer "implements its own ZeRO Stage 1" and "accumulates grads in fp32" in a buffer it does
-not shard (4 bytes per parameter). One GPU of stage 0 holds about 3.98B parameters.
+not shard (4 bytes per parameter, which precision="bf16" counts). One GPU of stage 0 holds about 3.98B
+parameters.
 
 mt-nlg-530b: Smith et al. 2022 (arXiv:2201.11990) and Korthikanti Table 3: 105 layers, h = 20480,
 128 heads, V = 51200, TP 8 x PP 35, micro-batch 1; DP 8 on 2240 GPUs with global batch 1920, so

@@ -40,12 +40,16 @@ CP_ATTENTION = ("ring", "ulysses")
 def state_bytes_per_param(precision: str = "mixed") -> tuple[int, int, int]:
     """Bytes per parameter for (parameters, gradients, optimizer states K) under Adam.
 
-    "mixed" (also "bf16", "fp16"): 16-bit params (2) and grads (2); K = 12 for the fp32 master
-    copy (4), momentum (4) and variance (4) - the ZeRO paper's accounting, §3.1.
+    "mixed" (also "fp16"): 16-bit params (2) and grads (2); K = 12 for the fp32 master
+    copy (4), momentum (4) and variance (4) - the ZeRO paper's accounting, §3.1: 16 bytes.
+    "bf16": bf16 params (2), gradients accumulated and reduced in fp32 (4, Megatron-LM's main grads,
+    as minimega's bf16 policy keeps them), K = 12: 18 bytes, Megatron's bf16 row.
     "fp32": fp32 params (4) and grads (4); K = 8 for momentum and variance, no master copy.
     """
-    if precision in ("mixed", "bf16", "fp16"):
+    if precision in ("mixed", "fp16"):
         return 2, 2, 12
+    if precision == "bf16":
+        return 2, 4, 12
     if precision == "fp32":
         return 4, 4, 8
     raise ValueError(f"precision {precision!r}: expected one of {PRECISIONS}")
@@ -67,8 +71,8 @@ def model_state_breakdown(n_params: float, dp: int, stage: int, precision: str =
 
     Stage 0 (DDP) replicates all three. Each ZeRO stage shards one more of them over the dp ranks:
     stage 1 the optimizer states (P_os), stage 2 also the gradients (P_os+g), stage 3 also the
-    parameters (P_os+g+p). `grad_bytes` overrides the gradient width: 4 for a 16-bit model whose
-    gradients accumulate in an fp32 buffer (DeepSpeed's BF16_Optimizer, Megatron's main grads).
+    parameters (P_os+g+p). `grad_bytes` overrides the gradient width: 4 for an fp16 ("mixed") model
+    whose gradients accumulate in an fp32 buffer ("bf16" counts such a buffer already).
     """
     _check_stage_dp(stage, dp)
     p, g, k = state_bytes_per_param(precision)
@@ -88,6 +92,7 @@ def model_state_bytes(n_params: float, dp: int, stage: int, precision: str = "mi
         stage 1: 2Ψ + 2Ψ + K·Ψ/N_d       stage 3: (2 + 2 + K)·Ψ/N_d
 
     with K = 12 in mixed precision. Ψ = 7.5e9, N_d = 64 gives 120, 31.4, 16.6 and 1.9 GB.
+    "bf16" puts 4 (fp32 gradients) for the second 2: 18Ψ without sharding, Megatron's bf16 row.
     """
     return sum(model_state_breakdown(n_params, dp, stage, precision).values())
 # --8<-- [end:model_state_bytes]

@@ -360,7 +360,7 @@ def step_time(cfg: PerfConfig, hw: Hardware | str = "a100-80gb") -> dict:
     # data parallelism: gradients averaged (ZeRO sharded) over the dp·cp ranks holding the same parameters
     n_stage, n_expert = est.stage_param_split(cfg.memory_config())
     replicas = cfg.dp * cfg.cp
-    grad_b = 4 if cfg.fp32_grads or cfg.precision == "fp32" else 2
+    grad_b = est.state_bytes_per_param(cfg.precision)[1] if not cfg.fp32_grads else 4   # bf16: fp32 main grads
     link = hw.link(_dp_group_span(cfg), cfg.n_gpus)
     last_bwd = mb["backward"] + mb["recompute"]
     dp_comm = 0.0

@@ -80,6 +80,11 @@ def to_deepspeed(cfg: TrainConfig, dp: int, *, megatron: bool = False) -> dict:
     # --8<-- [end:deepspeed_zero]
     if cfg.precision == "bf16":
         ds["bf16"] = {"enabled": True}
+        if stage >= 1:
+            # minimega sums and reduces bf16 gradients in fp32 (main_grad); DeepSpeed's ZeRO-1 then runs its
+            # BF16_Optimizer (engine.py _do_optimizer_sanity_check). Stage 0's BF16_Optimizer sums in fp32 already.
+            ds["data_types"] = {"grad_accum_dtype": "fp32"}
+            ds["communication_data_type"] = "fp32"
     elif cfg.precision == "fp16":
         if cfg.min_loss_scale != int(cfg.min_loss_scale):
             raise refuse(target, "min_loss_scale", cfg.min_loss_scale, "DeepSpeed's fp16.min_loss_scale is an "
@@ -103,6 +108,7 @@ def check_deepspeed(ds: dict, dp: int) -> str:
     import os
     os.environ.setdefault("DS_ACCELERATOR", "cpu")
     import deepspeed
+    import torch
     from deepspeed.runtime import constants as ds_constants
     from deepspeed.runtime.config import DeepSpeedConfig
     from deepspeed.runtime.zero.config import ZERO_OPTIMIZATION
@@ -126,11 +132,14 @@ def check_deepspeed(ds: dict, dp: int) -> str:
             "offload": getattr(z.offload_optimizer.device, "value", z.offload_optimizer.device)
             if z.offload_optimizer else "none",
             "bf16": parsed.bfloat16_config.enabled, "fp16": parsed.float16_config.enabled,
+            "grad_accum_dtype": parsed.grad_accum_dtype, "communication_data_type": parsed.communication_data_type,
             "optimizer": parsed.optimizer_name, "optimizer_params": parsed.optimizer_params}
     expect = {"gradient_accumulation_steps": ds["gradient_accumulation_steps"],
               "train_micro_batch_size_per_gpu": ds["train_micro_batch_size_per_gpu"],
               "gradient_clipping": ds["gradient_clipping"], "stage": want["stage"],
               "bf16": "bf16" in ds, "fp16": "fp16" in ds,
+              "grad_accum_dtype": ds.get("data_types", {}).get("grad_accum_dtype"),
+              "communication_data_type": {None: None, "fp32": torch.float32}[ds.get("communication_data_type")],
               "offload": want.get("offload_optimizer", {}).get("device", "none")}
     if "optimizer" in ds:
         kind = ds["optimizer"]["type"]

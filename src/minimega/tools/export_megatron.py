@@ -183,8 +183,8 @@ def torchtitan_sections(cfg: TrainConfig, dp: int, model: GPTConfig) -> dict[str
             raise refuse(target, name, get_field(cfg, name), why)
 
     if cfg.precision == "bf16":
-        raise refuse(target, "precision", "bf16", "minimega reduces bf16 gradients in bf16; torchtitan v0.2.2 "
-                      "reduces in float32 only (training.mixed_precision_reduce)")
+        raise refuse(target, "precision", "bf16", "this exporter writes torchtitan's fp32 policy only "
+                      "(mixed_precision_param float32); use fp32")
     if cfg.precision == "fp16":
         scaler = "".join(f", {n}={get_field(cfg, n)!r}" for n in ("loss_scale", "initial_scale_power", "loss_scale_window",
                                                             "hysteresis", "min_loss_scale") if get_field(cfg, n) != default_of(n))

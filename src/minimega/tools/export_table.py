@@ -89,8 +89,9 @@ TABLE: tuple[tuple[str, str, str, str], ...] = (
     ("weight_decay", "optimizer.params.weight_decay", "--weight-decay (not on biases and LayerNorm weights)",
      "optimizer.weight_decay"),
     ("seed", "— seed in your script (torch.manual_seed)", "--seed", "debug.seed"),
-    ("precision", "bf16.enabled | fp16.enabled", "--bf16 | --fp16",
-     "— fp32 only (mixed_precision_param float32): bf16 gradients are reduced in float32 there, fp16 has no "
+    ("precision", "bf16.enabled (+ fp32 grad_accum_dtype and communication_data_type) | fp16.enabled",
+     "--bf16 | --fp16",
+     "— fp32 only (mixed_precision_param float32): bf16 (float32 reduce) is not written here, fp16 has no "
      "loss scaler"),
     ("offload_optimizer", "zero_optimization.offload_optimizer.device cpu", "--optimizer-cpu-offload",
      "— enable_cpu_offload also moves parameters and gradients"),

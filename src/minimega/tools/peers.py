@@ -76,9 +76,12 @@ def _deepspeed_memory(engine, stage: int) -> dict:
     else:
         params = [p.data for p in module_params]
     inner = engine.optimizer.optimizer                  # the torch AdamW DeepSpeed wraps
-    # the fp32 partitions it steps (stage3.py / stage_1_and_2.py attribute names, DeepSpeed 0.19.8)
-    master = list(engine.optimizer.fp32_partitioned_groups_flat if stage == 3
-                  else engine.optimizer.single_partition_of_fp32_groups)
+    # the fp32 partitions it steps (stage3.py / stage_1_and_2.py / bf16_optimizer.py names, DeepSpeed 0.19.8;
+    # bf16 at stage 1 with fp32 gradient accumulation is BF16_Optimizer)
+    opt = engine.optimizer
+    master = list(opt.fp32_partitioned_groups_flat if stage == 3 else
+                  opt.fp32_groups_flat_partition if hasattr(opt, "fp32_groups_flat_partition")
+                  else opt.single_partition_of_fp32_groups)
     seen = {(t.untyped_storage().data_ptr(), t.device) for t in params}
     master = [p for p in master if (p.untyped_storage().data_ptr(), p.device) not in seen]
     states = [t for s in inner.state.values() for t in s.values() if isinstance(t, torch.Tensor)]
