@@ -390,7 +390,12 @@ def test_peak_memory_formulas_against_the_at_rest_accounting():
     assert est.peak_memory_bytes(units, 4, 3, prefetch=False)["gathered"] == 4 * est.padded_numel(5007, 4)
     shards = sum(est.padded_numel(sum(u), 2) for u in units) // 2
     assert shards * 2 > psi                                              # padding counted per unit
-    assert est.peak_memory_bytes(units, 2, 2)["grads"] == 4 * (shards + 5007)   # shards + the largest unit
+    # One reduction in flight: as block 1's starts, the head's and block 2's have retired (their shards exist).
+    assert est.peak_memory_bytes(units, 2, 2)["grads"] == 4 * (1500 + 2504 + 5007)
+    assert est.peak_memory_bytes(units, 2, 2, accumulation=2)["grads"] == 4 * (shards + 5007)   # all shards there
+    assert est.peak_memory_bytes(units, 2, 2, in_flight=None)["grads"] == 4 * shards           # none retired early
+    assert est.peak_memory_bytes(units, 2, 2)["comm_buffers"] == 4 * (5008 + 2504)            # one pool slot
+    assert est.peak_memory_bytes(units, 2, 2, in_flight=2)["comm_buffers"] == 2 * 4 * (5008 + 2504)
     bf16 = est.peak_memory_bytes(units, 2, 3, precision="bf16")
     assert bf16["master"] == 2 * bf16["params"]                        # fp32 masters of bf16 shards
     with pytest.raises(ValueError, match="precision='bf16' at stage 0"):

@@ -56,6 +56,7 @@ SAMPLES = {
     "param_persistence_threshold": (dict(zero_stage=3), dict(zero_stage=3, param_persistence_threshold=1000)),
     "prefetch": (dict(zero_stage=3), dict(zero_stage=3, prefetch=False)),
     "overlap_comm": ({}, dict(overlap_comm=False)),
+    "reductions_in_flight": (dict(zero_stage=2), dict(zero_stage=2, reductions_in_flight=2)),
     "ep": ({}, dict(ep=2)),
     "cp": ({}, dict(cp=2)),
     "cp_attention": (dict(cp=2), dict(cp=2, cp_attention="ulysses")),

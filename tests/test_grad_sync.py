@@ -85,3 +85,72 @@ def test_a_gradient_after_its_bucket_started_is_an_error():
 
 class _FakeGroup:
     size, ranks, name = 1, [0], "dp"
+
+
+# ------------------------------------------------------------------------------------------------
+# ZeRO's in-flight limit, seen by an observer of `minimega.comm` (the collectives themselves, not ZeRO's books).
+
+class _CountInFlight:
+    """Reduce-scatters issued and not yet done; ``most`` is the largest number at once."""
+
+    def __init__(self):
+        self.now, self.most = set(), 0
+
+    def issued(self, call):
+        if call.op == "reduce_scatter":
+            self.now.add(id(call))
+            self.most = max(self.most, len(self.now))
+
+    def waiting(self, call):
+        pass
+
+    def done(self, call):
+        self.now.discard(id(call))
+
+
+def _in_flight_worker(cases):
+    from minimega import comm
+    mesh = mm.init_mesh(mm.ParallelDims(dp=2))
+    out = {}
+    for stage, limit, ga in cases:
+        config = mm.TrainConfig(zero_stage=stage, reductions_in_flight=limit, gradient_accumulation_steps=ga)
+        torch.manual_seed(0)
+        engine = mm.initialize(mm.GPT(TINY), config, mesh)
+        zero = engine.zero_stages[0]
+        counter, shards_between_micro_steps = _CountInFlight(), []
+        real = zero.finish_grad_sync
+
+        def finish():
+            real()
+            shards_between_micro_steps.append(sum(g is not None for g in zero.grad_shards))
+        zero.finish_grad_sync = finish
+        with comm.observing(counter):
+            for batch in data.batches(mesh, 2, 8, 32):
+                engine.train_step(batch)
+        out[(stage, limit, ga)] = {"most": counter.most, "slots": len(zero.pool.slots), "units": len(zero.units),
+                                   "after_step": sum(g is not None for g in zero.grad_shards),
+                                   "between": shards_between_micro_steps}
+    return out
+
+
+def test_at_most_the_limit_of_reductions_is_in_flight_and_shards_go_after_the_step():
+    """FSDP2's default (one reduce-scatter in flight) and two; every unit has its gradient shard after each
+    micro-step's sync (accumulation keeps them), none after the optimizer step (released)."""
+    cases = [(2, 1, 1), (3, 1, 1), (3, 2, 2)]
+    result = mm.launch(_in_flight_worker, 2, cases, timeout=300)[0]
+    for stage, limit, ga in cases:
+        got = result[(stage, limit, ga)]
+        assert got["units"] > limit
+        assert got["most"] == limit, (stage, limit, got)            # reached, never exceeded
+        assert got["slots"] == limit                                 # the pool never grew past the limit
+        assert got["between"] == [got["units"]] * (2 * ga)
+        assert got["after_step"] == 0
+
+
+def test_reductions_in_flight_is_refused_where_it_does_nothing():
+    with pytest.raises(ValueError, match="reductions_in_flight=2 has an effect only with zero_stage >= 1"):
+        mm.TrainConfig(zero_stage=0, reductions_in_flight=2)
+    with pytest.raises(ValueError, match="reductions_in_flight=2 has an effect only"):
+        mm.TrainConfig(zero_stage=2, overlap_comm=False, reductions_in_flight=2)
+    with pytest.raises(ValueError, match="reductions_in_flight must be a positive integer"):
+        mm.TrainConfig(zero_stage=2, reductions_in_flight=0)

@@ -46,6 +46,9 @@ PEAK_MODEL = dict(vocab_size=255, block_size=64, n_layer=3, n_head=3, n_embd=33)
 PEAK_RUNS = {"stage0": dict(zero_stage=0), "stage1": dict(zero_stage=1), "stage2": dict(zero_stage=2),
              "stage3": dict(zero_stage=3), "stage3-no-prefetch": dict(zero_stage=3, prefetch=False),
              "stage2-sync": dict(zero_stage=2, overlap_comm=False),
+             "stage1-in-flight-2": dict(zero_stage=1, reductions_in_flight=2),
+             "stage3-in-flight-3": dict(zero_stage=3, reductions_in_flight=3),
+             "stage2-accumulate": dict(zero_stage=2, gradient_accumulation_steps=2),
              **{f"stage{s}-bf16": dict(zero_stage=s, precision="bf16") for s in (1, 2, 3)}}
 
 
@@ -63,8 +66,9 @@ def _peak_worker(runs):
         torch.manual_seed(0)
         ref = mm.GPT(mm.GPTConfig(**PEAK_MODEL)).to(engine.zero_stages[0].policy.param_dtype if config.zero_stage
                                                     else torch.float32)   # the single-process model, this rank's rows
+        micro = [t.chunk(config.gradient_accumulation_steps)[0] for t in batches[-1]]     # one micro-step's rows
         out[name] = {"peak": engine.report()["memory_peak"],
-                     "activations": activation_checkpoint.saved_activation_bytes(ref, *batches[-1])}
+                     "activations": activation_checkpoint.saved_activation_bytes(ref, *micro)}
     return out
 
 
@@ -79,7 +83,9 @@ def test_memory_peak_equals_the_formulas(dp):
             want = estimate.peak_memory_bytes(units, dp, overrides["zero_stage"],
                                               precision=overrides.get("precision", "fp32"),
                                               prefetch=overrides.get("prefetch", True),
-                                              overlap=overrides.get("overlap_comm", True))
+                                              overlap=overrides.get("overlap_comm", True),
+                                              in_flight=overrides.get("reductions_in_flight", 1),
+                                              accumulation=overrides.get("gradient_accumulation_steps", 1))
             for category, value in want.items():
                 assert got[category] == value, f"dp{dp} {name} rank {rank}: {category} {got[category]} != {value}"
             assert got["activations"] == result[name]["activations"], (name, got["activations"])
@@ -88,3 +94,6 @@ def test_memory_peak_equals_the_formulas(dp):
     # What ZeRO-3 buys at the peak, in this run's bytes: two gathered units rather than the whole model.
     z3, z0 = results[0]["stage3"]["peak"], results[0]["stage0"]["peak"]
     assert z3["params"] + z3["gathered"] < z0["params"]
+    # And what the in-flight limit buys: one reduction in flight holds less than all of them would.
+    unbounded = estimate.peak_memory_bytes(units, dp, 3, in_flight=None)
+    assert z3["comm_buffers"] + z3["grads"] < unbounded["comm_buffers"] + unbounded["grads"]

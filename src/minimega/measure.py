@@ -123,8 +123,9 @@ class PeakTracker:
 
     Args:
         state: ``() -> {category: tensors}`` for the model-state categories (params, gathered, master,
-            grads, optimizer_states, optimizer_step_counters) at the moment it is called; comm buffers
-            (collectives in flight) and activations (tensors saved for backward) are tracked here.
+            grads, optimizer_states, optimizer_step_counters) at the moment it is called, and the reduce
+            buffer pools (comm_buffers, held whether or not a reduction is in flight); the buffers of
+            collectives in flight (beyond those) and activations (tensors saved for backward) are tracked here.
 
     ``peak[c]`` is the largest value category ``c`` reached; ``peak["total"]`` the largest sum at one
     moment and ``at_peak`` the categories at that moment.
@@ -147,7 +148,7 @@ class PeakTracker:
             now = {c: 0 for c in CATEGORIES}
             for c, tensors in self.state().items():
                 now[c] += tensor_bytes(tensors, seen)
-            now["comm_buffers"] = tensor_bytes(self.in_flight.tensors(), seen)
+            now["comm_buffers"] += tensor_bytes(self.in_flight.tensors(), seen)     # beyond the pools' (state)
             now["activations"] = tensor_bytes(list(self._live.values()), seen)
             for c, v in now.items():
                 self.peak[c] = max(self.peak[c], v)
@@ -186,7 +187,7 @@ def state_tensors(dp_wrappers, optimizer=None) -> dict[str, list[torch.Tensor]]:
         dp_wrappers: the rank's data-parallel wrappers (`DataParallel` or a ZeRO stage), one per chunk.
         optimizer: the torch optimizer for DDP (ZeRO stages carry their own).
     """
-    out = {c: [] for c in CATEGORIES[:6]}
+    out = {c: [] for c in (*CATEGORIES[:6], "comm_buffers")}
     for w in dp_wrappers:
         if hasattr(w, "units"):                                    # a ZeRO stage
             for u, s in zip(w.units, w.shards):
@@ -199,6 +200,7 @@ def state_tensors(dp_wrappers, optimizer=None) -> dict[str, list[torch.Tensor]]:
                     out["params"].append(u.flat)
             out["grads"] += list(w.grad_buffers()) + [p.grad for u in w.units for p in u.params]
             out["grads"] += list(getattr(w, "main_grads", {}).values())     # bf16: the fp32 accumulators
+            out["comm_buffers"] += w.pool.tensors() if hasattr(w, "pool") else []    # reduce buffers, reused
             states = []
             if w.store.location == "device":      # offloaded (CPUOffloadStore): host memory, not this device's
                 out["master"] += list(w.store.master)

@@ -153,7 +153,8 @@ def model_state_bytes_padded(numels, dp: int, stage: int, precision: str = "mixe
 
 # --8<-- [start:peak_memory]
 def peak_memory_bytes(units: list[list[int]], dp: int, stage: int, *, precision: str = "fp32",
-                      prefetch: bool = True, overlap: bool = True, offload: bool = False) -> dict:
+                      prefetch: bool = True, overlap: bool = True, offload: bool = False,
+                      in_flight: int | None = 1, accumulation: int = 1) -> dict:
     """Peak bytes per rank by category during a step of minimega's DDP (stage 0) or ZeRO 1-3 with Adam.
 
     ``units``: the element count of each parameter, grouped by ZeRO unit in forward order (embeddings,
@@ -167,17 +168,22 @@ def peak_memory_bytes(units: list[list[int]], dp: int, stage: int, *, precision:
         grads             in fp32 under both policies (g = 4: bf16 gradients accumulate and reduce in fp32,
                           Megatron-LM's main_grad, see `precision`), handed to the optimizer in place:
                           stage 0: Σ N_u·g | 1: the flat buffers Σ P_u·g
-                          stage 2-3: the shards Σ P_u/n·g + one unit's full gradients max_u N_u·g (before
-                          its reduce-scatter flattens them)
+                          stage 2-3: each shard is born when its unit's reduction retires and released after
+                          the step; unit k's full gradients, N_k·g, live until its reduce-scatter starts, which
+                          first retires the oldest in flight: with L = min(in_flight, units) and units in
+                          backward order, max(max_k (Σ_{j retired by then} P_j/n + N_k), Σ P_u/n)·g, where
+                          those retired are all but the L-1 started last; with ``accumulation`` > 1 the
+                          second micro-step finds every shard there: Σ P_u/n·g + max_u N_u·g
                           bf16, stage 1: + the largest parameter's gradient in bf16 (max p·e), which lives beside
                           the whole buffer until the hook adds it into its fp32 main grad (stages 2-3: it lives
                           while its own main grad does not exist yet, so the unit's N_u·g stays the peak)
         optimizer_states  Adam's m and v in fp32: 2·Σ N_u·4 (stage 0) | 2·Σ P_u/n·4
         comm_buffers      what collectives in flight hold beyond the categories above:
                           stage 0: every bucket, Σ N_u·g (all are issued before the first is waited for)
-                          stage 1: the reduce-scatter outputs, Σ P_u/n·g (max_u P_u/n·g without overlap)
-                          stage 2-3: each unit's flattened gradient and its output shard, Σ P_u(1 + 1/n)·g,
-                          held until backward ends (max_u P_u(1 + 1/n)·g without overlap)
+                          stage 1-3: the reduce pool (`zero.flat.BufferPool`), L slots sized by the largest
+                          unit, L = min(in_flight, units) (1 without overlap; ``in_flight=None``: no bound):
+                          stage 1 the reduce-scatter outputs, L·max_u P_u/n·g (the input is the grads buffer);
+                          stage 2-3 each unit's flattened gradient and its output, L·max_u P_u(1 + 1/n)·g
         optimizer_step_counters  torch's 0-d fp32 ``step`` per optimizer tensor: one per parameter
                           (stage 0), one per unit (1-3)
 
@@ -203,6 +209,9 @@ def peak_memory_bytes(units: list[list[int]], dp: int, stage: int, *, precision:
     # bf16: a parameter's backward gradient (e) lives until the hook adds it into its fp32 main grad
     fold = max(map(max, units)) * e if e != g else 0
     unit_grads = max(N) * g        # 2-3: the bf16 gradient comes while the unit's main grads are not all there
+    if in_flight is not None and (isinstance(in_flight, bool) or not isinstance(in_flight, int) or in_flight < 1):
+        raise ValueError(f"peak_memory_bytes: in_flight={in_flight!r}; expected an integer >= 1 or None (no bound)")
+    slots = 1 if not overlap else min(in_flight or len(units), len(units))    # reductions in flight at most
     out = {"params": shard_elems * e if stage == 3 else full, "gathered": 0, "master": masters,
            "optimizer_states": 2 * 4 * (sum(N) if stage == 0 else shard_elems),
            "optimizer_step_counters": 4 * (sum(len(u) for u in units) if stage == 0 else len(units))}
@@ -213,16 +222,24 @@ def peak_memory_bytes(units: list[list[int]], dp: int, stage: int, *, precision:
         out["grads"] = full_g + fold if stage < 2 else unit_grads
     elif stage < 2:
         out["grads"] = full_g + fold
-    else:
+    elif accumulation > 1:
         out["grads"] = shard_elems * g + unit_grads
+    else:
+        out["grads"] = g * max(shard_elems, *_grads_at_each_start(N, P, n, slots))
     if stage == 0:
         out["comm_buffers"] = full_g
     elif stage == 1:
-        out["comm_buffers"] = shard_elems * g if overlap else max(P) // n * g
+        out["comm_buffers"] = slots * max(P) // n * g
     else:
-        per_unit = [p * g + p // n * g for p in P]
-        out["comm_buffers"] = sum(per_unit) if overlap else max(per_unit)
+        out["comm_buffers"] = slots * (max(P) + max(P) // n) * g
     return out
+
+
+def _grads_at_each_start(N: list[int], P: list[int], n: int, slots: int) -> list[int]:
+    """Elements of gradient a ZeRO-2/3 rank holds as each unit's reduction starts (backward order): that unit's
+    full gradients and the shards of the units retired so far, all but the ``slots - 1`` started last."""
+    order = list(range(len(N)))[::-1]                  # the backward runs the units in reverse
+    return [N[k] + sum(P[j] // n for j in order[:max(0, pos - (slots - 1))]) for pos, k in enumerate(order)]
 # --8<-- [end:peak_memory]
 
 

@@ -64,6 +64,9 @@ def to_deepspeed(cfg: TrainConfig, dp: int, *, megatron: bool = False) -> dict:
     zero: dict = {"stage": stage}
     if get_field(cfg, "overlap_comm") != (stage == 3):        # DeepSpeed's default: on at stage 3 only
         zero["overlap_comm"] = get_field(cfg, "overlap_comm")
+    if get_field(cfg, "reductions_in_flight") != default_of("reductions_in_flight"):
+        raise refuse(target, "reductions_in_flight", get_field(cfg, "reductions_in_flight"), "DeepSpeed bounds its "
+                      "reductions by reduce_bucket_size (bytes), not a count")
     if cfg.bucket_mb != default_of("bucket_mb"):
         if cfg.zero_stage:
             raise refuse(target, "bucket_mb", cfg.bucket_mb, "minimega's ZeRO reduces one unit per call; "

@@ -103,6 +103,9 @@ def to_megatron(cfg: TrainConfig, dp: int, model: GPTConfig) -> list[str]:
                           "Megatron-FSDP has no persistence threshold")
         if not cfg.prefetch:
             raise refuse(target, "prefetch", cfg.prefetch, "Megatron-FSDP always prefetches")
+    if get_field(cfg, "reductions_in_flight") != default_of("reductions_in_flight"):
+        raise refuse(target, "reductions_in_flight", get_field(cfg, "reductions_in_flight"),
+                      "Megatron-LM has no cap on the reductions in flight")
     if get_field(cfg, "overlap_comm"):
         a.append(("--overlap-grad-reduce", None))
         if cfg.zero_stage == 1:
@@ -205,6 +208,8 @@ def torchtitan_sections(cfg: TrainConfig, dp: int, model: GPTConfig) -> dict[str
     refuse_unless_default("param_persistence_threshold", "FSDP2 shards every wrapped unit")
     refuse_unless_default("prefetch", "FSDP2 always prefetches the next unit")
     refuse_unless_default("overlap_comm", "FSDP2 always overlaps communication")
+    refuse_unless_default("reductions_in_flight", "FSDP2's cap (set_reduce_scatter_max_input_buffers) is set in "
+                          "code, not in the TOML")
     if cfg.optimizer == "sgd":
         raise refuse(target, "optimizer", "sgd", "torchtitan v0.2.2 builds Adam and AdamW only")
     steps = cfg.micro_batches if cfg.pp > 1 else cfg.gradient_accumulation_steps

@@ -16,6 +16,8 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
+from .. import comm
+
 
 def padded_numel(numel: int, dp: int) -> int:
     """`numel` rounded up to a multiple of dp: the length of a flat buffer that splits evenly."""
@@ -74,10 +76,15 @@ class FlatUnit:
         """Views of ``flat`` shaped like each parameter (padding excluded)."""
         return [flat[o:o + p.numel()].view_as(p) for o, p in zip(self.offsets, self.params)]
 
-    def flatten_grads(self, grads: dict | None = None, dtype: torch.dtype | None = None) -> torch.Tensor:
-        """A fresh padded flat buffer (``dtype``, default the parameters') holding every parameter's gradient:
-        ``grads[p]`` when given (`grad_sync`'s ``main_grads``), else ``p.grad``; zeros where there is none."""
-        flat = torch.zeros(self.padded, dtype=dtype or self.flat.dtype, device=self.flat.device)
+    def flatten_grads(self, grads: dict | None = None, dtype: torch.dtype | None = None,
+                      out: torch.Tensor | None = None) -> torch.Tensor:
+        """A padded flat buffer (``out``, a reused buffer of ``padded`` elements, else a fresh one of ``dtype``,
+        default the parameters') holding every parameter's gradient: ``grads[p]`` when given (`grad_sync`'s
+        ``main_grads``), else ``p.grad``; zeros where there is none."""
+        if out is not None and out.numel() != self.padded:
+            raise ValueError(f"flatten_grads: out has {out.numel()} elements, unit {self.name!r} needs {self.padded}")
+        flat = out.zero_() if out is not None else torch.zeros(self.padded, dtype=dtype or self.flat.dtype,
+                                                                device=self.flat.device)
         for p, view in zip(self.params, self.views(flat)):
             g = grads.get(p, p.grad) if grads else p.grad
             if g is not None:
@@ -95,3 +102,67 @@ class FlatUnit:
 
     def is_allocated(self) -> bool:
         return self.flat.untyped_storage().nbytes() > 0
+
+
+# --8<-- [start:buffer_pool]
+class BufferPool:
+    """Reduce buffers reused step after step: at most ``slots`` pairs (a full gradient, its reduced shard).
+
+    Each slot holds a flat gradient of the largest unit (``numel``; none with ``full=False``, ZeRO-1, whose
+    gradients are reduced from their own buffers) and its shard (``numel / world``); a unit takes the first
+    ``padded`` elements of a free slot. Slots are created on first need and kept, so the bytes
+    of the reductions in flight are bounded by the pool, ``slots · numel · (1 + 1/world)`` elements, whatever
+    the allocator does with freed memory (on CPU, glibc keeps freed blocks around; on CUDA the caching
+    allocator would reuse them too, but the pool makes the bound the same on both).
+    """
+
+    def __init__(self, slots: int, numel: int, world: int, dtype: torch.dtype, device: torch.device,
+                 full: bool = True):
+        if numel % world:
+            raise ValueError(f"BufferPool: {numel} elements do not split over {world} ranks")
+        self.limit, self.numel, self.world, self.dtype, self.device = slots, numel, world, dtype, device
+        self.full = full
+        self.slots: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self.free: list[int] = []
+
+    def take(self, padded: int) -> tuple[int, torch.Tensor | None, torch.Tensor]:
+        """A free slot's index, its first ``padded`` elements (None without ``full``) and its first ``padded / world``."""
+        if padded > self.numel:
+            raise ValueError(f"BufferPool: a unit of {padded} elements exceeds the pool's {self.numel}")
+        if not self.free:
+            if len(self.slots) >= self.limit:
+                raise RuntimeError(f"BufferPool: all {self.limit} slots in use; retire a reduction before starting one")
+            full = torch.empty(self.numel, dtype=self.dtype, device=self.device) if self.full else None
+            self.slots.append((full, torch.empty(self.numel // self.world, dtype=self.dtype, device=self.device)))
+            self.free.append(len(self.slots) - 1)
+        k = self.free.pop()
+        full, shard = self.slots[k]
+        return k, (full[:padded] if full is not None else None), shard[:padded // self.world]
+
+    def take_shard(self, numel: int, dtype: torch.dtype) -> tuple[int, torch.Tensor]:
+        """A free slot's index and ``numel`` elements of ``dtype`` (at most the pool's width) in its shard buffer:
+        the input of an all-gather whose output is the unit itself."""
+        width = -(-numel * dtype.itemsize // self.dtype.itemsize)        # in the pool's elements, rounded up
+        k, _, shard = self.take(width * self.world)
+        return k, shard.view(dtype)[:numel]
+
+    def give_back(self, k: int) -> None:
+        self.free.append(k)
+
+    def all_gather(self, units: list[FlatUnit], shards: list[torch.Tensor], group: comm.Group) -> None:
+        """Each unit's shard, copied into a slot, all-gathered into the unit's flat buffer, ``limit`` at once."""
+        in_flight: list[tuple[int, comm.Handle]] = []
+        for u, s in zip(units, shards):
+            if len(in_flight) >= self.limit:
+                k, handle = in_flight.pop(0)
+                handle.wait()
+                self.give_back(k)
+            k, src = self.take_shard(s.numel(), s.dtype)
+            in_flight.append((k, comm.all_gather(u.flat, src.copy_(s), group, async_op=True, tag=u.name)))
+        for k, handle in in_flight:
+            handle.wait()
+            self.give_back(k)
+
+    def tensors(self) -> list[torch.Tensor]:
+        return [t for slot in self.slots for t in slot if t is not None]
+# --8<-- [end:buffer_pool]

@@ -61,6 +61,9 @@ class MasterStore:
     def set_grads(self, grads: list[torch.Tensor], divide_by: float) -> None:
         """Phase 1: ``master.grad = grad / divide_by`` in fp32 (divide_by = dp · loss scale)."""
         for m, g in zip(self.master, grads):
+            if g is None:                                           # no backward since the last step
+                m.grad = None
+                continue
             g32 = g if g.dtype == torch.float32 else g.float()      # fp32: in place, no copy
             m.grad = g32.div_(divide_by)
 
@@ -105,6 +108,9 @@ class HostCopies:
     def compute_waits(self) -> None:
         pass
 
+    def reads_done(self) -> None:
+        """Later device work may overwrite what the copies read (a reused reduce buffer). On CPU: already so."""
+
 
 class CopyStream(HostCopies):
     """CUDA: the copies run on their own stream, so compute does not stall behind them.
@@ -134,6 +140,9 @@ class CopyStream(HostCopies):
 
     def compute_waits(self) -> None:                     # the next forward reads the parameters
         self._current().wait_event(self.done)
+
+    def reads_done(self) -> None:                        # a reduce buffer the copy reads is about to be reused
+        self._current().wait_stream(self.stream)
 # --8<-- [end:copy_stream]
 
 

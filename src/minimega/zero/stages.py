@@ -38,7 +38,7 @@ import torch.nn as nn
 from .. import clock, comm, measure, precision
 from ..grad_sync import GradSync, dp_named_parameters
 from ..model import GPT
-from .flat import FlatUnit
+from .flat import BufferPool, FlatUnit
 from .offload import CPUOffloadStore, MasterStore
 
 
@@ -96,7 +96,11 @@ class Zero1(GradSync, nn.Module):
         store = CPUOffloadStore if config.offload_optimizer else MasterStore
         self.store = store(self.shards, make_optimizer)
         self.grad_shards = self._make_grad_buffers()      # on the device; none under offload (the host keeps them)
-        self._reducing: dict[int, tuple[torch.Tensor, comm.Handle]] = {}     # unit index -> (output, handle)
+        # Without overlap each reduction completes as it starts: one in flight, one pool slot.
+        self.max_in_flight = config.reductions_in_flight if config.overlap_comm else 1
+        self.pool = BufferPool(self.max_in_flight, max(u.padded for u in self.units), group.size,
+                               self.policy.accumulate_dtype, self.units[0].flat.device, full=self.stage >= 2)
+        self._reducing: dict[int, tuple[int, torch.Tensor, comm.Handle]] = {}    # unit -> (pool slot, output, handle)
         self._watch([u.params for u in self.units], main_grads=self._main_views)
 
     # -- layout: what Zero2 and Zero3 override ---------------------------------------------------
@@ -138,33 +142,40 @@ class Zero1(GradSync, nn.Module):
     # --8<-- [start:zero1_reduce]
     # --8<-- [start:tour_reduce_scatter]
     def _start(self, i: int) -> None:
-        """Phase 1: unit i's gradients are all in its flat buffer: start the buffer's reduce-scatter."""
-        unit, full = self.units[i], self._reduce_input(i)
-        out = torch.empty(unit.shard_numel, dtype=full.dtype, device=full.device)
+        """Phase 1: unit i's gradients are all in: start its reduce-scatter in a pool slot (`GradSync` made room)."""
+        unit = self.units[i]
+        k, buffer, out = self.pool.take(unit.padded)
+        full = self._reduce_input(i, buffer)
         self._event("reduce_scatter_issued", unit=unit.name)
-        self._reducing[i] = out, comm.reduce_scatter(out, full, self.group, async_op=True, tag=unit.name)
+        self._reducing[i] = k, out, comm.reduce_scatter(out, full, self.group, async_op=True, tag=unit.name)
     # --8<-- [end:tour_reduce_scatter]
 
-    def _reduce_input(self, i: int) -> torch.Tensor:
-        return self.flat_grads[i]
+    def _reduce_input(self, i: int, buffer: torch.Tensor | None) -> torch.Tensor:
+        return self.flat_grads[i]                      # ZeRO-1 reduces the unit's own gradient buffer
+
+    # --8<-- [start:tour_wait]
+    def _retire(self, i: int) -> None:
+        """Wait for unit i's reduce-scatter, keep its shard of the sum, give its pool slot back.
+
+        Under offload the store takes the shard to the host at once (see `offload.py`); the slot's next
+        reduction waits (on the device) until that copy has read it.
+        """
+        k, out, handle = self._reducing.pop(i)
+        handle.wait()
+        if self.store.keeps_grads:
+            self.store.receive_grad(i, out)
+            self.store.copies.reads_done()
+        else:
+            self._write_shard(i, out)
+        self.pool.give_back(k)
+    # --8<-- [end:tour_wait]
 
     def _complete(self) -> None:
-        """Phase 2 (from ``finish_grad_sync()``): wait for every unit; this rank's shard holds the sum.
-
-        Under offload the store takes each shard as soon as its reduce is waited for (to the host, see
-        `offload.py`); once the host has it, the reduce outputs are dropped: no shard stays on the device.
-        """
-        # --8<-- [start:tour_wait]
-        for i, (out, handle) in sorted(self._reducing.items()):
-            handle.wait()
-            if self.store.keeps_grads:
-                self.store.receive_grad(i, out)
-            else:
-                self._write_shard(i, out)
-        # --8<-- [end:tour_wait]
+        """Phase 2 (from ``finish_grad_sync()``): retire the reductions still in flight, oldest first."""
+        while self._in_flight:
+            self._retire(self._in_flight.pop(0))
         if self.store.keeps_grads:
             self.store.grads_received()
-        self._reducing = {}
         self._event("grads_reduced")
 
     def _write_shard(self, i: int, reduced: torch.Tensor) -> None:
@@ -223,10 +234,7 @@ class Zero1(GradSync, nn.Module):
 
     # --8<-- [start:tour_gather]
     def _gather_after_step(self) -> None:
-        handles = [comm.all_gather(u.flat, s.clone(), self.group, async_op=True, tag=u.name)
-                   for u, s in zip(self.units, self.shards)]
-        for h in handles:
-            h.wait()
+        self.pool.all_gather(self.units, self.shards, self.group)     # through the reductions' slots
     # --8<-- [end:tour_gather]
     # --8<-- [end:zero1_step]
 
@@ -273,29 +281,39 @@ class Zero2(Zero1):
     stage = 2
     reduce_every_micro_step = True
 
-    def _make_grad_buffers(self) -> list[torch.Tensor]:
+    def _make_grad_buffers(self) -> list:
+        """No buffers yet: a unit's shard is created by its first reduction and released after the step."""
         self._main_views = {}                                  # main_grads live only until their unit reduces
         if self.store.keeps_grads:                             # offload: the shards accumulate on the host
             return []
-        return [torch.zeros(u.shard_numel, dtype=self.policy.accumulate_dtype, device=u.flat.device)
-                for u in self.units]
+        return [None] * len(self.units)
 
     def grad_buffers(self) -> list[torch.Tensor]:
-        return self.grad_shards
+        return [g for g in self.grad_shards if g is not None]
 # --8<-- [end:zero2_buffers]
 
     # --8<-- [start:zero2_hook]
-    def _reduce_input(self, i: int) -> torch.Tensor:
+    def _reduce_input(self, i: int, buffer: torch.Tensor) -> torch.Tensor:
         unit = self.units[i]
-        flat = unit.flatten_grads(self.main_grads, self.policy.accumulate_dtype)   # (padded,) this rank's full gradient
+        flat = unit.flatten_grads(self.main_grads, out=buffer)   # (padded,) this rank's full gradient, in a pool slot
         for p in unit.params:
             p.grad = None                                      # the full gradient is not kept
             self.main_grads.pop(p, None)
         return flat
 
     def _write_shard(self, i: int, reduced: torch.Tensor) -> None:
-        self.grad_shards[i].add_(reduced)                     # accumulate over micro-steps
+        if self.grad_shards[i] is None:                        # the first micro-step: the shard is born
+            self.grad_shards[i] = reduced.clone()
+        else:
+            self.grad_shards[i].add_(reduced)                 # accumulate over micro-steps
     # --8<-- [end:zero2_hook]
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """After the step: release the gradient shards (FSDP2 frees them too); the next backward makes new ones."""
+        if not self.store.keeps_grads:
+            self.grad_shards = [None] * len(self.units)
+        self.store.zero_grad()
+        self._prepared = self._overflow = False
 
 
 # --8<-- [start:unit_state]
@@ -410,9 +428,8 @@ class Zero3(Zero2):
         # Sharded units are refreshed by the next forward's all-gather; persistent ones now.
         for k in range(len(self.steps)):
             self.reshard(k)                                    # none should be whole here; stale if one were
-        for u, s in zip(self.units, self.shards):
-            if u.name in self.persistent:
-                comm.all_gather(u.flat, s.clone(), self.group, tag=u.name)
+        keep = [(u, s) for u, s in zip(self.units, self.shards) if u.name in self.persistent]
+        self.pool.all_gather([u for u, _ in keep], [s for _, s in keep], self.group)
 
 
 # --8<-- [start:zero3_backward]
