@@ -34,17 +34,24 @@ class Http:
         self.port, self.local = port, threading.local()
 
     def __call__(self, method: str, path: str, body=None, auth=None):
-        conn = getattr(self.local, "conn", None) or http.client.HTTPConnection("127.0.0.1", self.port, timeout=30)
-        self.local.conn = conn
         headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {auth}"} if auth else {})}
-        try:
-            conn.request(method, path, body=None if body is None else json.dumps(body).encode(), headers=headers)
-            resp = conn.getresponse()
-            data = resp.read()
-        except (OSError, http.client.HTTPException):
-            conn.close()
-            self.local.conn = None
-            return 0, None
+        for fresh in (False, True):
+            reused = getattr(self.local, "conn", None)
+            conn = reused or http.client.HTTPConnection("127.0.0.1", self.port, timeout=30)
+            self.local.conn = conn
+            try:
+                conn.request(method, path, body=None if body is None else json.dumps(body).encode(), headers=headers)
+                resp = conn.getresponse()
+                data = resp.read()
+                break
+            except (OSError, http.client.HTTPException) as err:
+                conn.close()
+                self.local.conn = None
+                # the server closes a keep-alive connection idle for 5 s (timeout_keep_alive), which a loaded
+                # machine reaches between two calls: the request never arrived, so send it once more, afresh
+                if reused and not fresh and isinstance(err, (ConnectionResetError, BrokenPipeError)):
+                    continue
+                return 0, None
         try:
             return resp.status, json.loads(data) if data else None
         except ValueError:                          # a plain-text 500: keep the status, show the text
