@@ -132,3 +132,42 @@ const fs = require("fs");
     assert not out["edited"]["valid"] and any("signature does not match" in e for e in out["edited"]["errors"])
     assert not out["revoked"]["valid"] and out["revoked"]["revocation"].startswith("revoked")
     assert not out["malformed"]["valid"] and "not valid JSON" in out["malformed"]["errors"][0]
+
+
+def test_page_claims_match_what_the_cli_prints():
+    """Every claim `minimega cert verify` prints (the exam bank among them) is a row of the verify page, with a
+    label in English and in Dutch."""
+    from minimega.classroom.cli_cert import LABELS
+
+    js = (ROOT / "course/assets/verify/verify-page.js").read_text(encoding="utf-8")
+    rows = json.loads(re.search(r"const CLAIMS = (\[.*?\]);", js, re.S).group(1))
+    assert [k for k, _ in LABELS if k not in rows] == []
+    for lang in ("en", "nl"):
+        labels = re.search(lang + r": \{\s*labels: \{(.*?)\},", js, re.S).group(1)
+        assert [k for k in rows if not re.search(rf"\b{k}: \"[^\"]+\"", labels)] == [], lang
+
+
+def test_page_reads_the_exam_bank_as_the_cli_does(tmp_path):
+    """verify-core.js's claimsOf names the bank that graded a credential exactly as claims.py does (the line the
+    CLI prints), for the sample bank, a deployment bank and malformed entries."""
+    if not shutil.which("node"):
+        pytest.skip("node not installed")
+    from minimega.classroom.claims import claims_of
+
+    def doc(other):
+        return {"credentialSubject": {"achievement": {"name": "x", "otherIdentifier": other}}}
+    entry = {"type": ["IdentifierEntry"], "identifierType": "ext:examBank"}
+    docs = [doc([{**entry, "identifier": "minimega-sample@sha256:" + "ab" * 32}]),
+            doc([{"identifier": "u", "identifierType": "url"}, {**entry, "identifier": "acme-2027@sha256:" + "cd" * 32}]),
+            doc([{"identifier": "acme", "identifierType": "ext:other"}]), doc("acme"), doc([None, 3]), doc(None)]
+    script = tmp_path / "claims.js"
+    script.write_text("const V = require(process.argv[2]);\n"
+                      "const docs = JSON.parse(require('fs').readFileSync(process.argv[3]));\n"
+                      "console.log(JSON.stringify(docs.map((d) => V.claimsOf(d).exam_bank)));\n")
+    (tmp_path / "docs.json").write_text(json.dumps(docs))
+    run = subprocess.run(["node", str(script), str(ROOT / "course/assets/verify/verify-core.js"),
+                          str(tmp_path / "docs.json")], capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
+    got = json.loads(run.stdout)
+    assert got == [claims_of(d)["exam_bank"] for d in docs]
+    assert got[:3] == ["minimega-sample@sha256:" + "ab" * 32, "acme-2027@sha256:" + "cd" * 32, None]

@@ -125,3 +125,91 @@ def test_repeated_log_lines_are_held_back_and_counted():
     now[0] = 11
     r = rec()
     assert f.filter(r) and "999 more like this" in r.getMessage()
+
+
+def _hold_app(release):
+    """A tiny ASGI app: /hold answers once `release` is set, anything else at once; each says whom it served."""
+    import asyncio
+
+    async def app(scope, receive, send):
+        if scope["type"] != "http":
+            return
+        while scope["path"] == "/hold" and not release.is_set():
+            await asyncio.sleep(0.01)
+        body = scope["client"][0].encode()
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"%d" % len(body))]})
+        await send({"type": "http.response.body", "body": body})
+    return app
+
+
+def test_the_cap_counts_the_forwarded_client_only_behind_a_trusted_proxy(tmp_path):
+    """Through the trusted proxy (127.0.0.1) the cap counts each X-Forwarded-For client's requests in flight: its
+    third gets 429 with a retry time, another client and the proxy itself go on. From any other peer
+    (127.0.9.1) X-Forwarded-For is ignored: that peer is whom the app sees and whom the cap counts."""
+    import threading
+    from types import SimpleNamespace
+
+    config = SimpleNamespace(header_timeout_s=5, body_timeout_s=5, connections_per_address=2, limit_concurrency=100)
+    release, port, sockets = threading.Event(), free_port(), []
+
+    def request(source, path, forwarded):
+        s = _open_from(port, source, f"GET {path} HTTP/1.1\r\nHost: x\r\nX-Forwarded-For: {forwarded}\r\n"
+                                     "Connection: close\r\n\r\n".encode())
+        sockets.append(s)
+        return s
+
+    with served(_hold_app(release), port, proxy_headers=True, forwarded_allow_ips="127.0.0.1",
+                **server_options(config, "127.0.0.1")):
+        try:
+            held = [request("127.0.0.1", "/hold", "203.0.113.7") for _ in range(2)]
+            time.sleep(0.2)
+            over, _ = _read_all(request("127.0.0.1", "/hold", "198.51.100.1, 203.0.113.7"), 2)
+            assert over.startswith(b"HTTP/1.1 429") and b"retry-after: 5" in over and b"203.0.113.7" in over, over
+            other, _ = _read_all(request("127.0.0.1", "/", "203.0.113.8"), 2)
+            assert other.startswith(b"HTTP/1.1 200") and other.endswith(b"203.0.113.8"), other
+            proxy, _ = _read_all(request("127.0.0.1", "/", "127.0.0.1"), 2)          # the proxy's own request
+            assert proxy.startswith(b"HTTP/1.1 200"), proxy
+            spoofed, _ = _read_all(request("127.0.9.1", "/", "203.0.113.7"), 2)       # not a proxy: header ignored
+            assert spoofed.startswith(b"HTTP/1.1 200") and spoofed.endswith(b"127.0.9.1"), spoofed
+            direct = [request("127.0.9.1", "/hold", f"203.0.113.{i}") for i in (20, 21, 22)]
+            t = time.monotonic()
+            try:
+                third = _read_all(direct[2], 2)[0]
+            except ConnectionResetError:                                             # aborted
+                third = b""
+            assert third == b"" and time.monotonic() - t < 1                         # closed at once: the peer's 3rd
+            release.set()
+            for s in held + direct[:2]:
+                assert _read_all(s, 2)[0].startswith(b"HTTP/1.1 200")
+        finally:
+            release.set()
+            for s in sockets:
+                s.close()
+
+
+def test_forwarded_client_is_the_address_uvicorn_gives_the_app():
+    """The cap's client is uvicorn's (ProxyHeadersMiddleware's rule: the rightmost entry that is not a trusted
+    proxy), so the cap and the per-address limits count one address; '*' (trust every peer) is refused."""
+    import ipaddress
+    from types import SimpleNamespace
+
+    import pytest
+    from uvicorn.middleware.proxy_headers import _TrustedHosts
+
+    from minimega.classroom.cli import uvicorn_options
+    from minimega.classroom.httpguard import forwarded_client
+
+    trusted = "127.0.0.1, 10.0.0.0/8"
+    nets = [ipaddress.ip_network(n.strip()) for n in trusted.split(",")]
+
+    def is_proxy(h):
+        try:
+            return any(ipaddress.ip_address(h) in n for n in nets)
+        except ValueError:
+            return False
+    for header in ["203.0.113.7", "198.51.100.1, 203.0.113.7", "203.0.113.7, 10.1.2.3", "203.0.113.7:4431",
+                   "[2001:db8::1]:80, 10.0.0.9", "2001:db8::2", "evil, 203.0.113.9 ,10.9.9.9"]:
+        assert forwarded_client(header, is_proxy) == _TrustedHosts(trusted).get_trusted_client_address(header)[0]
+    assert forwarded_client("10.0.0.1, 127.0.0.1", is_proxy) is None and forwarded_client("", is_proxy) is None
+    with pytest.raises(SystemExit, match=r"--forwarded-allow-ips '\*'"):
+        uvicorn_options(SimpleNamespace(forwarded_allow_ips="10.0.0.1, *", host="0.0.0.0", port=8000))

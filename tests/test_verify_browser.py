@@ -18,6 +18,7 @@ import pytest
 import verify_cases
 from verify_cases import assert_truthful
 from minimega.classroom import credential, trust
+from minimega.classroom.claims import claims_of
 
 ROOT = Path(__file__).resolve().parents[1]
 CORE = ROOT / "course" / "assets" / "verify" / "verify-core.js"
@@ -141,7 +142,8 @@ def verify_in_page(pg, text: str) -> dict:
             check: r.dataset.check, status: r.dataset.status,
             mark: r.querySelector('.mm-check-status').textContent,
             detail: r.querySelector('.mm-check-detail').textContent})),
-        claims: document.getElementById('mm-verify-claims').textContent})""")
+        claims: document.getElementById('mm-verify-claims').textContent,
+        bank: [...document.querySelectorAll('#mm-verify-claims tr[data-claim="exam_bank"] td')].map(td => td.textContent)})""")
 
 
 @pytest.mark.browser
@@ -166,6 +168,8 @@ def test_page_on_every_shared_case(served, page):
             assert got["headline"].startswith("Signature valid, issuer not trusted: " + verify_cases.ATTACKER.did)
         if verdict == "valid":
             assert got["headline"].startswith("Valid certificate") and "Ada Lovelace" in got["claims"]
+            if isinstance(case["credential"], dict):          # the bank row: the line the CLI prints
+                assert got["bank"] == [claims_of(case["credential"])["exam_bank"]] != [None], case["name"]
     assert page.errors == []
 
 

@@ -33,7 +33,9 @@ INDEX = 4242
 ACHIEVEMENT = {"id": "https://course.example/achievements/0.1.0", "type": ["Achievement"],
                "achievementType": "Certificate", "name": "minimega: training frontier models across many GPUs",
                "description": "Passed the graded exam of minimega.",
-               "criteria": {"narrative": "Scored at least 80% on an unproctored online exam."}, "version": "0.1.0"}
+               "criteria": {"narrative": "Scored at least 80% on an unproctored online exam."}, "version": "0.1.0",
+               "otherIdentifier": [{"type": ["IdentifierEntry"], "identifier": "acme-2027@sha256:" + "5e" * 32,
+                                    "identifierType": "ext:examBank"}]}   # the bank that graded it, as issued
 
 
 class Signer:
@@ -142,6 +144,8 @@ def make_cases(base: str, now: datetime | None = None) -> list[dict]:
     case("edited-achievement", _edit(genuine, ["credentialSubject", "achievement", "name"], "PhD in physics"), both)
     case("edited-course-version", _edit(genuine, ["credentialSubject", "achievement", "version"], "9.9"), both)
     case("edited-description", _edit(genuine, ["credentialSubject", "achievement", "description"], "With honours."), both)
+    case("edited-exam-bank", _edit(genuine, ["credentialSubject", "achievement", "otherIdentifier", 0, "identifier"],
+                                   "private-bank@sha256:" + "00" * 32), both)
     case("edited-criteria", _edit(genuine, ["credentialSubject", "achievement", "criteria", "narrative"], "Proctored."), both)
     case("edited-validFrom", _edit(genuine, ["validFrom"], "2020-01-01T00:00:00Z"), both)
     case("added-validUntil", _edit(genuine, ["validUntil"], "2099-01-01T00:00:00Z"), both)

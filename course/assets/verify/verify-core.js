@@ -185,9 +185,13 @@
     const name = ids.find((i) => i.identityType === "name");
     const email = ids.find((i) => i.identityType === "emailAddress");
     const criteria = isObject(ach.criteria) ? ach.criteria : {};
+    /* The bank that graded it, as claims.py reads it: "<id>@sha256:<hex>" (ext:examBank). */
+    const others = Array.isArray(ach.otherIdentifier) ? ach.otherIdentifier.filter(isObject) : [];
+    const bank = others.find((o) => o.identifierType === "ext:examBank");
     return {
       name: name ? name.identityHash ?? null : null, achievement: ach.name ?? null, description: ach.description ?? null,
       criteria: criteria.narrative ?? null, course_version: ach.version ?? null,
+      exam_bank: bank ? bank.identifier ?? null : null,
       valid_from: doc.validFrom ?? null, valid_until: doc.validUntil ?? null, issuer_name: issuer.name ?? null,
       issuer_id: issuer.id ?? null, issuer_url: issuer.url ?? null, credential_id: doc.id ?? null,
       email: email ? "salted SHA-256 hash" : "none", email_identity: email || null,

@@ -5,7 +5,7 @@
  * Hooks mkdocs-material's document$ so instant navigation re-initialises it; safe to load twice. */
 (function () {
   "use strict";
-  const CLAIMS = ["name", "achievement", "description", "course_version", "valid_from", "valid_until",
+  const CLAIMS = ["name", "achievement", "description", "course_version", "exam_bank", "valid_from", "valid_until",
     "issuer_name", "issuer_id", "issuer_url", "credential_id", "email", "criteria"];
   /* The page's words per <html lang> (the Dutch edition at nl/verify/ sets "nl"). The checks'
      names and details come from verify-core.js, in the words `minimega cert verify` prints; the Dutch
@@ -13,6 +13,7 @@
   const WORDS = {
     en: {
       labels: { name: "Name", achievement: "Achievement", description: "Description", course_version: "Course version",
+        exam_bank: "Exam bank",
         valid_from: "Issued", valid_until: "Expires", issuer_name: "Issuer", issuer_id: "Issuer DID",
         issuer_url: "Issuer URL", credential_id: "Credential ID", email: "Email", criteria: "Criteria" },
       noList: (m) => `the list of trusted issuers did not load (${m}): no issuer is trusted`,
@@ -40,6 +41,7 @@
     },
     nl: {
       labels: { name: "Naam", achievement: "Behaald", description: "Beschrijving", course_version: "Cursusversie",
+        exam_bank: "Examenbank",
         valid_from: "Uitgegeven", valid_until: "Verloopt", issuer_name: "Uitgever", issuer_id: "DID van de uitgever",
         issuer_url: "URL van de uitgever", credential_id: "Credential-ID", email: "E-mail", criteria: "Criteria" },
       noList: (m) => `de lijst met vertrouwde uitgevers laadde niet (${m}): geen enkele uitgever wordt vertrouwd`,

@@ -73,7 +73,8 @@ def add_serve_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--limit-concurrency", type=int, default=d.limit_concurrency,
                    help="connections and requests at once; beyond it 503")
     p.add_argument("--connections-per-address", type=int, default=d.connections_per_address,
-                   help="open connections per client address (proxies in --forwarded-allow-ips are exempt)")
+                   help="open connections per client address; through a proxy in --forwarded-allow-ips, "
+                        "requests in flight per forwarded client address (429 beyond)")
     p.add_argument("--fail-cooldown-s", type=float, default=d.fail_cooldown_s,
                    help="wait after a failed attempt before the next (default 3600)")
     p.add_argument("--body-limit-bytes", type=int, default=d.body_limit_bytes)
@@ -148,6 +149,10 @@ def uvicorn_options(args) -> dict:
     """Proxy headers are off unless --forwarded-allow-ips names the proxies (uvicorn's own default
     trusts 127.0.0.1, which lets any local client pick its address with one header)."""
     allow = args.forwarded_allow_ips
+    if allow and "*" in [a.strip() for a in allow.split(",")]:
+        raise SystemExit("minimega serve: --forwarded-allow-ips '*' would trust X-Forwarded-For from every client, "
+                         "so any client could pick the address the per-address limits count; name the proxy's "
+                         "address or network instead (compose.yaml passes 172.16.0.0/12)")
     return {"host": args.host, "port": args.port, "log_level": "warning",
             "proxy_headers": bool(allow), "forwarded_allow_ips": allow or "", "server_header": False}
 
@@ -195,6 +200,7 @@ def run_serve(args) -> int:
     from .keys import Keyring, KeyringError
     from .store import StoreError
 
+    uvicorn_options(args)                # refuses what it cannot honour before anything is built
     try:
         config = config_from_args(args)
         from .mailer import mailer_for

@@ -3,8 +3,10 @@
 - `guarded_protocol`: uvicorn's h11 protocol with two read deadlines. A request whose headers have not arrived in
   full within `header_s` of the connection (or of the previous response), or whose body has not arrived within
   `body_s` of its headers, gets ``408 Request Timeout`` and its connection is closed. uvicorn alone waits forever.
-  It also caps the connections one address holds open (`per_address`; proxies named in ``--forwarded-allow-ips``
-  are exempt, since every client arrives through them): the surplus is closed at once.
+  It also caps what one address holds open (`per_address`): a client's own connections, the surplus closed at
+  once; through a proxy named in ``--forwarded-allow-ips`` (whose connections carry every client), the requests
+  in flight per forwarded client address (`forwarded_client`), the surplus answered 429. X-Forwarded-For from
+  any other peer is never read: that peer is the address counted.
 - `RepeatFilter`: one log line per kind of message per interval, the next one saying how many were held back,
   so a flood cannot fill the disk with "Too many open files" tracebacks.
 - `raise_open_files_limit`: the soft limit on open files up to the hard one (a server holds one per connection).
@@ -31,22 +33,69 @@ def _reply(detail: str) -> bytes:
             b"content-length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
 
 
-def guarded_protocol(header_s: float, body_s: float, per_address: int, exempt=()) -> type:
-    """A uvicorn ``http`` protocol class with these deadlines and this per-address connection cap."""
+def _host(entry: str) -> str:
+    """One X-Forwarded-For entry's host: ``[v6]:port`` and ``v4:port`` lose the port (as uvicorn reads them)."""
+    entry = entry.strip()
+    if entry.startswith("[") and "]" in entry:
+        return entry[1:entry.index("]")]
+    return entry.split(":")[0] if entry.count(":") == 1 else entry
+
+
+def forwarded_client(header: str, is_proxy) -> str | None:
+    """The client a chain of trusted proxies forwarded for: the rightmost X-Forwarded-For entry that is not itself
+    a trusted proxy (uvicorn's ProxyHeadersMiddleware rule, so the cap counts the address the limits see);
+    None when every entry is a trusted proxy or the header is empty."""
+    for entry in reversed(header.split(",")):
+        host = _host(entry)
+        if host and not is_proxy(host):
+            return host[:64]
+    return None
+
+
+def guarded_protocol(header_s: float, body_s: float, per_address: int, proxies=()) -> type:
+    """A uvicorn ``http`` protocol class with these deadlines and this per-address cap; `proxies` (addresses or
+    networks, ``--forwarded-allow-ips``) are the peers whose X-Forwarded-For names the client counted."""
     held: Counter = Counter()
     networks = []
-    for entry in exempt:
+    for entry in proxies:
         try:
             networks.append(ipaddress.ip_network(entry, strict=False))
         except ValueError:
             pass                                          # a host name: never a socket's peer address
 
-    def is_exempt(address: str) -> bool:
+    def is_proxy(address: str) -> bool:
         try:
             ip = ipaddress.ip_address(address)
         except ValueError:
             return False
         return any(ip in net for net in networks)
+
+    def capped(app):
+        """`app` behind the cap on requests in flight per forwarded client, for connections from a proxy."""
+        async def guarded_app(scope, receive, send):
+            address = None
+            if scope["type"] == "http":
+                xff = b",".join(v for k, v in scope["headers"] if k == b"x-forwarded-for").decode("latin-1")
+                address = forwarded_client(xff, is_proxy)
+            if address is None:                           # the proxy's own request: not a client's
+                return await app(scope, receive, send)
+            if held[address] >= per_address:
+                LOG.warning("429: %s already has %d requests in flight through the proxy (the per-address cap)",
+                            address, per_address)
+                body = (f"{address} already has {per_address} requests in flight through the proxy (the "
+                        "per-address cap); retry in 5 s").encode()
+                await send({"type": "http.response.start", "status": 429, "headers": [
+                    (b"content-type", b"text/plain; charset=utf-8"), (b"retry-after", b"5"),
+                    (b"content-length", str(len(body)).encode())]})
+                return await send({"type": "http.response.body", "body": body})
+            held[address] += 1
+            try:
+                return await app(scope, receive, send)
+            finally:
+                held[address] -= 1
+                if held[address] <= 0:
+                    del held[address]
+        return guarded_app
 
     class Guarded(H11Protocol):
         _timer = None
@@ -56,7 +105,9 @@ def guarded_protocol(header_s: float, body_s: float, per_address: int, exempt=()
         def connection_made(self, transport):
             super().connection_made(transport)
             address = self.client[0] if self.client else "unknown"
-            if not is_exempt(address):
+            if is_proxy(address):                         # every client's connection: count its requests instead
+                self.app = capped(self.app)
+            else:
                 if held[address] >= per_address:
                     LOG.warning("connection refused: %s already holds %d connections (the per-address cap)",
                                 address, per_address)
@@ -178,9 +229,9 @@ def raise_open_files_limit(target: int = 65536) -> int:
 
 def server_options(config, forwarded_allow_ips: str | None = None) -> dict:
     """uvicorn options for `config`'s deadlines and caps (the service's and the tests' one source)."""
-    exempt = [a.strip() for a in (forwarded_allow_ips or "").split(",") if a.strip() and a.strip() != "*"]
+    proxies = [a.strip() for a in (forwarded_allow_ips or "").split(",") if a.strip() and a.strip() != "*"]
     return {"http": guarded_protocol(config.header_timeout_s, config.body_timeout_s,
-                                     config.connections_per_address, exempt),
+                                     config.connections_per_address, proxies),
             "limit_concurrency": config.limit_concurrency, "timeout_keep_alive": 5,
             "h11_max_incomplete_event_size": 16 * 1024}
 

@@ -69,7 +69,8 @@ class ClassroomConfig:
     limit_concurrency: int = 2000
     """Connections and requests in flight at once; beyond it, 503 (uvicorn's ``limit_concurrency``)."""
     connections_per_address: int = 50
-    """Open connections one client address may hold (proxies in ``--forwarded-allow-ips`` are exempt)."""
+    """Open connections one client address may hold; through a proxy in ``--forwarded-allow-ips``, requests in
+    flight per forwarded client address (`httpguard.guarded_protocol`)."""
     min_attempt_s: float = 300
     """An attempt cannot be finished sooner than this after it starts (stated on the page): a script answers 48
     questions in well under a second, a person takes far longer than 5 minutes."""
