@@ -88,3 +88,28 @@ def dry_run(model: GPTConfig, config: TrainConfig, dims: ParallelDims, rank: int
     return {"rank": rank, "coords": dims.coords(rank), "params": held,
             "memory_peak": {k: v for k, v in report["memory_peak"].items() if k != "at_peak_total"},
             "comm": comm, "sent_bytes": report["comm"]["sent_bytes"], "seconds": time.perf_counter() - start}
+
+
+def check_rank(shape: dict, config: TrainConfig, dims: ParallelDims, rank: int = 0) -> dict:
+    """`dry_run` of one rank next to `layout`'s account of it: {..., 'estimate': {'memory', 'comm'}, 'differs'}.
+
+    ``differs`` lists every model-state category and every group whose bytes are not equal (empty: they agree).
+    """
+    from . import layout
+    got = dry_run(GPTConfig(**shape), config, dims, rank)
+    pp_rank = got["coords"][0]
+    units = layout.rank_units(shape, dims.tp, dims.pp, pp_rank, config.virtual_stages)
+    steps = config.micro_batches if dims.pp > 1 else config.gradient_accumulation_steps
+    seq = config.seq_len or shape["block_size"]
+    message = config.batch_size // dims.dp // steps * seq * shape["n_embd"] * layout.ELEM_BYTES[config.precision]
+    memory = layout.rank_memory(units, dims.dp, config.zero_stage, config.precision, pp=dims.pp, pp_rank=pp_rank,
+                                message_bytes=message)
+    comm = layout.rank_comm(shape, units, dp=dims.dp, tp=dims.tp, pp=dims.pp, pp_rank=pp_rank,
+                            zero_stage=config.zero_stage, precision=config.precision, batch_size=config.batch_size,
+                            micro_batches=config.micro_batches, gradient_accumulation_steps=config.gradient_accumulation_steps,
+                            recompute=config.activation_checkpointing)
+    sent = {g: sum(row["sent_bytes"] for row in ops.values()) for g, ops in got["comm"].items()}
+    differs = [k for k, v in memory.items() if got["memory_peak"][k] != v]
+    differs += [f"comm:{g}" for g in sorted(set(comm) | set(sent))
+                if abs(sent.get(g, 0.0) - comm.get(g, 0.0)) > 1e-9 * max(1.0, comm.get(g, 0.0))]   # float sums of (n-1)/n
+    return {**got, "comm_sent": sent, "estimate": {"memory": memory, "comm": comm}, "differs": differs}

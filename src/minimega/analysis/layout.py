@@ -123,3 +123,32 @@ def rank_comm(shape: dict, units: list[list[int]], *, dp: int, tp: int, pp: int,
     if pp > 1:
         out["pp"] = micro_batches * b * s * D * e * ((pp_rank < pp - 1) + (pp_rank > 0))
     return out
+
+
+# Published models as minimega's GPT: their shapes, biases on (Megatron and BLOOM have them), and minimega's own
+# learned positions and untied head (the model has no ALiBi, RoPE or tied embedding); layouts as published.
+GPT3_175B = dict(layers=96, hidden=12288, heads=96, vocab=51200, seq_len=2048, micro_batch=1, zero_stage=1, tp=8,
+                 dp=1, pp=8, recompute="full", micro_batches=64, precision="bf16")
+"""GPT-3 175B as Korthikanti et al. 2022 (arXiv:2205.05198) Table 3 ran it: 96 layers, h = 12288, 96 heads,
+s = 2048, V = 51200, TP 8 × PP 8 on 64 GPUs, global batch 64, micro-batch 1 (so dp = 1 and m = 64)."""
+REFUSED_MODELS = {
+    "llama3-405b": "Llama 3 405B uses grouped-query attention (fewer key-value heads than query heads), SwiGLU and "
+                   "RoPE, which minimega's GPT does not have (no n_kv_head); a dry run would not be Llama's layout",
+}
+
+
+def published(name: str) -> dict:
+    """A published model's shape and layout (`calculator.PRESETS`, `GPT3_175B`); refused models by name."""
+    from .calculator import PRESETS
+    if name in REFUSED_MODELS:
+        raise ValueError(f"model {name!r}: {REFUSED_MODELS[name]}")
+    table = {k: v for k, v in PRESETS.items() if k in ("bloom-176b", "mt-nlg-530b")} | {"gpt3-175b": GPT3_175B}
+    if name not in table:
+        raise ValueError(f"model {name!r}: expected one of {sorted(table)}")
+    return dict(table[name])
+
+
+def gpt_shape(preset: dict) -> dict:
+    """`GPTConfig` fields for a preset's shape (biases on; block_size = its sequence length)."""
+    return dict(vocab_size=preset["vocab"], block_size=preset["seq_len"], n_layer=preset["layers"],
+                n_head=preset["heads"], n_embd=preset["hidden"], bias=True)
