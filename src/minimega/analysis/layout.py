@@ -25,7 +25,7 @@ applied to what each group carries:
 """
 from __future__ import annotations
 
-from .communication import ring_bytes, tp_comm_elements_per_layer
+from .communication import comm_bytes_per_step, ring_bytes, tp_comm_elements_per_layer
 from .memory import padded_numel, peak_memory_bytes
 
 ELEM_BYTES = {"fp32": 4, "bf16": 2}
@@ -98,13 +98,13 @@ def rank_comm(shape: dict, units: list[list[int]], *, dp: int, tp: int, pp: int,
     out = {"dp": 0.0, "tp": 0.0, "pp": 0.0}
     # dp: per unit, once per step (DDP and ZeRO-1 accumulate locally; the pipeline reduces after the last
     # micro-batch); ZeRO-2 without a pipeline reduce-scatters every micro-step.
-    padded = [padded_numel(sum(u), dp) for u in units]
-    if zero_stage == 0:
-        out["dp"] = ring_bytes("all_reduce", sum(map(sum, units)) * GRAD_BYTES, dp)
+    padded = sum(padded_numel(sum(u), dp) for u in units)
+    if zero_stage == 0:                                          # DDP's buckets are not padded
+        out["dp"] = comm_bytes_per_step(sum(map(sum, units)), dp, 0, e, grad_bytes=GRAD_BYTES)
     elif zero_stage in (1, 2):
-        scatters = steps if zero_stage == 2 and pp == 1 else 1
-        out["dp"] = sum(scatters * ring_bytes("reduce_scatter", p * GRAD_BYTES, dp) + ring_bytes("all_gather", p * e, dp)
-                        for p in padded)
+        out["dp"] = comm_bytes_per_step(padded, dp, zero_stage, e, grad_bytes=GRAD_BYTES)
+        if zero_stage == 2 and pp == 1:                          # + a reduce-scatter on every other micro-step
+            out["dp"] += (steps - 1) * ring_bytes("reduce_scatter", padded * GRAD_BYTES, dp)
     else:
         raise ValueError("rank_comm: ZeRO-3 is not modelled here (it gathers per micro-batch); use stages 0-2")
     # tp: the blocks' f and g regions, the embedding, the head and the vocab-parallel cross-entropy.
