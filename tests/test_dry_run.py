@@ -103,3 +103,12 @@ def test_cli_layout_defaults_to_the_published_one():
     assert (shape["n_layer"], shape["n_embd"], shape["vocab_size"]) == (70, 14336, 250880)
     with pytest.raises(SystemExit, match="grouped-query attention"):
         layout_of(build_parser().parse_args(["dry-run", "--model", "llama3-405b"]))
+
+
+def test_comm_model_reduces_gradients_in_their_own_width():
+    """bf16 under minimega: fp32 main grads reduce-scattered (4 bytes), bf16 parameters all-gathered (2 bytes)."""
+    from minimega.analysis import comm_bytes_per_step
+    psi, dp = 1_000_000, 8
+    assert comm_bytes_per_step(psi, dp, 1, 2, grad_bytes=4) == pytest.approx((dp - 1) / dp * psi * (4 + 2))
+    assert comm_bytes_per_step(psi, dp, 0, 2, grad_bytes=4) == pytest.approx(2 * (dp - 1) / dp * psi * 4)
+    assert comm_bytes_per_step(psi, dp, 2, 2) == comm_bytes_per_step(psi, dp, 2, 2, grad_bytes=2)
