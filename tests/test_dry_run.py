@@ -19,6 +19,7 @@ LAYOUTS = {   # id: (dp, tp, pp, zero_stage, precision, recompute, micro-steps)
     "dp3-tp2-pp3-z2-bf16-full": (3, 2, 3, 2, "bf16", "full", 3),
     "dp3-tp2-pp1-z2-bf16": (3, 2, 1, 2, "bf16", "none", 2),
     "dp2-tp2-pp2-z0-fp32-selective": (2, 2, 2, 0, "fp32", "selective", 2),
+    "dp1-tp2-pp3-z1-bf16-full": (1, 2, 3, 1, "bf16", "full", 4),     # GPT-3's Table 3 layout has dp = 1
 }
 
 

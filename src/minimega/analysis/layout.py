@@ -64,16 +64,20 @@ def rank_units(shape: dict, tp: int = 1, pp: int = 1, pp_rank: int = 0, virtual_
     return units
 
 
-def rank_memory(units: list[list[int]], dp: int, zero_stage: int, precision: str = "bf16", *, pp: int = 1,
-                pp_rank: int = 0, message_bytes: int = 0) -> dict:
+def rank_memory(units: list[list[int]], dp: int, zero_stage: int, precision: str = "bf16", *, tp: int = 1,
+                pp: int = 1, pp_rank: int = 0, message_bytes: int = 0) -> dict:
     """Model-state bytes by category at the step's peak: `peak_memory_bytes`, and what a pipeline changes.
 
     Under pp every chunk accumulates its micro-batches' gradients whole (``no_sync``) and reduces them once, so
     ZeRO-2 holds all of them, Σ N_u·4, beside its shards (not one unit's). And on every stage but the first,
     the last backward's input gradient (``message_bytes``, (b, s, D)) is sent back to the previous stage while
-    the reduce-scatters are still in flight. Activations are not modelled here.
+    the reduce-scatters are still in flight; and one tick's send and receive, 2 · ``message_bytes``, are in flight
+    together (the whole of it when dp = 1, whose group of one issues no collective), or under tp alone one
+    all-reduce of (b, s, D). Activations are not modelled here.
     """
     out = peak_memory_bytes(units, dp, zero_stage, precision=precision)
+    if dp == 1:                  # a group of one issues no collective: none of DDP's or ZeRO's buffers is in flight
+        out["comm_buffers"] = 0
     if pp > 1:
         if zero_stage == 2:
             shards = sum(padded_numel(sum(u), dp) for u in units) // dp
@@ -81,6 +85,9 @@ def rank_memory(units: list[list[int]], dp: int, zero_stage: int, precision: str
             out["grads"] = (shards + sum(map(sum, units))) * GRAD_BYTES + fold
         if pp_rank > 0:
             out["comm_buffers"] += message_bytes
+        out["comm_buffers"] = max(out["comm_buffers"], 2 * message_bytes)    # a tick's send and receive together
+    if tp > 1:
+        out["comm_buffers"] = max(out["comm_buffers"], message_bytes)        # a tp all-reduce of (b, s, D)
     return out
 
 
