@@ -94,6 +94,11 @@ def validate(model_config: GPTConfig, config: TrainConfig, dims: ParallelDims, m
         raise ValueError(f"sequence_parallel: seq_len={seq} is not divisible by tp={config.tp}")
 
 
+def _value(t: torch.Tensor) -> float:
+    """A 0-d tensor's number; NaN for a meta tensor (`minimega dry-run` builds the engine without values)."""
+    return float("nan") if t.is_meta else t.item()
+
+
 def _tensor_parallel(model: GPT, config: TrainConfig, mesh: Mesh) -> GPT:
     """Step 1: new tensor-parallel layers built from ``model`` (tp > 1), else a copy: the caller's model is kept."""
     if config.tp == 1:
@@ -223,7 +228,7 @@ class Engine:
         if self.pipeline is not None:
             comm.all_reduce(total, self.mesh.pp_group)                     # the last stage's loss, to every stage
         # Every dp·cp rank averaged the same number of tokens: the mean of their means is the global mean.
-        loss = comm.all_reduce_mean(total / ga, self.mesh.grad_group).item()    # a metric: kept out of the log
+        loss = _value(comm.all_reduce_mean(total / ga, self.mesh.grad_group))    # a metric: kept out of the log
         # --8<-- [end:tour_step_end]
         self.losses.append(loss)
         if norm is not None:
@@ -258,7 +263,7 @@ class Engine:
             loss = comm.all_reduce(self.pipeline.forward_backward(x, y, self.step, train=False), self.mesh.pp_group)
         else:
             _, loss = self.model(x, y)
-        return comm.all_reduce_mean(loss.detach().clone(), self.mesh.grad_group).item()
+        return _value(comm.all_reduce_mean(loss.detach().clone(), self.mesh.grad_group))
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         """Consolidated fp32 weights with `model.py`'s keys, on every rank (a collective under ZeRO, TP and PP).

@@ -184,7 +184,7 @@ def global_norm(local_sq: torch.Tensor, groups: list[Group]) -> float:
     """sqrt of ``local_sq`` summed over each of ``groups`` (the axes holding other elements of the model)."""
     for group in groups:
         comm.all_reduce(local_sq, group, tag="grad_norm")
-    return local_sq.sqrt().item()
+    return float("nan") if local_sq.is_meta else local_sq.sqrt().item()     # meta: a dry run has no values
 
 
 def clip_coefficient(norm: float, max_norm: float) -> float:

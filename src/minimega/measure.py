@@ -15,6 +15,19 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from . import comm
 
 
+def storage_id(t: torch.Tensor) -> int:
+    """The identity of the storage behind ``t``, shared by all its views.
+
+    Not its address: a meta tensor (`minimega dry-run`) has a size but no address (every ``data_ptr()`` is
+    0), and an emptied storage (ZeRO-3's reshard) has none either; the storage object itself is unique.
+    """
+    return t.untyped_storage()._cdata
+
+
+def same_storage(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return storage_id(a) == storage_id(b)
+
+
 def tensor_bytes(tensors: Iterable[torch.Tensor | None], seen: set | None = None) -> int:
     """Bytes of the distinct storages behind ``tensors`` (None entries are skipped)."""
     seen = set() if seen is None else seen
@@ -23,10 +36,9 @@ def tensor_bytes(tensors: Iterable[torch.Tensor | None], seen: set | None = None
         if t is None or not isinstance(t, torch.Tensor):
             continue
         storage = t.untyped_storage()
-        key = (storage.data_ptr(), t.device)
-        if key in seen:
+        if storage._cdata in seen:          # `storage_id`, inlined: the peak tracker calls this after every op
             continue
-        seen.add(key)
+        seen.add(storage._cdata)
         total += storage.nbytes()
     return total
 
@@ -74,7 +86,8 @@ class _SampleEveryOp(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
-        self._sample()
+        if not func.is_view:        # a view allocates nothing (half the ops of a step): no category can grow in it
+            self._sample()
         return out
 
 
@@ -193,7 +206,7 @@ def state_tensors(dp_wrappers, optimizer=None) -> dict[str, list[torch.Tensor]]:
             for u, s in zip(w.units, w.shards):
                 # A unit sharded at rest (ZeRO-3) keeps its shard in storage of its own; its full flat
                 # buffer is then a gathered copy, present only between unshard and reshard.
-                if s.untyped_storage().data_ptr() != u.flat.untyped_storage().data_ptr():
+                if not same_storage(s, u.flat):
                     out["params"].append(s)
                     out["gathered"].append(u.flat)
                 else:

@@ -195,16 +195,18 @@ class Mesh:
                 f"pp={self.pp_rank}/{self.pp_size}, backend={self.backend})")
 
 
-def init_mesh(dims: ParallelDims | None = None) -> Mesh:
+def init_mesh(dims: ParallelDims | None = None, device: torch.device | str | None = None) -> Mesh:
     """Build this rank's mesh; every rank must call it (group creation is collective).
 
     Without an initialised process group only ``ParallelDims()`` (one rank) is accepted: the single-process
-    reference run uses the same code paths with groups of size one.
+    reference run uses the same code paths with groups of size one. ``device``: where the engine puts this
+    rank's tensors; default the CPU, or the rank's GPU under nccl. ``"meta"`` builds and steps the engine
+    with shapes and no storage (`minimega dry-run`, on a fake process group).
     """
     dims = dims or ParallelDims()
     if not dist.is_initialized():
         dims.check(1)
-        device = torch.device("cpu")
+        device = torch.device(device or "cpu")
         solo = Group(None, [0], "world")
         return Mesh(dims, 0, "none", device, solo, Group(None, [0], "dp"), Group(None, [0], "tp"),
                     Group(None, [0], "pp"), Group(None, [0], "cp"), Group(None, [0], "dp_cp"),
@@ -212,11 +214,14 @@ def init_mesh(dims: ParallelDims | None = None) -> Mesh:
     world, rank = dist.get_world_size(), dist.get_rank()
     dims.check(world)
     backend = dist.get_backend()
-    device = torch.device("cpu")
-    if backend == "nccl":               # LOCAL_RANK, not rank % GPUs: right on every node of a multi-node job
+    if device is not None:
+        device = torch.device(device)
+    elif backend == "nccl":             # LOCAL_RANK, not rank % GPUs: right on every node of a multi-node job
         from .launch import local_device_index
         device = torch.device("cuda", local_device_index(rank))
         torch.cuda.set_device(device)
+    else:
+        device = torch.device("cpu")
     groups = {}
     # --8<-- [start:tour_groups]
     for dim in ("dp", "tp", "pp") + (("cp", "dp_cp") if dims.cp > 1 else ()) + (("ep", "edp") if dims.ep > 1 else ()):

@@ -50,14 +50,19 @@ def comm_collectives(stage: int) -> tuple[str, ...]:
             2: ("reduce_scatter", "all_gather"), 3: ("all_gather", "all_gather", "reduce_scatter")}[stage]
 
 
-def comm_bytes_per_step(n_params: float, dp: int, stage: int, bytes_per_elem: int = 2) -> float:
+def comm_bytes_per_step(n_params: float, dp: int, stage: int, bytes_per_elem: int = 2, *,
+                        grad_bytes: int | None = None) -> float:
     """Bytes each dp rank sends per optimizer step, ring model.
 
     Stages 0-2 move 2Ψ elements' worth (2(N_d-1)/N_d · Ψ exactly); stage 3 moves 3Ψ, 1.5× DDP.
+    ``grad_bytes``: the width gradients are reduced in when it is not the parameters' (4 for a 16-bit model
+    that reduces fp32 main grads, as minimega's bf16 does): the all-reduce (DDP) and the reduce-scatters carry
+    it, the all-gathers carry parameters. ``n_params``: padded, for a ZeRO that pads its flat buffers.
     """
     _check_stage_dp(stage, dp)
-    size = n_params * bytes_per_elem
-    return sum(ring_bytes(op, size, dp) for op in comm_collectives(stage))
+    widths = {"all_gather": bytes_per_elem}
+    g = bytes_per_elem if grad_bytes is None else grad_bytes
+    return sum(ring_bytes(op, n_params * widths.get(op, g), dp) for op in comm_collectives(stage))
 # --8<-- [end:comm_bytes]
 
 

@@ -2,6 +2,7 @@
 
     train          tools/train.py           estimate   tools/estimate_cli.py    plan        tools/plan_cli.py
     calibrate      tools/calibrate_cli.py   record     tools/record_cli.py      checkpoint  tools/checkpoint_cli.py
+    dry-run        tools/dry_run_cli.py
     export-config  tools/export_config.py   serve, cert, exam   classroom/cli.py
 """
 from __future__ import annotations
@@ -21,6 +22,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_checkpoint_parser(sub)
     from ..classroom.checkbank import add_exam_parser
     from ..classroom.cli import add_cert_parser, add_serve_parser
+    from .dry_run_cli import add_dry_run_parser
     from .estimate_cli import add_estimate_parser
     from .export_config import add_export_parser
     from .record_cli import add_record_parser
@@ -28,6 +30,7 @@ def build_parser() -> argparse.ArgumentParser:
     from .plan_cli import add_plan_parser
     add_estimate_parser(sub)
     add_plan_parser(sub)
+    add_dry_run_parser(sub)
     add_calibrate_parser(sub)
     add_export_parser(sub)
     add_record_parser(sub)

@@ -55,7 +55,7 @@ class MasterStore:
 
     @property
     def aliased(self) -> bool:
-        return all(m.data_ptr() == s.data_ptr() for m, s in zip(self.master, self.shards))
+        return all(measure.same_storage(m, s) for m, s in zip(self.master, self.shards))
 
     # --8<-- [start:master_phases]
     def set_grads(self, grads: list[torch.Tensor], divide_by: float) -> None:

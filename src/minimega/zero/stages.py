@@ -194,7 +194,7 @@ class Zero1(GradSync, nn.Module):
             flag = torch.tensor(float(precision.has_overflow(self.store.grads())), device=self.units[0].flat.device)
             for group in (self.group, *self.model_parallel):
                 comm.all_reduce(flag, group, tag="overflow")
-            self._overflow = flag.item() > 0
+            self._overflow = not flag.is_meta and flag.item() > 0      # meta (a dry run): no values, no overflow
 
     def grad_sq_norm(self, weight=None) -> torch.Tensor:
         """Σ weight(name)·‖g‖² over the elements of this rank's gradient shards (float64, not reduced).

@@ -1,0 +1,115 @@
+"""The dry run: the real engine for one rank of a large layout, built and stepped without the GPUs.
+
+One process stands in for global rank r of a dp × tp × pp job: a fake process group (torch's
+``FakeProcessGroup``: every collective returns at once and moves nothing) gives it the world it expects,
+and meta tensors (shapes and dtypes, no storage) give it a model of any size. Everything else is the
+engine's own code, as in training: the tensor-parallel split and the vocabulary's padding, the pipeline's
+stage assignment and its schedule, ZeRO's flat padded buffers and shards, the optimizer's states, activation
+checkpointing, one `Engine.train_step`. What comes back is what the engine itself records for that rank:
+its bytes by category (`Engine.report()["memory_peak"]`, the categories of `measure.CATEGORIES`) and the
+collectives of the step with their sizes (`comm.CommLog`, ring-model bytes).
+
+So a padding, divisibility or placement rule that only bites at dp 8 × tp 4 × pp 12 shows here, and its
+numbers can be held against the estimators (`layout.py`): two independent accounts of the same rank.
+"""
+from __future__ import annotations
+
+import time
+
+import torch
+import torch.distributed as dist
+
+from ..comm import CommLog
+from ..config import GPTConfig, TrainConfig
+from ..engine import initialize
+from ..mesh import ParallelDims, init_mesh
+from ..model import GPT
+
+BACKEND = "minimega_dry_run"
+_RECORDS = 2_000_000          # collectives one step may issue (BLOOM's pp rank 0: about 5,000)
+
+
+def _fake_backend() -> str:
+    """Register torch's fake process group for CPU and meta tensors (torch's own "fake" backend leaves out
+    meta, which its point-to-point path needs) under `BACKEND`, once."""
+    if not hasattr(dist.Backend, BACKEND.upper()):
+        from torch._C._distributed_c10d import FakeProcessGroup
+
+        def create(common, options):
+            return FakeProcessGroup._create_internal(common.group_rank, common.group_size, options)
+        dist.Backend.register_backend(BACKEND, create, extended_api=True, devices=["cpu", "meta"])
+    return BACKEND
+
+
+def sample_ranks(dims: ParallelDims) -> list[int]:
+    """A sample that covers every kind of rank: the first and last pipeline stage at the first tp and dp rank,
+    and the last stage at the last tp and dp rank (the one holding the vocabulary's padded tail)."""
+    last = dims.pp - 1
+    ranks = [dims.rank_of(0, 0, 0), dims.rank_of(last, 0, 0), dims.rank_of(last, dims.dp - 1, dims.tp - 1)]
+    return sorted(set(ranks))
+
+
+def dry_run(model: GPTConfig, config: TrainConfig, dims: ParallelDims, rank: int = 0) -> dict:
+    """Build the engine for global rank ``rank`` of ``dims`` on meta tensors, run one training step, report.
+
+    Returns {'rank', 'coords' (pp, dp, tp), 'params' (elements this rank holds), 'memory_peak' (bytes by
+    category), 'comm' ({group: {op: {calls, bytes, sent_bytes}}}, the step's collectives), 'seconds'}.
+    """
+    if dist.is_initialized():
+        raise RuntimeError("dry_run: a process group is already initialised in this process; run the dry run "
+                           "in a process of its own (it builds a fake world of its own)")
+    if not 0 <= rank < dims.world_size:
+        raise ValueError(f"dry_run: rank {rank} is outside the world of {dims.world_size} ranks")
+    start = time.perf_counter()
+    dist.init_process_group(_fake_backend(), store=dist.HashStore(), rank=rank, world_size=dims.world_size)
+    try:
+        mesh = init_mesh(dims, device="meta")
+        with torch.device("meta"):
+            reference = GPT(model)
+        engine = initialize(reference, config, mesh)
+        del reference
+        seq = config.seq_len or model.block_size
+        rows = torch.zeros((config.batch_size // dims.dp, seq), dtype=torch.long, device="meta")
+        engine.comm_log = CommLog(window=_RECORDS)       # every record of the step kept, by group and op
+        engine.train_step((rows, rows))
+        report = engine.report()
+        held = sum(p.numel() for part in engine.parts for p in part.parameters())
+    finally:
+        dist.destroy_process_group()
+    if report["comm"]["calls"] > _RECORDS:
+        raise RuntimeError(f"dry_run: the step issued {report['comm']['calls']} collectives, more than the "
+                           f"{_RECORDS} kept")
+    comm: dict = {}
+    for record in engine.comm_log.records:
+        row = comm.setdefault(record.group, {}).setdefault(record.op, {"calls": 0, "bytes": 0, "sent_bytes": 0.0})
+        row["calls"] += 1
+        row["bytes"] += record.bytes
+        row["sent_bytes"] += record.sent_bytes
+    return {"rank": rank, "coords": dims.coords(rank), "params": held,
+            "memory_peak": {k: v for k, v in report["memory_peak"].items() if k != "at_peak_total"},
+            "comm": comm, "sent_bytes": report["comm"]["sent_bytes"], "seconds": time.perf_counter() - start}
+
+
+def check_rank(shape: dict, config: TrainConfig, dims: ParallelDims, rank: int = 0) -> dict:
+    """`dry_run` of one rank next to `layout`'s account of it: {..., 'estimate': {'memory', 'comm'}, 'differs'}.
+
+    ``differs`` lists every model-state category and every group whose bytes are not equal (empty: they agree).
+    """
+    from . import layout
+    got = dry_run(GPTConfig(**shape), config, dims, rank)
+    pp_rank = got["coords"][0]
+    units = layout.rank_units(shape, dims.tp, dims.pp, pp_rank, config.virtual_stages)
+    steps = config.micro_batches if dims.pp > 1 else config.gradient_accumulation_steps
+    seq = config.seq_len or shape["block_size"]
+    message = config.batch_size // dims.dp // steps * seq * shape["n_embd"] * layout.ELEM_BYTES[config.precision]
+    memory = layout.rank_memory(units, dims.dp, config.zero_stage, config.precision, tp=dims.tp, pp=dims.pp,
+                                pp_rank=pp_rank, message_bytes=message)
+    comm = layout.rank_comm(shape, units, dp=dims.dp, tp=dims.tp, pp=dims.pp, pp_rank=pp_rank,
+                            zero_stage=config.zero_stage, precision=config.precision, batch_size=config.batch_size,
+                            micro_batches=config.micro_batches, gradient_accumulation_steps=config.gradient_accumulation_steps,
+                            recompute=config.activation_checkpointing)
+    sent = {g: sum(row["sent_bytes"] for row in ops.values()) for g, ops in got["comm"].items()}
+    differs = [k for k, v in memory.items() if got["memory_peak"][k] != v]
+    differs += [f"comm:{g}" for g in sorted(set(comm) | set(sent))
+                if abs(sent.get(g, 0.0) - comm.get(g, 0.0)) > 1e-9 * max(1.0, comm.get(g, 0.0))]   # float sums of (n-1)/n
+    return {**got, "comm_sent": sent, "estimate": {"memory": memory, "comm": comm}, "differs": differs}

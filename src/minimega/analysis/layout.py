@@ -1,0 +1,161 @@
+"""One rank of minimega's engine at any scale, from the layout's integers: what it holds and what it sends.
+
+The estimators elsewhere count a model the way the papers do (parameters Ψ, per GPU of the fullest stage);
+this file counts *minimega's* model (`model.GPT`: learned positions, an untied head, biases if the config
+has them) the way minimega's engine lays it out, so that a dry run (`dry_run.py`) of the same rank can be
+held against it to the byte:
+
+    pipeline   the L blocks cut into p·v chunks of ⌊L/(p·v)⌋ blocks, the first L mod (p·v) chunks one more;
+               chunk k on pp rank k mod p; the embeddings on chunk 0, the final LayerNorm and head on the last
+    tensor     qkv, fc and the head split by output rows, proj by input columns (weights D/t or F/t wide), the
+               vocabulary padded to t·⌈V/t⌉ rows; LayerNorms, wpe and the row-parallel biases whole
+    ZeRO       one unit per chunk part (embeddings, each block, head), padded to a multiple of dp (`padded_numel`)
+
+Memory: `peak_memory_bytes` of these units. Communication per step, the ring model of `communication.py`
+applied to what each group carries:
+
+    dp   ZeRO 1-2: reduce-scatter every padded unit's gradients (4-byte main grads), all-gather its
+         parameters; DDP (stage 0): all-reduce the unpadded gradients
+    tp   per micro-batch and block: 2 all-reduces of (b, s, D) forward and 2 backward (`tp_comm_elements_per_layer`),
+         2 more when full recomputation runs the forward again; the embedding's forward all-reduce (chunk 0);
+         on the last chunk the head's backward all-reduce and the vocab-parallel cross-entropy (an all-gather of
+         t·b·s maxima, two all-reduces of b·s numbers)
+    pp   per micro-batch, the (b, s, D) activation sent forward (all but the last chunk) and its gradient sent
+         back (all but chunk 0)
+"""
+from __future__ import annotations
+
+from .communication import comm_bytes_per_step, ring_bytes, tp_comm_elements_per_layer
+from .memory import padded_numel, peak_memory_bytes
+
+ELEM_BYTES = {"fp32": 4, "bf16": 2}
+GRAD_BYTES = 4          # gradients accumulate and reduce in fp32 under both (bf16: Megatron's main_grad)
+
+
+def chunk_sizes(n_layer: int, chunks: int) -> list[int]:
+    """Blocks in each of the pipeline's ``chunks`` chunks (earlier chunks one more when they do not divide)."""
+    if not 1 <= chunks <= n_layer:
+        raise ValueError(f"{n_layer} layers cannot be cut into {chunks} chunks")
+    return [n_layer // chunks + (k < n_layer % chunks) for k in range(chunks)]
+
+
+def rank_units(shape: dict, tp: int = 1, pp: int = 1, pp_rank: int = 0, virtual_stages: int = 1) -> list[list[int]]:
+    """The element count of each parameter this rank holds, grouped by ZeRO unit in forward order.
+
+    ``shape``: ``vocab_size, block_size, n_layer, n_embd, mlp_ratio, bias`` (`GPTConfig`'s names).
+    """
+    V, T, L, D = shape["vocab_size"], shape["block_size"], shape["n_layer"], shape["n_embd"]
+    F, bias = shape.get("mlp_ratio", 4) * D, shape.get("bias", False)
+    if D % tp or F % tp:
+        raise ValueError(f"tp={tp} does not divide n_embd={D} and the MLP width {F}")
+    vocab_rows = -(-V // tp)                                     # this rank's rows of the padded vocabulary
+    ln = [D, D] if bias else [D]
+    block = (ln + [3 * D // tp * D] + ([3 * D // tp] if bias else []) + [D * D // tp] + ([D] if bias else [])
+             + ln + [F // tp * D] + ([F // tp] if bias else []) + [D * F // tp] + ([D] if bias else []))
+    chunks = pp * virtual_stages
+    sizes = chunk_sizes(L, chunks)
+    units = []
+    for k in range(pp_rank, chunks, pp):
+        if k == 0:
+            units.append([vocab_rows * D, T * D])                 # wte (vocab-parallel), wpe (whole)
+        units += [list(block) for _ in range(sizes[k])]
+        if k == chunks - 1:
+            units.append(ln + [vocab_rows * D])                   # ln_f, lm_head (vocab-parallel)
+    return units
+
+
+def rank_memory(units: list[list[int]], dp: int, zero_stage: int, precision: str = "bf16", *, tp: int = 1,
+                pp: int = 1, pp_rank: int = 0, message_bytes: int = 0) -> dict:
+    """Model-state bytes by category at the step's peak: `peak_memory_bytes`, and what a pipeline changes.
+
+    Under pp every chunk accumulates its micro-batches' gradients whole (``no_sync``) and reduces them once, so
+    ZeRO-2 holds all of them, Σ N_u·4, beside its shards (not one unit's). And on every stage but the first,
+    the last backward's input gradient (``message_bytes``, (b, s, D)) is sent back to the previous stage while
+    the reduce-scatters are still in flight; and one tick's send and receive, 2 · ``message_bytes``, are in flight
+    together (the whole of it when dp = 1, whose group of one issues no collective), or under tp alone one
+    all-reduce of (b, s, D). Activations are not modelled here.
+    """
+    out = peak_memory_bytes(units, dp, zero_stage, precision=precision)
+    if dp == 1:                  # a group of one issues no collective: none of DDP's or ZeRO's buffers is in flight
+        out["comm_buffers"] = 0
+    if pp > 1:
+        if zero_stage == 2:
+            shards = sum(padded_numel(sum(u), dp) for u in units) // dp
+            fold = max(map(max, units)) * ELEM_BYTES[precision] if precision != "fp32" else 0
+            out["grads"] = (shards + sum(map(sum, units))) * GRAD_BYTES + fold
+        if pp_rank > 0:
+            out["comm_buffers"] += message_bytes
+        out["comm_buffers"] = max(out["comm_buffers"], 2 * message_bytes)    # a tick's send and receive together
+    if tp > 1:
+        out["comm_buffers"] = max(out["comm_buffers"], message_bytes)        # a tp all-reduce of (b, s, D)
+    return out
+
+
+def rank_comm(shape: dict, units: list[list[int]], *, dp: int, tp: int, pp: int, pp_rank: int, zero_stage: int,
+              precision: str, batch_size: int, micro_batches: int = 1, gradient_accumulation_steps: int = 1,
+              recompute: str = "none") -> dict:
+    """Ring-model bytes this rank sends in one step, by group ('dp', 'tp', 'pp'), for a layout with v = 1.
+
+    ``batch_size``: the global batch; each dp rank runs ``batch_size/dp`` rows in ``micro_batches`` (pp > 1)
+    or ``gradient_accumulation_steps`` micro-steps of b rows.
+    """
+    e, s, D = ELEM_BYTES[precision], shape.get("seq_len") or shape["block_size"], shape["n_embd"]
+    steps = micro_batches if pp > 1 else gradient_accumulation_steps
+    b = batch_size // dp // steps
+    out = {"dp": 0.0, "tp": 0.0, "pp": 0.0}
+    # dp: per unit, once per step (DDP and ZeRO-1 accumulate locally; the pipeline reduces after the last
+    # micro-batch); ZeRO-2 without a pipeline reduce-scatters every micro-step.
+    padded = sum(padded_numel(sum(u), dp) for u in units)
+    if zero_stage == 0:                                          # DDP's buckets are not padded
+        out["dp"] = comm_bytes_per_step(sum(map(sum, units)), dp, 0, e, grad_bytes=GRAD_BYTES)
+    elif zero_stage in (1, 2):
+        out["dp"] = comm_bytes_per_step(padded, dp, zero_stage, e, grad_bytes=GRAD_BYTES)
+        if zero_stage == 2 and pp == 1:                          # + a reduce-scatter on every other micro-step
+            out["dp"] += (steps - 1) * ring_bytes("reduce_scatter", padded * GRAD_BYTES, dp)
+    else:
+        raise ValueError("rank_comm: ZeRO-3 is not modelled here (it gathers per micro-batch); use stages 0-2")
+    # tp: the blocks' f and g regions, the embedding, the head and the vocab-parallel cross-entropy.
+    if tp > 1:
+        blocks = len(units) - (pp_rank == 0) - (pp_rank == pp - 1)
+        per_block = tp_comm_elements_per_layer(s, b, D, tp) * e              # 4 all-reduces of (b, s, D)
+        if recompute == "full":
+            per_block *= 1.5                                                 # the forward's 2 again
+        ends = 0.0
+        if pp_rank == 0:
+            ends += ring_bytes("all_reduce", b * s * D * e, tp)              # vocab-parallel embedding
+        if pp_rank == pp - 1:
+            ends += ring_bytes("all_reduce", b * s * D * e, tp)              # the head's input gradient
+            ends += ring_bytes("all_gather", tp * b * s * e, tp) + 2 * ring_bytes("all_reduce", b * s * e, tp)
+        out["tp"] = steps * (blocks * per_block + ends)
+    if pp > 1:
+        out["pp"] = micro_batches * b * s * D * e * ((pp_rank < pp - 1) + (pp_rank > 0))
+    return out
+
+
+# Published models as minimega's GPT: their shapes, biases on (Megatron and BLOOM have them), and minimega's own
+# learned positions and untied head (the model has no ALiBi, RoPE or tied embedding); layouts as published.
+GPT3_175B = dict(layers=96, hidden=12288, heads=96, vocab=51200, seq_len=2048, micro_batch=1, zero_stage=1, tp=8,
+                 dp=1, pp=8, recompute="full", micro_batches=64, precision="bf16")
+"""GPT-3 175B as Korthikanti et al. 2022 (arXiv:2205.05198) Table 3 ran it: 96 layers, h = 12288, 96 heads,
+s = 2048, V = 51200, TP 8 × PP 8 on 64 GPUs, global batch 64, micro-batch 1 (so dp = 1 and m = 64)."""
+REFUSED_MODELS = {
+    "llama3-405b": "Llama 3 405B uses grouped-query attention (fewer key-value heads than query heads), SwiGLU and "
+                   "RoPE, which minimega's GPT does not have (no n_kv_head); a dry run would not be Llama's layout",
+}
+
+
+def published(name: str) -> dict:
+    """A published model's shape and layout (`calculator.PRESETS`, `GPT3_175B`); refused models by name."""
+    from .calculator import PRESETS
+    if name in REFUSED_MODELS:
+        raise ValueError(f"model {name!r}: {REFUSED_MODELS[name]}")
+    table = {k: v for k, v in PRESETS.items() if k in ("bloom-176b", "mt-nlg-530b")} | {"gpt3-175b": GPT3_175B}
+    if name not in table:
+        raise ValueError(f"model {name!r}: expected one of {sorted(table)}")
+    return dict(table[name])
+
+
+def gpt_shape(preset: dict) -> dict:
+    """`GPTConfig` fields for a preset's shape (biases on; block_size = its sequence length)."""
+    return dict(vocab_size=preset["vocab"], block_size=preset["seq_len"], n_layer=preset["layers"],
+                n_head=preset["heads"], n_embd=preset["hidden"], bias=True)
