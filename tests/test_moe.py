@@ -21,7 +21,7 @@ from minimega.engine import make_optimizer, validate
 from minimega.zero import padded_numel
 from parity import assert_case_matches, max_rel_error, parity_config
 
-STEPS = 10
+STEPS = 4      # the gradient itself: test_grad_parity.py; these steps check the optimizer path
 TINY = mm.GPTConfig.tiny(block_size=32)
 MOE = moe.MoEConfig(n_experts=4, top_k=2, capacity_factor=1.25)     # C = ceil(1.25·2·32/4) = 20 of 32: drops
 
@@ -142,7 +142,7 @@ def test_expert_parallel_matches_single_process(world, ref, tmp_path):
         assert err <= 1e-5, f"{cases[i][0]} resumed at ep1: {err:.2e} off the single-process run after {STEPS + RESUMED} steps"
 
 
-CLIP = 0.3        # below every step's norm (asserted): each of the 10 steps clips
+CLIP = 0.3        # below every step's norm (asserted): each of the STEPS steps clips
 CLIPPED = {      # world size -> [(id, dp, ep, TrainConfig overrides)], each with gradient_clipping=CLIP
     2: [("dp2-ep2-clip", 2, 2, {})],
     4: [("tp2-dp2-ep2-clip", 2, 2, {"tp": 2}), ("dp4-ep2-clip", 4, 2, {}),     # dp4-ep2: edp 2 replicas

@@ -12,7 +12,7 @@ from minimega.pipeline import plan
 from minimega.pipeline.printer import grid_from_plan, grid_from_timelines, render
 from parity import max_rel_error, parity_config, reference_run
 
-STEPS = 10
+STEPS = 4      # the gradient itself: test_grad_parity.py; these steps check the optimizer path
 TINY = mm.GPTConfig.tiny(block_size=32)                 # 4 layers
 EIGHT = mm.GPTConfig.tiny(block_size=32, n_layer=8)     # p·v = 8 chunks
 

@@ -16,7 +16,7 @@ from minimega.estimate import gpt_activation_bytes_per_layer
 from minimega.tools.cli import main
 from parity import max_rel_error, parity_config, reference_run
 
-STEPS, SEQ = 10, 32
+STEPS, SEQ = 4, 32    # the gradient itself: test_grad_parity.py; these steps check the optimizer path
 
 
 def _per_rank(shape, tp, seed):
@@ -114,7 +114,7 @@ def _regions_and_layers(mesh):
 
 
 # ------------------------------------------------------------------------------------------------
-# Parity with the single-process model after 10 AdamW steps; per-layer communication on the side.
+# Parity with the single-process model after STEPS AdamW steps; per-layer communication on the side.
 
 def _block_comm(mesh, model_config, sp):
     """One TP block's collectives (forward, backward) and saved bytes for a (B, T, D) input."""

@@ -23,7 +23,7 @@ from parity import max_rel_error, parity_config, reference_run
 MODEL = mm.GPTConfig.tiny(block_size=32)
 # Odd sizes, so that units need padding at dp 2 and 4: embed = 251·6 + 32·6 = 1698 elements.
 ODD = mm.GPTConfig(vocab_size=251, block_size=32, n_layer=2, n_head=2, n_embd=6)
-STEPS = 10
+STEPS = 4      # the gradient itself: test_grad_parity.py; these steps check the optimizer path
 
 
 def unit_numels(model_config: mm.GPTConfig) -> list[int]:

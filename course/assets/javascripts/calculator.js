@@ -26,7 +26,7 @@
                   kv_heads: 0, ffn: 0, mlp: "gelu", tied: true, bias: true};
 
   /* Block shapes (minimega.analysis.shapes): GQA's k = kv_heads · h/a, the MLP's width f, GELU or SwiGLU. */
-  function kvWidth(c) { return (c.kv_heads || c.heads) * Math.floor(c.hidden / c.heads); }
+  function kvWidth(c) { return c.kv_heads ? c.kv_heads * Math.floor(c.hidden / c.heads) : c.hidden; }
   function ffnWidth(c) { return c.ffn || 4 * c.hidden; }
   function blockMatmulParams(c) {                    // shapes.block_matmul_params
     var h = c.hidden, k = kvWidth(c), f = ffnWidth(c);

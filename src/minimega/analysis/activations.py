@@ -90,7 +90,7 @@ def _split_width(h: int, a: int, kv_heads: int | None, ffn: int | None, mlp: str
     2f (GELU) or 4f (SwiGLU). 12h for GPT's block."""
     if mlp not in ("gelu", "swiglu"):
         raise ValueError(f"mlp {mlp!r}: expected 'gelu' or 'swiglu'")
-    k, f = (kv_heads or a) * (h // a), ffn or 4 * h
+    k, f = kv_heads * (h // a) if kv_heads else h, ffn or 4 * h       # h without GQA, whether or not a divides it
     return 2 * h + 2 * k + (4 if mlp == "swiglu" else 2) * f
 
 

@@ -18,7 +18,7 @@ MLPS = ("gelu", "swiglu")
 # --8<-- [start:block_shape]
 def kv_width(cfg) -> int:
     """k: outputs of the K projection (and of V), kv_heads · h/a; h without GQA (kv_heads 0)."""
-    return (cfg.kv_heads or cfg.heads) * (cfg.hidden // cfg.heads)
+    return cfg.kv_heads * (cfg.hidden // cfg.heads) if cfg.kv_heads else cfg.hidden
 
 
 def ffn_width(cfg) -> int:
