@@ -88,8 +88,8 @@ def run_one(m: dict, src_copy: Path, timeout: float) -> dict:
     failed = re.findall(r"^(?:FAILED|ERROR) (\S+)", out, re.M)
     errors = re.findall(r"^E\s+(\S.*)$", out, re.M)              # pytest's first explanation line
     detail = errors[0][:160] if errors else ""
-    if rc is None:
-        status, by = "killed", f"timeout after {timeout:.0f} s"
+    if rc is None:                             # inconclusive: a slow machine, or a mutant that hangs
+        status, by = "TIMEOUT", f"after {timeout:.0f} s"
     elif rc == 1:
         status, by = "killed", failed[0] if failed else "a failing test"
     elif rc == 0:
@@ -120,7 +120,8 @@ def main(argv: list[str] | None = None) -> int:
         unknown = sorted(set(args.only) - {m["name"] for m in mutants})
         if unknown:
             ap.error(f"unknown mutant(s) {unknown}")
-        mutants = [m for m in mutants if m["name"] in args.only]
+        by_name = {m["name"]: m for m in mutants}
+        mutants = [by_name[n] for n in dict.fromkeys(args.only)]          # in the order asked
     bad = problems(mutants)
     if bad or args.check:
         print("\n".join(bad) or f"{len(mutants)} mutants apply cleanly")
