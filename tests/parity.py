@@ -43,7 +43,8 @@ def grad_tolerance(precision: str, addends: int) -> float:
     (half of torch's ``finfo.eps``); with n the tokens of the global batch that is n·u: 1.5e-5 for 256
     tokens in fp32 (gradients are summed in fp32 under every precision policy here).
     """
-    dtype = {"fp32": torch.float32, "bf16": torch.float32}[precision]   # bf16 sums in fp32 (main_grad)
+    dtype = {"fp32": torch.float32, "bf16": torch.float32,    # bf16 sums in fp32 (main_grad)
+             "fp16": torch.float16}[precision]               # fp16 computes and sums in fp16
     return addends * torch.finfo(dtype).eps / 2
 
 
