@@ -16,7 +16,7 @@ TESTSTAMP  := $(VENV)/.test-$(DEPHASH)
 LABSTAMP   := $(VENV)/.lab-$(DEPHASH)
 export NO_MKDOCS_2_WARNING := 1
 
-.PHONY: install install-test serve test test-fast lab site bench clean
+.PHONY: install install-test serve test test-fast mutants lab site bench clean
 
 install: $(SERVESTAMP)
 
@@ -50,6 +50,11 @@ test: install-test
 
 test-fast: install-test
 	$(BIN)/python -m pytest -q $(XDIST) -m "not slow and not browser"
+
+# Not part of `make test`: each mutant of tools/mutants.toml breaks a copy of src/ and must fail its tests
+# (~15 min on 2 cores; the measured table is tests/MUTANTS.md).
+mutants: install-test
+	nice -n 10 $(BIN)/python tools/mutants.py
 
 lab: $(LABSTAMP)
 	$(BIN)/python -m ipykernel install --sys-prefix --name minimega --display-name "minimega"

@@ -33,6 +33,21 @@ def max_rel_error(got: dict, ref: dict) -> float:
     return worst
 
 
+def grad_tolerance(precision: str, addends: int) -> float:
+    """The norm-relative gradient error two summation orders may show: γ = n·u for ``addends`` = n.
+
+    Every layout computes the same per-token terms; what it changes is the order they are summed in (rows
+    split over dp and micro-steps, a matmul's inner dimension split over tp, buckets added at the end).
+    Recursive summation of n terms carries an error of at most (n-1)·u·Σ|x_i| (Higham, Accuracy and
+    Stability of Numerical Algorithms, 2nd ed., §4.2), u the unit roundoff of the dtype the sum is kept in
+    (half of torch's ``finfo.eps``); with n the tokens of the global batch that is n·u: 1.5e-5 for 256
+    tokens in fp32 (gradients are summed in fp32 under every precision policy here).
+    """
+    dtype = {"fp32": torch.float32, "bf16": torch.float32,    # bf16 sums in fp32 (main_grad)
+             "fp16": torch.float16}[precision]               # fp16 computes and sums in fp16
+    return addends * torch.finfo(dtype).eps / 2
+
+
 def assert_case_matches(name: str, per_rank: list[dict], ref_state: dict, ref_losses: list[float], what: str,
                         steps: int, rel: float = 1e-5) -> dict:
     """One case of a multi-rank launch: no rank failed, and rank 0's weights and every step's loss are within
@@ -47,7 +62,8 @@ def assert_case_matches(name: str, per_rank: list[dict], ref_state: dict, ref_lo
 
 
 def reference_run(model_config: mm.GPTConfig, config: mm.TrainConfig, steps: int,
-                  seq_len: int | None = None, norms: list | None = None) -> tuple[dict, list[float]]:
+                  seq_len: int | None = None, norms: list | None = None,
+                  grads: list | None = None) -> tuple[dict, list[float]]:
     """The single-process run every layout must reproduce: same seed, same global batches, torch's optimizer.
 
     ``config.precision="bf16"`` runs the bf16 policy on one process: the model (weights, activations,
@@ -55,7 +71,8 @@ def reference_run(model_config: mm.GPTConfig, config: mm.TrainConfig, steps: int
     as the engine does), fp32 master weights stepped by the optimizer and copied back into the model.
 
     Returns the final fp32 state dict (the masters under bf16) and the per-step losses; with clipping,
-    appends each step's gradient norm (before clipping) to ``norms`` when given.
+    appends each step's gradient norm (before clipping) to ``norms`` when given; ``grads``, when given, gets
+    each step's gradients as the optimizer applies them (fp32, after clipping), by parameter name.
     """
     if config.precision not in ("fp32", "bf16"):
         raise ValueError(f"reference_run: precision={config.precision!r} has no single-process reference here")
@@ -87,6 +104,8 @@ def reference_run(model_config: mm.GPTConfig, config: mm.TrainConfig, steps: int
             norm = torch.nn.utils.clip_grad_norm_(stepped, config.gradient_clipping)
             if norms is not None:
                 norms.append(float(norm))
+        if grads is not None:
+            grads.append({n: p.grad.detach().float().clone() for (n, _), p in zip(model.named_parameters(), stepped)})
         opt.step()
         opt.zero_grad(set_to_none=True)
         if low:

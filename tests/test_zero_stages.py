@@ -196,6 +196,10 @@ def test_zero3_unit_states_at_rest_in_forward_and_after_backward():
     x, y = data.global_batch(0, 2, 32)
     stage(x, y)[1].backward()
     stage.finish_grad_sync()
-    assert seen["blocks.1"] is UnitState.UNSHARDED and seen["blocks.3"] is not UnitState.UNSHARDED
+    # While blocks.1 computes: it is whole, blocks.2's gather is in flight (prefetch), the units before it are
+    # resharded and the rest are at rest.
+    sharded = {n: s for n, s in seen.items() if n not in persistent}
+    assert sharded == {**{n: UnitState.SHARDED for n in sharded},
+                       "blocks.1": UnitState.UNSHARDED, "blocks.2": UnitState.GATHERING}
     assert all(s is UnitState.SHARDED for n, s in stage.state.items() if n not in persistent)
     assert all(u.is_allocated() == (u.name in persistent) for u in stage.units)

@@ -154,6 +154,9 @@ class Engine:
         self._clock = clock.for_device(mesh.device)      # CUDA events on a GPU, resolved in report()
         for wrapper in self.sync_parts:                    # their timelines share it (see report)
             wrapper.clock = self._clock
+        self.before_step: list = []
+        """Callables ``f(engine)`` run on every rank once the gradients are final (synchronised, unscaled,
+        clipped), just before the optimizer step: `full_grad_dict` may be called there (a collective)."""
         self.step = 0
         self._peak_steps = 0                              # steps left to sample the peak in (`track_peak`)
 
@@ -219,6 +222,8 @@ class Engine:
                 total += loss.detach()
             # --8<-- [start:tour_step_end]
             norm = self._clip()
+            for observe in self.before_step:
+                observe(self)
             self.optimizer.step()
             if watch or not self.memory_at_step:   # params, grads and optimizer states all live
                 self.memory_at_step = self.memory()
@@ -277,6 +282,18 @@ class Engine:
             local.update({k: self._full(part, k, v).float() for k, v in state.items()})
         if self.experts is not None:          # every expert whole: gathered over ep
             local.update(self.experts.full_state_dict())
+        return self._merge_stages(local)
+
+    def full_grad_dict(self) -> dict[str, torch.Tensor]:
+        """The fp32 gradients the optimizer step is about to apply, consolidated as `full_state_dict` is (a
+        collective); valid only inside a `before_step` callable. Not for a mixture of experts."""
+        if self.experts is not None:
+            raise ValueError("full_grad_dict: the experts' gradients are not consolidated; use a dense model")
+        local = {}
+        for part, wrapper in self._holders():
+            grads = wrapper.full_grad_dict() if self.config.zero_stage else {
+                n: p.grad if p.grad is not None else torch.zeros_like(p) for n, p in part.named_parameters()}
+            local.update({k: self._full(part, k, v).float() for k, v in grads.items()})
         return self._merge_stages(local)
 
     def _holders(self):

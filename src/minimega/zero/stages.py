@@ -248,13 +248,23 @@ class Zero1(GradSync, nn.Module):
         return self.flat_grads
 
     # -- state and accounting --------------------------------------------------------------------
-    @torch.no_grad()
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         """fp32 weights with the model's keys, on every rank: all-gather each unit's master shard."""
+        return self._gather_shards(self.store.master, "state_dict")
+
+    def full_grad_dict(self) -> dict[str, torch.Tensor]:
+        """The fp32 gradients the next step applies (averaged over dp, unscaled, clipped when the engine has
+        clipped), with the model's keys, on every rank; between the last backward and ``step()``."""
+        self._prepare()
+        return self._gather_shards([m.grad if m.grad is not None else torch.zeros_like(m)
+                                    for m in self.store.master], "grad_dict")
+
+    @torch.no_grad()
+    def _gather_shards(self, shards: list[torch.Tensor], tag: str) -> dict[str, torch.Tensor]:
         out = {}
-        for u, m in zip(self.units, self.store.master):
+        for u, m in zip(self.units, shards):
             full = torch.empty(u.padded, dtype=torch.float32, device=u.flat.device)
-            comm.all_gather(full, m.detach().to(u.flat.device), self.group, tag="state_dict")
+            comm.all_gather(full, m.detach().float().to(u.flat.device), self.group, tag=tag)
             out.update({n: v.cpu().clone() for n, v in zip(u.names, u.views(full))})
         return {n: out[n] for n, _ in dp_named_parameters(self.module)}
 
