@@ -186,6 +186,7 @@ class Engine:
         if x.shape[0] % ga:
             raise ValueError(f"this rank's {x.shape[0]} rows do not split into gradient_accumulation_steps={ga}")
         sent_before = self.comm_log.total_sent()
+        self._event("step_start")
         total = torch.zeros((), device=self.mesh.device)
         self.model.train()
         # Memory is watched in steps 0 and 1 (the second is steady), whenever asked (`track_peak`), and the states
@@ -213,6 +214,7 @@ class Engine:
                         self.experts.finish_grad_sync()
                 total += loss.detach()
             # --8<-- [start:tour_step_end]
+            self._event("optimizer_start")
             norm = self._clip()
             self.optimizer.step()
             if watch or not self.memory_at_step:   # params, grads and optimizer states all live
@@ -224,6 +226,7 @@ class Engine:
             comm.all_reduce(total, self.mesh.pp_group)                     # the last stage's loss, to every stage
         # Every dp·cp rank averaged the same number of tokens: the mean of their means is the global mean.
         loss = comm.all_reduce_mean(total / ga, self.mesh.grad_group).item()    # a metric: kept out of the log
+        self._event("step_end")
         # --8<-- [end:tour_step_end]
         self.losses.append(loss)
         if norm is not None:
@@ -368,7 +371,11 @@ class Engine:
     def save(self, directory, keep: int = 3):
         """Atomic sharded checkpoint of everything needed to resume (see `minimega.checkpoint`)."""
         from . import checkpoint
-        return checkpoint.save(self, directory, keep=keep)
+        stats: dict = {}
+        self._event("save_start")
+        path = checkpoint.save(self, directory, keep=keep, stats=stats)
+        self._event("save_end", bytes=stats.get("bytes_written", 0))
+        return path
 
     def load(self, directory) -> int:
         """Resume from a checkpoint saved under any layout; returns its step."""

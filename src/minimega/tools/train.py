@@ -44,19 +44,24 @@ def add_train_parser(sub) -> None:
     p.add_argument("--top-k", type=positive_int, default=None, help="with --experts: experts per token (default: 2)")
     p.add_argument("--capacity-factor", type=positive_float, default=None,
                    help="with --experts: slots per expert = factor * top_k * T / E per sequence (default: 1.25)")
+    p.add_argument("--trace", default=None, metavar="DIR",
+                   help="write one Chrome trace per rank (DIR/rank<r>.trace.json) and all ranks in one "
+                        "(DIR/all.trace.json): open them in Perfetto or chrome://tracing; "
+                        "`minimega trace compare DIR` sets them next to the step-time model")
     add_config_flags(p)
     p.set_defaults(func=_cmd_train)
 
 
 def train_worker(preset: str, config: TrainConfig, steps: int, show: bool | str, ckpt: dict | None = None,
-                 show_schedule: bool = False, moe=None) -> dict:
+                 show_schedule: bool = False, moe=None, trace_dir: str | None = None) -> dict:
     """What every rank of ``minimega train`` runs; rank 0 shows the progress.
 
     ``show``: False for none, ``"bar"`` for a tqdm bar, ``"lines"`` (or True) for plain lines (progress.py);
     the launcher chooses, as it alone knows whether its output is a terminal.
 
     ``steps`` more steps are run from wherever the job starts, unless ``ckpt["until"]`` names the step to
-    end at (an elastic restart resumes part-way and runs only what is left).
+    end at (an elastic restart resumes part-way and runs only what is left). ``trace_dir``: write this rank's
+    Chrome trace there at the end (`minimega.trace`).
     """
     import torch
 
@@ -104,6 +109,11 @@ def train_worker(preset: str, config: TrainConfig, steps: int, show: bool | str,
     wall = time.perf_counter() - start
     if progress is not None:
         progress.close()
+    if trace_dir is not None:
+        from .. import trace
+        trace.write(engine.report(), trace_dir, {"model": dataclasses.asdict(model.config), "preset": preset,
+                                                 "config": dataclasses.asdict(config), "device": str(mesh.device),
+                                                 "world_size": mesh.world_size, "first_step": first})
     sent = engine.comm_log.total_sent()
     total_sent = comm.all_reduce(torch.tensor([sent], dtype=torch.float64), mesh.world).item()
     return {"losses": engine.losses, "first_step": first, "wall_s": wall,
@@ -160,7 +170,7 @@ def _start(args: argparse.Namespace, config: TrainConfig, nproc: int, ckpt: dict
     """One attempt of the job: ``nproc`` fresh ranks running `train_worker`."""
     from ..launch import launch
     return launch(train_worker, nproc, args.preset, config, args.steps, _progress(args), ckpt,
-                  args.show_schedule, moe_config(args), backend=args.backend, timeout=args.timeout)
+                  args.show_schedule, moe_config(args), args.trace, backend=args.backend, timeout=args.timeout)
 
 
 def _fits(args: argparse.Namespace, dims, nproc: int) -> bool:
@@ -230,6 +240,10 @@ def _cmd_train(args: argparse.Namespace) -> int:
         signal.signal(signal.SIGTERM, _terminated)
     results = run_elastic(functools.partial(_start, args, config), args.nproc, ckpt, max_restarts=args.max_restarts,
                           min_nproc=min_nproc, fits=functools.partial(_fits, args, dims), model_config=_model_config(args))
+    if args.trace:
+        from .. import trace
+        print(f"minimega train: traces in {args.trace} (all ranks: {trace.merge(args.trace)}); open them in "
+              "https://ui.perfetto.dev or chrome://tracing", file=sys.stderr)
     if args.show_schedule and pp > 1:
         from ..pipeline.printer import grid_from_timelines, legend, render
         rows = [r["pipeline_timeline"] for r in results if r["pipeline_timeline"] is not None]
