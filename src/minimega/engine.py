@@ -150,6 +150,8 @@ class Engine:
         for wrapper in self.sync_parts:                    # their timelines share it (see report)
             wrapper.clock = self._clock
         self.step = 0
+        self.step_guard = None
+        """Called as ``step_guard(step, loss, grad_norm)`` before each optimizer step; False skips the step."""
         self._peak_steps = 0                              # steps left to sample the peak in (`track_peak`)
 
     def _data_parallel(self, module):
@@ -216,16 +218,15 @@ class Engine:
             # --8<-- [start:tour_step_end]
             self._event("optimizer_start")
             norm = self._clip()
-            self.optimizer.step()
+            metric = None
+            if self.step_guard is None or self._guard(metric := self._loss_metric(total, ga), norm):
+                self.optimizer.step()
             if watch or not self.memory_at_step:   # params, grads and optimizer states all live
                 self.memory_at_step = self.memory()
             self.optimizer.zero_grad(set_to_none=True)
             self._event("optimizer_step_end")
         self.comm_per_step.append(self.comm_log.total_sent() - sent_before)
-        if self.pipeline is not None:
-            comm.all_reduce(total, self.mesh.pp_group)                     # the last stage's loss, to every stage
-        # Every dp·cp rank averaged the same number of tokens: the mean of their means is the global mean.
-        loss = comm.all_reduce_mean(total / ga, self.mesh.grad_group).item()    # a metric: kept out of the log
+        loss = self._loss_metric(total, ga) if metric is None else metric    # a metric: kept out of the log
         self._event("step_end")
         # --8<-- [end:tour_step_end]
         self.losses.append(loss)
@@ -233,6 +234,20 @@ class Engine:
             self.grad_norms.append(norm)
         self.step += 1
         return loss
+
+    def _loss_metric(self, total: torch.Tensor, ga: int) -> float:
+        """The global mean loss. Every dp·cp rank averaged the same number of tokens: the mean of their means."""
+        if self.pipeline is not None:
+            total = comm.all_reduce(total.clone(), self.mesh.pp_group)    # the last stage's loss, to every stage
+        return comm.all_reduce_mean(total / ga, self.mesh.grad_group).item()
+
+    def _guard(self, loss: float, norm: float | None) -> bool:
+        """Ask `step_guard` (`health.StepGuard`) whether to apply this step; the norm is computed if not clipping.
+        Under a guard the loss metric is taken before the step, inside the communication log."""
+        if norm is None:
+            norm = clip_grad_norm_(self.sync_parts, self.mesh, float("inf"),
+                                   own=[self.experts] if self.experts is not None else [])
+        return self.step_guard(self.step, loss, norm)
 
     def _context_shard(self, t: torch.Tensor) -> torch.Tensor:
         """(B, T) rows of this dp rank → (B, T/cp) on the device: this cp rank's chunks r and 2cp-1-r."""
