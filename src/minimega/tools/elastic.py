@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import time
 from typing import Callable
 
 from .. import checkpoint
@@ -18,6 +19,9 @@ FAULT_NAN_ENV = "MINIMEGA_FAULT_NAN_BATCH"
 """Fault injection for tests and the lab: ``"<batch>"`` makes every token embedding NaN while the batch of that
 index is trained on (every rank, first attempt only), as a corrupt batch would: the loss and every gradient
 turn NaN."""
+FAULT_SLOW_ENV = "MINIMEGA_FAULT_SLOW"
+"""Fault injection for tests and the lab: ``"<rank>:<factor>"`` makes that rank sleep (factor - 1) times each
+step's duration after the step, as a slow node would (a straggler: its peers wait for it)."""
 RESTART_ENV = "MINIMEGA_RESTART_COUNT"
 """Which attempt this is (0 first); set by ``minimega train`` for its ranks, like torchrun's
 TORCHELASTIC_RESTART_COUNT."""
@@ -52,6 +56,19 @@ def maybe_poison(modules, batch: int):
                 if name.split(".")[-1] == "wte":
                     stack.callback(m.register_forward_hook(lambda mod, inp, out: out * float("nan")).remove)
     return stack
+
+
+def maybe_slow(rank: int, step_seconds: float) -> None:
+    spec = os.environ.get(FAULT_SLOW_ENV)
+    if not spec:
+        return
+    try:
+        slow_rank, factor = spec.split(":")
+        slow_rank, factor = int(slow_rank), float(factor)
+    except ValueError:
+        raise ValueError(f"{FAULT_SLOW_ENV}={spec!r}: expected '<rank>:<factor>', e.g. '1:3'") from None
+    if rank == slow_rank and factor > 1:
+        time.sleep((factor - 1) * step_seconds)
 
 
 def checkpoint_step(directory, model_config=None) -> int:

@@ -12,7 +12,7 @@ import time
 
 from ..config import GPTConfig, TrainConfig
 from .args import flag_names, nonnegative_int, positive_float, positive_int
-from .elastic import checkpoint_step, maybe_fault, maybe_poison, run_elastic
+from .elastic import checkpoint_step, maybe_fault, maybe_poison, maybe_slow, run_elastic
 from .health_run import RunHealth, add_health_flags, health_settings
 from .train_args import add_config_flags, build_train_config, given_flags, moe_config
 
@@ -49,6 +49,9 @@ def add_train_parser(sub) -> None:
                    help="write one Chrome trace per rank (DIR/rank<r>.trace.json) and all ranks in one "
                         "(DIR/all.trace.json): open them in Perfetto or chrome://tracing; "
                         "`minimega trace compare DIR` sets them next to the step-time model")
+    p.add_argument("--straggler-factor", type=positive_float, default=None, metavar="F",
+                   help="name in the log a rank whose own work per step (waiting in collectives excluded) is "
+                        "persistently F times its peers', e.g. 2 (default: not watched)")
     add_health_flags(p)
     add_config_flags(p)
     p.set_defaults(func=_cmd_train)
@@ -104,6 +107,7 @@ def train_worker(preset: str, config: TrainConfig, steps: int, show: bool | str,
         batch = next(data.batches(mesh, 1, config.batch_size, seq, seed=config.seed, start=index))
         with maybe_poison(engine.parts, index):
             loss = engine.train_step(batch)
+        maybe_slow(mesh.rank, time.perf_counter() - last)
         now = time.perf_counter()
         step_rate, last = tokens_per_step / (now - last), now           # this step's tokens/s, not a running mean
         if health.after_step(engine.step - 1, index, loss, step_rate):
@@ -180,7 +184,8 @@ def _start(args: argparse.Namespace, config: TrainConfig, nproc: int, ckpt: dict
     """One attempt of the job: ``nproc`` fresh ranks running `train_worker`."""
     from ..launch import launch
     return launch(train_worker, nproc, args.preset, config, args.steps, _progress(args), ckpt,
-                  args.show_schedule, moe_config(args), args.trace, backend=args.backend, timeout=args.timeout)
+                  args.show_schedule, moe_config(args), args.trace, backend=args.backend, timeout=args.timeout,
+                  stragglers=args.straggler_factor)
 
 
 def _fits(args: argparse.Namespace, dims, nproc: int) -> bool:
@@ -229,6 +234,11 @@ def _check_train_args(args: argparse.Namespace):
         raise ValueError("--min-nproc only matters with --max-restarts: a job that never restarts never shrinks")
     start = checkpoint_step(args.resume, _model_config(args)) if args.resume else 0
     health_settings(args)                       # its refusals, before the job starts
+    if args.straggler_factor is not None and not args.straggler_factor > 1:
+        raise ValueError(f"--straggler-factor {args.straggler_factor}: a straggler is slower than its peers, "
+                         "so the factor must be > 1 (e.g. 2)")
+    if args.straggler_factor and args.nproc < 2:
+        raise ValueError("--straggler-factor needs --nproc >= 2: a rank is slow only next to its peers")
     return dims, config, save_dir, min_nproc, start
 
 
