@@ -60,6 +60,8 @@ class CommRecord:
     start: float
     end: float | None = None
     tag: str = ""
+    wait: float | None = None
+    """When this rank started blocking on it (host clock): ``wait`` to ``end`` is exposed, the rest hidden."""
     cuda_events: tuple | None = None
     """On CUDA: (start, end) `torch.cuda.Event`s recorded on the current stream; they time the GPU's work,
     where the host clocks above only time the enqueue of an asynchronous kernel."""
@@ -119,7 +121,8 @@ class CommLog:
     # --8<-- [end:record]
 
     def waiting(self, call) -> None:
-        pass
+        if call.record is not None and call.record.wait is None:
+            call.record.wait = time.perf_counter()
 
     def done(self, call) -> None:
         """The host time, and on CUDA an end event in stream order (after ``wait()``, the current stream has
@@ -173,4 +176,4 @@ class CommLog:
     def events(self) -> list[dict]:
         """The records in the window as plain dicts (for reports, plots and JSON traces)."""
         return [dict(op=r.op, group=r.group, dtype=r.dtype, elements=r.elements, bytes=r.bytes,
-                     sent_bytes=r.sent_bytes, start=r.start, end=r.end, tag=r.tag) for r in self.records]
+                     sent_bytes=r.sent_bytes, start=r.start, end=r.end, wait=r.wait, tag=r.tag) for r in self.records]

@@ -63,6 +63,16 @@ def global_batches(steps: int, batch_size: int, seq_len: int, *, start: int = 0,
         yield global_batch(step, batch_size, seq_len, **kw)
 
 
+def batch_index(step: int, skip=()) -> int:
+    """The index of the batch step ``step`` trains on when the batches in ``skip`` are never seen: the
+    ``step``-th index (from 0) not in ``skip``. With nothing skipped, the step itself."""
+    index = step
+    for s in sorted(set(skip)):
+        if s <= index:
+            index += 1
+    return index
+
+
 def shard_rows(batch: tuple[torch.Tensor, torch.Tensor], dp_rank: int, dp_size: int):
     """Rows ``[r*B/dp, (r+1)*B/dp)`` of a global batch."""
     x, y = batch

@@ -158,6 +158,8 @@ class Engine:
         """Callables ``f(engine)`` run on every rank once the gradients are final (synchronised, unscaled,
         clipped), just before the optimizer step: `full_grad_dict` may be called there (a collective)."""
         self.step = 0
+        self.step_guard = None
+        """Called as ``step_guard(step, loss, grad_norm)`` before each optimizer step; False skips the step."""
         self._peak_steps = 0                              # steps left to sample the peak in (`track_peak`)
 
     def _data_parallel(self, module):
@@ -194,6 +196,7 @@ class Engine:
         if x.shape[0] % ga:
             raise ValueError(f"this rank's {x.shape[0]} rows do not split into gradient_accumulation_steps={ga}")
         sent_before = self.comm_log.total_sent()
+        self._event("step_start")
         total = torch.zeros((), device=self.mesh.device)
         self.model.train()
         # Memory is watched in steps 0 and 1 (the second is steady), whenever asked (`track_peak`), and the states
@@ -221,25 +224,40 @@ class Engine:
                         self.experts.finish_grad_sync()
                 total += loss.detach()
             # --8<-- [start:tour_step_end]
+            self._event("optimizer_start")
             norm = self._clip()
             for observe in self.before_step:
                 observe(self)
-            self.optimizer.step()
+            metric = None
+            if self.step_guard is None or self._guard(metric := self._loss_metric(total, ga), norm):
+                self.optimizer.step()
             if watch or not self.memory_at_step:   # params, grads and optimizer states all live
                 self.memory_at_step = self.memory()
             self.optimizer.zero_grad(set_to_none=True)
             self._event("optimizer_step_end")
         self.comm_per_step.append(self.comm_log.total_sent() - sent_before)
-        if self.pipeline is not None:
-            comm.all_reduce(total, self.mesh.pp_group)                     # the last stage's loss, to every stage
-        # Every dp·cp rank averaged the same number of tokens: the mean of their means is the global mean.
-        loss = _value(comm.all_reduce_mean(total / ga, self.mesh.grad_group))    # a metric: kept out of the log
+        loss = self._loss_metric(total, ga) if metric is None else metric    # a metric: kept out of the log
+        self._event("step_end")
         # --8<-- [end:tour_step_end]
         self.losses.append(loss)
         if norm is not None:
             self.grad_norms.append(norm)
         self.step += 1
         return loss
+
+    def _loss_metric(self, total: torch.Tensor, ga: int) -> float:
+        """The global mean loss. Every dp·cp rank averaged the same number of tokens: the mean of their means."""
+        if self.pipeline is not None:
+            total = comm.all_reduce(total.clone(), self.mesh.pp_group)    # the last stage's loss, to every stage
+        return _value(comm.all_reduce_mean(total / ga, self.mesh.grad_group))
+
+    def _guard(self, loss: float, norm: float | None) -> bool:
+        """Ask `step_guard` (`health.StepGuard`) whether to apply this step; the norm is computed if not clipping.
+        Under a guard the loss metric is taken before the step, inside the communication log."""
+        if norm is None:
+            norm = clip_grad_norm_(self.sync_parts, self.mesh, float("inf"),
+                                   own=[self.experts] if self.experts is not None else [])
+        return self.step_guard(self.step, loss, norm)
 
     def _context_shard(self, t: torch.Tensor) -> torch.Tensor:
         """(B, T) rows of this dp rank → (B, T/cp) on the device: this cp rank's chunks r and 2cp-1-r."""
@@ -390,7 +408,11 @@ class Engine:
     def save(self, directory, keep: int = 3):
         """Atomic sharded checkpoint of everything needed to resume (see `minimega.checkpoint`)."""
         from . import checkpoint
-        return checkpoint.save(self, directory, keep=keep)
+        stats: dict = {}
+        self._event("save_start")
+        path = checkpoint.save(self, directory, keep=keep, stats=stats)
+        self._event("save_end", bytes=stats.get("bytes_written", 0))
+        return path
 
     def load(self, directory) -> int:
         """Resume from a checkpoint saved under any layout; returns its step."""

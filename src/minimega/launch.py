@@ -45,7 +45,7 @@ import torch.distributed as dist
 
 from .processes import (ForkserverDied, die_with_parent, forkserver_context, main_module_hidden, name_process,
                         start_all, stop_forkserver, terminate)
-from .watchdog import (_FROZEN_S, _STATUS_BYTES, RankStatus, culprit, describe_exit, guard, install,
+from .watchdog import (_FROZEN_S, _STATUS_BYTES, RankStatus, Stragglers, culprit, describe_exit, guard, install,
                        report_step, snapshots, table, verdict)
 
 __all__ = ["launch", "WorkerError", "LaunchTimeout", "resolve_backend", "current_world_size", "report_step",
@@ -300,7 +300,7 @@ def _launch_torchrun(fn, world_size: int, args: tuple, backend: str, timeout) ->
 
 
 def launch(fn, world_size: int, *args, backend: str = "auto", timeout: float | None = None,
-           threads: int | None = None) -> list:
+           threads: int | None = None, stragglers: float | None = None) -> list:
     """Run ``fn(*args)`` on ``world_size`` ranks and return the results in rank order.
 
     Args:
@@ -313,6 +313,8 @@ def launch(fn, world_size: int, *args, backend: str = "auto", timeout: float | N
             the last collective it entered. It bounds waiting, not the job: a long run with live ranks
             goes on.
         threads: torch intra-op threads per rank; default splits the CPU cores evenly across ranks.
+        stragglers: name on stderr a rank whose own work per step is persistently this many times its peers'
+            (`watchdog.Stragglers`; ranks report their steps with `report_step`); None: not watched.
 
     Returns:
         ``[fn(*args) on rank 0, ..., on rank world_size-1]``.
@@ -328,7 +330,12 @@ def launch(fn, world_size: int, *args, backend: str = "auto", timeout: float | N
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
         raise ValueError(f"launch(): timeout must be positive seconds (or None for {DEFAULT_TIMEOUT:g}), "
                          f"got {timeout!r}")
+    if stragglers is not None:
+        Stragglers(stragglers)                       # refused here if it could never name anyone
     if _under_torchrun():
+        if stragglers is not None:
+            raise ValueError("launch(stragglers=...): under torchrun the ranks' records are not read by this "
+                             "process; leave stragglers=None")
         local = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
         return _launch_torchrun(fn, world_size, args, resolve_backend(backend, world_size, local), timeout)
     backend = resolve_backend(backend, world_size)
@@ -342,19 +349,20 @@ def launch(fn, world_size: int, *args, backend: str = "auto", timeout: float | N
 
     env = dict(os.environ)
     try:
-        return _run(fn, args, world_size, backend, timeout, threads, env)
+        return _run(fn, args, world_size, backend, timeout, threads, env, stragglers)
     except ForkserverDied:
         # A fresh forkserver, a fresh work directory: a half-started rank of the first try, whose
         # launcher-side handle is gone, sees its sentinel close and ends itself without touching this one.
         stop_forkserver()
     try:
-        return _run(fn, args, world_size, backend, timeout, threads, env)
+        return _run(fn, args, world_size, backend, timeout, threads, env, stragglers)
     except ForkserverDied as exc:
         raise RuntimeError(f"launch(): could not start the ranks: the forkserver died while starting them, "
                            f"twice ({exc}); is the machine out of memory or processes?") from None
 
 
-def _run(fn, args: tuple, world_size: int, backend: str, timeout: float, threads: int, env: dict) -> list:
+def _run(fn, args: tuple, world_size: int, backend: str, timeout: float, threads: int, env: dict,
+         stragglers: float | None = None) -> list:
     """One job: start the ranks, watch them, tear down, collect the results."""
     ctx = forkserver_context()
     with tempfile.TemporaryDirectory(prefix="minimega-") as tmp:
@@ -368,6 +376,7 @@ def _run(fn, args: tuple, world_size: int, backend: str, timeout: float, threads
             with main_module_hidden():
                 start_all(procs)
             start = time.monotonic()                 # the forkserver is up: from here on, ranks must beat
+            watch = Stragglers(stragglers) if stragglers else None
             failures: list[dict] = []
             settle_until = None
             next_check = start
@@ -387,6 +396,8 @@ def _run(fn, args: tuple, world_size: int, backend: str, timeout: float, threads
                 elif time.monotonic() >= next_check:
                     next_check = time.monotonic() + 0.25
                     snaps = snapshots(workdir, procs)
+                    for line in watch.update(snaps) if watch else ():
+                        print(f"\nminimega launch: {line}", file=sys.stderr, flush=True)
                     if stuck := verdict(snaps, timeout, start):
                         terminate(procs)
                         _raise_watchdog(stuck, world_size, snaps, timeout)

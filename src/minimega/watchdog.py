@@ -19,13 +19,14 @@ import multiprocessing as mp
 import os
 import shutil
 import signal
+import statistics
 import struct
 import time
 from pathlib import Path
 
 from .comm_observers import attach
 
-__all__ = ["RankStatus", "read_status", "report_step", "verdict", "HEARTBEAT_S"]
+__all__ = ["RankStatus", "Stragglers", "read_status", "report_step", "verdict", "HEARTBEAT_S"]
 
 HEARTBEAT_S = 0.5                      # how often each rank's guard thread beats (and checks its launcher)
 _STARTUP_S = 60.0                      # a fresh rank imports the worker's module before its first beat
@@ -35,7 +36,7 @@ _FROZEN_S = 5.0                         # a heartbeat this old while a peer repo
 
 # --8<-- [start:rank_status]
 _HEARTBEAT = struct.Struct("<d")                   # offset 0, written by the guard thread only
-_BODY = struct.Struct("<qqdq24s16s")               # offset 8: version, count, waiting_since, step, op, group
+_BODY = struct.Struct("<qqdqd24s16s")              # offset 8: version, count, waiting_since, step, busy, op, group
 _STATUS_BYTES = _HEARTBEAT.size + _BODY.size
 
 
@@ -52,13 +53,15 @@ class RankStatus:
         self._map = mmap.mmap(self._file.fileno(), _STATUS_BYTES)
         self.version, self.count, self.step = 0, 0, -1
         self.waiting_since, self.op, self.group = 0.0, b"", b""
+        self.busy, self._waited, self._stepped_at = 0.0, 0.0, 0.0     # busy: the last step's seconds not waiting
 
     def beat(self) -> None:
         _HEARTBEAT.pack_into(self._map, 0, time.monotonic())
 
     def _publish(self) -> None:
         self.version += 1                                   # odd: a write in progress
-        _BODY.pack_into(self._map, 8, self.version, self.count, self.waiting_since, self.step, self.op, self.group)
+        _BODY.pack_into(self._map, 8, self.version, self.count, self.waiting_since, self.step, self.busy, self.op,
+                        self.group)
         self.version += 1
         struct.pack_into("<q", self._map, 8, self.version)
 
@@ -83,6 +86,8 @@ class RankStatus:
 
     def done(self, call) -> None:
         """The collective (or the wait on an async one) returned."""
+        if self.waiting_since:
+            self._waited += time.monotonic() - self.waiting_since
         self.waiting_since = 0.0
         self._publish()
 
@@ -90,7 +95,12 @@ class RankStatus:
         self.op, self.group = call.op.encode()[:24], call.group.name.encode()[:16]
 
     def report_step(self, step: int) -> None:
-        self.step = step
+        """A step ended: publish it, and the seconds since the last one that this rank was not blocked in a
+        collective (its own work: a slow rank waits least, its peers wait for it)."""
+        now = time.monotonic()
+        if self._stepped_at:
+            self.busy = max(0.0, now - self._stepped_at - self._waited)
+        self._stepped_at, self._waited, self.step = now, 0.0, step
         self._publish()
 
 
@@ -103,12 +113,12 @@ def read_status(path: Path) -> dict | None:
         if version(first) % 2 == 0 and version(first) == version(second):    # no write in between
             break
     (heartbeat,) = _HEARTBEAT.unpack_from(second, 0)
-    written, count, waiting, step, op, group = _BODY.unpack_from(second, 8)
+    written, count, waiting, step, busy, op, group = _BODY.unpack_from(second, 8)
     if not heartbeat:
         return None
     if not written:
         step = -1
-    return {"heartbeat": heartbeat, "count": count, "waiting": waiting, "step": step,
+    return {"heartbeat": heartbeat, "count": count, "waiting": waiting, "step": step, "busy": busy,
             "op": op.rstrip(b"\0").decode(errors="replace"), "group": group.rstrip(b"\0").decode(errors="replace")}
 # --8<-- [end:rank_status]
 
@@ -237,6 +247,44 @@ def culprit(waiter: dict, alive: list[dict], now: float) -> tuple[int, str]:
     s = min(alive, key=lambda s: s["count"])
     return s["rank"], f"is furthest behind: {waited}; the last collective it entered: {collective(s)}"
 # --8<-- [end:verdict]
+
+
+# --8<-- [start:stragglers]
+class Stragglers:
+    """Names a rank whose own work per step (``busy``: step time minus time blocked in collectives) is, over
+    its last ``window`` steps, more than ``factor`` times the median of its peers'. In a synchronous job every
+    rank's step *lasts* as long as the slowest rank's, so wall time cannot tell them apart; the slow rank is
+    the one that waits least. Each rank is named once."""
+
+    def __init__(self, factor: float, window: int = 5):
+        if not factor > 1 or window < 1:
+            raise ValueError(f"stragglers: factor must be > 1 and window >= 1, got {factor!r}, {window!r}")
+        self.factor, self.window = factor, window
+        self.samples: dict[int, dict[int, float]] = {}           # rank -> {step: busy seconds}
+        self.named: list[dict] = []
+
+    def update(self, snaps: list[dict]) -> list[str]:
+        """Read one round of snapshots; returns a log line for each rank newly found persistently slow."""
+        for s in snaps:
+            if s["step"] > 0 and s.get("busy", 0.0) > 0:
+                steps = self.samples.setdefault(s["rank"], {})
+                steps[s["step"]] = s["busy"]
+                for old in sorted(steps)[:-self.window]:
+                    del steps[old]
+        if len(self.samples) < 2 or any(len(v) < self.window for v in self.samples.values()):
+            return []
+        med = {r: statistics.median(v.values()) for r, v in self.samples.items()}
+        lines = []
+        for r, mine in med.items():
+            peers = statistics.median(m for q, m in med.items() if q != r)
+            if mine > self.factor * peers and all(n["rank"] != r for n in self.named):
+                step = max(self.samples[r])
+                self.named.append({"rank": r, "step": step, "busy": mine, "peers": peers})
+                lines.append(f"straggler: rank {r} is {mine / peers:.1f}x slower than its peers at step {step}: "
+                             f"{mine:.3f} s of its own work per step vs {peers:.3f} s (medians of the last "
+                             f"{self.window} steps, time waiting in collectives excluded)")
+        return lines
+# --8<-- [end:stragglers]
 
 
 def table(snaps: list[dict], failures: list[dict] = ()) -> str:

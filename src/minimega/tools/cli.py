@@ -2,7 +2,7 @@
 
     train          tools/train.py           estimate   tools/estimate_cli.py    plan        tools/plan_cli.py
     calibrate      tools/calibrate_cli.py   record     tools/record_cli.py      checkpoint  tools/checkpoint_cli.py
-    dry-run        tools/dry_run_cli.py
+    dry-run        tools/dry_run_cli.py     trace      tools/trace_cli.py
     export-config  tools/export_config.py   serve, cert, exam   classroom/cli.py
 """
 from __future__ import annotations
@@ -28,12 +28,14 @@ def build_parser() -> argparse.ArgumentParser:
     from .record_cli import add_record_parser
     from .calibrate_cli import add_calibrate_parser
     from .plan_cli import add_plan_parser
+    from .trace_cli import add_trace_parser
     add_estimate_parser(sub)
     add_plan_parser(sub)
     add_dry_run_parser(sub)
     add_calibrate_parser(sub)
     add_export_parser(sub)
     add_record_parser(sub)
+    add_trace_parser(sub)
     add_serve_parser(sub)
     add_cert_parser(sub)
     add_exam_parser(sub)

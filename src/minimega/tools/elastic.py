@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import time
 from typing import Callable
 
 from .. import checkpoint
@@ -14,6 +15,13 @@ from ..launch import LaunchTimeout, WorkerError
 FAULT_STEP_ENV = "MINIMEGA_FAULT_STEP"
 """Fault injection for tests and the lab: ``"<rank>:<step>"`` makes that rank SIGKILL itself once it has
 finished that step, on the first attempt only (``MINIMEGA_RESTART_COUNT`` = 0), as a lost node would."""
+FAULT_NAN_ENV = "MINIMEGA_FAULT_NAN_BATCH"
+"""Fault injection for tests and the lab: ``"<batch>"`` makes every token embedding NaN while the batch of that
+index is trained on (every rank, first attempt only), as a corrupt batch would: the loss and every gradient
+turn NaN."""
+FAULT_SLOW_ENV = "MINIMEGA_FAULT_SLOW"
+"""Fault injection for tests and the lab: ``"<rank>:<factor>"`` makes that rank sleep (factor - 1) times each
+step's duration after the step, as a slow node would (a straggler: its peers wait for it)."""
 RESTART_ENV = "MINIMEGA_RESTART_COUNT"
 """Which attempt this is (0 first); set by ``minimega train`` for its ranks, like torchrun's
 TORCHELASTIC_RESTART_COUNT."""
@@ -30,6 +38,37 @@ def maybe_fault(rank: int, step: int) -> None:
     if (rank, step) == (fault_rank, fault_step):
         sys.stdout.flush(), sys.stderr.flush()
         os.kill(os.getpid(), signal.SIGKILL)
+
+
+def maybe_poison(modules, batch: int):
+    """Under ``MINIMEGA_FAULT_NAN_BATCH=<batch>``: a context in which the token embeddings of ``modules`` output
+    NaN (none outside it, and none for other batches)."""
+    from contextlib import ExitStack
+    stack = ExitStack()
+    spec = os.environ.get(FAULT_NAN_ENV)
+    if not spec or os.environ.get(RESTART_ENV, "0") != "0":
+        return stack
+    if not spec.isdigit():
+        raise ValueError(f"{FAULT_NAN_ENV}={spec!r}: expected a batch index, e.g. '6'")
+    if int(spec) == batch:
+        for module in modules:
+            for name, m in module.named_modules():
+                if name.split(".")[-1] == "wte":
+                    stack.callback(m.register_forward_hook(lambda mod, inp, out: out * float("nan")).remove)
+    return stack
+
+
+def maybe_slow(rank: int, step_seconds: float) -> None:
+    spec = os.environ.get(FAULT_SLOW_ENV)
+    if not spec:
+        return
+    try:
+        slow_rank, factor = spec.split(":")
+        slow_rank, factor = int(slow_rank), float(factor)
+    except ValueError:
+        raise ValueError(f"{FAULT_SLOW_ENV}={spec!r}: expected '<rank>:<factor>', e.g. '1:3'") from None
+    if rank == slow_rank and factor > 1:
+        time.sleep((factor - 1) * step_seconds)
 
 
 def checkpoint_step(directory, model_config=None) -> int:

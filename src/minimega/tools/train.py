@@ -12,7 +12,8 @@ import time
 
 from ..config import GPTConfig, TrainConfig
 from .args import flag_names, nonnegative_int, positive_float, positive_int
-from .elastic import checkpoint_step, maybe_fault, run_elastic
+from .elastic import checkpoint_step, maybe_fault, maybe_poison, maybe_slow, run_elastic
+from .health_run import RunHealth, add_health_flags, health_settings
 from .train_args import add_config_flags, build_train_config, given_flags, moe_config
 
 
@@ -44,19 +45,28 @@ def add_train_parser(sub) -> None:
     p.add_argument("--top-k", type=positive_int, default=None, help="with --experts: experts per token (default: 2)")
     p.add_argument("--capacity-factor", type=positive_float, default=None,
                    help="with --experts: slots per expert = factor * top_k * T / E per sequence (default: 1.25)")
+    p.add_argument("--trace", default=None, metavar="DIR",
+                   help="write one Chrome trace per rank (DIR/rank<r>.trace.json) and all ranks in one "
+                        "(DIR/all.trace.json): open them in Perfetto or chrome://tracing; "
+                        "`minimega trace compare DIR` sets them next to the step-time model")
+    p.add_argument("--straggler-factor", type=positive_float, default=None, metavar="F",
+                   help="name in the log a rank whose own work per step (waiting in collectives excluded) is "
+                        "persistently F times its peers', e.g. 2 (default: not watched)")
+    add_health_flags(p)
     add_config_flags(p)
     p.set_defaults(func=_cmd_train)
 
 
 def train_worker(preset: str, config: TrainConfig, steps: int, show: bool | str, ckpt: dict | None = None,
-                 show_schedule: bool = False, moe=None) -> dict:
+                 show_schedule: bool = False, moe=None, trace_dir: str | None = None) -> dict:
     """What every rank of ``minimega train`` runs; rank 0 shows the progress.
 
     ``show``: False for none, ``"bar"`` for a tqdm bar, ``"lines"`` (or True) for plain lines (progress.py);
     the launcher chooses, as it alone knows whether its output is a terminal.
 
     ``steps`` more steps are run from wherever the job starts, unless ``ckpt["until"]`` names the step to
-    end at (an elastic restart resumes part-way and runs only what is left).
+    end at (an elastic restart resumes part-way and runs only what is left). ``trace_dir``: write this rank's
+    Chrome trace there at the end (`minimega.trace`).
     """
     import torch
 
@@ -90,20 +100,33 @@ def train_worker(preset: str, config: TrainConfig, steps: int, show: bool | str,
     if show and mesh.rank == 0:
         from .progress import LINES, StepProgress
         progress = StepProgress(steps, LINES if show is True else show)
+    health = RunHealth(engine, ckpt.get("health"), ckpt.get("skip_batches", ()), ckpt.get("dir"), mesh.rank)
     start = last = time.perf_counter()
-    for step, batch in enumerate(data.batches(mesh, steps, config.batch_size, seq, seed=config.seed, start=first)):
-        loss = engine.train_step(batch)
+    while engine.step < first + steps:
+        index = health.batch_index(engine.step)          # the step's batch, past the ones skipped
+        batch = next(data.batches(mesh, 1, config.batch_size, seq, seed=config.seed, start=index))
+        with maybe_poison(engine.parts, index):
+            loss = engine.train_step(batch)
+        maybe_slow(mesh.rank, time.perf_counter() - last)
         now = time.perf_counter()
         step_rate, last = tokens_per_step / (now - last), now           # this step's tokens/s, not a running mean
+        if health.after_step(engine.step - 1, index, loss, step_rate):
+            continue                                     # rolled back: engine.step is the checkpoint's
         if ckpt.get("every") and engine.step % ckpt["every"] == 0:
             engine.save(ckpt["dir"])
         report_step(engine.step)
         maybe_fault(mesh.rank, engine.step)
         if progress is not None:
-            progress.update(step + 1, loss, step_rate)
+            progress.update(engine.step - first, loss, step_rate)
     wall = time.perf_counter() - start
+    health.close()
     if progress is not None:
         progress.close()
+    if trace_dir is not None:
+        from .. import trace
+        trace.write(engine.report(), trace_dir, {"model": dataclasses.asdict(model.config), "preset": preset,
+                                                 "config": dataclasses.asdict(config), "device": str(mesh.device),
+                                                 "world_size": mesh.world_size, "first_step": first})
     sent = engine.comm_log.total_sent()
     total_sent = comm.all_reduce(torch.tensor([sent], dtype=torch.float64), mesh.world).item()
     return {"losses": engine.losses, "first_step": first, "wall_s": wall,
@@ -111,6 +134,7 @@ def train_worker(preset: str, config: TrainConfig, steps: int, show: bool | str,
             "sent_bytes_rank": sent, "sent_bytes_all_ranks": total_sent,
             "params": model.num_params(), "memory": memory_table(engine, config),
             "moe": engine.experts.counts() if engine.experts is not None else None,
+            "health": health.events, "skipped_batches": health.skip,
             "pipeline_timeline": engine.pipeline.events if show_schedule and engine.pipeline and mesh.dp_rank == 0
             and mesh.tp_rank == 0 else None}
 
@@ -160,7 +184,8 @@ def _start(args: argparse.Namespace, config: TrainConfig, nproc: int, ckpt: dict
     """One attempt of the job: ``nproc`` fresh ranks running `train_worker`."""
     from ..launch import launch
     return launch(train_worker, nproc, args.preset, config, args.steps, _progress(args), ckpt,
-                  args.show_schedule, moe_config(args), backend=args.backend, timeout=args.timeout)
+                  args.show_schedule, moe_config(args), args.trace, backend=args.backend, timeout=args.timeout,
+                  stragglers=args.straggler_factor)
 
 
 def _fits(args: argparse.Namespace, dims, nproc: int) -> bool:
@@ -208,6 +233,12 @@ def _check_train_args(args: argparse.Namespace):
     if min_nproc < args.nproc and not args.max_restarts:
         raise ValueError("--min-nproc only matters with --max-restarts: a job that never restarts never shrinks")
     start = checkpoint_step(args.resume, _model_config(args)) if args.resume else 0
+    health_settings(args)                       # its refusals, before the job starts
+    if args.straggler_factor is not None and not args.straggler_factor > 1:
+        raise ValueError(f"--straggler-factor {args.straggler_factor}: a straggler is slower than its peers, "
+                         "so the factor must be > 1 (e.g. 2)")
+    if args.straggler_factor and args.nproc < 2:
+        raise ValueError("--straggler-factor needs --nproc >= 2: a rank is slow only next to its peers")
     return dims, config, save_dir, min_nproc, start
 
 
@@ -225,11 +256,16 @@ def _cmd_train(args: argparse.Namespace) -> int:
     pp = dims.pp
     print(f"minimega train: {args.nproc} rank(s), dp={dims.dp} tp={dims.tp} pp={dims.pp} cp={dims.cp} ep={dims.ep}, zero_stage="
           f"{config.zero_stage}, preset {args.preset}, {args.steps} steps", file=sys.stderr)
-    ckpt = {"resume": args.resume, "every": args.save_every, "dir": save_dir, "until": start + args.steps}
+    ckpt = {"resume": args.resume, "every": args.save_every, "dir": save_dir, "until": start + args.steps,
+            "health": health_settings(args), "skip_batches": sorted(set(args.skip_batch or ()))}
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, _terminated)
     results = run_elastic(functools.partial(_start, args, config), args.nproc, ckpt, max_restarts=args.max_restarts,
                           min_nproc=min_nproc, fits=functools.partial(_fits, args, dims), model_config=_model_config(args))
+    if args.trace:
+        from .. import trace
+        print(f"minimega train: traces in {args.trace} (all ranks: {trace.merge(args.trace)}); open them in "
+              "https://ui.perfetto.dev or chrome://tracing", file=sys.stderr)
     if args.show_schedule and pp > 1:
         from ..pipeline.printer import grid_from_timelines, legend, render
         rows = [r["pipeline_timeline"] for r in results if r["pipeline_timeline"] is not None]
@@ -241,7 +277,8 @@ def _cmd_train(args: argparse.Namespace) -> int:
                "nproc": len(results), "first_step": r0["first_step"], "restarts": ckpt.get("restarts", []),
                "wall_s": round(r0["wall_s"], 3), "tokens_per_s": round(r0["tokens_per_s"], 1),
                "params": r0["params"], "algorithmic_bytes_sent_all_ranks": r0["sent_bytes_all_ranks"],
-               "losses": r0["losses"], "memory_rank0": r0["memory"]}
+               "losses": r0["losses"], "memory_rank0": r0["memory"], "health": r0["health"],
+               "skipped_batches": r0["skipped_batches"]}
     if r0.get("moe") is not None:      # tokens routed to and dropped by each expert, per layer, all ranks together
         summary["moe"] = {k: [[sum(c) for c in zip(*per_layer)] for per_layer in zip(*(r["moe"][k] for r in results))]
                           for k in ("routed", "dropped")}

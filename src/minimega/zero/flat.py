@@ -17,6 +17,7 @@ import torch
 import torch.nn as nn
 
 from .. import comm
+from ..grad_sync import dp_named_parameters
 
 
 def padded_numel(numel: int, dp: int) -> int:
@@ -166,3 +167,19 @@ class BufferPool:
     def tensors(self) -> list[torch.Tensor]:
         return [t for slot in self.slots for t in slot if t is not None]
 # --8<-- [end:buffer_pool]
+
+
+def model_units(module: nn.Module) -> list[tuple[str, list[tuple[str, nn.Parameter]]]]:
+    """The GPT's units in forward order: ('embed', wte+wpe), ('blocks.i', block i), ('head', the rest).
+
+    ``module`` may be a pipeline chunk: its blocks are keyed by their index in the full model, and the
+    embed and head units exist only on the chunks that hold them.
+    """
+    named = dp_named_parameters(module)             # experts sync themselves (see `minimega.moe`)
+    owned = {id(p) for _, p in named}
+    embed = [(n, p) for n, p in named if n.startswith(("wte.", "wpe."))]
+    blocks = [(f"blocks.{i}", [(f"blocks.{i}.{n}", p) for n, p in b.named_parameters() if id(p) in owned])
+              for i, b in module.blocks.named_children()]
+    taken = {n for n, _ in embed} | {n for _, ps in blocks for n, _ in ps}
+    head = [(n, p) for n, p in named if n not in taken]
+    return ([("embed", embed)] if embed else []) + blocks + ([("head", head)] if head else [])

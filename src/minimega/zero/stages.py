@@ -38,24 +38,8 @@ import torch.nn as nn
 from .. import clock, comm, measure, precision
 from ..grad_sync import GradSync, dp_named_parameters
 from ..model import GPT
-from .flat import BufferPool, FlatUnit
+from .flat import BufferPool, FlatUnit, model_units  # noqa: F401  (model_units: imported from here too)
 from .offload import CPUOffloadStore, MasterStore
-
-
-def model_units(module: nn.Module) -> list[tuple[str, list[tuple[str, nn.Parameter]]]]:
-    """The GPT's units in forward order: ('embed', wte+wpe), ('blocks.i', block i), ('head', the rest).
-
-    ``module`` may be a pipeline chunk: its blocks are keyed by their index in the full model, and the
-    embed and head units exist only on the chunks that hold them.
-    """
-    named = dp_named_parameters(module)             # experts sync themselves (see `minimega.moe`)
-    owned = {id(p) for _, p in named}
-    embed = [(n, p) for n, p in named if n.startswith(("wte.", "wpe."))]
-    blocks = [(f"blocks.{i}", [(f"blocks.{i}.{n}", p) for n, p in b.named_parameters() if id(p) in owned])
-              for i, b in module.blocks.named_children()]
-    taken = {n for n, _ in embed} | {n for _, ps in blocks for n, _ in ps}
-    head = [(n, p) for n, p in named if n not in taken]
-    return ([("embed", embed)] if embed else []) + blocks + ([("head", head)] if head else [])
 
 
 class Zero1(GradSync, nn.Module):
