@@ -117,3 +117,50 @@ def reference_run(model_config: mm.GPTConfig, config: mm.TrainConfig, steps: int
     if low:
         return {n: m.detach().clone() for (n, _), m in zip(model.named_parameters(), masters)}, losses
     return {k: v.detach().clone() for k, v in model.state_dict().items()}, losses
+
+
+def fp16_reference_run(model_config: mm.GPTConfig, config: mm.TrainConfig, steps: int,
+                       seq_len: int | None = None, norms: list | None = None) -> tuple[dict, list[float]]:
+    """`reference_run` for ``precision="fp16"`` with a fixed ``loss_scale`` S, on one process.
+
+    The fp16 policy as DeepSpeed (and `minimega.precision`) define it: the model (weights, activations,
+    gradients) in fp16; each micro-step's loss / accumulation taken to fp32 and multiplied by S before
+    backward; the micro-steps' fp16 gradients summed in fp16 (autograd's own accumulation into ``.grad``);
+    divided by S into fp32 master gradients; clipping and the optimizer on the fp32 masters, copied back
+    into the model. It does not model a skipped step: a non-finite gradient raises (choose a smaller S).
+    """
+    if config.precision != "fp16" or not config.loss_scale:
+        raise ValueError(f"fp16_reference_run: needs precision='fp16' and a fixed loss_scale > 0, got "
+                         f"precision={config.precision!r}, loss_scale={config.loss_scale!r}")
+    torch.manual_seed(config.seed)
+    model = mm.GPT(model_config)
+    masters = [torch.nn.Parameter(p.detach().clone()) for p in model.parameters()]
+    model.half()
+    opt = make_optimizer(masters, config)
+    seq = seq_len or config.seq_len or model_config.block_size
+    ga, scale = config.gradient_accumulation_steps, config.loss_scale
+    losses = []
+    for step, (x, y) in enumerate(data.global_batches(steps, config.batch_size, seq, seed=config.seed,
+                                                      vocab_size=model_config.vocab_size)):
+        total = 0.0
+        for xm, ym in zip(x.chunk(ga), y.chunk(ga)):
+            _, loss = model(xm, ym)
+            ((loss / ga).float() * scale).backward()
+            total += loss.item()
+        for m, p in zip(masters, model.parameters()):
+            m.grad = None if p.grad is None else p.grad.float() / scale
+            if m.grad is not None and not torch.isfinite(m.grad).all():
+                raise FloatingPointError(f"fp16_reference_run: gradient overflow at step {step} with "
+                                         f"loss_scale={scale}; use a smaller loss_scale")
+        if config.gradient_clipping:
+            norm = torch.nn.utils.clip_grad_norm_(masters, config.gradient_clipping)
+            if norms is not None:
+                norms.append(float(norm))
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        model.zero_grad(set_to_none=True)
+        with torch.no_grad():
+            for m, p in zip(masters, model.parameters()):
+                p.copy_(m)
+        losses.append(total / ga)
+    return {n: m.detach().clone() for (n, _), m in zip(model.named_parameters(), masters)}, losses
