@@ -40,6 +40,17 @@ def test_dry_run_equals_the_estimate(name):
     assert not dist.is_initialized()                     # the fake world is gone again
 
 
+def test_dry_run_equals_the_estimate_with_two_reductions_in_flight():
+    """Two pool slots: the reduce pool and the gradient shards retired while the backward runs both change."""
+    import dataclasses
+    config, dims = _layout(*LAYOUTS["dp3-tp2-pp1-z2-bf16"])
+    config = dataclasses.replace(config, reductions_in_flight=2)
+    result = check_rank(SHAPE, config, dims, 0)
+    assert result["differs"] == [], (result["memory_peak"], result["estimate"])
+    one = check_rank(SHAPE, dataclasses.replace(config, reductions_in_flight=1), dims, 0)
+    assert result["memory_peak"]["comm_buffers"] > one["memory_peak"]["comm_buffers"]
+
+
 def test_layout_counts_the_reference_model():
     """Summed over the stages (tp = 1), the units hold exactly `model.GPT`'s parameters, in the same units."""
     model = mm.GPT(mm.GPTConfig(**SHAPE))

@@ -103,7 +103,8 @@ def check_rank(shape: dict, config: TrainConfig, dims: ParallelDims, rank: int =
     seq = config.seq_len or shape["block_size"]
     message = config.batch_size // dims.dp // steps * seq * shape["n_embd"] * layout.ELEM_BYTES[config.precision]
     memory = layout.rank_memory(units, dims.dp, config.zero_stage, config.precision, tp=dims.tp, pp=dims.pp,
-                                pp_rank=pp_rank, message_bytes=message)
+                                pp_rank=pp_rank, message_bytes=message, in_flight=config.reductions_in_flight,
+                                overlap=config.overlap_comm, accumulation=config.gradient_accumulation_steps)
     comm = layout.rank_comm(shape, units, dp=dims.dp, tp=dims.tp, pp=dims.pp, pp_rank=pp_rank,
                             zero_stage=config.zero_stage, precision=config.precision, batch_size=config.batch_size,
                             micro_batches=config.micro_batches, gradient_accumulation_steps=config.gradient_accumulation_steps,

@@ -65,29 +65,39 @@ def rank_units(shape: dict, tp: int = 1, pp: int = 1, pp_rank: int = 0, virtual_
 
 
 def rank_memory(units: list[list[int]], dp: int, zero_stage: int, precision: str = "bf16", *, tp: int = 1,
-                pp: int = 1, pp_rank: int = 0, message_bytes: int = 0) -> dict:
-    """Model-state bytes by category at the step's peak: `peak_memory_bytes`, and what a pipeline changes.
+                pp: int = 1, pp_rank: int = 0, message_bytes: int = 0, in_flight: int = 1, overlap: bool = True,
+                accumulation: int = 1) -> dict:
+    """Model-state bytes by category at the peak of a first step: `peak_memory_bytes`, and what a pipeline changes.
 
-    Under pp every chunk accumulates its micro-batches' gradients whole (``no_sync``) and reduces them once, so
-    ZeRO-2 holds all of them, Σ N_u·4, beside its shards (not one unit's). And on every stage but the first,
-    the last backward's input gradient (``message_bytes``, (b, s, D)) is sent back to the previous stage while
-    the reduce-scatters are still in flight; and one tick's send and receive, 2 · ``message_bytes``, are in flight
-    together (the whole of it when dp = 1, whose group of one issues no collective), or under tp alone one
-    all-reduce of (b, s, D). Activations are not modelled here.
+    ``in_flight``, ``overlap``: `TrainConfig`'s ``reductions_in_flight`` and ``overlap_comm``; ``accumulation``:
+    its gradient-accumulation micro-steps (pp = 1; a pipeline's micro-batches are not micro-steps here).
+
+    Under pp every chunk accumulates its micro-batches' gradients whole (``no_sync``) and reduces them in the
+    last one's backward, so a ZeRO-2 rank holds all of them, Σ N_u·4, when the bf16 gradient of the largest
+    parameter arrives in the second micro-batch's backward (the shards are born later, from the reductions,
+    and each replaces a larger full gradient).
+    Collectives beyond the reduce pool (``message_bytes``, (b, s, D)): one tick's pipeline send and receive,
+    2 · ``message_bytes``, in flight together; a tp all-reduce of (b, s, D) during the backward; on every stage
+    but the first the last backward's input gradient, sent back after it. The pool (`zero.flat.BufferPool`,
+    there at dp = 1 too) is created by the chunk's first reduction and kept: in a first step (the dry run's)
+    the pipeline's earlier ticks run without it, the backward's tp all-reduces and the last send with it.
+    From the second step on the pool is there all along (pp > 1: pool + 2 · ``message_bytes``).
+    DDP (stage 0) holds its buckets only while they are in flight (none at dp = 1, a group of one issues
+    no collective). Activations are not modelled here.
     """
-    out = peak_memory_bytes(units, dp, zero_stage, precision=precision)
-    if dp == 1:                  # a group of one issues no collective: none of DDP's or ZeRO's buffers is in flight
-        out["comm_buffers"] = 0
-    if pp > 1:
-        if zero_stage == 2:
-            shards = sum(padded_numel(sum(u), dp) for u in units) // dp
-            fold = max(map(max, units)) * ELEM_BYTES[precision] if precision != "fp32" else 0
-            out["grads"] = (shards + sum(map(sum, units))) * GRAD_BYTES + fold
-        if pp_rank > 0:
-            out["comm_buffers"] += message_bytes
-        out["comm_buffers"] = max(out["comm_buffers"], 2 * message_bytes)    # a tick's send and receive together
-    if tp > 1:
-        out["comm_buffers"] = max(out["comm_buffers"], message_bytes)        # a tp all-reduce of (b, s, D)
+    out = peak_memory_bytes(units, dp, zero_stage, precision=precision, in_flight=in_flight, overlap=overlap,
+                            accumulation=accumulation if pp == 1 else 1)
+    if pp > 1 and zero_stage == 2:           # every full gradient whole before the first reduction starts
+        fold = max(map(max, units)) * ELEM_BYTES[precision] if precision != "fp32" else 0
+        out["grads"] = sum(map(sum, units)) * GRAD_BYTES + fold
+    pipeline = 2 * message_bytes if pp > 1 else 0                         # a tick's send and receive together
+    if zero_stage == 0:
+        buckets = out["comm_buffers"] if dp > 1 else 0
+        last_send = message_bytes if pp > 1 and pp_rank > 0 else 0
+        out["comm_buffers"] = max(buckets + last_send, pipeline, message_bytes if tp > 1 else 0)
+    else:
+        beside_pool = message_bytes if tp > 1 or (pp > 1 and pp_rank > 0) else 0
+        out["comm_buffers"] = max(out["comm_buffers"] + beside_pool, pipeline)
     return out
 
 
