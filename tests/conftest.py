@@ -13,10 +13,22 @@ from pathlib import Path
 import pytest
 import torch
 
+from minimega.launch import CPUS_ENV
+
 ROOT = Path(__file__).resolve().parents[1]
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                   "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+
+
+def pytest_configure(config):
+    """Under `make test`'s workers each gets its share of the cores, for its own torch ops and the jobs it launches
+    (`launch.cpu_share`): two workers with every core each would spin four threads on two cores."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if workers > 1:
+        share = max(1, (os.cpu_count() or 1) // workers)
+        os.environ.setdefault(CPUS_ENV, str(share))
+        torch.set_num_threads(int(os.environ[CPUS_ENV]))
 
 
 @pytest.hookimpl(tryfirst=True)               # before pytest-xdist reads the groups

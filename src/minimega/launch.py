@@ -299,6 +299,21 @@ def _launch_torchrun(fn, world_size: int, args: tuple, backend: str, timeout) ->
     return results
 
 
+CPUS_ENV = "MINIMEGA_CPUS"
+
+
+def cpu_share() -> int:
+    """The cores this process's jobs may use: ``$MINIMEGA_CPUS`` when set (a test runner's share of the machine:
+    its workers run side by side), else every core. More intra-op threads than cores make torch's threads spin
+    against each other."""
+    value = os.environ.get(CPUS_ENV, "")
+    if value:
+        if not value.isdigit() or int(value) < 1:
+            raise ValueError(f"${CPUS_ENV}={value!r}: a positive number of cores")
+        return int(value)
+    return os.cpu_count() or 1
+
+
 def launch(fn, world_size: int, *args, backend: str = "auto", timeout: float | None = None,
            threads: int | None = None, stragglers: float | None = None) -> list:
     """Run ``fn(*args)`` on ``world_size`` ranks and return the results in rank order.
@@ -312,7 +327,7 @@ def launch(fn, world_size: int, *args, backend: str = "auto", timeout: float | N
             wait or a rank may go without a heartbeat before the job is ended, naming the stuck rank and
             the last collective it entered. It bounds waiting, not the job: a long run with live ranks
             goes on.
-        threads: torch intra-op threads per rank; default splits the CPU cores evenly across ranks.
+        threads: torch intra-op threads per rank; default splits `cpu_share()` cores evenly across ranks.
         stragglers: name on stderr a rank whose own work per step is persistently this many times its peers'
             (`watchdog.Stragglers`; ranks report their steps with `report_step`); None: not watched.
 
@@ -343,7 +358,7 @@ def launch(fn, world_size: int, *args, backend: str = "auto", timeout: float | N
         raise RuntimeError("launch() was called inside a rank that launch() started; call the worker directly "
                            "(a script that calls launch() at top level needs an `if __name__ == \"__main__\":` guard)")
     _check_picklable(fn, args)
-    threads = threads or max(1, (os.cpu_count() or 1) // world_size)
+    threads = threads or max(1, cpu_share() // world_size)
     if getattr(fn, "__module__", None) == "__main__":
         fn = _ScriptFunction(os.path.abspath(sys.modules["__main__"].__file__), fn.__qualname__)
 
