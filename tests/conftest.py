@@ -2,12 +2,8 @@
 
 Browser tests share one built site (`site_server`, built once per session) and one chromium (`chromium`).
 """
-import functools
 import http.server
 import os
-import subprocess
-import sys
-import threading
 from pathlib import Path
 
 import pytest

@@ -1,7 +1,6 @@
 """ParallelDims arithmetic (no process group) and the groups init_mesh builds on 4 ranks."""
 import pytest
 import torch
-import torch.distributed as dist
 
 import minimega as mm
 from minimega import comm

@@ -4,7 +4,6 @@ Several layouts share one launch (each builds its own mesh) to keep the suite sh
 """
 import pytest
 import torch
-import torch.distributed as dist
 
 import minimega as mm
 from minimega import data

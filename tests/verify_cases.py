@@ -21,7 +21,7 @@ import copy
 import json
 import re
 import sys
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timedelta
 from urllib.parse import urlparse
 
 from minimega.classroom import credential, keys, status_list
