@@ -76,8 +76,10 @@ def test_pass_reload_and_the_certificate_is_still_there(service, chromium):
 
     expect(page.locator("#mm-exam-result h2")).to_have_text("Passed")
     code = page.locator("#mm-exam-code").inner_text().split(": ")[1]
-    result_y = page.locator("#mm-exam-result").bounding_box()["y"]
-    assert result_y < page.locator("#mm-exam-review").bounding_box()["y"]        # the result above the review
+    expect(page.locator("#mm-exam-review h2")).to_be_visible()         # the review is in (then the page scrolls)
+    result_y, review_y = page.evaluate("() => ['mm-exam-result', 'mm-exam-review'].map("
+                                       "id => document.getElementById(id).getBoundingClientRect().top)")
+    assert result_y < review_y                   # the result above the review (both read at one scroll position)
     expect(page.locator("#mm-exam-exam")).to_be_hidden()                 # not below 48 locked questions
     expect(page.locator("#mm-exam-finish")).to_be_hidden()
 

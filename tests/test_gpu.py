@@ -99,9 +99,10 @@ def test_engine_timeline_uses_cuda_events_resolved_once_in_report(monkeypatch):
     assert all(not isinstance(e["time"], float) for e in lent)      # nothing converted yet
     timeline = engine.report()["timeline"]
     steps = [e for e in timeline if "step" in e]
-    assert [e["event"] for e in steps[:7]] == ["forward_start", "backward_start", "backward_end"] * 2 + [
-        "optimizer_step_end"]
-    assert len(steps) == 14 and len(timeline) == len(made) > 14 and all(ev.synced for ev in made)
+    micro = ["forward_start", "backward_start", "backward_end"]
+    assert [e["event"] for e in steps[:10]] == ["step_start", *micro, *micro, "optimizer_start",
+                                                "optimizer_step_end", "step_end"]
+    assert len(steps) == 20 and len(timeline) == len(made) > 20 and all(ev.synced for ev in made)
     # the k-th event recorded (1 ms apart in the stand-in) sits k ms after the first one's host time
     assert sorted(e["time"] for e in timeline) == pytest.approx([100.0 + k * 1e-3 for k in range(len(made))])
     assert [e["time"] for e in engine.report()["timeline"]] == [e["time"] for e in timeline]   # converted once

@@ -1,8 +1,10 @@
 """minimega.launch: results in rank order, failures named by rank, no hangs, no orphans, clear refusals."""
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -210,8 +212,9 @@ def test_killing_the_launcher_ends_every_rank(tmp_path):
     script = tmp_path / "job.py"
     script.write_text("import sys, minimega as mm\nfrom test_launch import _report_pid_and_work\n"
                       "if __name__ == '__main__':\n    mm.launch(_report_pid_and_work, 2, sys.argv[1], timeout=60)\n")
-    scratch = tmp_path / "tmp"                  # the launchers' work directories go here
-    scratch.mkdir()
+    # the launchers' work directories go here: short, as a forkserver's AF_UNIX socket path is at most 107 bytes
+    # (pytest-xdist's tmp_path, /tmp/pytest-of-root/pytest-N/popen-gwK/test_killing_the_launcher_ends0/, is too long)
+    scratch = Path(tempfile.mkdtemp(prefix="mm-kill-", dir="/tmp"))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), *sys.path]),
            "TMPDIR": str(scratch)}
     jobs = {}
@@ -238,6 +241,7 @@ def test_killing_the_launcher_ends_every_rank(tmp_path):
             os.kill(p, signal.SIGKILL)
     assert not any(alive.values()), f"ranks alive 5 s after their launcher got the signal: {alive}"
     left = [p.name for p in scratch.iterdir() if p.name.startswith("minimega-")]
+    shutil.rmtree(scratch, ignore_errors=True)
     assert not left, f"work directories left behind by the dead launchers: {left}"
 
 
