@@ -139,8 +139,10 @@ def test_overlap_hides_most_of_the_delay(timings, name):
               f"{t['overlap']*1e3:.0f} / {t['sync']*1e3:.0f} ms; {r['collectives']} collectives, "
               f"saved {saved*1e3:.0f} ms of {r['hideable']} x {DELAY*1e3:.0f} ms hideable")
         assert r["hideable"] >= 2
-        # Forced synchronous, every collective of the step is blocked for the whole delay.
-        assert b["sync"] >= 0.95 * r["collectives"] * DELAY
+        # Forced synchronous, every collective of the step is blocked for most of the delay: the delay runs from
+        # the issue, and the engine's own work between issue and wait (a unit's flattening, the pool's copy) is
+        # not blocked time; under load that work grows (measured 166 of 180 ms on a loaded machine).
+        assert b["sync"] >= 0.8 * r["collectives"] * DELAY
         assert saved >= 0.5 * r["hideable"] * DELAY, (
             f"{name}: overlap hid {saved*1e3:.0f} ms per step, less than half of the "
             f"{r['hideable']} x {DELAY*1e3:.0f} ms the design can hide")
