@@ -214,7 +214,7 @@ def megatron_fg(tp: int = 2, seq: int = 64, micro_batch: int = 8, hidden: int = 
     Shapes from the tiny GPT (`GPTConfig.tiny`): D = hidden, heads split over tp, MLP width 4D split
     over tp. `f`: identity forward, all-reduce backward; `g`: all-reduce forward, identity backward.
     """
-    D, F, h, bsh = hidden, 4 * hidden, heads, micro_batch * seq * hidden
+    F, h, bsh = 4 * hidden, heads, micro_batch * seq * hidden
     steps = [
         ("f", "attn", "fwd", None, _w("f (attention): forward is the identity; X (B, T, D) is on every rank.",
                                       "f (attention): forward is de identiteit; X (B, T, D) staat op elke rank.")),
