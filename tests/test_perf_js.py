@@ -73,16 +73,21 @@ def _random_experts(rng, dp, tp):
                 ep=rng.choice([e for e in (1, 2, 4, 8) if experts % e == 0 and dp % e == 0]))
 
 
-def test_step_time_js_matches_python_on_random_configs():
-    rng = random.Random(1713)
-    cfgs = [_random_config(rng) for _ in range(240)]
-    hws = [rng.choice(sorted(perf.HARDWARE)) for _ in cfgs]
+def _assert_step_times_equal(cfgs, hws):
+    """The JS step time equals Python's on each (config, hardware) pair, every key to 1e-9."""
     got = _run([{"kind": "step", "cfg": c, "hw": h} for c, h in zip(cfgs, hws)])
     for cfg, hw, js in zip(cfgs, hws, got):
         py = perf.step_time(perf.PerfConfig(**cfg), hw)
         assert "error" not in js, (cfg, js)
         for k in KEYS:
             assert js[k] == pytest.approx(py[k], rel=1e-9, abs=1e-12), (k, cfg, hw)
+
+
+def test_step_time_js_matches_python_on_random_configs():
+    rng = random.Random(1713)
+    cfgs = [_random_config(rng) for _ in range(240)]
+    hws = [rng.choice(sorted(perf.HARDWARE)) for _ in cfgs]
+    _assert_step_times_equal(cfgs, hws)
 
 
 def test_step_time_js_rejects_what_python_rejects():
@@ -141,12 +146,7 @@ def test_step_time_js_matches_python_on_the_post_hopper_presets():
             del cfg["cp_attention"]
         cfgs.append(cfg)
         hws.append(rng.choice(NEW_HW))
-    got = _run([{"kind": "step", "cfg": c, "hw": h} for c, h in zip(cfgs, hws)])
-    for cfg, hw, js in zip(cfgs, hws, got):
-        py = perf.step_time(perf.PerfConfig(**cfg), hw)
-        assert "error" not in js, (cfg, js)
-        for k in KEYS:
-            assert js[k] == pytest.approx(py[k], rel=1e-9, abs=1e-12), (k, cfg, hw)
+    _assert_step_times_equal(cfgs, hws)
     assert {c["tp"] for c in cfgs} >= {16, 24, 32, 64} and set(hws) == set(NEW_HW)
 
 
