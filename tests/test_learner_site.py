@@ -121,6 +121,23 @@ def test_further_reading_cites_sources_for_every_chapter(lang):
         assert f"(reading.md#ch{slug[:2]})" in page, slug
 
 
+def _notes(ref: str) -> str:
+    """A reference line without what stays in the source's language: titles, links, quoted section names."""
+    return re.sub(r"\*[^*]+\*|\[[^\]]*\]\([^)]*\)|\"[^\"]*\"|`[^`]*`", " ", ref)
+
+
+def test_dutch_further_reading_writes_its_notes_in_dutch():
+    refs = {lang: re.findall(r"^- (.+)$", (COURSE / name).read_text(encoding="utf-8"), flags=re.M)
+            for lang, name in (("en", "reading.md"), ("nl", "reading.nl.md"))}
+    assert len(refs["en"]) == len(refs["nl"])
+    english = re.compile(r"\b(the|and|where|this|inside|with|documentation|friends|writes|builds|per layer)\b")
+    assert english.search(_notes(" ".join(refs["en"])))                  # the check sees the English notes
+    for en, nl in zip(refs["en"], refs["nl"]):
+        assert not english.search(_notes(nl)), nl
+        if english.search(_notes(en)):
+            assert _notes(nl) != _notes(en), nl
+
+
 @pytest.mark.parametrize("lang", ["en", "nl"])
 def test_animations_are_on_their_chapters(site, lang):
     for slug, names in ANIMATIONS.items():
