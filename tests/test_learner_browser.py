@@ -140,13 +140,14 @@ def test_second_wrong_answer_brings_the_worked_answer_and_units_convert(site_ser
     one.locator(".mm-check").click()
     one.locator(".mm-worked-btn").click()
     assert "Worked answer:" in one.locator(".mm-feedback").inner_text()
-    page.goto(f"{site_server}/02-data-parallel/")                 # a bank without hints: the formula, in symbols
+    page.goto(f"{site_server}/02-data-parallel/")                 # another bank's own hint, on the first wrong try
     page.wait_for_selector(".mm-quiz[data-ready='1']")
     ring = page.locator("#q-02-data-parallel-ring-allreduce-bytes")
     ring.locator("input").fill("1")
     ring.locator(".mm-check").click()
     ring.locator(".mm-hint-btn").click()
-    assert "Hint: start from 2(n-1)/n x S." in ring.locator(".mm-feedback").inner_text()
+    assert "Hint: A ring all-reduce is a reduce-scatter followed by an all-gather" in \
+        ring.locator(".mm-feedback").inner_text()
     assert watch.errors == [], watch.errors
     ctx.close()
 

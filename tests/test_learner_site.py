@@ -121,6 +121,23 @@ def test_further_reading_cites_sources_for_every_chapter(lang):
         assert f"(reading.md#ch{slug[:2]})" in page, slug
 
 
+def _notes(ref: str) -> str:
+    """A reference line without what stays in the source's language: titles, links, quoted section names."""
+    return re.sub(r"\*[^*]+\*|\[[^\]]*\]\([^)]*\)|\"[^\"]*\"|`[^`]*`", " ", ref)
+
+
+def test_dutch_further_reading_writes_its_notes_in_dutch():
+    refs = {lang: re.findall(r"^- (.+)$", (COURSE / name).read_text(encoding="utf-8"), flags=re.M)
+            for lang, name in (("en", "reading.md"), ("nl", "reading.nl.md"))}
+    assert len(refs["en"]) == len(refs["nl"])
+    english = re.compile(r"\b(the|and|where|this|inside|with|documentation|friends|writes|builds|per layer)\b")
+    assert english.search(_notes(" ".join(refs["en"])))                  # the check sees the English notes
+    for en, nl in zip(refs["en"], refs["nl"]):
+        assert not english.search(_notes(nl)), nl
+        if english.search(_notes(en)):
+            assert _notes(nl) != _notes(en), nl
+
+
 @pytest.mark.parametrize("lang", ["en", "nl"])
 def test_animations_are_on_their_chapters(site, lang):
     for slug, names in ANIMATIONS.items():
@@ -184,3 +201,45 @@ def test_practice_banks_state_one_rounding_and_write_psi():
     from minimega.classroom.quiz import load_bank
     q3 = load_bank(ROOT / "quizzes" / "03-zero.yaml").items[2]
     assert q3.prompt.count("significant figures") == 1 and "Ψ" in q3.prompt and "decimal" not in q3.prompt
+
+
+def _sig_digits(value: float) -> str:
+    """The significant digits of `value` as written to 6 figures: 2868.9 -> '28689', 120 -> '12', 0.2727 -> '2727'."""
+    return re.sub(r"\D", "", f"{abs(value):.6g}".split("e")[0]).strip("0")
+
+
+def _leaks(hint: str, answer: float) -> list[str]:
+    """The numbers in `hint` that carry the answer's first three significant digits, truncated or rounded."""
+    if len(_sig_digits(answer)) < 3:
+        return []
+    rounded = f"{abs(answer):.3g}".split("e")[0]
+    give_away = {_sig_digits(answer)[:3], re.sub(r"\D", "", rounded).lstrip("0")}
+    numbers = re.findall(r"\d(?:[\d.,]*\d)?", hint)
+    return [n for n in numbers if any(g in re.sub(r"\D", "", n).lstrip("0") for g in give_away)]
+
+
+@pytest.mark.parametrize("lang", ["en", "nl"])
+def test_every_practice_number_has_a_hint_that_keeps_the_answer(lang):
+    """Numeric practice items teach before they tell (quiz.js shows data-hint after a first wrong answer): each has
+    its own hint, in Dutch in the Dutch twin, that does not print the answer's leading digits, and the page carries it."""
+    import html
+    from minimega.classroom.quiz import load_bank
+    from minimega.classroom.sitebuild import render_item
+    numeric = 0
+    for path in sorted((ROOT / "quizzes").glob("[0-9][0-9]-*.yaml")):
+        en, bank = load_bank(path), load_bank(path, lang)
+        for n, (e, item) in enumerate(zip(en.items, bank.items), 1):
+            if item.type != "numeric":
+                continue
+            numeric += 1
+            assert item.hint.strip(), f"{path.name} ({lang}): numeric item {item.id!r} needs a 'hint'"
+            assert lang == "en" or item.hint != e.hint, f"{path.name}: {item.id!r} keeps the English hint"
+            assert not _leaks(item.hint, item.answer), (path.name, lang, item.id, _leaks(item.hint, item.answer))
+            assert f'data-hint="{html.escape(item.hint)}"' in render_item(path.stem, n, item, lang)
+    assert numeric >= 40
+
+
+def test_the_hint_leak_check_can_fail():
+    assert _leaks("about 2869 MB", 2868.9) == ["2869"] and _leaks("it is 2,868.9", 2868.9) == ["2,868.9"]
+    assert _leaks("0.273 of the step", 0.2727) and _leaks("150 TFLOP/s", 149.8)
+    assert not _leaks("(2 + 2 + 12) bytes", 120) and not _leaks("K = 12, divide by 10^9", 3413)
