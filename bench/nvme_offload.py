@@ -53,7 +53,7 @@ def _worker(stage: int, model: dict, steps: int, repeats: int, directory: str) -
             times[side].append(statistics.median(per_step))
             store = engine.zero_stages[0].store
             if side == "nvme":
-                traffic = store.traffic[-1]
+                traffic = dict(store.traffic)
                 store.close()
     return {"times": times, "traffic": traffic}
 

@@ -46,9 +46,22 @@ def _nvme_worker(cases, directory):
                              and torch.equal(raw[2 * n:], state["exp_avg_sq"]))
             steps.append({"loss": losses[0] == losses[1], "files": all(files),
                           "weights": all(torch.equal(weights[1][k], v) for k, v in weights[0].items()),
-                          "traffic": dict(disk.traffic[-1])})
+                          "traffic": dict(disk.traffic)})
+        resumed = None
+        if stage == 2:                 # a checkpoint reads the files; a load writes into a fresh store's files
+            engines[1].save(os.path.join(directory, "checkpoint"))
+            torch.manual_seed(0)
+            engine = mm.initialize(mm.GPT(mm.GPTConfig(**MODEL)), engines[1].config, mesh)
+            engine.load(os.path.join(directory, "checkpoint"))
+            batch = next(iter(data.batches(mesh, 1, 8, 64, start=STEPS, seed=3)))
+            engines[0].train_step(batch)
+            engine.train_step(batch)
+            weights = [e.full_state_dict() for e in (engines[0], engine)]
+            resumed = all(torch.equal(weights[1][k], v) for k, v in weights[0].items())
+            engine.zero_stages[0].store.close()
         out[(stage, precision)] = {"steps": steps, "memory": engines[1].report()["memory_at_step"],
-                                   "directory": disk.directory, "files": len(os.listdir(disk.directory))}
+                                   "directory": disk.directory, "files": len(os.listdir(disk.directory)),
+                                   "resumed": resumed}
         disk.close()
     return out
 
@@ -69,6 +82,8 @@ def test_nvme_offload_is_bit_equal_to_cpu_offload_at_every_step(runs, stage, pre
         for k, step in enumerate(result[(stage, precision)]["steps"]):
             assert step["loss"] and step["weights"], f"rank {rank} step {k}: weights differ from CPU offload"
             assert step["files"], f"rank {rank} step {k}: a unit's file is not the CPU store's master and moments"
+        if stage == 2:                # saved from the files, loaded into new ones: the next step is the host store's
+            assert result[(stage, precision)]["resumed"], f"rank {rank}: the step after a resume differs"
 
 
 @pytest.mark.parametrize("stage,precision", CASES, ids=[f"stage{s}-{p}" for s, p in CASES])
@@ -112,7 +127,7 @@ def test_units_are_read_ahead_and_written_behind_through_three_buffers(tmp_path)
                         ("update", 1, 1), ("write", 1, 1), ("read", 3, 0), ("update", 2, 2), ("write", 2, 2),
                         ("update", 3, 0), ("write", 3, 0), ("read", 0, 0)]
     assert all(torch.equal(a, b) for a, b in zip(ref.shards, store.shards))
-    assert store.staging.shape == (3, 7 * 3) and store.traffic == [{"read": 21 * 12, "written": 21 * 12}] * 2
+    assert store.staging.shape == (3, 7 * 3) and store.total == {"read": 2 * 21 * 12, "written": 2 * 21 * 12}
     store.close()
 
 

@@ -124,7 +124,8 @@ class NVMeOffloadStore(CPUOffloadStore):
         biggest = max(m.numel() for m in self.master) * self.width
         self.staging = torch.empty(IN_FLIGHT_UNITS, biggest, pin_memory=self.pin)    # (buffers, elements)
         self.uploads: list = [None] * IN_FLIGHT_UNITS            # per buffer: the event its upload recorded
-        self.traffic: list[dict] = []                            # per step: {"read": bytes, "written": bytes}
+        self.traffic = {"read": 0, "written": 0}                 # bytes moved by the last step
+        self.total = {"read": 0, "written": 0}                   # bytes moved by every step so far
 
     def _master_of(self, shard: torch.Tensor) -> torch.Tensor:
         """Unit i's file, sized for the master and the states (zeros); the master written; returns its mapping."""
@@ -178,6 +179,7 @@ class NVMeOffloadStore(CPUOffloadStore):
         m.data, m.grad = at_rest, None
         state.update(disk)                                        # stale until the write lands: step() drains
 
+    # --8<-- [start:nvme_step]
     @torch.no_grad()
     def step(self) -> None:
         """Phases 1-3 pipelined over the units: read i+1 and write i-1 while i is updated."""
@@ -214,7 +216,9 @@ class NVMeOffloadStore(CPUOffloadStore):
             m.grad = g
         if units:
             self.copies.compute_waits()                           # the next forward reads the parameters
-        self.traffic.append(traffic)
+        self.traffic = traffic
+        self.total = {k: self.total[k] + v for k, v in traffic.items()}
+    # --8<-- [end:nvme_step]
 # --8<-- [end:nvme_store]
 
     def close(self) -> None:
