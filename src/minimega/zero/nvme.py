@@ -49,8 +49,8 @@ def make_store(shards: list[torch.Tensor], make_optimizer, config, rank: int = 0
     return (CPUOffloadStore if config.offload_optimizer else MasterStore)(shards, make_optimizer)
 
 
-def rank_directory(nvme_path: str, rank: int) -> str:
-    """A fresh directory for this rank's files under ``nvme_path``, which must be a writable directory."""
+def check_directory(nvme_path: str) -> None:
+    """Refuses, by name, an ``nvme_path`` that is not an existing directory this user can write into."""
     if not isinstance(nvme_path, (str, os.PathLike)) or not str(nvme_path):
         raise ValueError(f"nvme_path={nvme_path!r}: expected the path of a directory (--nvme-path DIR)")
     if not os.path.isdir(nvme_path):
@@ -58,6 +58,11 @@ def rank_directory(nvme_path: str, rank: int) -> str:
         raise ValueError(f"nvme_path={str(nvme_path)!r} {what}: create the directory or point --nvme-path at one")
     if not os.access(nvme_path, os.W_OK | os.X_OK):
         raise ValueError(f"nvme_path={str(nvme_path)!r} is not writable: choose a directory this user can write")
+
+
+def rank_directory(nvme_path: str, rank: int) -> str:
+    """A fresh directory for this rank's files under ``nvme_path``, which must be a writable directory."""
+    check_directory(nvme_path)
     return tempfile.mkdtemp(prefix=f"minimega-rank{rank}-", dir=nvme_path)
 
 
