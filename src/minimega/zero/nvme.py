@@ -17,7 +17,10 @@ step a small pool of I/O threads pipelines the units through ``IN_FLIGHT_UNITS``
 So at most 3 units' files are in host memory at once (bytes in flight <= 3 x the largest unit file),
 whatever the model's size. Per step every file is read once and written once: 2 x 12 bytes per element
 of this rank's shards under Adam (`minimega.estimate.nvme_bytes_per_step`). The step drains its writes
-before it returns, so between steps the files hold every value. Outside the step (a checkpoint,
+before it returns, so between steps the files hold every value. Each file is unlinked as soon as it
+is open and mapped (as ``tmpfile()`` does): it takes space on that drive only while the process lives
+(``/proc/<pid>/fd`` lists it) and vanishes with the process however it ends, a kill or a restart
+included. Outside the step (a checkpoint,
 ``full_state_dict``) the master and states are read and written through a shared memory map of the same
 files (the page cache keeps both views coherent), so every other part of the engine works unchanged.
 
@@ -124,6 +127,7 @@ class NVMeOffloadStore(CPUOffloadStore):
         self.io = ThreadPoolExecutor(max_workers=2, thread_name_prefix="nvme")   # a read and a write at once
         self._finalizer = weakref.finalize(self, _cleanup, self.fds, self.io, self.directory)
         super().__init__(shards, make_optimizer)                 # each master is made by _master_of: on disk
+        os.rmdir(self.directory)                                 # empty: each file was unlinked once open
         self.state_names = _state_names(self.optimizer)
         self.width = 1 + len(self.state_names)                   # fp32 values per shard element in a file
         biggest = max(m.numel() for m in self.master) * self.width
@@ -143,6 +147,7 @@ class NVMeOffloadStore(CPUOffloadStore):
         master = shard.detach().to(device="cpu", dtype=torch.float32).contiguous()
         _pwrite(fd, memoryview(master.numpy()).cast("B"), path)
         self.files.append(torch.from_file(path, shared=True, size=n * 3, dtype=torch.float32))
+        os.unlink(path)          # open and mapped: the space is freed when the process ends, however it ends
         return self.files[i][:n]
 
     def _on_disk(self, i: int) -> dict:
@@ -227,7 +232,7 @@ class NVMeOffloadStore(CPUOffloadStore):
 # --8<-- [end:nvme_store]
 
     def close(self) -> None:
-        """Close the files and remove this store's directory (also done when the store is collected)."""
+        """Close the files (also done when the store is collected; their space goes with the last mapping)."""
         self._finalizer()
 
     def memory(self) -> dict:
