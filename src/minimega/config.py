@@ -130,6 +130,10 @@ def _check_fields(cfg) -> None:
         value = getattr(cfg, name)
         if not isinstance(value, str) or value not in allowed:
             raise ValueError(f"TrainConfig.{name}={value!r}; choose one of {allowed}")
+    if cfg.nvme_path is not None and (not isinstance(cfg.nvme_path, str) or not cfg.nvme_path
+                                      or "\x00" in cfg.nvme_path):
+        raise ValueError(f"TrainConfig.nvme_path must be the path of a directory (a non-empty string) or None, "
+                         f"got {cfg.nvme_path!r}")
     betas = cfg.betas
     if (not isinstance(betas, tuple) or len(betas) != 2
             or not all(_is_real(b) and 0.0 <= b < 1.0 for b in betas)):
@@ -149,6 +153,7 @@ _ONLY_WHEN = (
     ("reductions_in_flight", 1, lambda c: c.zero_stage >= 1 and c.overlap_comm, "zero_stage >= 1 and overlap_comm"),
     ("checkpoint_every", 1, lambda c: c.activation_checkpointing == "full", "activation_checkpointing='full'"),
     ("cp_attention", "ring", lambda c: c.cp > 1, "cp > 1"),
+    ("nvme_path", None, lambda c: c.offload_optimizer, "offload_optimizer=True (--offload)"),
     ("micro_batches", 1, lambda c: c.pp > 1, "pp > 1 (without a pipeline use gradient_accumulation_steps)"),
     ("betas", (0.9, 0.95), lambda c: c.optimizer != "sgd", "optimizer='adamw' or 'adam'"),
     ("eps", 1e-8, lambda c: c.optimizer != "sgd", "optimizer='adamw' or 'adam'"),
@@ -215,6 +220,8 @@ class TrainConfig:
     """'fp32', 'bf16' or 'fp16': the dtype parameters and gradients are stored and communicated in."""
     offload_optimizer: bool = field(default=False, metadata=_flag("--offload"))
     """Keep fp32 master weights and optimizer states in a CPU store and step there (ZeRO-Offload)."""
+    nvme_path: str | None = None
+    """With offload_optimizer: keep the master weights and optimizer states in files under this directory (ZeRO-Infinity)."""
     bucket_mb: float = 25.0
     """Gradient bucket size (MiB) for DDP all-reduces and ZeRO-2 reduce-scatters."""
     param_persistence_threshold: int = 0
@@ -273,8 +280,8 @@ class TrainConfig:
         gradient_clipping, optimizer {type, params{lr, betas, eps, weight_decay, adam_w_mode}}, zero_optimization
         {stage, reduce_bucket_size (stage 0: DDP's buckets), overlap_comm (absent: DeepSpeed's default, on at stage 3
         only), stage3_param_persistence_threshold, stage3_prefetch_bucket_size (0 only: prefetch off),
-        offload_optimizer {device}}, bf16 {enabled}, fp16 {enabled, loss_scale, initial_scale_power,
-        loss_scale_window, hysteresis, min_loss_scale}, data_types {grad_accum_dtype} and communication_data_type
+        offload_optimizer {device (cpu, nvme), nvme_path}}, bf16 {enabled}, fp16 {enabled, loss_scale,
+        initial_scale_power, loss_scale_window, hysteresis, min_loss_scale}, data_types {grad_accum_dtype} and communication_data_type
         ('fp32', bf16 only). Values are taken as JSON types: ``"false"`` is not a bool and ``"16"`` is not an int.
 
         Args:

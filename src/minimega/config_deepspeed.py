@@ -131,11 +131,17 @@ def read_deepspeed(config: dict, dp: int | None) -> dict:
                                  "remove the key (prefetch on)")
             out["prefetch"] = False
         if "offload_optimizer" in z:
-            off = _ds_section(z, "offload_optimizer", {"device"}, w + "offload_optimizer")
+            off = _ds_section(z, "offload_optimizer", {"device", "nvme_path"}, w + "offload_optimizer")
             device = _ds_get(off, "device", "str", w + "offload_optimizer.") if "device" in off else "none"
-            if device not in ("cpu", "none"):
-                raise ValueError(f"DeepSpeed config: offload_optimizer.device={device!r}; supported: cpu, none")
-            out["offload_optimizer"] = device == "cpu"
+            if device not in ("cpu", "nvme", "none"):
+                raise ValueError(f"DeepSpeed config: offload_optimizer.device={device!r}; supported: cpu, nvme, none")
+            out["offload_optimizer"] = device != "none"
+            if (device == "nvme") != ("nvme_path" in off):
+                raise ValueError(f"DeepSpeed config: offload_optimizer.device={device!r} "
+                                 + ("needs nvme_path (the directory for the files)" if device == "nvme" else
+                                    "with nvme_path: nvme_path has an effect only with device 'nvme'; remove it"))
+            if device == "nvme":
+                out["nvme_path"] = _ds_get(off, "nvme_path", "str", w + "offload_optimizer.")
     else:
         out["overlap_comm"] = False     # no ZeRO section: stage 0, DeepSpeed reduces after backward
     enabled = {}

@@ -40,6 +40,7 @@ from .mesh import Mesh, ParallelDims
 from .model import GPT
 from . import moe as moe_
 from .moe_zero import ExpertGradSync, ExpertZero1
+from .zero.nvme import check_directory
 from .optimizer import Optimizers, TorchOptimizer, make_optimizer
 from .pipeline import Pipeline, check as check_pipeline
 from .rng import RNGStream
@@ -71,6 +72,8 @@ def validate(model_config: GPTConfig, config: TrainConfig, dims: ParallelDims, m
                          f"from the same numbers")
     moe_.check(moe, config, dims)
     cp_.check(model_config, config, dims, moe)
+    if config.nvme_path is not None:
+        check_directory(config.nvme_path)              # each rank's files go in a fresh directory under it
     config.rows_per_micro_step(dims.dp)
     if config.pp > 1:
         check_pipeline(config.schedule, config.pp, config.micro_batches, config.virtual_stages, model_config.n_layer)

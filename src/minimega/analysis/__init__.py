@@ -9,6 +9,7 @@ The estimators are pure functions of a few integers (no torch), one concern per 
     flops.py           parameters, FLOPs, MFU, time, GPU-hours and money
     shapes.py          block shapes after GPT-2: GQA, SwiGLU, untied heads, bias-free blocks (Llama)
     calculator.py      everything per GPU (`MemoryConfig`, `memory_per_gpu`, published presets)
+    disk.py            the disk tier of offload (ZeRO-Infinity): bytes on disk and read/written per step
 
 and above them the step-time model (``perf.py``, ``hardware.py``), the planner (``plan.py``) and the
 calibration on this machine (``calibrate.py``). This package gathers every estimator under one name,
@@ -19,6 +20,7 @@ The core never imports analysis; analysis reads the core where they share a rule
 from .activations import *  # noqa: F403
 from .calculator import *  # noqa: F403
 from .communication import *  # noqa: F403
+from .disk import *  # noqa: F403
 from .flops import *  # noqa: F403
 from .memory import *  # noqa: F403
 from .pipeline import *  # noqa: F403

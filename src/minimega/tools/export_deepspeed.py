@@ -78,7 +78,8 @@ def to_deepspeed(cfg: TrainConfig, dp: int, *, megatron: bool = False) -> dict:
         if not cfg.prefetch:
             zero["stage3_prefetch_bucket_size"] = 0
     if cfg.offload_optimizer:
-        zero["offload_optimizer"] = {"device": "cpu"}
+        nvme = get_field(cfg, "nvme_path")
+        zero["offload_optimizer"] = {"device": "nvme", "nvme_path": nvme} if nvme else {"device": "cpu"}
     ds["zero_optimization"] = zero
     # --8<-- [end:deepspeed_zero]
     if cfg.precision == "bf16":

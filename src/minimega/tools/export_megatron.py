@@ -112,6 +112,8 @@ def to_megatron(cfg: TrainConfig, dp: int, model: GPTConfig) -> list[str]:
             a.append(("--overlap-param-gather", None))
     if cfg.bucket_mb != default_of("bucket_mb"):
         a.append(("--ddp-bucket-size", round(cfg.bucket_mb * 2**20 / 4)))           # elements
+    if get_field(cfg, "nvme_path") is not None:
+        raise refuse(target, "nvme_path", get_field(cfg, "nvme_path"), "Megatron-LM offloads to host memory only")
     if cfg.offload_optimizer:
         a.append(("--optimizer-cpu-offload", None))
     steps = cfg.micro_batches if cfg.pp > 1 else cfg.gradient_accumulation_steps
@@ -203,6 +205,7 @@ def torchtitan_sections(cfg: TrainConfig, dp: int, model: GPTConfig) -> dict[str
         raise refuse(target, "activation_checkpointing", "selective", "torchtitan's op-level selective policy "
                       "saves matmul outputs and recomputes the rest, not minimega's attention-core recompute")
     refuse_unless_default("checkpoint_every", "selective_ac_option N checkpoints layers N-1, 2N-1, …, not 0, k, 2k, …")
+    refuse_unless_default("nvme_path", "torchtitan offloads to host memory only")
     refuse_unless_default("offload_optimizer", "training.enable_cpu_offload also moves parameters and gradients")
     refuse_unless_default("bucket_mb", "FSDP2 reduces one unit per call; there is no bucket size")
     refuse_unless_default("param_persistence_threshold", "FSDP2 shards every wrapped unit")

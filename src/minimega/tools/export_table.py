@@ -95,6 +95,8 @@ TABLE: tuple[tuple[str, str, str, str], ...] = (
      "loss scaler"),
     ("offload_optimizer", "zero_optimization.offload_optimizer.device cpu", "--optimizer-cpu-offload",
      "— enable_cpu_offload also moves parameters and gradients"),
+    ("nvme_path", "zero_optimization.offload_optimizer.device nvme + nvme_path",
+     "— Megatron-LM offloads to host memory only", "— torchtitan offloads to host memory only"),
     ("bucket_mb", "zero_optimization.reduce_bucket_size (stage 0)", "--ddp-bucket-size",
      "— FSDP2 reduces one unit per call, no bucket size"),
     ("param_persistence_threshold", "zero_optimization.stage3_param_persistence_threshold",

@@ -3,11 +3,13 @@
     flat.py     flat padded buffers per unit, shard bounds
     stages.py   Zero1 ⊂ Zero2 ⊂ Zero3
     offload.py  where the fp32 master weights, optimizer states and (offloaded) gradient shards live, and the step
+    nvme.py     the disk tier: master shards and optimizer states in files, streamed through the step
     state.py    what a rank's shards hold of each parameter, for sharded checkpoints
 """
 from __future__ import annotations
 
 from .flat import FlatUnit, padded_numel, shard_bounds
+from .nvme import NVMeOffloadStore, make_store
 from .offload import CPUOffloadStore, MasterStore
 from .stages import Zero1, Zero2, Zero3, model_units
 
@@ -24,5 +26,6 @@ def wrap(module, config, group, rank: int, make_optimizer, model_parallel=()):
     return STAGES[config.zero_stage](module, group, rank, config, make_optimizer, model_parallel)
 
 
-__all__ = ["FlatUnit", "padded_numel", "shard_bounds", "MasterStore", "CPUOffloadStore", "Zero1", "Zero2",
+__all__ = ["FlatUnit", "padded_numel", "shard_bounds", "MasterStore", "CPUOffloadStore",
+           "NVMeOffloadStore", "make_store", "Zero1", "Zero2",
            "Zero3", "model_units", "STAGES", "wrap"]

@@ -21,6 +21,9 @@ compute waits (on the GPU, not the host) for the parameter upload before the nex
 
 On a CPU-only run the host *is* the device, but the store is still a separate set of tensors with
 its own bytes, so the code path and the memory it costs are real and measured.
+
+One level further down, `nvme.NVMeOffloadStore` keeps the master shards and the optimizer states in files
+between steps (ZeRO-Infinity's disk tier).
 """
 from __future__ import annotations
 

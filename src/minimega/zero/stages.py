@@ -39,7 +39,7 @@ from .. import clock, comm, measure, precision
 from ..grad_sync import GradSync, dp_named_parameters
 from ..model import GPT
 from .flat import BufferPool, FlatUnit, model_units  # noqa: F401  (model_units: imported from here too)
-from .offload import CPUOffloadStore, MasterStore
+from .nvme import make_store
 
 
 class Zero1(GradSync, nn.Module):
@@ -77,8 +77,7 @@ class Zero1(GradSync, nn.Module):
                       for name, params in self._units(module)]
         self._unit_of = {p: u for u in self.units for p in u.params}
         self.shards = [self._make_shard(u) for u in self.units]
-        store = CPUOffloadStore if config.offload_optimizer else MasterStore
-        self.store = store(self.shards, make_optimizer)
+        self.store = make_store(self.shards, make_optimizer, config, group.ranks[rank])   # device, host or disk
         self.grad_shards = self._make_grad_buffers()      # on the device; none under offload (the host keeps them)
         # Without overlap each reduction completes as it starts: one in flight, one pool slot.
         self.max_in_flight = config.reductions_in_flight if config.overlap_comm else 1

@@ -1,0 +1,88 @@
+"""Step time of NVMe offload (master shards and Adam states in files) vs CPU offload (in host memory), as a ratio.
+
+    python bench/nvme_offload.py [--nvme-path DIR] [--stages 1 2 3] [--model small] [--steps 4] [--repeats 2]
+
+Same `minimega.GPT`, seed, batches and AdamW on both sides, ``offload_optimizer=True``, 2 gloo ranks; the
+NVMe side adds ``nvme_path``. In one launch per stage the sides alternate, CPU NVMe CPU NVMe …, ``--repeats``
+times, so a change in the machine's load falls on both alike. Per run: the median step time over ``--steps``
+steps after one warm-up step (the slowest rank). The table shows the median over the repeats, the ratio
+NVMe / CPU (> 1: the disk tier is slower), and the bytes each rank read and wrote per step next to
+`estimate.nvme_bytes_per_step`.
+
+Reading it: the disk tier adds a read and a write of 12 bytes per shard element per step; where the files sit
+decides the cost (on tmpfs they are memory copies; on a real disk they are bounded by its bandwidth, and the
+page cache may hold recently written files). ``df`` on the directory is printed with the table.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import torch
+import torch.distributed as dist
+
+import minimega as mm
+from minimega import data, estimate
+from minimega.zero import model_units
+
+
+def _worker(stage: int, model: dict, steps: int, repeats: int, directory: str) -> dict:
+    mesh = mm.init_mesh(mm.ParallelDims(dp=dist.get_world_size()))
+    times = {"cpu": [], "nvme": []}
+    traffic = None
+    for _ in range(repeats):
+        for side in ("cpu", "nvme"):
+            config = mm.TrainConfig(zero_stage=stage, offload_optimizer=True, batch_size=8, seed=0,
+                                    nvme_path=directory if side == "nvme" else None)
+            torch.manual_seed(0)
+            engine = mm.initialize(mm.GPT(mm.GPTConfig.small(**model)), config, mesh)
+            per_step = []
+            for k, batch in enumerate(data.batches(mesh, steps + 1, 8, 64)):
+                dist.barrier()
+                start = time.perf_counter()
+                engine.train_step(batch)
+                elapsed = torch.tensor(time.perf_counter() - start)
+                dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)       # the slowest rank sets the step
+                if k:
+                    per_step.append(elapsed.item())
+            times[side].append(statistics.median(per_step))
+            store = engine.zero_stages[0].store
+            if side == "nvme":
+                traffic = dict(store.traffic)
+                store.close()
+    return {"times": times, "traffic": traffic}
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--nvme-path", default=None, help="directory for the files (default: a fresh one in /tmp)")
+    parser.add_argument("--stages", type=int, nargs="+", default=[1, 2, 3])
+    parser.add_argument("--model", choices=("small", "tiny"), default="small")
+    parser.add_argument("--steps", type=int, default=4)
+    parser.add_argument("--repeats", type=int, default=2)
+    args = parser.parse_args(argv)
+    directory = args.nvme_path or tempfile.mkdtemp(prefix="minimega-nvme-bench-")
+    model = {} if args.model == "small" else dict(block_size=64, n_layer=4, n_head=4, n_embd=64)
+    units = [[p.numel() for _, p in params] for _, params in model_units(mm.GPT(mm.GPTConfig.small(**model)))]
+    print(subprocess.run(["df", "-hT", directory], capture_output=True, text=True).stdout.strip())
+    print(f"load average before: {os.getloadavg()[0]:.1f}")
+    print(f"{'stage':>5}  {'CPU offload s':>13}  {'NVMe offload s':>14}  {'ratio':>6}  {'read/step':>11}  "
+          f"{'written/step':>12}  {'estimated':>11}")
+    for stage in args.stages:
+        result = mm.launch(_worker, 2, stage, model, args.steps, args.repeats, directory, timeout=600)[0]
+        cpu, nvme = (statistics.median(result["times"][s]) for s in ("cpu", "nvme"))
+        psi = sum(estimate.padded_numel(sum(u), 2) for u in units)
+        want = estimate.nvme_bytes_per_step(psi, 2, stage)["read"]
+        t = result["traffic"]
+        print(f"{stage:>5}  {cpu:>13.3f}  {nvme:>14.3f}  {nvme / cpu:>6.2f}  {t['read']:>11,}  {t['written']:>12,}  "
+              f"{int(want):>11,}")
+    print(f"load average after: {os.getloadavg()[0]:.1f}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
