@@ -194,7 +194,7 @@ def test_labs_readme_lists_every_lab():
 def test_practice_banks_state_one_rounding_and_write_psi():
     for path in sorted((ROOT / "quizzes").glob("[0-9][0-9]-*.yaml")) + sorted((ROOT / "quizzes" / "nl").glob("*.yaml")):
         text = path.read_text(encoding="utf-8")
-        assert not re.search(r"\bPsi\b", text) or path.name != "03-zero.yaml", path
+        assert not re.search(r"\bPsi\b", text), f"{path}: write Ψ, not Psi"
         for q in re.findall(r'question: "?(.*?)"?$', text, flags=re.M):   # the precision note is the only rounding rule
             assert not re.search(r"\((?:to )?(?:one|two|three|four|\d) decimal|whole number\)|decima(?:al|len)\)|"
                                  r"geheel getal\)", q), (path.name, q)
