@@ -45,6 +45,9 @@ def add_train_parser(sub) -> None:
     p.add_argument("--top-k", type=positive_int, default=None, help="with --experts: experts per token (default: 2)")
     p.add_argument("--capacity-factor", type=positive_float, default=None,
                    help="with --experts: slots per expert = factor * top_k * T / E per sequence (default: 1.25)")
+    p.add_argument("--moe-dispatch", choices=("capacity", "dropless"), default=None,
+                   help="with --experts: 'capacity' drops tokens over capacity (GShard slots), 'dropless' sorts "
+                        "them by expert and keeps every one (default: capacity)")
     p.add_argument("--trace", default=None, metavar="DIR",
                    help="write one Chrome trace per rank (DIR/rank<r>.trace.json) and all ranks in one "
                         "(DIR/all.trace.json): open them in Perfetto or chrome://tracing; "
