@@ -117,7 +117,9 @@ def _ranks(cases):
     return out
 
 
-CASES = [("dp2-ep2-dropless-ga2", DROPLESS, {"gradient_accumulation_steps": 2})]
+BALANCED = moe.MoEConfig(n_experts=4, top_k=2, dispatch="dropless", z_loss_coef=0.1, bias_update_rate=0.01)
+CASES = [("dp2-ep2-dropless-ga2", DROPLESS, {"gradient_accumulation_steps": 2}),
+         ("dp2-ep2-dropless-zloss-bias-ga2", BALANCED, {"gradient_accumulation_steps": 2})]
 
 
 @pytest.fixture(scope="module")
@@ -125,10 +127,16 @@ def launched():
     return mm.launch(_ranks, 2, [(2, 2, m, parity_config(ep=2, **kw)) for _, m, kw in CASES], timeout=600)
 
 
-def test_expert_parallel_dropless_matches_single_process(launched):
-    name, moe_config, kw = CASES[0]
+@pytest.mark.parametrize("case", range(len(CASES)), ids=[c[0] for c in CASES])
+def test_expert_parallel_dropless_matches_single_process(launched, case):
+    """Weights (the routing biases among them), losses, routed counts and all-to-all bytes; the second case
+    adds the z-loss and the bias balancing, whose loads are summed over dp before every update."""
+    name, moe_config, kw = CASES[case]
     ref_state, ref_losses, ref_counts = reference(TINY, moe_config, parity_config(**kw), STEPS)
-    per_rank = [r[0] for r in launched]
+    per_rank = [r[case] for r in launched]
+    if moe_config.bias_update_rate:
+        biases = [v for k, v in ref_state.items() if k.endswith("expert_bias")]
+        assert len(biases) == TINY.n_layer and all(b.abs().sum() > 0 for b in biases), "the biases moved"
     assert_case_matches(name, per_rank, ref_state, ref_losses, "dropless MoE", STEPS)
     summed = torch.tensor([r["moe"]["routed"] for r in per_rank]).sum(0)
     assert torch.equal(summed, torch.tensor(ref_counts["routed"])), name

@@ -48,6 +48,11 @@ def add_train_parser(sub) -> None:
     p.add_argument("--moe-dispatch", choices=("capacity", "dropless"), default=None,
                    help="with --experts: 'capacity' drops tokens over capacity (GShard slots), 'dropless' sorts "
                         "them by expert and keeps every one (default: capacity)")
+    p.add_argument("--moe-z-loss", type=float, default=None, metavar="C",
+                   help="with --experts: add C * mean logsumexp(router logits)^2 per layer (ST-MoE; default: 0)")
+    p.add_argument("--moe-bias-rate", type=float, default=None, metavar="G",
+                   help="with --experts: auxiliary-loss-free balancing, a routing bias moved by G * "
+                        "sign(mean load - load) after each step (DeepSeek-V3; default: 0, off)")
     p.add_argument("--trace", default=None, metavar="DIR",
                    help="write one Chrome trace per rank (DIR/rank<r>.trace.json) and all ranks in one "
                         "(DIR/all.trace.json): open them in Perfetto or chrome://tracing; "

@@ -49,9 +49,11 @@ def moe_config(args: argparse.Namespace):
     from ..moe import MoEConfig
     given = {k: v for k, v in (("n_experts", args.experts), ("top_k", args.top_k),
                                ("capacity_factor", args.capacity_factor),
-                               ("dispatch", getattr(args, "moe_dispatch", None))) if v is not None}
+                               ("dispatch", getattr(args, "moe_dispatch", None)),
+                               ("z_loss_coef", getattr(args, "moe_z_loss", None)),
+                               ("bias_update_rate", getattr(args, "moe_bias_rate", None))) if v is not None}
     if given and "n_experts" not in given:
-        raise ValueError("--top-k, --capacity-factor and --moe-dispatch need --experts N (they shape a "
+        raise ValueError("--top-k, --capacity-factor and the --moe-* flags need --experts N (they shape a "
                          "mixture of experts)")
     return MoEConfig(**given) if given else None
 
@@ -67,7 +69,7 @@ def build_train_config(args: argparse.Namespace, dp: int) -> TrainConfig:
 
 
 MOE_FLAGS = {"n_experts": "--experts", "top_k": "--top-k", "capacity_factor": "--capacity-factor",
-             "dispatch": "--moe-dispatch"}
+             "dispatch": "--moe-dispatch", "z_loss_coef": "--moe-z-loss", "bias_update_rate": "--moe-bias-rate"}
 
 
 def given_flags(args: argparse.Namespace) -> dict[str, str]:
@@ -75,7 +77,8 @@ def given_flags(args: argparse.Namespace) -> dict[str, str]:
     fields = {f.name: f"--{f.name.replace('_', '-')}" for f in dataclasses.fields(TrainConfig)
               if getattr(args, f.name, None) is not None}
     moe = {"n_experts": args.experts, "top_k": args.top_k, "capacity_factor": args.capacity_factor,
-           "dispatch": getattr(args, "moe_dispatch", None)}
+           **{name: getattr(args, f"moe_{key}", None) for name, key in
+              (("dispatch", "dispatch"), ("z_loss_coef", "z_loss"), ("bias_update_rate", "bias_rate"))}}
     fields.update({name: flag for name, flag in MOE_FLAGS.items() if moe[name] is not None})
     if args.dp is not None:
         fields["dp"] = "--dp"
