@@ -87,3 +87,15 @@ def test_rates_and_dispatch_are_checked():
     for bad in ({"z_loss_coef": -1.0}, {"bias_update_rate": float("nan")}, {"dispatch": "sparse"}):
         with pytest.raises(ValueError, match=f"MoEConfig.{next(iter(bad))}"):
             moe.MoEConfig(**bad)
+
+
+def test_saving_with_routing_biases_is_refused_by_name(tmp_path):
+    """The biases are buffers the checkpoint does not store: a save would resume with zero biases."""
+    cfg = mm.TrainConfig(batch_size=2)
+    engine = mm.initialize(moe.MoEGPT(TINY, moe.MoEConfig(bias_update_rate=0.01)), cfg, mm.init_mesh(mm.ParallelDims()))
+    engine.train_step(data.global_batch(0, 2, TINY.block_size))
+    layers = [m for m in engine.model.modules() if isinstance(m, moe.MoELayer)]
+    assert layers and all(m.expert_bias.abs().sum() > 0 for m in layers)         # the engine moved them
+    with pytest.raises(ValueError, match="bias_update_rate > 0 .* use bias_update_rate=0 to save"):
+        engine.save(tmp_path / "ckpt")
+    assert not any(tmp_path.iterdir())

@@ -25,7 +25,8 @@ Load balancing (Switch eq. 4, GShard's l_aux with the top-1 fractions): per rout
     aux = E · Σ_e f_e · P_e,   f_e = share of tokens whose first choice is e,  P_e = mean of p_e,
 
 averaged over the sequences; 1 when the router is uniform, up to E when it collapses onto one expert.
-The model's loss is cross-entropy + ``aux_loss_coef`` · Σ_layers aux (Switch uses α = 10⁻²).
+The model's loss is cross-entropy + ``aux_loss_coef`` · Σ_layers aux (Switch uses α = 10⁻²), + ``z_loss_coef``
+· Σ_layers z with the router z-loss; ``bias_update_rate`` balances by a routing bias instead (`moe_balance`).
 
 Expert parallelism (ep). The E experts are split over the ep group, E/ep per rank. ep is carved out of
 dp, as in DeepSpeed-MoE (Rajbhandari et al. 2022, arXiv:2201.05596) and Megatron-core: the world stays

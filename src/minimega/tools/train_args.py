@@ -53,8 +53,8 @@ def moe_config(args: argparse.Namespace):
                                ("z_loss_coef", getattr(args, "moe_z_loss", None)),
                                ("bias_update_rate", getattr(args, "moe_bias_rate", None))) if v is not None}
     if given and "n_experts" not in given:
-        raise ValueError("--top-k, --capacity-factor and the --moe-* flags need --experts N (they shape a "
-                         "mixture of experts)")
+        raise ValueError(f"{', '.join(MOE_FLAGS[k] for k in given)} need --experts N (they shape a mixture "
+                         f"of experts)")
     return MoEConfig(**given) if given else None
 
 
