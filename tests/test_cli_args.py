@@ -32,6 +32,9 @@ BAD_VALUES = [
     (["--min-nproc", "0"], "--min-nproc", ">= 1"),
     (["--experts", "0"], "--experts", ">= 1"),
     (["--experts", "4", "--capacity-factor", "-1"], "--capacity-factor", "> 0"),
+    (["--experts", "4", "--moe-z-loss", "-1"], "--moe-z-loss", ">= 0"),
+    (["--experts", "4", "--moe-bias-rate", "nan"], "--moe-bias-rate", ">= 0"),
+    (["--moe-dispatch", "dropless"], "--moe-dispatch", "--experts N"),
     (["--tp", "0"], "--tp", "positive integer"),              # refused by TrainConfig, named by its flag
     (["--zero-stage", "7"], "--zero-stage", "0, 1, 2 or 3"),
     (["--lr", "-1"], "--lr", "> 0"),

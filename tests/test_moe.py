@@ -18,6 +18,7 @@ from minimega import data, moe
 from minimega.analysis import perf
 from minimega import estimate as est
 from minimega.engine import make_optimizer, validate
+from minimega.moe_balance import update_routing_bias
 from minimega.zero import padded_numel
 from parity import assert_case_matches, max_rel_error, parity_config
 
@@ -47,6 +48,7 @@ def reference(model_config, moe_config, config, steps, after=None, norms=None):
             if norms is not None:
                 norms.append(float(norm))
         opt.step()
+        update_routing_bias(model.moe_layers())       # a no-op unless MoEConfig.bias_update_rate > 0
         opt.zero_grad(set_to_none=True)
         losses.append(loss.item())
     final = {k: v.detach().clone() for k, v in model.state_dict().items()}

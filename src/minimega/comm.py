@@ -194,15 +194,28 @@ def broadcast(tensor: torch.Tensor, src: int, group: Group, *, async_op: bool = 
     return _finish(call, [work], tensor, async_op)
 
 
-def all_to_all(output: torch.Tensor, input: torch.Tensor, group: Group, *, tag: str = "") -> torch.Tensor:
-    """Rank i sends chunk j of ``input`` (n equal chunks) to rank j and receives rank j's chunk i in ``output``."""
+def all_to_all(output: torch.Tensor, input: torch.Tensor, group: Group, *, tag: str = "",
+               send_rows: list[int] | None = None, recv_rows: list[int] | None = None) -> torch.Tensor:
+    """Rank i sends chunk j of ``input`` (n equal chunks) to rank j and receives rank j's chunk i in ``output``.
+
+    ``send_rows``/``recv_rows`` (both or neither): variable chunks along dim 0, ``send_rows[j]`` rows of
+    ``input`` to rank j and ``recv_rows[j]`` rows from it; the log's sent bytes are then the rows that leave."""
     if not (input.is_contiguous() and output.is_contiguous()):
         raise ValueError("all_to_all: input and output must be contiguous (the chunks are read and written as "
                          "flat memory); pass tensor.contiguous() and torch.empty(shape) buffers")
+    if (send_rows is None) != (recv_rows is None):
+        raise ValueError("all_to_all: give both send_rows and recv_rows, or neither")
     if group.size == 1:
         return output.copy_(input)
+    if send_rows is None:
+        call = _issue("all_to_all", group, input, input.numel(), tag, (input, output))
+        return _blocking(call, lambda: dist.all_to_all_single(output, input, group=group.pg), output)
+    row = input[0].numel() if input.shape[0] else output[0].numel() if output.shape[0] else 0
     call = _issue("all_to_all", group, input, input.numel(), tag, (input, output))
-    return _blocking(call, lambda: dist.all_to_all_single(output, input, group=group.pg), output)
+    if call.record is not None:      # a CommLog saw it: the ring model would assume equal chunks
+        call.record.sent_bytes = (input.shape[0] - send_rows[group.rank]) * row * input.element_size()
+    return _blocking(call, lambda: dist.all_to_all_single(output, input, recv_rows, send_rows, group=group.pg),
+                     output)
 
 
 def send(tensor: torch.Tensor, dst: int, group: Group, *, tag: str = "") -> None:

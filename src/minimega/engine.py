@@ -234,6 +234,8 @@ class Engine:
             metric = None
             if self.step_guard is None or self._guard(metric := self._loss_metric(total, ga), norm):
                 self.optimizer.step()
+            if self.experts is not None:
+                self.experts.after_step(self.mesh.dp_group)     # MoE routing biases follow the load
             if watch or not self.memory_at_step:   # params, grads and optimizer states all live
                 self.memory_at_step = self.memory()
             self.optimizer.zero_grad(set_to_none=True)

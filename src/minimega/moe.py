@@ -16,12 +16,17 @@ dropping then depends on nothing but the sequence, so every layout (any dp, any 
 tokens the single-process model drops. Priority follows GShard: every token's first choice in token
 order, then every second choice.
 
+Dropless dispatch (``dispatch='dropless'``, `minimega.moe_dropless`): no capacity; the (token, choice) pairs
+are sorted by expert, each expert runs on its contiguous rows, the outputs go back weighted by the gates;
+under ep the all-to-alls carry each rank's variable row counts (the counts are exchanged first).
+
 Load balancing (Switch eq. 4, GShard's l_aux with the top-1 fractions): per routing group
 
     aux = E · Σ_e f_e · P_e,   f_e = share of tokens whose first choice is e,  P_e = mean of p_e,
 
 averaged over the sequences; 1 when the router is uniform, up to E when it collapses onto one expert.
-The model's loss is cross-entropy + ``aux_loss_coef`` · Σ_layers aux (Switch uses α = 10⁻²).
+The model's loss is cross-entropy + ``aux_loss_coef`` · Σ_layers aux (Switch uses α = 10⁻²), + ``z_loss_coef``
+· Σ_layers z with the router z-loss; ``bias_update_rate`` balances by a routing bias instead (`moe_balance`).
 
 Expert parallelism (ep). The E experts are split over the ep group, E/ep per rank. ep is carved out of
 dp, as in DeepSpeed-MoE (Rajbhandari et al. 2022, arXiv:2201.05596) and Megatron-core: the world stays
@@ -62,6 +67,7 @@ from .comm import Group
 from .config import GPTConfig, _is_int, _is_real
 from .exchange import exchange
 from .model import GPT
+from .moe_dropless import dropless_combine, run_expert_parallel, run_sliced
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -76,6 +82,14 @@ class MoEConfig:
     """Slots per expert and sequence = capacity_factor · top_k · T / E (rounded up, at most T)."""
     aux_loss_coef: float = 0.01
     """α, the weight of the load-balancing loss (Switch Transformer: 10⁻²)."""
+    dispatch: str = "capacity"
+    """'capacity': one-hot slots, tokens over capacity dropped (GShard); 'dropless': sorted by expert, none
+    dropped, ``capacity_factor`` unused (`minimega.moe_dropless`)."""
+    z_loss_coef: float = 0.0
+    """Weight of the router z-loss, mean over tokens of logsumexp(router logits)² (ST-MoE); 0: off."""
+    bias_update_rate: float = 0.0
+    """Auxiliary-loss-free balancing (DeepSeek-V3): a per-expert bias on the scores picks the top-k (the gates
+    stay unbiased), moved by rate · sign(mean load - load) after every step; 0: off."""
 
     def __post_init__(self):
         for name in ("n_experts", "top_k"):
@@ -85,8 +99,11 @@ class MoEConfig:
             raise ValueError(f"MoEConfig: top_k={self.top_k} > n_experts={self.n_experts}; a token picks distinct experts")
         if not _is_real(self.capacity_factor) or self.capacity_factor <= 0:
             raise ValueError(f"MoEConfig.capacity_factor must be a finite number > 0, got {self.capacity_factor!r}")
-        if not _is_real(self.aux_loss_coef) or self.aux_loss_coef < 0:
-            raise ValueError(f"MoEConfig.aux_loss_coef must be a finite number >= 0, got {self.aux_loss_coef!r}")
+        for name in ("aux_loss_coef", "z_loss_coef", "bias_update_rate"):
+            if not _is_real(getattr(self, name)) or getattr(self, name) < 0:
+                raise ValueError(f"MoEConfig.{name} must be a finite number >= 0, got {getattr(self, name)!r}")
+        if self.dispatch not in ("capacity", "dropless"):
+            raise ValueError(f"MoEConfig.dispatch must be 'capacity' or 'dropless', got {self.dispatch!r}")
 
     def capacity(self, seq_len: int) -> int:
         """C: slots per expert in one routing group (one sequence of ``seq_len`` tokens)."""
@@ -101,6 +118,9 @@ class MoEGPTConfig(GPTConfig):
     top_k: int = 2
     capacity_factor: float = 1.25
     aux_loss_coef: float = 0.01
+    dispatch: str = "capacity"
+    z_loss_coef: float = 0.0
+    bias_update_rate: float = 0.0
 
     def __post_init__(self):
         super().__post_init__()
@@ -179,6 +199,9 @@ class Experts(nn.Module):
         h = F.gelu(x @ self.fc.transpose(1, 2))              # (n, N, F)
         return h @ self.proj.transpose(1, 2)                 # (n, N, D)
 
+    def one(self, e: int, x: torch.Tensor) -> torch.Tensor:  # x: (N_e, D), the rows of local expert e
+        return F.gelu(x @ self.fc[e].t()) @ self.proj[e].t()
+
 
 class MoELayer(nn.Module):
     """Router + experts in place of a block's MLP; see the module docstring for routing and capacity.
@@ -196,12 +219,45 @@ class MoELayer(nn.Module):
         self.ep_group = Group(None, [0], "ep")
         self.register_buffer("routed", torch.zeros(moe.n_experts, dtype=torch.int64), persistent=False)
         self.register_buffer("dropped", torch.zeros(moe.n_experts, dtype=torch.int64), persistent=False)
+        self.register_buffer("step_load", torch.zeros(moe.n_experts, dtype=torch.int64), persistent=False)
+        if moe.bias_update_rate:       # a checkpoint carries it: the routing depends on it
+            self.register_buffer("expert_bias", torch.zeros(moe.n_experts))
         self.aux_loss: torch.Tensor | None = None
+        self.z_loss: torch.Tensor | None = None
 
-    def take_aux_loss(self) -> torch.Tensor:
-        """The last forward's load-balancing loss, cleared here: the module never keeps a graph alive."""
-        aux, self.aux_loss = self.aux_loss, None
-        return aux
+    def take_router_losses(self) -> tuple[torch.Tensor, torch.Tensor | float]:
+        """The last forward's load-balancing loss and z-loss (0.0 when off), cleared here: the module never
+        keeps a graph alive."""
+        aux, z, self.aux_loss, self.z_loss = self.aux_loss, self.z_loss, None, None
+        return aux, (0.0 if z is None else z)
+
+    # --8<-- [start:select]
+    def select(self, x: torch.Tensor):
+        """The router: probabilities (B, T, E), expert ids and gates (B, T, k), the load-balancing loss.
+
+        ``bias_update_rate`` > 0: the experts are the top-k of probs + ``expert_bias`` and the gates the
+        unbiased probabilities (DeepSeek-V3). ``z_loss_coef`` > 0: mean logsumexp(logits)² is kept (ST-MoE)."""
+        E, k = self.moe.n_experts, self.moe.top_k
+        logits = self.router(x)                                                 # (B, T, E)
+        probs = F.softmax(logits, dim=-1)
+        if self.moe.bias_update_rate:
+            top_i = (probs.detach() + self.expert_bias).topk(k, dim=-1).indices  # the bias only picks
+            top_p = probs.gather(-1, top_i)                                    # (B, T, k)
+        else:
+            top_p, top_i = probs.topk(k, dim=-1)                               # (B, T, k)
+        gates = top_p / top_p.sum(-1, keepdim=True) if k > 1 else top_p
+        if self.moe.z_loss_coef:
+            self.z_loss = torch.logsumexp(logits, dim=-1).square().mean()
+        first = F.one_hot(top_i[..., 0], E).to(probs.dtype)                   # (B, T, E)
+        aux = E * (first.mean(1) * probs.mean(1)).sum(-1).mean()              # per sequence, then mean
+        return probs, top_i, gates, aux
+    # --8<-- [end:select]
+
+    def _count(self, routed: torch.Tensor, dropped: torch.Tensor) -> None:
+        if self.training:
+            self.routed += routed
+            self.dropped += dropped
+            self.step_load += routed
 
     # --8<-- [start:route]
     def route(self, x: torch.Tensor):
@@ -209,27 +265,23 @@ class MoELayer(nn.Module):
         where dispatched, the load-balancing loss, and per expert the assignments made and dropped."""
         B, T, _ = x.shape
         E, k, C = self.moe.n_experts, self.moe.top_k, self.moe.capacity(T)
-        probs = F.softmax(self.router(x), dim=-1)                              # (B, T, E)
-        top_p, top_i = probs.topk(k, dim=-1)                                   # (B, T, k)
-        gates = top_p / top_p.sum(-1, keepdim=True) if k > 1 else top_p
+        probs, top_i, gates, aux = self.select(x)                             # (B, T, E), (B, T, k) ×2
         choice, slot, kept = assign_slots(top_i, E, C)                        # (B, kT, E) each
         place = F.one_hot(slot.clamp(0, C - 1), C) * kept.unsqueeze(-1)       # (B, kT, E, C)
         place = place.view(B, k, T, E, C).to(x.dtype)
         dispatch = place.sum(1)                                                # (B, T, E, C): distinct experts
         combine = torch.einsum("bktec,btk->btec", place, gates)               # (B, T, E, C)
-        first = F.one_hot(top_i[..., 0], E).to(probs.dtype)                   # (B, T, E)
-        aux = E * (first.mean(1) * probs.mean(1)).sum(-1).mean()              # per sequence, then mean
         return dispatch, combine, aux, choice.sum((0, 1)), (choice.sum((0, 1)) - kept.sum((0, 1)))
     # --8<-- [end:route]
 
     # --8<-- [start:moe_forward]
     def forward(self, x: torch.Tensor) -> torch.Tensor:                       # x: (B, T, D)
+        if self.moe.dispatch == "dropless":
+            return self.forward_dropless(x)
         B, T, D = x.shape
         E, C = self.moe.n_experts, self.moe.capacity(T)
         dispatch, combine, self.aux_loss, routed, dropped = self.route(x)
-        if self.training:
-            self.routed += routed
-            self.dropped += dropped
+        self._count(routed, dropped)
         slots = torch.einsum("btec,btd->ebcd", dispatch, x).reshape(E, B * C, D)   # (E, B·C, D)
         out = self.run_experts(slots)                                              # (E, B·C, D)
         return torch.einsum("btec,ebcd->btd", combine, out.view(E, B, C, D))      # (B, T, D)
@@ -246,6 +298,24 @@ class MoELayer(nn.Module):
         out = self.experts(got).view(local, ep, N, D).transpose(0, 1).reshape(E, N, D)
         return exchange(out, self.ep_group, "moe_combine")                    # (E, N, D), home again
     # --8<-- [end:moe_forward]
+
+    # --8<-- [start:forward_dropless]
+    def forward_dropless(self, x: torch.Tensor) -> torch.Tensor:              # x: (B, T, D)
+        """Every (token, choice) kept: sorted by expert, run, scattered back (`moe_dropless`)."""
+        B, T, D = x.shape
+        E, k = self.moe.n_experts, self.moe.top_k
+        _, top_i, gates, self.aux_loss = self.select(x)
+        routed = torch.bincount(top_i.reshape(-1), minlength=E)
+        self._count(routed, torch.zeros_like(routed))
+        if self.ep_group.size == 1:
+            def run(rows, counts):
+                return run_sliced(self.experts, rows, counts)
+        else:
+            def run(rows, counts):
+                return run_expert_parallel(self.experts, rows, counts, self.ep_group)
+        y = dropless_combine(x.reshape(B * T, D), top_i.reshape(B * T, k), gates.reshape(B * T, k), E, run)
+        return y.view(B, T, D)
+    # --8<-- [end:forward_dropless]
 
 
 class MoEGPT(GPT):
@@ -275,10 +345,12 @@ class MoEGPT(GPT):
         for block in self.blocks:
             x = block(x)
         logits = self.head(x)                                                  # (B, T, V)
-        aux = sum(layer.take_aux_loss() for layer in self.moe_layers())
+        losses = [layer.take_router_losses() for layer in self.moe_layers()]
         if targets is None:
             return logits, None
-        return logits, self.loss(logits, targets) + self.moe_config.aux_loss_coef * aux
+        aux, z = sum(a for a, _ in losses), sum(z for _, z in losses)
+        return logits, (self.loss(logits, targets) + self.moe_config.aux_loss_coef * aux
+                        + self.moe_config.z_loss_coef * z)
 
 
 def apply_tensor_parallel(model: MoEGPT, mesh) -> "nn.Module":

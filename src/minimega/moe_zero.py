@@ -28,6 +28,7 @@ from . import comm, measure
 from .comm import Group
 from .grad_sync import GradSync
 from .moe import MoELayer, expert_params
+from .moe_balance import update_routing_bias
 from .zero import FlatUnit, MasterStore
 
 
@@ -98,6 +99,10 @@ class ExpertGradSync(GradSync):
     def module_ep_group(self, name: str) -> Group:
         layer = self.module.get_submodule(name.rsplit(".experts.", 1)[0])
         return layer.ep_group
+
+    def after_step(self, dp_group: Group) -> None:
+        """The routing biases' update from this step's loads, summed over dp (`moe_balance`)."""
+        update_routing_bias([m for m in self.module.modules() if isinstance(m, MoELayer)], dp_group)
 
     def counts(self) -> dict:
         """Per layer, this rank's token-to-expert assignments and drops over all training steps so far."""

@@ -43,6 +43,9 @@ def save(engine, directory: str | os.PathLike, keep: int = 3, stats: dict | None
     one just written and the one ``latest`` names are never removed. ``stats``, when given, receives
     this rank's ``bytes_written``.
     """
+    if getattr(engine.model_config, "bias_update_rate", 0):      # the biases are buffers, not parameters
+        raise ValueError("checkpoint.save: MoEConfig.bias_update_rate > 0 keeps per-expert routing biases, "
+                         "which checkpoints do not store yet; use bias_update_rate=0 to save checkpoints")
     mesh, root = engine.mesh, Path(directory)
     rank = mesh.rank
     final, tmp = root / step_dir(engine.step), root / f".tmp-{step_dir(engine.step)}"

@@ -11,7 +11,7 @@ import threading
 import time
 
 from ..config import GPTConfig, TrainConfig
-from .args import flag_names, nonnegative_int, positive_float, positive_int
+from .args import flag_names, nonnegative_float, nonnegative_int, positive_float, positive_int
 from .elastic import checkpoint_step, maybe_fault, maybe_poison, maybe_slow, run_elastic
 from .health_run import RunHealth, add_health_flags, health_settings
 from .train_args import add_config_flags, build_train_config, given_flags, moe_config
@@ -45,6 +45,14 @@ def add_train_parser(sub) -> None:
     p.add_argument("--top-k", type=positive_int, default=None, help="with --experts: experts per token (default: 2)")
     p.add_argument("--capacity-factor", type=positive_float, default=None,
                    help="with --experts: slots per expert = factor * top_k * T / E per sequence (default: 1.25)")
+    p.add_argument("--moe-dispatch", choices=("capacity", "dropless"), default=None,
+                   help="with --experts: 'capacity' drops tokens over capacity (GShard slots), 'dropless' sorts "
+                        "them by expert and keeps every one (default: capacity)")
+    p.add_argument("--moe-z-loss", type=nonnegative_float, default=None, metavar="C",
+                   help="with --experts: add C * mean logsumexp(router logits)^2 per layer (ST-MoE; default: 0)")
+    p.add_argument("--moe-bias-rate", type=nonnegative_float, default=None, metavar="G",
+                   help="with --experts: auxiliary-loss-free balancing, a routing bias moved by G * "
+                        "sign(mean load - load) after each step (DeepSeek-V3; default: 0, off)")
     p.add_argument("--trace", default=None, metavar="DIR",
                    help="write one Chrome trace per rank (DIR/rank<r>.trace.json) and all ranks in one "
                         "(DIR/all.trace.json): open them in Perfetto or chrome://tracing; "

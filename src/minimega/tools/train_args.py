@@ -48,9 +48,13 @@ def moe_config(args: argparse.Namespace):
     """The MoEConfig the --experts/--top-k/--capacity-factor flags ask for, or None (a dense model)."""
     from ..moe import MoEConfig
     given = {k: v for k, v in (("n_experts", args.experts), ("top_k", args.top_k),
-                               ("capacity_factor", args.capacity_factor)) if v is not None}
+                               ("capacity_factor", args.capacity_factor),
+                               ("dispatch", getattr(args, "moe_dispatch", None)),
+                               ("z_loss_coef", getattr(args, "moe_z_loss", None)),
+                               ("bias_update_rate", getattr(args, "moe_bias_rate", None))) if v is not None}
     if given and "n_experts" not in given:
-        raise ValueError("--top-k and --capacity-factor need --experts N (they shape a mixture of experts)")
+        raise ValueError(f"{', '.join(MOE_FLAGS[k] for k in given)} need --experts N (they shape a mixture "
+                         f"of experts)")
     return MoEConfig(**given) if given else None
 
 
@@ -64,14 +68,17 @@ def build_train_config(args: argparse.Namespace, dp: int) -> TrainConfig:
     return TrainConfig(**overrides)
 
 
-MOE_FLAGS = {"n_experts": "--experts", "top_k": "--top-k", "capacity_factor": "--capacity-factor"}
+MOE_FLAGS = {"n_experts": "--experts", "top_k": "--top-k", "capacity_factor": "--capacity-factor",
+             "dispatch": "--moe-dispatch", "z_loss_coef": "--moe-z-loss", "bias_update_rate": "--moe-bias-rate"}
 
 
 def given_flags(args: argparse.Namespace) -> dict[str, str]:
     """{config field: the flag that set it} for the fields given on the command line (not from --config)."""
     fields = {f.name: f"--{f.name.replace('_', '-')}" for f in dataclasses.fields(TrainConfig)
               if getattr(args, f.name, None) is not None}
-    moe = {"n_experts": args.experts, "top_k": args.top_k, "capacity_factor": args.capacity_factor}
+    moe = {"n_experts": args.experts, "top_k": args.top_k, "capacity_factor": args.capacity_factor,
+           **{name: getattr(args, f"moe_{key}", None) for name, key in
+              (("dispatch", "dispatch"), ("z_loss_coef", "z_loss"), ("bias_update_rate", "bias_rate"))}}
     fields.update({name: flag for name, flag in MOE_FLAGS.items() if moe[name] is not None})
     if args.dp is not None:
         fields["dp"] = "--dp"
