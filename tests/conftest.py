@@ -27,6 +27,40 @@ def pytest_configure(config):
         torch.set_num_threads(int(os.environ[CPUS_ENV]))
 
 
+# `make test-fast` leaves out `slow` tests: besides those marked in their files, these (node id prefixes), each
+# measured above ~8 s on two cores: four-rank parity runs, launcher kill and restart runs that start fresh
+# interpreters, DeepSpeed and torchrun peers, the covering array's training, and the exam's whole-bank scans.
+# Each guarantee they check has a cheaper sibling that stays in the fast set (two ranks, one layout).
+SLOW = ("tests/test_composition.py::test_case_matches_single_process", "tests/test_peers.py", "tests/test_torchrun.py",
+        "tests/test_exam_harvest.py", "tests/test_quiz.py::test_practice_shares_no_item_or_fact_with_the_exam",
+        "tests/test_launch.py::test_an_edited_source_or_a_dead_forkserver_starts_a_fresh_one",
+        "tests/test_launch.py::test_environment_set_after_the_first_launch_reaches_the_ranks",
+        "tests/test_launch.py::test_killing_the_launcher_ends_every_rank",
+        "tests/test_launch.py::test_worker_in_a_guarded_script",
+        "tests/test_launch.py::test_notebook_function_gets_a_clear_error",
+        "tests/test_labs.py::test_a_failed_check_outside_a_notebook_is_not_chained_to_the_ranks_error",
+        "tests/test_labs.py::test_a_failed_check_in_a_notebook_shows_its_explanation_first_and_once",
+        "tests/test_classroom_cli.py::test_load_every_answer_stored_once_and_survives_kill",
+        "tests/test_ulysses.py::test_ulysses_matches_single_process[world4]",
+        "tests/test_context_parallel.py::test_context_parallel_matches_single_process[world4]",
+        "tests/test_pipeline_parallel.py::test_pipeline_matches_single_process[world4]",
+        "tests/test_moe.py::test_expert_parallel_matches_single_process[world4]",
+        "tests/test_moe.py::test_clipping_counts_every_expert_once[world4]",
+        "tests/test_grad_parity.py::test_gradient_matches_single_process[ddp-dp4]",
+        "tests/test_grad_parity.py::test_gradient_matches_single_process[zero1-dp4]",
+        "tests/test_parallel_3d.py::test_matches_single_process[dp2-tp2-zero1]",
+        "tests/test_parallel_3d.py::test_matches_single_process[tp2-pp2-1f1b]",
+        "tests/test_tensor_parallel.py::test_initialize_leaves_the_callers_model_untouched",
+        "tests/test_tensor_parallel.py::test_communication_and_saved_bytes_per_layer[dp1-tp4-V255]",
+        "tests/test_tensor_parallel.py::test_regions_and_layers_match_chunked_dense_layers[dp1-tp4-V255]",
+        "tests/test_grad_sync.py::test_matches_single_process_and_reduces_each_bucket_once_per_step[dp2-pp2-",
+        "tests/test_zero_stages.py::test_stages_match_single_process_fsdp2_and_closed_forms[dp4]",
+        "tests/test_measure.py::test_memory_peak_equals_the_formulas[4]",
+        "tests/test_checkpoint_interop.py::test_export_dcp_loads_in_torch_plain_and_fsdp2",
+        "tests/test_cli.py::test_a_stopped_rank_ends_the_job_naming_it_and_its_collective",
+        "tests/test_elastic.py::test_restart_at_the_same_size_ends_on_the_same_bits")
+
+
 @pytest.hookimpl(tryfirst=True)               # before pytest-xdist reads the groups
 def pytest_collection_modifyitems(config, items):
     """Skips what this machine cannot run, and groups the tests for `make test`'s two workers (pytest-xdist,
@@ -36,6 +70,8 @@ def pytest_collection_modifyitems(config, items):
         path = item.nodeid.split("::")[0]
         group = item.nodeid if path.endswith("test_labs.py") else path
         item.add_marker(pytest.mark.xdist_group(group))
+        if item.nodeid.startswith(SLOW):
+            item.add_marker(pytest.mark.slow)
     no_gpu = pytest.mark.skip(reason="needs CUDA")
     no_browser = pytest.mark.skip(reason="needs /usr/bin/chromium (apt-get install -y chromium)")
     for item in items:
