@@ -105,9 +105,10 @@ class _Fp8LinearFn(torch.autograd.Function):
     """Forward: Y = X W^T with X, W in E4M3. Backward: dY in E5M2; dX = dY W, dW = dY^T X (the saved fp8 X)."""
 
     @staticmethod
-    def forward(ctx, x, weight, bias, meta):        # x: (M, K), weight: (N, K)
-        meta.input.observe(x)
-        meta.weight.observe(weight)
+    def forward(ctx, x, weight, bias, meta, record=True):    # x: (M, K), weight: (N, K)
+        if record:                                  # training steps only: evaluation leaves the history alone
+            meta.input.observe(x)
+            meta.weight.observe(weight)
         sx, sw = meta.input.scale, meta.weight.scale
         xq, wq = quantize(x, sx, E4M3), quantize(weight, sw, E4M3)
         ctx.save_for_backward(xq, wq, sx, sw)
@@ -126,7 +127,7 @@ class _Fp8LinearFn(torch.autograd.Function):
         grad_x = (g @ dequantize(wq, sw)).to(ctx.dtypes[0])                 # (M, K)
         grad_w = (g.t() @ dequantize(xq, sx)).to(ctx.dtypes[1])             # (N, K)
         grad_b = grad.sum(0) if ctx.has_bias else None                      # from the wide gradient, as TE
-        return grad_x, grad_w, grad_b, None
+        return grad_x, grad_w, grad_b, None, None
 # --8<-- [end:fp8_linear_fn]
 
 
@@ -152,7 +153,7 @@ class Fp8Linear(nn.Linear):
     fp8: Fp8Meta
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:               # x: (..., K)
-        y = _Fp8LinearFn.apply(x.reshape(-1, x.shape[-1]), self.weight, self.bias, self.fp8)
+        y = _Fp8LinearFn.apply(x.reshape(-1, x.shape[-1]), self.weight, self.bias, self.fp8, torch.is_grad_enabled())
         return y.view(*x.shape[:-1], y.shape[-1])                      # (..., N)
 
 
