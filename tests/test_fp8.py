@@ -174,7 +174,7 @@ def _gather_bytes(_):
         for e in engine.comm_log.events():
             if e["op"] == "all_gather" and e["tag"].startswith(("blocks.", "embed", "head")):
                 gathers.setdefault(e["tag"], []).append((e["bytes"], e["dtype"]))
-        out[name] = (engine.losses, gathers, type(engine.model).__name__, _gathered_weight(engine))
+        out[name] = (engine.losses, gathers, type(engine.model).__name__, _gathered_weight(engine), engine.memory())
     return out
 
 
@@ -202,7 +202,7 @@ def test_zero3_fp8_gathers_half_the_block_bytes(gathered):
     """The CommLog at fp8 vs bf16: every block all-gather moves 12·D² elements (the four linear weights; the
     LayerNorms stay whole) at 1 byte instead of 2, forward and backward, every step: exactly half. The
     embeddings and the head are not fp8 and move the same bytes in both."""
-    (_, bf16, kind_bf16, _), (_, fp8_, kind_fp8, _) = gathered["bf16"], gathered["fp8"]
+    (_, bf16, kind_bf16, _, _), (_, fp8_, kind_fp8, _, _) = gathered["bf16"], gathered["fp8"]
     assert (kind_bf16, kind_fp8) == ("Zero3", "Zero3Fp8")
     d, steps = GATHER_MODEL["n_embd"], STEPS
     for i in range(GATHER_MODEL["n_layer"]):
@@ -219,6 +219,18 @@ def test_zero3_fp8_gathers_the_e4m3_cast_of_the_weight(gathered):
     """What arrives is the weight the fp8 linear multiplies: the gathered block weight equals, exactly, the
     E4M3 cast (with the weight's delayed scale) of the whole bf16 weight, cast back; and training goes on
     (losses within 8% of bf16's)."""
-    losses, _, _, (got, expected, scale) = gathered["fp8"]
+    losses, _, _, (got, expected, scale), _ = gathered["fp8"]
     assert scale != 1.0 and torch.equal(got, expected)
     assert losses == pytest.approx(gathered["bf16"][0], rel=8e-2)
+
+
+def test_fp8_model_states_cost_what_bf16_costs(gathered):
+    """The estimator's fp8 row (2 + 4 + 12 bytes a parameter, bf16's) against the engine: at ZeRO-3 the fp8
+    run holds exactly the bytes the bf16 run holds, category by category (the fp8 casts are transient)."""
+    from minimega import estimate as est
+    assert est.state_bytes_per_param("fp8") == est.state_bytes_per_param("bf16") == (2, 4, 12)
+    assert gathered["fp8"][4] == gathered["bf16"][4]
+    from minimega.analysis import perf
+    with pytest.raises(ValueError, match="precision='fp8': the time model"):
+        perf.step_time(perf.PerfConfig(layers=2, hidden=64, heads=4, vocab=256, seq_len=64, global_batch=8,
+                                       precision="fp8"), "h100")
