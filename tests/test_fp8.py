@@ -141,6 +141,10 @@ def test_fp8_is_refused_where_it_is_not_built():
     from minimega.tools.export_deepspeed import to_deepspeed
     from minimega.tools.export_megatron import to_megatron, to_torchtitan
     cfg = mm.TrainConfig(zero_stage=1, precision="fp8")
+    engine = mm.initialize(mm.GPT(mm.GPTConfig.tiny(n_layer=1)), cfg, mm.init_mesh())
+    for io in (engine.save, engine.load):
+        with pytest.raises(ValueError, match="precision='fp8' keeps per-tensor amax histories"):
+            io("/nonexistent-fp8-checkpoint")
     for export in (lambda: to_deepspeed(cfg, 2), lambda: to_megatron(cfg, 2, mm.GPTConfig.tiny()),
                    lambda: to_torchtitan(cfg, 2, mm.GPTConfig.tiny())):
         with pytest.raises(ValueError, match="precision='fp8' cannot be expressed"):

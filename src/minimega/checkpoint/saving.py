@@ -43,6 +43,9 @@ def save(engine, directory: str | os.PathLike, keep: int = 3, stats: dict | None
     one just written and the one ``latest`` names are never removed. ``stats``, when given, receives
     this rank's ``bytes_written``.
     """
+    if engine.config.precision == "fp8":   # every rank refuses alike: the config is the same on all
+        raise ValueError("checkpoint: precision='fp8' keeps per-tensor amax histories and scales that checkpoints "
+                         "do not hold yet (a resumed run would restart them at 1); checkpoint a bf16 run")
     mesh, root = engine.mesh, Path(directory)
     rank = mesh.rank
     final, tmp = root / step_dir(engine.step), root / f".tmp-{step_dir(engine.step)}"
