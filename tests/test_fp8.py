@@ -116,7 +116,8 @@ def _train(precision_name: str, steps: int, model_config, **overrides):
 @pytest.mark.slow
 def test_fp8_training_tracks_bf16_over_50_steps():
     """One process, ZeRO-1, the tests' small tiny model (D = 32, T = 16, two blocks), 50 steps, same seed and
-    batches. Stated bound: every step's loss within 8% of bf16's, the mean of the last 10 within 2%. (Slow:
+    batches. Stated bound: every step's loss within 6% of bf16's, the mean of the last 10 within 1% (measured:
+    4.9% at worst, early, and equal last-10 means; with the E5M2 gradients left unscaled: 6.4% and 1.8%). (Slow:
     two 50-step runs; the cheap checks of the same path are the linear's tests above and the ZeRO-3 test.)"""
     import minimega as mm
     small = mm.GPTConfig.tiny(n_embd=32, block_size=16, n_layer=2)
@@ -127,8 +128,8 @@ def test_fp8_training_tracks_bf16_over_50_steps():
     print(f"fp8 vs bf16 over 50 steps: max rel {rel.max():.4f}, last-10 means {a[-10:].mean():.4f} "
           f"{b[-10:].mean():.4f}")
     assert a[-1] < a[0] - 1.0 and b[-1] < b[0] - 1.0                    # both learn
-    assert 0 < rel.max() < 0.08                                          # rounded, and close
-    assert abs(b[-10:].mean() - a[-10:].mean()) < 0.02 * a[-10:].mean()
+    assert 0 < rel.max() < 0.06                                          # rounded, and close
+    assert abs(b[-10:].mean() - a[-10:].mean()) < 0.01 * a[-10:].mean()
 
 
 def test_fp8_is_refused_where_it_is_not_built():
