@@ -116,7 +116,7 @@ def test_from_deepspeed_refuses_oversized_files(tmp_path):
     ("seq_len", 0, "seq_len must be a positive integer or None"),
     ("sequence_parallel", 1, "sequence_parallel must be True or False, got 1"),
     ("overlap_comm", "false", "overlap_comm must be True or False"),
-    ("precision", "fp8", "precision='fp8'; choose one of"),
+    ("precision", "fp4", "precision='fp4'; choose one of"),
     ("initial_scale_power", 64, r"initial_scale_power must be an integer in \[0, 63\]"),
     # Accepted only where something reads them.
     ("micro_batches", 2, "micro_batches=2 has an effect only with pp > 1"),

@@ -46,7 +46,7 @@ def _random_config(rng):
     if pp > 1 and m % pp == 0 and rng.random() < 0.4:
         schedule, v = "interleaved", 2
         layers = 2 * layers
-    precision = rng.choice(est.PRECISIONS)
+    precision = rng.choice([p for p in est.PRECISIONS if p != "fp8"])     # the time model refuses fp8
     attention = rng.choice(est.ATTENTION)
     cp = rng.choice([1, 1, 2, 4, 8]) if attention == "fused" else 1       # ring attention is a fused kernel
     cfg = dict(cp=cp, layers=layers, hidden=heads * rng.choice([64, 128]), heads=heads, vocab=rng.randint(1000, 260000),
@@ -96,7 +96,7 @@ def test_step_time_js_rejects_what_python_rejects():
            {**base, "virtual_stages": 2}, {**base, "stack": "jax"}, {**base, "offload": "optimizer+params"}, {**base, "tp": 3},
            {**base, "cp": 2}, {**base, "cp": 3, "attention": "fused"},
            {**base, "cp": 4, "tp": 8, "attention": "fused", "cp_attention": "ulysses"},
-           {**base, "cp": 2, "attention": "fused", "cp_attention": "tree"}]
+           {**base, "cp": 2, "attention": "fused", "cp_attention": "tree"}, {**base, "precision": "fp8"}]
     for cfg, js in zip(bad, _run([{"kind": "step", "cfg": c, "hw": "h100"} for c in bad])):
         with pytest.raises(ValueError):
             perf.step_time(perf.PerfConfig(**cfg), "h100")

@@ -19,8 +19,8 @@ def test_policies_store_low_precision_with_fp32_master():
     assert precision.policy("fp32").has_master_copy is False
     assert precision.policy("bf16").param_dtype == torch.bfloat16 and not precision.policy("bf16").loss_scaling
     assert precision.policy("fp16").param_dtype == torch.float16 and precision.policy("fp16").loss_scaling
-    with pytest.raises(ValueError, match="unknown precision 'fp8'"):
-        precision.policy("fp8")
+    with pytest.raises(ValueError, match="unknown precision 'fp4'"):
+        precision.policy("fp4")
 
 
 def test_dynamic_scaler_hysteresis_then_shrink_then_floor():

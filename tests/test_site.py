@@ -333,7 +333,7 @@ def test_calculator_js_rejects_what_python_rejects():
            {**base, "offload": "optimizer", "zero_stage": 0}, {**base, "dp": 0},
            {**base, "recompute": "half"}, {**base, "layers": 2.5}, {**base, "attention": "flash"},
            {**base, "pp_partition": "uniform"}, {**base, "fp32_grads": True, "precision": "fp32"},
-           {**base, "fp32_grads": True, "precision": "bf16"},
+           {**base, "fp32_grads": True, "precision": "bf16"}, {**base, "fp32_grads": True, "precision": "fp8"},
            {**base, "position_embedding": 1}, {**base, "ep": 2}, {**base, "experts": 4, "ep": 3, "dp": 3},
            {**base, "experts": 4, "top_k": 5}, {**base, "experts": 4, "capacity_factor": 0},
            {**base, "experts": 4, "sp": True, "tp": 2}, {**base, "experts": -1},

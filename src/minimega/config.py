@@ -75,7 +75,7 @@ class GPTConfig:
         return presets[name](**overrides)
 
 
-PRECISIONS = ("fp32", "bf16", "fp16")
+PRECISIONS = ("fp32", "bf16", "fp16", "fp8")
 CHECKPOINTING = ("none", "full", "selective")
 SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b")
 OPTIMIZERS = ("adamw", "adam", "sgd")
@@ -217,7 +217,8 @@ class TrainConfig:
 
     # Memory and communication.
     precision: str = "fp32"
-    """'fp32', 'bf16' or 'fp16': the dtype parameters and gradients are stored and communicated in."""
+    """'fp32', 'bf16' or 'fp16': the dtype parameters and gradients are stored and communicated in; 'fp8': bf16, with
+    the blocks' linears in fp8 (E4M3 forward, E5M2 gradients, delayed scaling) and ZeRO-3 gathering them in fp8."""
     offload_optimizer: bool = field(default=False, metadata=_flag("--offload"))
     """Keep fp32 master weights and optimizer states in a CPU store and step there (ZeRO-Offload)."""
     nvme_path: str | None = None
@@ -256,6 +257,10 @@ class TrainConfig:
         if self.pp > 1 and self.precision == "fp16":
             raise ValueError(f"TrainConfig: precision='fp16' with pp={self.pp}: the pipeline does not scale its "
                              "losses for fp16; use precision='bf16' (no loss scaling needed) or 'fp32'")
+        if self.precision == "fp8" and (wide := [f"{n}={getattr(self, n)}" for n in ("tp", "pp", "cp", "ep")
+                                                 if getattr(self, n) > 1]):
+            raise ValueError(f"TrainConfig: precision='fp8' with {', '.join(wide)}: the fp8 linears are built for "
+                             "dp-only layouts (ZeRO 1-3) here; set those to 1 or use precision='bf16'")
         if self.schedule != "interleaved_1f1b" and self.virtual_stages != 1:
             raise ValueError(f"TrainConfig: virtual_stages={self.virtual_stages} needs schedule='interleaved_1f1b'")
         _check_used(self)

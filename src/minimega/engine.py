@@ -30,7 +30,7 @@ from contextlib import ExitStack, nullcontext
 import torch
 import torch.nn as nn
 
-from . import clock, comm, measure, zero
+from . import clock, comm, fp8, measure, zero
 from . import context_parallel as cp_
 from .activation_checkpoint import apply_activation_checkpointing
 from .config import GPTConfig, TrainConfig
@@ -47,7 +47,7 @@ from .rng import RNGStream
 from .tensor_parallel import full_like_param, apply_tensor_parallel, check_divisible
 
 # What this build of the engine can combine; anything else is refused before training starts.
-_SUPPORTED = {"zero_stage": {0, 1, 2, 3}, "precision": {"fp32", "bf16", "fp16"},
+_SUPPORTED = {"zero_stage": {0, 1, 2, 3}, "precision": {"fp32", "bf16", "fp16", "fp8"},
               "activation_checkpointing": {"none", "full", "selective"}}
 # Pipeline settings that mean nothing without a pipeline: refused at pp = 1 unless left at their defaults.
 _PIPELINE_ONLY = {"schedule": "1f1b", "micro_batches": 1, "virtual_stages": 1}
@@ -71,6 +71,8 @@ def validate(model_config: GPTConfig, config: TrainConfig, dims: ParallelDims, m
         raise ValueError(f"TrainConfig(ep={config.ep}) does not match the mesh (ep={dims.ep}); build the mesh "
                          f"from the same numbers")
     moe_.check(moe, config, dims)
+    if moe is not None and config.precision == "fp8":
+        raise ValueError("precision='fp8' with a mixture of experts: the experts' linears are not converted; use bf16")
     cp_.check(model_config, config, dims, moe)
     if config.nvme_path is not None:
         check_directory(config.nvme_path)              # each rank's files go in a fresh directory under it
@@ -132,6 +134,8 @@ class Engine:
         self.config, self.mesh = config, mesh
         # --8<-- [start:compose_order]
         model = _tensor_parallel(model, config, mesh).to(mesh.device)            # 1. (or a copy)
+        if config.precision == "fp8":                                             # the blocks' linears in fp8
+            fp8.convert(model)
         cp_.apply_context_parallel(model, mesh, config.cp_attention)              # 2. cp > 1
         apply_activation_checkpointing(model, config.activation_checkpointing, config.checkpoint_every)  # 3.
         self.experts = _experts(model, config, mesh)                              # 4. MoE only
@@ -234,6 +238,7 @@ class Engine:
             metric = None
             if self.step_guard is None or self._guard(metric := self._loss_metric(total, ga), norm):
                 self.optimizer.step()
+                fp8.update_scales(self.parts)            # delayed scaling: next step's scales (fp8 only)
             if self.experts is not None:
                 self.experts.after_step(self.mesh.dp_group)     # MoE routing biases follow the load
             if watch or not self.memory_at_step:   # params, grads and optimizer states all live

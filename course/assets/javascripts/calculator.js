@@ -8,7 +8,7 @@
 (function (root) {
   "use strict";
 
-  var PRECISIONS = ["mixed", "bf16", "fp16", "fp32"];
+  var PRECISIONS = ["mixed", "bf16", "fp16", "fp32", "fp8"];
   var RECOMPUTE = ["none", "selective", "full"];
   var SCHEDULES = ["gpipe", "1f1b", "interleaved"];
   var OFFLOAD = ["none", "optimizer", "optimizer+params"];
@@ -44,7 +44,7 @@
 
   function stateBytesPerParam(precision) {          // estimate.state_bytes_per_param
     if (precision === "mixed" || precision === "fp16") return [2, 2, 12];
-    if (precision === "bf16") return [2, 4, 12];     // fp32 main grads (Megatron's bf16 row, minimega's bf16)
+    if (precision === "bf16" || precision === "fp8") return [2, 4, 12];     // fp32 main grads (Megatron's bf16 row, minimega's bf16)
     if (precision === "fp32") return [4, 4, 8];
     throw new Error("precision " + precision + ": expected one of " + PRECISIONS.join(", "));
   }
@@ -120,7 +120,7 @@
     BOOLS.forEach(function (k) {
       if (typeof cfg[k] !== "boolean") throw new Error(k + " = " + cfg[k] + ": expected true or false");
     });
-    if (cfg.fp32_grads && (cfg.precision === "fp32" || cfg.precision === "bf16"))
+    if (cfg.fp32_grads && (cfg.precision === "fp32" || cfg.precision === "bf16" || cfg.precision === "fp8"))
       throw new Error("fp32 gradients are already the default with " + cfg.precision +
                       " precision; choose mixed or fp16, or untick fp32 gradients");
     if ([0, 1, 2, 3].indexOf(cfg.zero_stage) < 0) throw new Error("ZeRO stage must be 0, 1, 2 or 3");

@@ -95,6 +95,7 @@
     c.micro_batches = c.global_batch / per;
     mem.memoryPerGpu(memCfg(c));                     // MemoryConfig.check
     if (c.zero_stage >= 2 && c.pp > 1) throw new Error("ZeRO-2/3 do not compose with pipeline parallelism");
+    if (c.precision === "fp8") throw new Error("precision fp8: the time model has no fp8 GEMM rates yet; use bf16 for time");
     if (c.schedule === "interleaved") {
       if (c.pp === 1 || c.virtual_stages < 2) throw new Error("schedule='interleaved' needs pp > 1 and virtual_stages >= 2");
       if (c.layers % (c.pp * c.virtual_stages) !== 0) throw new Error("interleaved: layers not a multiple of pp*v");

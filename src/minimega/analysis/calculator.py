@@ -99,7 +99,7 @@ class MemoryConfig:
         for name in ("sp", "position_embedding", "fp32_grads", "tied", "bias"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name}={getattr(self, name)!r}: expected True or False")
-        if self.fp32_grads and self.precision in ("fp32", "bf16"):
+        if self.fp32_grads and self.precision in ("fp32", "bf16", "fp8"):
             raise ValueError(f"fp32_grads=True: gradients are already fp32 with precision={self.precision!r}; "
                              "use precision='mixed' or 'fp16', or drop fp32_grads")
         _check_stage_dp(self.zero_stage, self.dp)

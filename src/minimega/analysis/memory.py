@@ -27,7 +27,7 @@ from ..zero.flat import padded_numel   # the one definition: the flat buffers pa
 
 GB = 1e9
 
-PRECISIONS = ("mixed", "bf16", "fp16", "fp32")
+PRECISIONS = ("mixed", "bf16", "fp16", "fp32", "fp8")
 STAGES = (0, 1, 2, 3)
 RECOMPUTE = ("none", "selective", "full")
 SCHEDULES = ("gpipe", "1f1b", "interleaved")
@@ -45,10 +45,12 @@ def state_bytes_per_param(precision: str = "mixed") -> tuple[int, int, int]:
     "bf16": bf16 params (2), gradients accumulated and reduced in fp32 (4, Megatron-LM's main grads,
     as minimega's bf16 policy keeps them), K = 12: 18 bytes, Megatron's bf16 row.
     "fp32": fp32 params (4) and grads (4); K = 8 for momentum and variance, no master copy.
+    "fp8": as "bf16" (18 bytes): the fp8 linears (`minimega.fp8`, Transformer Engine's recipe) keep bf16 weights
+    and cast them, the activations and the gradients to fp8 per matmul; the casts are transient, not states.
     """
     if precision in ("mixed", "fp16"):
         return 2, 2, 12
-    if precision == "bf16":
+    if precision in ("bf16", "fp8"):
         return 2, 4, 12
     if precision == "fp32":
         return 4, 4, 8

@@ -97,6 +97,9 @@ def load(engine, directory: str | os.PathLike, verify_files: bool = True, stats:
     ``files_opened`` and ``reads`` (its plan: tensor, file, offsets, lengths). A refusal on any rank is
     raised on every rank (no rank waits for another).
     """
+    if engine.config.precision == "fp8":   # every rank refuses alike: the config is the same on all
+        raise ValueError("checkpoint: precision='fp8' keeps per-tensor amax histories and scales that checkpoints "
+                         "do not hold yet (a resumed run would restart them at 1); checkpoint a bf16 run")
     mesh = engine.mesh
     path = resolve(directory)
     manifest = load_json(path)

@@ -46,6 +46,9 @@ def save(engine, directory: str | os.PathLike, keep: int = 3, stats: dict | None
     if getattr(engine.model_config, "bias_update_rate", 0):      # the biases are buffers, not parameters
         raise ValueError("checkpoint.save: MoEConfig.bias_update_rate > 0 keeps per-expert routing biases, "
                          "which checkpoints do not store yet; use bias_update_rate=0 to save checkpoints")
+    if engine.config.precision == "fp8":   # every rank refuses alike: the config is the same on all
+        raise ValueError("checkpoint: precision='fp8' keeps per-tensor amax histories and scales that checkpoints "
+                         "do not hold yet (a resumed run would restart them at 1); checkpoint a bf16 run")
     mesh, root = engine.mesh, Path(directory)
     rank = mesh.rank
     final, tmp = root / step_dir(engine.step), root / f".tmp-{step_dir(engine.step)}"

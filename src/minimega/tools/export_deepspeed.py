@@ -25,6 +25,9 @@ def to_deepspeed(cfg: TrainConfig, dp: int, *, megatron: bool = False) -> dict:
         ExportError: a setting ds_config.json cannot hold, named.
     """
     target = "deepspeed"
+    if cfg.precision == "fp8":
+        raise refuse(target, "precision", "fp8", "DeepSpeed's config has no fp8 section (fp8 comes from Transformer "
+                      "Engine in the model code); use bf16")
     if get_field(cfg, "cp_attention") != "ring":
         raise refuse(target, "cp_attention", get_field(cfg, "cp_attention"), "DeepSpeed-Ulysses is wired in the model "
                       "code (DistributedAttention) and Megatron-DeepSpeed's --ds-sequence-parallel-size, not "

@@ -69,6 +69,9 @@ def to_megatron(cfg: TrainConfig, dp: int, model: GPTConfig) -> list[str]:
     weight decay 0.01, beta2 0.999, linear lr decay, dropout 0.1, seed 1234).
     """
     target = "megatron"
+    if cfg.precision == "fp8":
+        raise refuse(target, "precision", "fp8", "minimega's fp8 recipe (delayed scaling, history 1024, margin 0) is "
+                      "not mapped to --fp8-format and its friends; use bf16")
     if get_field(cfg, "ep") != 1:
         raise refuse(target, "ep", get_field(cfg, "ep"), "the exported model is dense; minimega.moe models are not "
                       "exported (set ep=1)")
@@ -173,6 +176,8 @@ TORCHTITAN_KEYS = {
 def torchtitan_sections(cfg: TrainConfig, dp: int, model: GPTConfig) -> dict[str, dict]:
     """torchtitan's job config for the run, as {section: {key: value}}."""
     target = "torchtitan"
+    if cfg.precision == "fp8":
+        raise refuse(target, "precision", "fp8", "this exporter writes torchtitan's fp32 policy only; use fp32")
     if get_field(cfg, "cp_attention") != "ring":
         raise refuse(target, "cp_attention", get_field(cfg, "cp_attention"), "torchtitan v0.2.2 has no head-split "
                       "context parallelism (its rotate method 'alltoall' still passes K/V around the ring)")

@@ -374,13 +374,15 @@ class Zero3(Zero2):
             if self.state[u.name] is UnitState.SHARDED:
                 u.alloc_storage()
                 self._event("all_gather_issued", unit=u.name, prefetch=prefetch)
-                # .data: refilling the buffer is not an in-place op autograd should see.
-                shard = self.shards[self.units.index(u)]
-                self._gathers[u.name] = comm.all_gather(u.flat.data, shard, self.group, async_op=True, tag=u.name)
+                self._gathers[u.name] = self._gather(u, self.shards[self.units.index(u)])
                 self.state[u.name] = UnitState.GATHERING
             if not prefetch and self.state[u.name] is UnitState.GATHERING:
                 self._gathers.pop(u.name).wait()
                 self.state[u.name] = UnitState.UNSHARDED
+
+    def _gather(self, u: FlatUnit, shard: torch.Tensor) -> comm.Handle:
+        # .data: refilling the buffer is not an in-place op autograd should see.
+        return comm.all_gather(u.flat.data, shard, self.group, async_op=True, tag=u.name)
 
     def reshard(self, k: int) -> None:
         """Free step k's gathered parameters (the shard stays; persistent units and prefetches in flight stay)."""
