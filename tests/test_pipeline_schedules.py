@@ -102,6 +102,10 @@ def test_printer_and_figure():
     text = render(grid_from_plan(plan("1f1b", 2, 4)))
     assert text.splitlines()[0] == "rank 0 | F0 F1 .  B0 F2 B1 F3 B2 .  B3 | idle 2/10 = 0.200"
     assert "F0:1" in render(grid_from_plan(plan("interleaved_1f1b", 2, 2, 2)))
+    # ZB-H1, p=2, m=4: rank 0 waits one slot for B0, then W0..W3 fill what 1F1B would leave idle
+    assert render(grid_from_plan(plan("zb_h1", 2, 4))).splitlines() == [
+        "rank 0 | F0 F1 .  B0 W0 F2 B1 W1 F3 B2 W2 B3 W3 | idle 1/13 = 0.077",
+        "rank 1 | .  F0 B0 F1 B1 W0 F2 B2 W1 F3 B3 W2 W3 | idle 1/13 = 0.077"]
     events = [[{"kind": "forward", "step": 0, "start": 0.0, "end": 1.0, "micro": 0, "chunk": 0, "tick": 0},
                {"kind": "send", "step": 0, "start": 1.0, "end": 1.5, "tick": 0}],
               [{"kind": "backward", "step": 0, "start": 2.0, "end": 3.0, "micro": 0, "chunk": 1, "tick": 2}]]
@@ -111,13 +115,15 @@ def test_printer_and_figure():
 
 
 def test_cli_trains_a_pipeline_and_prints_its_schedule(capsys):
-    argv = ["train", "--nproc", "2", "--pp", "2", "--schedule", "1f1b", "--micro-batches", "4", "--steps", "3",
+    """``--schedule zb_h1`` end to end: trains, and the printed grid (from the recorded events) has the W passes."""
+    argv = ["train", "--nproc", "2", "--pp", "2", "--schedule", "zb_h1", "--micro-batches", "4", "--steps", "3",
             "--json", "--show-schedule"]
     assert main(argv) == 0
     out = capsys.readouterr()
     summary = json.loads(out.out.strip().splitlines()[-1])
     assert summary["steps"] == 3 and summary["final_loss"] < summary["first_loss"]
-    assert "rank 0 | F0 F1 .  B0 F2 B1 F3 B2 .  B3 | idle 2/10 = 0.200" in out.err
+    assert "rank 0 | F0 F1 .  B0 W0 F2 B1 W1 F3 B2 W2 B3 W3 | idle 1/13 = 0.077" in out.err
+    assert "W<m>  weight gradient of micro-batch m" in out.err
     grid_and_legend = out.err[out.err.index("rank 0 |"):].splitlines()
     assert grid_and_legend[1].startswith("rank 1 |") and grid_and_legend[2].startswith("legend: one row per pipeline rank")
     assert "F<m>  forward of micro-batch m" in out.err and ".     idle" in out.err
