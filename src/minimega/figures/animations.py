@@ -308,7 +308,7 @@ def pipeline(kind: str, p: int = 4, m: int = 8) -> dict:
     legend = {"F": _w("forward", "forward"),
               "B": _w("input gradient", "inputgradiënt") if split else _w("backward", "backward"),
               **({"W": _w("weight gradient", "gewichtsgradiënt")} if split else {}), "idle": _w("idle", "stil")}
-    return {"name": f"pipeline-{kind}", "schedule": schedule, "p": p, "m": m, "v": v,
+    return {"name": f"pipeline-{kind.replace('_', '-')}", "schedule": schedule, "p": p, "m": m, "v": v,
             "title": _w(f"{titles[kind]}: {p} stages × {m} micro-batches", f"{titles[kind]}: {p} stages × {m} micro-batches"),
             "rows": [_w(f"stage {r}", f"stage {r}") for r in range(p)],
             "cols": [_w(str(u + 1), str(u + 1)) for u in range(ticks)],
@@ -377,7 +377,7 @@ BUILDERS = {
     "zero-1": lambda: zero(1), "zero-2": lambda: zero(2), "zero-3": lambda: zero(3),
     "megatron-fg": megatron_fg,
     "pipeline-gpipe": lambda: pipeline("gpipe"), "pipeline-1f1b": lambda: pipeline("1f1b"),
-    "pipeline-interleaved": lambda: pipeline("interleaved"), "pipeline-zb_h1": lambda: pipeline("zb_h1"),
+    "pipeline-interleaved": lambda: pipeline("interleaved"), "pipeline-zb-h1": lambda: pipeline("zb_h1"),
     "ring-attention": ring_attention,
 }
 
