@@ -14,7 +14,7 @@ from minimega.context_parallel import chunk_ids, visibility
 from minimega.pipeline import schedules
 
 
-@pytest.mark.parametrize("kind", ["gpipe", "1f1b", "interleaved"])
+@pytest.mark.parametrize("kind", ["gpipe", "1f1b", "interleaved", "zb_h1"])
 def test_pipeline_grid_equals_the_schedule(kind):
     anim = fa.pipeline(kind, p=4, m=8)
     schedule, v = fa.SCHEDULE_OF[kind]

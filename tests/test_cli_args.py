@@ -133,3 +133,6 @@ def test_the_schedule_legend_explains_every_cell_kind():
     assert "F<m>  forward of micro-batch m" in text and "B<m>  backward" in text and "idle" in text
     assert "(p-1)/(m+p-1)" in text and "chunk" not in text
     assert "F<m>  forward of micro-batch m on model chunk :<c>" in legend(grid_from_plan(plan("interleaved_1f1b", 2, 2, 2)))
+    zb = legend(grid_from_plan(plan("zb_h1", 2, 4)))
+    assert "B<m>  backward of micro-batch m (its input gradient only)" in zb and "W<m>  weight gradient" in zb
+    assert "ZB-H1 (p-1)/(3m+p-1)" in zb and "W<m>" not in text

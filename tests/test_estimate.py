@@ -149,6 +149,18 @@ def test_tp_comm_and_bubbles():
     assert est.in_flight_microbatches(4, 8, "interleaved", v=2) == pytest.approx(4 * (1 + 3 / 8))
 
 
+@pytest.mark.parametrize("p,m", [(2, 4), (4, 4), (4, 8), (8, 32)])
+def test_zb_h1_bubble_and_memory_are_the_runtime_grids(p, m):
+    """The estimator's ZB-H1 terms against the slot grid the pipeline runtime executes (t_F = t_B = t_W)."""
+    from minimega.pipeline import bubble_slots, peak_in_flight, plan
+    from minimega.pipeline.schedules import ORDERS
+    grid = plan("zb_h1", p, m).grid
+    assert all(bubble_slots(row)["idle_of_total"] == pytest.approx(est.bubble_fraction(p, m, "zb_h1")) for row in grid)
+    assert est.bubble_fraction(p, m, "zb_h1") < est.bubble_fraction(p, m, "1f1b")
+    assert est.in_flight_microbatches(p, m, "zb_h1") == max(peak_in_flight(ORDERS["zb_h1"](p, m, 1, r), until="W")
+                                                            for r in range(p))
+
+
 def test_flops_gpt2_and_korthikanti_mfu():
     n = est.gpt_params(12, 768, 50257, 1024)
     assert n == 124_439_808                                  # nanoGPT's GPT-2 124M

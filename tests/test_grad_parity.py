@@ -37,6 +37,11 @@ CASES = {
     "zero1-dp4-offload": ({"dp": 4}, {"zero_stage": 1, "offload_optimizer": True}),
     "zero2-dp2-pp2": ({"dp": 2, "pp": 2}, {"zero_stage": 2, "pp": 2, "micro_batches": 2}),
     "ddp-tp2-pp2-clip": ({"tp": 2, "pp": 2}, {"tp": 2, "pp": 2, "micro_batches": 4, "gradient_clipping": 0.5}),
+    # zb_h1: the backward split into B (input gradient) and W (weight gradient), W later into the same buffers
+    "ddp-pp4-zb_h1": ({"pp": 4}, {"pp": 4, "micro_batches": 4, "schedule": "zb_h1"}),
+    "zero2-dp2-pp2-zb_h1": ({"dp": 2, "pp": 2}, {"zero_stage": 2, "pp": 2, "micro_batches": 4, "schedule": "zb_h1"}),
+    "ddp-tp2-pp2-zb_h1": ({"tp": 2, "pp": 2}, {"tp": 2, "pp": 2, "micro_batches": 2, "schedule": "zb_h1",
+                                               "gradient_clipping": 0.5}),
 }
 
 

@@ -27,7 +27,8 @@ COURSE = ROOT / "course"
 CHAPTERS = sorted(p.stem for p in COURSE.glob("[0-9][0-9]-*.md") if p.name.count(".") == 1)
 ANIMATIONS = {"02-data-parallel": ["ring-all-reduce"], "03-zero": ["zero-1", "zero-2", "zero-3"],
               "07-tensor-parallel": ["megatron-fg"], "15-long-context": ["ring-attention"],
-              "08-pipeline-parallel": ["pipeline-gpipe", "pipeline-1f1b", "pipeline-interleaved"]}
+              "08-pipeline-parallel": ["pipeline-gpipe", "pipeline-1f1b", "pipeline-interleaved",
+                                       "pipeline-zb-h1"]}
 
 
 @pytest.fixture(scope="module")

@@ -98,6 +98,19 @@ def test_bubble_is_p_minus_1_over_v_m_slots():
     assert inter["bubble"] < r["bubble"] and inter["p2p"] == pytest.approx(2 * r["p2p"])
 
 
+def test_zb_h1_bubble_is_a_third_of_1f1b_when_f_b_w_cost_the_same():
+    """Qi et al. 2023 §2.1: ZB-H1 idles (p-1)(t_F + t_B - t_W), 1F1B (p-1)(t_F + t_B + t_W): a third when the
+    three passes cost the same. Without tp, cp and recomputation the model's backward is twice its forward, so
+    only the p2p transfers (in every slot, not split) keep the ratio above 1/3."""
+    cfg = _gpt3(tp=1, dp=8, zero_stage=1)
+    ref, zb = perf.step_time(cfg, A100), perf.step_time(replace(cfg, schedule="zb_h1"), A100)
+    assert zb["compute"] == ref["compute"] and zb["memory"] == ref["memory"]
+    slot = ref["bubble"] / (cfg.pp - 1)
+    p2p = ref["p2p"] / ref["micro_batches"]
+    assert zb["bubble"] / ref["bubble"] == pytest.approx((slot - p2p) / 3 / slot + p2p / slot, rel=1e-2)
+    assert 1 / 3 < zb["bubble"] / ref["bubble"] < 0.34
+
+
 def test_dp_reduction_overlaps_without_pp_and_waits_for_the_flush_with_pp():
     shape = dict(layers=24, hidden=2048, heads=16, vocab=51200, seq_len=2048, micro_batch=4, global_batch=32)
     flat = perf.step_time(PerfConfig(**shape, dp=8), A100)

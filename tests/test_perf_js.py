@@ -46,6 +46,8 @@ def _random_config(rng):
     if pp > 1 and m % pp == 0 and rng.random() < 0.4:
         schedule, v = "interleaved", 2
         layers = 2 * layers
+    elif pp > 1 and rng.random() < 0.3:
+        schedule = "zb_h1"
     precision = rng.choice([p for p in est.PRECISIONS if p != "fp8"])     # the time model refuses fp8
     attention = rng.choice(est.ATTENTION)
     cp = rng.choice([1, 1, 2, 4, 8]) if attention == "fused" else 1       # ring attention is a fused kernel

@@ -55,10 +55,13 @@ def _fail_on_micro(engine, micro):
 # accumulation over 8 micro-batches), the effect described in parity.py's [Note: parity and Adam].
 WORLD2 = [("pp2-gpipe", TINY, 1, 2, "gpipe", 4, 1, 0.0),
           ("pp2-1f1b", TINY, 1, 2, "1f1b", 8, 1, 0.0)]
+# zb_h1 at pp 2: gradients and weights in test_grad_parity.py, the executed grid in test_pipeline_schedules.py's
+# CLI test; here at pp 4 with m = 8, where the memory bound min(p, m) forces W passes on the first stage.
 WORLD4 = [("pp4-gpipe", TINY, 1, 4, "gpipe", 8, 1, 0.0),
           ("pp4-1f1b", TINY, 1, 4, "1f1b", 4, 1, 0.5),
           ("dp2-pp2-1f1b", TINY, 2, 2, "1f1b", 4, 1, 0.5),
-          ("pp4-interleaved-v2", EIGHT, 1, 4, "interleaved_1f1b", 8, 2, 0.0)]
+          ("pp4-interleaved-v2", EIGHT, 1, 4, "interleaved_1f1b", 8, 2, 0.0),
+          ("pp4-zb_h1", TINY, 1, 4, "zb_h1", 8, 1, 0.5)]
 
 
 def _config(case):
@@ -83,8 +86,11 @@ def test_pipeline_matches_single_process(world, cases):
             # Held activations, measured: all m under GPipe; p - rank (<= p) under 1F1B.
             if schedule == "gpipe":
                 assert r["pipeline"]["peak_in_flight"] == m, name
-            elif schedule == "1f1b":
+            elif schedule in ("1f1b", "zb_h1"):   # ZB-H1 runs F and B in 1F1B's order: the same p - rank
                 assert r["pipeline"]["peak_in_flight"] == min(p - r["pp_rank"], m) <= p, name
+                # ... and keeps a graph until its W: at most the first stage's 1F1B peak, min(p, m), on any stage
+                assert r["pipeline"]["peak_graphs"] == (min(p, m) if schedule == "zb_h1" else
+                                                        r["pipeline"]["peak_in_flight"]), name
             # p2p volume: one (B/dp/m, T, D) fp32 tensor per micro-batch per chunk boundary, each way.
             boundaries = sum((k > 0) + (k < p * v - 1) for k in range(r["pp_rank"], p * v, p))
             assert r["p2p"]["send"]["bytes"] == STEPS * m * boundaries * (8 // dp // m) * 32 * 64 * 4, name
@@ -92,8 +98,10 @@ def test_pipeline_matches_single_process(world, cases):
         grid = grid_from_timelines([r["timeline"] for r in stages], step=STEPS - 1)
         assert grid == grid_from_plan(plan(schedule, p, m, v)), name
         idle = [row.count(".") for row in grid]
-        busy = 2 * m * v
-        if v == 1:
+        busy = (3 if schedule == "zb_h1" else 2) * m * v
+        if schedule == "zb_h1":     # Qi et al. 2023 §2.1: (p-1)(t_F + t_B - t_W) idle; one slot per pass, m >= p
+            assert all(k == p - 1 and k / (busy + k) == (p - 1) / (3 * m + p - 1) for k in idle), name
+        elif v == 1:
             assert all(k / (busy + k) == pytest.approx((p - 1) / (m + p - 1), abs=0) for k in idle), name
         else:
             assert all(k / busy == (p - 1) / (v * m) for k in idle), name

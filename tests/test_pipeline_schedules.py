@@ -19,12 +19,17 @@ def test_idle_slots_equal_the_closed_form(schedule, p, m):
     grid = plan(schedule, p, m, v).grid
     for row in grid:
         slots = bubble_slots(row)
-        assert slots["busy"] == 2 * m * v                     # every F and B of every chunk, once
-        if v == 1:   # GPipe and 1F1B: (p-1)/(m+p-1) of total time (Narayanan et al. 2021 §2.2.1)
+        passes = 3 if schedule == "zb_h1" else 2
+        assert slots["busy"] == passes * m * v                # every F and B (and W) of every chunk, once
+        if schedule == "zb_h1":   # (p-1)(t_F + t_B - t_W) idle (Qi et al. 2023 §2.1), m >= p: (p-1)/(3m+p-1)
+            assert slots["idle"] == (p - 1 if m >= p else slots["idle"])
+            if m >= p:
+                assert slots["idle"] * (3 * m + p - 1) == (p - 1) * slots["ticks"]
+        elif v == 1:   # GPipe and 1F1B: (p-1)/(m+p-1) of total time (Narayanan et al. 2021 §2.2.1)
             assert slots["idle"] * (m + p - 1) == (p - 1) * slots["ticks"]
         else:        # interleaved: (p-1)/(v·m) relative to the ideal time (§2.2.2)
             assert slots["idle"] * v * m == (p - 1) * slots["busy"]
-    if (p, m) == (4, 8):   # the reference's test vector: 3/11 = 0.2727 and 0.1875
+    if (p, m) == (4, 8) and schedule != "zb_h1":   # the reference's test vector: 3/11 = 0.2727 and 0.1875
         assert bubble_slots(grid[0])["idle_of_" + ("total" if v == 1 else "ideal")] == pytest.approx(
             0.2727 if v == 1 else 0.1875, abs=1e-4)
 
@@ -35,15 +40,30 @@ def test_peak_in_flight_gpipe_holds_m_1f1b_at_most_p(p, m):
     assert [peak_in_flight(ORDERS["1f1b"](p, m, 1, r)) for r in range(p)] == [min(p - r, m) for r in range(p)]
 
 
+@pytest.mark.parametrize("p,m", [(2, 4), (4, 4), (4, 8), (3, 7), (4, 2)])
+def test_zb_h1_keeps_1f1b_order_and_memory(p, m):
+    """ZB-H1 (Qi et al. 2023 §2.1) is 1F1B with each backward split: F and B keep 1F1B's order (so the same
+    micro-batches wait for their B on every stage), and a graph kept for its W never makes a stage hold more
+    than 1F1B's first stage does, min(p, m)."""
+    for r in range(p):
+        zb, ref = ORDERS["zb_h1"](p, m, 1, r), ORDERS["1f1b"](p, m, 1, r)
+        assert [a for a in zb if a.kind != "W"] == ref
+        assert peak_in_flight(zb) == peak_in_flight(ref) == min(p - r, m)
+        assert peak_in_flight(zb, until="W") == min(p, m) == peak_in_flight(ORDERS["1f1b"](p, m, 1, 0))
+        assert all(zb.index(a) < zb.index(type(a)("W", a.chunk, a.micro)) for a in zb if a.kind == "B")
+
+
 def test_every_schedule_runs_each_pass_once_and_backwards_in_micro_order():
     for schedule in SCHEDULES:
         p, m, v = 4, 8, (2 if schedule == "interleaved_1f1b" else 1)
+        kinds = "FBW" if schedule == "zb_h1" else "FB"
         for r in range(p):
             order = ORDERS[schedule](p, m, v, r)
             assert sorted((a.kind, a.chunk, a.micro) for a in order) == sorted(
-                (k, c, i) for k in "FB" for c in range(r, p * v, p) for i in range(m))
-            for c in range(r, p * v, p):     # the runtime syncs a chunk's gradients on its micro m-1 backward
-                assert [a.micro for a in order if a.kind == "B" and a.chunk == c] == list(range(m))
+                (k, c, i) for k in kinds for c in range(r, p * v, p) for i in range(m))
+            for c in range(r, p * v, p):     # the runtime syncs a chunk's gradients on its micro m-1 backward (W)
+                for k in kinds[1:]:
+                    assert [a.micro for a in order if a.kind == k and a.chunk == c] == list(range(m))
 
 
 def test_stage_split_is_balanced_and_keeps_model_keys():
@@ -62,6 +82,7 @@ def test_stage_split_is_balanced_and_keeps_model_keys():
     (("interleaved_1f1b", 2, 4, 3, 8), "n_layer must be a multiple of 6"),
     (("1f1b", 5, 4, 1, 4), "pp=5 stages but the model has only n_layer=4"),
     (("zigzag", 2, 4, 1, 4), "schedule='zigzag'"),
+    (("zb_h1", 2, 4, 2, 8), "virtual_stages=2 needs schedule='interleaved_1f1b' (zb_h1 runs one chunk"),
 ])
 def test_bad_pipeline_input_is_refused_with_the_fix(args, message):
     with pytest.raises(ValueError, match=message.replace("(", r"\(").replace("*", r"\*")):
@@ -81,6 +102,10 @@ def test_printer_and_figure():
     text = render(grid_from_plan(plan("1f1b", 2, 4)))
     assert text.splitlines()[0] == "rank 0 | F0 F1 .  B0 F2 B1 F3 B2 .  B3 | idle 2/10 = 0.200"
     assert "F0:1" in render(grid_from_plan(plan("interleaved_1f1b", 2, 2, 2)))
+    # ZB-H1, p=2, m=4: rank 0 waits one slot for B0, then W0..W3 fill what 1F1B would leave idle
+    assert render(grid_from_plan(plan("zb_h1", 2, 4))).splitlines() == [
+        "rank 0 | F0 F1 .  B0 W0 F2 B1 W1 F3 B2 W2 B3 W3 | idle 1/13 = 0.077",
+        "rank 1 | .  F0 B0 F1 B1 W0 F2 B2 W1 F3 B3 W2 W3 | idle 1/13 = 0.077"]
     events = [[{"kind": "forward", "step": 0, "start": 0.0, "end": 1.0, "micro": 0, "chunk": 0, "tick": 0},
                {"kind": "send", "step": 0, "start": 1.0, "end": 1.5, "tick": 0}],
               [{"kind": "backward", "step": 0, "start": 2.0, "end": 3.0, "micro": 0, "chunk": 1, "tick": 2}]]
@@ -90,13 +115,26 @@ def test_printer_and_figure():
 
 
 def test_cli_trains_a_pipeline_and_prints_its_schedule(capsys):
-    argv = ["train", "--nproc", "2", "--pp", "2", "--schedule", "1f1b", "--micro-batches", "4", "--steps", "3",
+    """``--schedule zb_h1`` end to end: trains, and the printed grid (from the recorded events) has the W passes."""
+    argv = ["train", "--nproc", "2", "--pp", "2", "--schedule", "zb_h1", "--micro-batches", "4", "--steps", "3",
             "--json", "--show-schedule"]
     assert main(argv) == 0
     out = capsys.readouterr()
     summary = json.loads(out.out.strip().splitlines()[-1])
     assert summary["steps"] == 3 and summary["final_loss"] < summary["first_loss"]
-    assert "rank 0 | F0 F1 .  B0 F2 B1 F3 B2 .  B3 | idle 2/10 = 0.200" in out.err
+    assert "rank 0 | F0 F1 .  B0 W0 F2 B1 W1 F3 B2 W2 B3 W3 | idle 1/13 = 0.077" in out.err
+    assert "W<m>  weight gradient of micro-batch m" in out.err
     grid_and_legend = out.err[out.err.index("rank 0 |"):].splitlines()
     assert grid_and_legend[1].startswith("rank 1 |") and grid_and_legend[2].startswith("legend: one row per pipeline rank")
     assert "F<m>  forward of micro-batch m" in out.err and ".     idle" in out.err
+
+
+@pytest.mark.parametrize("field,value,message", [
+    ("zero_stage", 3, "zero_stage=3: ZeRO-3 frees"),
+    ("activation_checkpointing", "full", "activation_checkpointing='full': a checkpointed block"),
+    ("cp", 2, "cp=2: context parallelism's ring backward"),
+])
+def test_zb_h1_refuses_what_it_does_not_split_by_name(field, value, message):
+    with pytest.raises(ValueError, match=message):
+        mm.TrainConfig(pp=2, micro_batches=2, schedule="zb_h1", **{field: value})
+    mm.TrainConfig(pp=2, micro_batches=2, schedule="1f1b", **{field: value})     # what 1F1B runs

@@ -77,9 +77,22 @@ class GPTConfig:
 
 PRECISIONS = ("fp32", "bf16", "fp16", "fp8")
 CHECKPOINTING = ("none", "full", "selective")
-SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b")
+SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b", "zb_h1")
 OPTIMIZERS = ("adamw", "adam", "sgd")
 CP_ATTENTION = ("ring", "ulysses")
+
+
+def _check_zb_h1(cfg) -> None:
+    """What the split backward (B now, W later from the kept graph) does not run: refused by name."""
+    for name, bad, why in (
+            ("zero_stage", cfg.zero_stage == 3, "ZeRO-3 frees a unit's parameters when its backward ends; "
+                                                "use zero_stage <= 2"),
+            ("activation_checkpointing", cfg.activation_checkpointing != "none",
+             "a checkpointed block replays its whole backward inside B; use activation_checkpointing='none'"),
+            ("cp", cfg.cp != 1, "context parallelism's ring backward is not split into B and W; use cp=1")):
+        if bad:
+            raise ValueError(f"TrainConfig: schedule='zb_h1' with {name}={getattr(cfg, name)!r}: {why} "
+                             f"(or schedule='1f1b')")
 
 
 def _flag(*names: str, **extra) -> dict:
@@ -192,7 +205,7 @@ class TrainConfig:
     checkpoint_every: int = 1
     """With full checkpointing, recompute every k-th block only."""
     schedule: str = "1f1b"
-    """Pipeline schedule: 'gpipe', '1f1b' or 'interleaved_1f1b'."""
+    """Pipeline schedule: 'gpipe', '1f1b', 'interleaved_1f1b' or 'zb_h1' (1F1B with the backward split, Qi et al. 2023)."""
     micro_batches: int = 1
     """Pipeline micro-batches per step (m)."""
     virtual_stages: int = 1
@@ -263,6 +276,8 @@ class TrainConfig:
                              "dp-only layouts (ZeRO 1-3) here; set those to 1 or use precision='bf16'")
         if self.schedule != "interleaved_1f1b" and self.virtual_stages != 1:
             raise ValueError(f"TrainConfig: virtual_stages={self.virtual_stages} needs schedule='interleaved_1f1b'")
+        if self.schedule == "zb_h1":
+            _check_zb_h1(self)
         _check_used(self)
 
     def replace(self, **changes) -> "TrainConfig":

@@ -10,7 +10,7 @@
 
   var PRECISIONS = ["mixed", "bf16", "fp16", "fp32", "fp8"];
   var RECOMPUTE = ["none", "selective", "full"];
-  var SCHEDULES = ["gpipe", "1f1b", "interleaved"];
+  var SCHEDULES = ["gpipe", "1f1b", "interleaved", "zb_h1"];
   var OFFLOAD = ["none", "optimizer", "optimizer+params"];
   var ATTENTION = ["unfused", "fused"];
   var PP_PARTITION = ["blocks", "blocks+embedding"];
@@ -104,7 +104,7 @@
 
   function inFlightMicrobatches(p, m, schedule, v) {  // estimate.in_flight_microbatches
     if (schedule === "gpipe") return m;
-    if (schedule === "1f1b") return Math.min(p, m);
+    if (schedule === "1f1b" || schedule === "zb_h1") return Math.min(p, m);
     if (schedule === "interleaved") return Math.min(p, m) * (1 + (p - 1) / (p * v));
     throw new Error("schedule " + schedule + ": expected one of " + SCHEDULES.join(", "));
   }

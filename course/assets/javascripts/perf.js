@@ -250,7 +250,7 @@
     var p2p = 0;
     if (p > 1) p2p = 2 * v * collectiveTime("send_recv", Math.floor(c.seq_len / c.cp) * c.micro_batch * c.hidden * e / c.tp, 2, linkFor(h, nGpus, nGpus));
     var slot = mb.forward + mb.backward + mb.recompute + mb.tp_comm + mb.ep_comm + mb.cp_comm + p2p;
-    var bubble = p > 1 ? (p - 1) / v * slot : 0;
+    var bubble = p > 1 ? (p - 1) / v * (slot - (c.schedule === "zb_h1" ? mb.backward : 0)) : 0;   // ZB-H1: (p-1)(tF+tB-tW)
     var stackOverhead = (m + (p - 1) / v) * slot * (1 / STACKS[c.stack] - 1);
     var split = mem.stageParamSplit(memCfg(c)), nStage = split[0], nExpert = split[1];
     var gradB = (c.fp32_grads || c.precision === "fp32" || c.precision === "bf16") ? 4 : 2;   // bf16: fp32 main grads

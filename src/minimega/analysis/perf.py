@@ -13,7 +13,8 @@ The model, phase by phase, for the slowest pipeline stage of one step:
     2. Tensor parallelism sits on the critical path: two all-reduces forward and two backward per layer
        on a (b, s, h) tensor (Narayanan et al. 2021 §3.2), two more when the forward is recomputed.
     3. Pipeline: (m + (p-1)/v) slots of one micro-batch's forward + backward on the slowest stage
-       (bubble (p-1)/(v·m), §2.2), each slot also paying its two p2p transfers.
+       (bubble (p-1)/(v·m), §2.2), each slot also paying its two p2p transfers. ZB-H1 idles
+       (p-1)(t_F + t_B - t_W) (Qi et al. 2023 §2.1), the weight gradient t_W half the backward: slot - backward.
     4. Data parallelism: DDP and ZeRO-1/2 reduce gradients in buckets that overlap the last backward
        when pp = 1; with pp > 1 the reduction waits for the pipeline flush (Megatron, DeepSpeed) and is
        exposed. ZeRO-1/2 then all-gather the updated parameters, exposed. ZeRO-3 gathers each layer's
@@ -357,7 +358,7 @@ def step_time(cfg: PerfConfig, hw: Hardware | str = "a100-80gb") -> dict:
         msg = cfg.seq_len // cfg.cp * cfg.micro_batch * cfg.hidden * e / cfg.tp
         p2p = 2 * v * collective_time("send_recv", msg, 2, hw.link(cfg.n_gpus, cfg.n_gpus))
     slot = mb["forward"] + mb["backward"] + mb["recompute"] + mb["tp_comm"] + mb["ep_comm"] + mb["cp_comm"] + p2p
-    bubble = (p - 1) / v * slot if p > 1 else 0.0
+    bubble = (p - 1) / v * (slot - (mb["backward"] if cfg.schedule == "zb_h1" else 0.0)) if p > 1 else 0.0
     stack_overhead = (m + (p - 1) / v) * slot * (1 / STACKS[cfg.stack] - 1)
     # data parallelism: gradients averaged (ZeRO sharded) over the dp·cp ranks holding the same parameters
     n_stage, n_expert = est.stage_param_split(cfg.memory_config())

@@ -277,11 +277,11 @@ def megatron_fg(tp: int = 2, seq: int = 64, micro_batch: int = 8, hidden: int = 
 # ------------------------------------------------------------------------------------------------
 # Pipeline schedules: the tick grid of pipeline.schedules.plan
 
-SCHEDULE_OF = {"gpipe": ("gpipe", 1), "1f1b": ("1f1b", 1), "interleaved": ("interleaved_1f1b", 2)}
+SCHEDULE_OF = {"gpipe": ("gpipe", 1), "1f1b": ("1f1b", 1), "interleaved": ("interleaved_1f1b", 2), "zb_h1": ("zb_h1", 1)}
 
 
 def pipeline(kind: str, p: int = 4, m: int = 8) -> dict:
-    """One frame per tick: the grid of `schedules.plan` filled up to that tick (F/B, micro-batch, chunk)."""
+    """One frame per tick: the grid of `schedules.plan` filled up to that tick (F/B/W, micro-batch, chunk)."""
     schedule, v = SCHEDULE_OF[kind]
     grid = schedules.plan(schedule, p, m, v).grid
     ticks = len(grid[0])
@@ -303,12 +303,16 @@ def pipeline(kind: str, p: int = 4, m: int = 8) -> dict:
             cap = {k: cap[k] + (f" Bubble: {idle} idle of {p * ticks} slots." if k == "en" else
                                 f" Bubbel: {idle} stil van {p * ticks} slots.") for k in LANGS}
         frames.append({"cells": cells, "caption": cap, "active": [[r, t - 1] for r in range(p)] if t else []})
-    titles = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved": f"interleaved 1F1B (v = {v})"}
-    return {"name": f"pipeline-{kind}", "schedule": schedule, "p": p, "m": m, "v": v,
+    titles = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved": f"interleaved 1F1B (v = {v})", "zb_h1": "ZB-H1"}
+    split = schedule == "zb_h1"                    # B is the input gradient only, W the weight gradient
+    legend = {"F": _w("forward", "forward"),
+              "B": _w("input gradient", "inputgradiënt") if split else _w("backward", "backward"),
+              **({"W": _w("weight gradient", "gewichtsgradiënt")} if split else {}), "idle": _w("idle", "stil")}
+    return {"name": f"pipeline-{kind.replace('_', '-')}", "schedule": schedule, "p": p, "m": m, "v": v,
             "title": _w(f"{titles[kind]}: {p} stages × {m} micro-batches", f"{titles[kind]}: {p} stages × {m} micro-batches"),
             "rows": [_w(f"stage {r}", f"stage {r}") for r in range(p)],
             "cols": [_w(str(u + 1), str(u + 1)) for u in range(ticks)],
-            "legend": {"F": _w("forward", "forward"), "B": _w("backward", "backward"), "idle": _w("idle", "stil")},
+            "legend": legend,
             "frames": frames, "compact": True}
 
 
@@ -373,7 +377,7 @@ BUILDERS = {
     "zero-1": lambda: zero(1), "zero-2": lambda: zero(2), "zero-3": lambda: zero(3),
     "megatron-fg": megatron_fg,
     "pipeline-gpipe": lambda: pipeline("gpipe"), "pipeline-1f1b": lambda: pipeline("1f1b"),
-    "pipeline-interleaved": lambda: pipeline("interleaved"),
+    "pipeline-interleaved": lambda: pipeline("interleaved"), "pipeline-zb-h1": lambda: pipeline("zb_h1"),
     "ring-attention": ring_attention,
 }
 

@@ -5,7 +5,7 @@
     ...
     idle 6/14 slots per rank = 0.429 (p-1)/(m+p-1) = 0.429
 
-Cells are ``F<micro>`` / ``B<micro>`` (with ``:<chunk>`` under virtual stages) and ``.`` for an idle slot.
+Cells are ``F<micro>`` / ``B<micro>`` / ``W<micro>`` (zb_h1's weight-gradient pass; with ``:<chunk>`` under virtual stages) and ``.`` for an idle slot.
 """
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ def grid_from_timelines(timelines: list[list[dict]], step: int = 0) -> list[list
         ticks = max(e["tick"] for e in events if e.get("kind") == "step")           # the step event closes the row
         row = ["."] * ticks
         for e in events:
-            if e.get("kind") in ("forward", "backward"):
+            if e.get("kind") in ("forward", "backward", "weight"):
                 row[e["tick"]] = f"{e['kind'][0].upper()}{e['micro']}" + (f":{e['chunk']}" if interleaved else "")
         rows.append(row)
     return rows
@@ -51,8 +51,12 @@ def legend(rows: list[list[str]]) -> str:
     chunked = any(":" in c for c in cells)
     lines = ["legend: one row per pipeline rank, one column per time slot (tick), left to right",
              "  F<m>  forward of micro-batch m" + (" on model chunk :<c>" if chunked else ""),
-             "  B<m>  backward of micro-batch m" + (" on model chunk :<c>" if chunked else ""),
+             "  B<m>  backward of micro-batch m" + (" on model chunk :<c>" if chunked else "")
+             + (" (its input gradient only)" if any(c.startswith("W") for c in cells) else ""),
+             *(["  W<m>  weight gradient of micro-batch m (zb_h1: fills what would be idle slots)"]
+               if any(c.startswith("W") for c in cells) else []),
              "  .     idle: the rank waits for its neighbour (the pipeline bubble)",
              "  idle  a rank's idle slots / all its slots; with p stages and m micro-batches GPipe and 1F1B "
-             "idle (p-1)/(m+p-1)"]
+             "idle (p-1)/(m+p-1)" + (", ZB-H1 (p-1)/(3m+p-1) for m >= p" if any(c.startswith("W") for c in cells)
+                                     else "")]
     return "\n".join(lines)

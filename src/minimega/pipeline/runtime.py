@@ -10,6 +10,8 @@ tick. Per tick:
                  mean loss over all rows (equal-sized micro-batches).
         B(k, i): backward of that graph, seeded with the gradient received from chunk k+1 (or from
                  loss_i / m on the last chunk). Its input's gradient is what goes back to chunk k-1.
+                 Under zb_h1, B computes only that input gradient (the graph is kept) and
+        W(k, i): the weight gradient of the same graph, later, into the same .grad buffers (then frees it).
     Phase 2 (p2p): one `comm.batch_p2p` with this tick's sends and receives, in the plan's order,
                  waited to completion. Shapes are known up front, (B/m, T, D), so receivers allocate
                  their buffers without a handshake; since both sides take the tick and the order from
@@ -38,6 +40,8 @@ from ..model import GPT
 from .schedules import Action, Plan, bubble_slots, plan
 from .stage import split_model
 
+_EVENT = {"F": "forward", "B": "backward", "W": "weight"}      # timeline event kind of each pass
+
 
 class Pipeline(nn.Module):
     """This rank's chunks of the model and the schedule that trains them.
@@ -59,10 +63,13 @@ class Pipeline(nn.Module):
         self.wrapped = [wrap(c) if wrap else c for c in self.chunks]
         self._local = {c.index: i for i, c in enumerate(self.chunks)}    # model chunk -> local index
         self.plan = plan(config.schedule, self.p, self.m, self.v)
+        self.split_backward = config.schedule == "zb_h1"    # B and W as separate passes
         self.eval_plan = plan(config.schedule, self.p, self.m, self.v, forward_only=True)
         self._dtype = next(self.chunks.parameters()).dtype                  # activations travel in it
         self.events: list[dict] = clock.Window()            # the newest events (a long run stays bounded)
-        self.peak_in_flight = 0
+        self.peak_in_flight = 0                             # micro-batches between their F and their B
+        self.peak_graphs = 0                                # ... between their F and the end of their backward (W)
+        self._owed: dict[tuple[int, int], tuple] = {}       # zb_h1: (chunk, micro) -> (output, grad_output) awaiting W
 
     @property
     def timeline(self) -> list[dict]:
@@ -96,11 +103,13 @@ class Pipeline(nn.Module):
                     start = time.perf_counter()
                     if action.kind == "F":
                         total += self._forward(action, xs, ys, inbox, stash, outbox)
-                    else:
+                    elif action.kind == "B":
                         self._backward(action, inbox, stash, outbox)
+                    else:
+                        self._weight_grad(action)
                     self.peak_in_flight = max(self.peak_in_flight, len(stash))
-                    self._event("forward" if action.kind == "F" else "backward", start, step, t,
-                                chunk=action.chunk, micro=action.micro)
+                    self.peak_graphs = max(self.peak_graphs, len(stash) + len(self._owed))
+                    self._event(_EVENT[action.kind], start, step, t, chunk=action.chunk, micro=action.micro)
                 self._exchange(grid, t, shape, self._dtype, inbox, outbox, step)
         if train:
             for wrapper in self.wrapped:              # every chunk's last backward has run: its reductions end here
@@ -132,6 +141,8 @@ class Pipeline(nn.Module):
 
     def _backward(self, a: Action, inbox, stash, outbox) -> None:
         inp, out = stash.pop((a.chunk, a.micro))
+        if self.split_backward:
+            return self._input_grad(a, inp, out, inbox, outbox)
         wrapper = self.wrapped[self._local[a.chunk]]
         last = a.micro == self.m - 1                  # every schedule runs a chunk's backwards in micro order
         syncing = isinstance(wrapper, GradSync)
@@ -144,6 +155,27 @@ class Pipeline(nn.Module):
                 wrapper.finish_grad_sync()            # local accumulation: only ends this backward's bookkeeping
         if a.chunk > 0:
             outbox[a] = inp.grad
+
+    # --8<-- [start:zb_split]
+    def _input_grad(self, a: Action, inp, out, inbox, outbox) -> None:
+        """zb_h1's B: only d loss / d input, sent upstream at once; the graph stays for the W pass."""
+        grad = None if a.chunk == self.p * self.v - 1 else inbox.pop(Action("B", a.chunk + 1, a.micro))
+        if a.chunk > 0:                               # chunk 0's input is token ids: no input gradient
+            (outbox[a],) = torch.autograd.grad(out, inp, grad, retain_graph=True)
+        self._owed[(a.chunk, a.micro)] = (out, grad)
+
+    def _weight_grad(self, a: Action) -> None:
+        """zb_h1's W: the weight gradient, accumulated into the .grad buffers the other schedules use
+        (so the dp wrappers see the same hooks in the same micro order), then the graph is freed."""
+        out, grad = self._owed.pop((a.chunk, a.micro))
+        wrapper = self.wrapped[self._local[a.chunk]]
+        params = [q for q in self.chunks[self._local[a.chunk]].parameters() if q.requires_grad]
+        last, syncing = a.micro == self.m - 1, isinstance(wrapper, GradSync)
+        with (nullcontext() if last or not syncing else wrapper.no_sync()):
+            torch.autograd.backward(out, grad, inputs=params)
+            if syncing and not last:
+                wrapper.finish_grad_sync()
+    # --8<-- [end:zb_split]
 
     # --8<-- [start:exchange]
     def _exchange(self, grid: Plan, t: int, shape, dtype, inbox, outbox, step: int) -> None:
@@ -173,7 +205,7 @@ class Pipeline(nn.Module):
             if not whole:
                 continue
             span = whole[0]["end"] - whole[0]["start"]
-            busy = sum(e["end"] - e["start"] for e in ev if e["kind"] in ("forward", "backward"))
+            busy = sum(e["end"] - e["start"] for e in ev if e["kind"] in _EVENT.values())
             walls.append((span - busy) / span)
         return {**slots, "wall_idle_of_total": sum(walls) / len(walls) if walls else None,
-                "peak_in_flight": self.peak_in_flight}
+                "peak_in_flight": self.peak_in_flight, "peak_graphs": self.peak_graphs}

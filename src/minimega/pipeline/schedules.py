@@ -15,10 +15,18 @@ Bubble (Narayanan et al. 2021 §2.2, arXiv:2104.04473), counted from the grid by
 
     gpipe, 1f1b         idle / total  = (p - 1) / (m + p - 1)      (idle / ideal = (p - 1) / m)
     interleaved_1f1b    idle / ideal  = (p - 1) / (v · m)
+
+ZB-H1 (Qi et al. 2023, "Zero Bubble Pipeline Parallelism", arXiv:2401.10241 §2.1) splits each backward
+into B (the input gradient, sent upstream at once) and W (the weight gradient, which nothing downstream
+waits for), one slot each (t_F = t_B = t_W). Its bubble is (p - 1)(t_F + t_B - t_W) against 1F1B's
+(p - 1)(t_F + t_B + t_W), a third of it; on the grid, for m >= p:
+
+    zb_h1               idle / total  = (p - 1) / (3m + p - 1)     (idle / ideal = (p - 1) / (3m))
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 from ..config import SCHEDULES          # the names, defined once (TrainConfig.schedule validates against them)
 
@@ -27,7 +35,7 @@ from ..config import SCHEDULES          # the names, defined once (TrainConfig.s
 class Action:
     """One pass of one micro-batch through one model chunk (chunk = global index in [0, p·v))."""
 
-    kind: str       # 'F' or 'B'
+    kind: str       # 'F', 'B' (whole backward; under zb_h1 the input gradient only) or 'W' (weight gradient, zb_h1)
     chunk: int
     micro: int
 
@@ -43,7 +51,8 @@ def check(schedule: str, p: int, m: int, v: int, n_layer: int) -> None:
         raise ValueError(f"pp={p} stages but the model has only n_layer={n_layer} layers; use pp <= {n_layer}")
     if schedule != "interleaved_1f1b":
         if v != 1:
-            raise ValueError(f"virtual_stages={v} needs schedule='interleaved_1f1b'")
+            raise ValueError(f"virtual_stages={v} needs schedule='interleaved_1f1b' (zb_h1 runs one chunk per "
+                             f"rank: set virtual_stages=1)")
         return
     if m % p:
         raise ValueError(f"interleaved_1f1b needs micro_batches to be a multiple of pp: m={m}, p={p} "
@@ -90,7 +99,60 @@ def interleaved_1f1b(p: int, m: int, v: int, rank: int) -> list[Action]:
 # --8<-- [end:schedules]
 
 
-ORDERS = dict(zip(SCHEDULES, (gpipe, one_f_one_b, interleaved_1f1b)))      # name -> order, in SCHEDULES' order
+def _need(a: Action, chunks: int) -> Action | None:
+    """The action whose result ``a`` waits for: the activation, the gradient from downstream, or its own B."""
+    if a.kind == "F":
+        return Action("F", a.chunk - 1, a.micro) if a.chunk > 0 else None
+    if a.kind == "W":                                  # the weight gradient needs this chunk's B (its grad_output)
+        return Action("B", a.chunk, a.micro)
+    return Action("B", a.chunk + 1, a.micro) if a.chunk < chunks - 1 else Action("F", a.chunk, a.micro)
+
+
+# --8<-- [start:zb_h1]
+def zb_h1(p: int, m: int, v: int, rank: int) -> list[Action]:
+    """ZB-H1: 1F1B's order of F and B (B now the input gradient only), each W put where the rank would idle.
+
+    Placed tick by tick over all ranks (`_zb_h1_orders`): a rank runs its next F or B when the input is
+    there, else the oldest W it owes, which fills what would be a bubble. A W is forced before an F
+    once min(p, m) micro-batches hold their graphs (F run, W not yet): the first stage's 1F1B peak.
+    """
+    return list(_zb_h1_orders(p, m)[rank])
+
+
+@lru_cache(maxsize=32)
+def _zb_h1_orders(p: int, m: int) -> tuple[tuple[Action, ...], ...]:
+    fb = [one_f_one_b(p, m, 1, r) for r in range(p)]
+    limit = min(p, m)
+    orders: list[list[Action]] = [[] for _ in range(p)]
+    owed: list[list[Action]] = [[] for _ in range(p)]      # W passes whose B has run, oldest first
+    held, nxt, done, t = [0] * p, [0] * p, {}, 0            # held: graphs alive (F run, W not yet)
+    while any(nxt[r] < len(fb[r]) or owed[r] for r in range(p)):
+        ran = []
+        for r in range(p):
+            a = fb[r][nxt[r]] if nxt[r] < len(fb[r]) else None
+            need = None if a is None else _need(a, p)
+            if a is not None and not (a.kind == "F" and held[r] == limit) and (need is None or done.get(need, t) < t):
+                nxt[r] += 1
+                held[r] += a.kind == "F"
+                if a.kind == "B":
+                    owed[r].append(Action("W", r, a.micro))
+            elif owed[r]:
+                a = owed[r].pop(0)
+                held[r] -= 1
+            else:
+                continue
+            orders[r].append(a)
+            ran.append(a)
+        if not ran:
+            raise RuntimeError(f"zb_h1 deadlocks at tick {t} (p={p}, m={m})")
+        for a in ran:
+            done[a] = t
+        t += 1
+    return tuple(tuple(o) for o in orders)
+# --8<-- [end:zb_h1]
+
+
+ORDERS = dict(zip(SCHEDULES, (gpipe, one_f_one_b, interleaved_1f1b, zb_h1)))   # name -> order, in SCHEDULES' order
 
 
 @dataclass
@@ -134,10 +196,7 @@ def plan(schedule: str, p: int, m: int, v: int = 1, forward_only: bool = False) 
                 grid[r].append(None)
                 continue
             a = orders[r][nxt[r]]
-            if a.kind == "F":
-                need = Action("F", a.chunk - 1, a.micro) if a.chunk > 0 else None
-            else:                                      # B needs the gradient from the next chunk
-                need = Action("B", a.chunk + 1, a.micro) if a.chunk < chunks - 1 else Action("F", a.chunk, a.micro)
+            need = _need(a, chunks)                    # F: the activation; B: the gradient from the next chunk
             if need is None or done.get(need, t) < t:
                 grid[r].append(a)
                 ran.append(a)
@@ -152,8 +211,10 @@ def plan(schedule: str, p: int, m: int, v: int = 1, forward_only: bool = False) 
     out = Plan(schedule, p, m, v, grid, [dict() for _ in range(p)], [dict() for _ in range(p)])
     for r in range(p):
         for t, a in enumerate(grid[r]):
-            peer_chunk = None if a is None else (a.chunk + 1 if a.kind == "F" else a.chunk - 1)
-            if peer_chunk is None or not 0 <= peer_chunk < chunks:
+            if a is None or a.kind == "W":             # a weight gradient stays on its rank
+                continue
+            peer_chunk = a.chunk + 1 if a.kind == "F" else a.chunk - 1
+            if not 0 <= peer_chunk < chunks:
                 continue
             peer = peer_chunk % p
             out.sends[r].setdefault(t, []).append((a, peer))
@@ -169,10 +230,15 @@ def bubble_slots(grid_row: list[Action | None]) -> dict:
             "idle_of_total": (len(grid_row) - busy) / len(grid_row), "idle_of_ideal": (len(grid_row) - busy) / busy}
 
 
-def peak_in_flight(order: list[Action]) -> int:
-    """Most micro-batches whose forward ran and backward has not, over one rank's order (per chunk summed)."""
+def peak_in_flight(order: list[Action], until: str = "B") -> int:
+    """Most micro-batches whose forward ran and backward has not, over one rank's order (per chunk summed).
+
+    ``until="W"``: counted until the weight gradient instead (zb_h1 keeps a micro-batch's graph until its W);
+    for a schedule without W passes both counts are the same.
+    """
+    ends = until if any(a.kind == "W" for a in order) else "B"
     live = peak = 0
     for a in order:
-        live += 1 if a.kind == "F" else -1
+        live += (a.kind == "F") - (a.kind == ends)
         peak = max(peak, live)
     return peak

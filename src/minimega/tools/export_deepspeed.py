@@ -45,6 +45,8 @@ def to_deepspeed(cfg: TrainConfig, dp: int, *, megatron: bool = False) -> dict:
                           "--megatron-deepspeed for its ds_config)")
     if cfg.pp > 1 and cfg.schedule == "gpipe":
         raise refuse(target, "schedule", cfg.schedule, "DeepSpeed's pipeline engine runs 1F1B")
+    if cfg.pp > 1 and cfg.schedule == "zb_h1":
+        raise refuse(target, "schedule", cfg.schedule, "DeepSpeed's pipeline engine runs 1F1B (no B/W split)")
     if cfg.virtual_stages > 1:
         raise refuse(target, "virtual_stages", cfg.virtual_stages, "DeepSpeed's pipeline engine has no interleaving")
     steps = cfg.micro_batches if cfg.pp > 1 else cfg.gradient_accumulation_steps

@@ -83,6 +83,9 @@ def to_megatron(cfg: TrainConfig, dp: int, model: GPTConfig) -> list[str]:
     if cfg.pp > 1:
         if cfg.schedule == "gpipe":
             raise refuse(target, "schedule", cfg.schedule, "Megatron-LM runs 1F1B and interleaved 1F1B only")
+        if cfg.schedule == "zb_h1":
+            raise refuse(target, "schedule", cfg.schedule, "Megatron-LM has no zero-bubble schedule (1F1B and "
+                         "interleaved 1F1B only)")
         if cfg.schedule == "interleaved_1f1b":
             a.append(("--num-layers-per-virtual-pipeline-stage",
                       split_evenly(model.n_layer, cfg.pp * cfg.virtual_stages, "n_layer / (pp · virtual_stages)")))
@@ -230,6 +233,9 @@ def torchtitan_sections(cfg: TrainConfig, dp: int, model: GPTConfig) -> dict[str
     if cfg.zero_stage:
         par["fsdp_reshard_after_forward"] = "always" if cfg.zero_stage == 3 else "never"
     if cfg.pp > 1:
+        if cfg.schedule == "zb_h1":
+            raise refuse(target, "schedule", cfg.schedule, "torchtitan's zero-bubble schedules are the "
+                         "interleaved and V-shaped ones (several stages per rank), not ZB-H1")
         par["pipeline_parallel_schedule"] = {"gpipe": "GPipe", "1f1b": "1F1B",
                                              "interleaved_1f1b": "Interleaved1F1B"}[cfg.schedule]
         par["pipeline_parallel_microbatch_size"] = split_evenly(local, cfg.micro_batches, "local batch / micro_batches")

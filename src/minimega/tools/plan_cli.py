@@ -15,7 +15,7 @@ from .hardware_args import add_hardware_args, hardware_from_args
 LEGEND = """
 layout   dpN-tpN-ppN: data, tensor and pipeline parallel degrees (-epN experts, -cpN context parallelism)
          zK: ZeRO stage K (0: DDP)   none | selective | full: activation recomputation   bN: micro-batch size
-         gpipe | 1f1b | interleaved vV: pipeline schedule (V virtual stages)   sp: sequence parallelism
+         gpipe | 1f1b | interleaved vV | zb_h1: pipeline schedule (V virtual stages)   sp: sequence parallelism
          ring | ulysses: context-parallel attention
 model TF/s  model FLOPs per GPU per second (6N per token plus attention, no recomputation): MFU = model TF/s / peak
             ({peak:.0f} TF/s on this GPU)
