@@ -27,6 +27,8 @@ from ..model import GPT
 
 BACKEND = "minimega_dry_run"
 _RECORDS = 2_000_000          # collectives one step may issue (BLOOM's pp rank 0: about 5,000)
+# TrainConfig fields `layout` does not model, with the value it assumes (ZeRO-3's persistent units, offload)
+_UNMODELLED = {"param_persistence_threshold": 0, "offload_optimizer": False, "virtual_stages": 1}
 
 
 def _fake_backend() -> str:
@@ -94,8 +96,13 @@ def check_rank(shape: dict, config: TrainConfig, dims: ParallelDims, rank: int =
     """`dry_run` of one rank next to `layout`'s account of it: {..., 'estimate': {'memory', 'comm'}, 'differs'}.
 
     ``differs`` lists every model-state category and every group whose bytes are not equal (empty: they agree).
+    ZeRO 0-3 are modelled; settings `layout` does not model are refused by name before anything is built.
     """
     from . import layout
+    unmodelled = [f"{k}={getattr(config, k)!r}" for k, off in _UNMODELLED.items() if getattr(config, k) != off]
+    if unmodelled:
+        raise ValueError(f"check_rank: {', '.join(unmodelled)} is not in analysis.layout's model of a rank; "
+                         f"compare with {', '.join(f'{k}={v!r}' for k, v in _UNMODELLED.items())}")
     got = dry_run(GPTConfig(**shape), config, dims, rank)
     pp_rank = got["coords"][0]
     units = layout.rank_units(shape, dims.tp, dims.pp, pp_rank, config.virtual_stages)
@@ -104,7 +111,8 @@ def check_rank(shape: dict, config: TrainConfig, dims: ParallelDims, rank: int =
     message = config.batch_size // dims.dp // steps * seq * shape["n_embd"] * layout.ELEM_BYTES[config.precision]
     memory = layout.rank_memory(units, dims.dp, config.zero_stage, config.precision, tp=dims.tp, pp=dims.pp,
                                 pp_rank=pp_rank, message_bytes=message, in_flight=config.reductions_in_flight,
-                                overlap=config.overlap_comm, accumulation=config.gradient_accumulation_steps)
+                                overlap=config.overlap_comm, accumulation=config.gradient_accumulation_steps,
+                                prefetch=config.prefetch, micro_batches=config.micro_batches)
     comm = layout.rank_comm(shape, units, dp=dims.dp, tp=dims.tp, pp=dims.pp, pp_rank=pp_rank,
                             zero_stage=config.zero_stage, precision=config.precision, batch_size=config.batch_size,
                             micro_batches=config.micro_batches, gradient_accumulation_steps=config.gradient_accumulation_steps,
