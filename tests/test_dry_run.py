@@ -147,3 +147,19 @@ def test_comm_model_reduces_gradients_in_their_own_width():
     assert comm_bytes_per_step(psi, dp, 1, 2, grad_bytes=4) == pytest.approx((dp - 1) / dp * psi * (4 + 2))
     assert comm_bytes_per_step(psi, dp, 0, 2, grad_bytes=4) == pytest.approx(2 * (dp - 1) / dp * psi * 4)
     assert comm_bytes_per_step(psi, dp, 2, 2) == comm_bytes_per_step(psi, dp, 2, 2, grad_bytes=2)
+
+
+def test_plan_verify_dry_runs_its_top_picks(capsys):
+    """`minimega plan --verify 2` on a small model: both picks dry-run on one rank, equal to layout's estimate;
+    a pick the engine cannot build as planned (grouped-query attention here) is named, not run."""
+    import json
+    from minimega.tools.cli import main
+    small = ["plan", "--layers", "4", "--hidden", "64", "--heads", "4", "--vocab", "250", "--seq-len", "32",
+             "--precision", "bf16", "--gpus", "4", "--global-batch", "8", "--tp", "1", "2", "--top", "2"]
+    assert main(small + ["--verify", "2", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)["top"]
+    assert [r["verify"]["differs"] for r in rows] == [[], []]
+    states, estimate = rows[0]["verify"]["model_state_bytes"]
+    assert states == estimate > 0 and rows[0]["verify"]["comm_bytes"][0] > 0
+    main(small + ["--kv-heads", "2", "--verify", "1"])
+    assert "verify #1: not dry-run: kv_heads=2" in capsys.readouterr().out

@@ -122,3 +122,29 @@ def check_rank(shape: dict, config: TrainConfig, dims: ParallelDims, rank: int =
     differs += [f"comm:{g}" for g in sorted(set(comm) | set(sent))
                 if abs(sent.get(g, 0.0) - comm.get(g, 0.0)) > 1e-9 * max(1.0, comm.get(g, 0.0))]   # float sums of (n-1)/n
     return {**got, "comm_sent": sent, "estimate": {"memory": memory, "comm": comm}, "differs": differs}
+
+
+def verify_pick(model: dict, pick: dict) -> dict:
+    """Dry-run one `plan` pick (a row's ``config``) on one sampled rank: `check_rank` of the last sampled rank
+    (last stage, last tp and dp rank: the padded vocabulary's tail), or {'skipped': why} for a pick the engine's
+    dry run or `layout` cannot build as planned. ``model``: the planner's shape (layers, hidden, heads, vocab,
+    seq_len, ...), run as minimega's GPT (`layout.gpt_shape`: learned positions, untied head, biases)."""
+    from .layout import gpt_shape
+    unsupported = [f"{k}={model[k]!r}" for k, ok in (("kv_heads", model.get("heads")), ("mlp", "gelu"))
+                   if model.get(k) not in (None, ok)]
+    engine = {"cp": (1,), "experts": (0,), "schedule": ("1f1b", "gpipe"), "precision": ("bf16", "fp32")}
+    unsupported += [f"{k}={pick[k]!r}" for k, ok in engine.items() if k in pick and pick[k] not in ok]
+    if unsupported:
+        return {"skipped": f"{', '.join(unsupported)} is not in minimega's engine or layout's model"}
+    dp, tp, pp = pick["dp"], pick["tp"], pick["pp"]
+    steps = pick["global_batch"] // (dp * pick["micro_batch"])
+    split = dict(micro_batches=steps, schedule=pick["schedule"]) if pp > 1 else dict(gradient_accumulation_steps=steps)
+    config = TrainConfig(tp=tp, pp=pp, zero_stage=pick["zero_stage"], precision=pick["precision"],
+                         batch_size=pick["global_batch"], activation_checkpointing=pick["recompute"],
+                         sequence_parallel=bool(pick.get("sp")), **split)
+    dims = ParallelDims(dp=dp, tp=tp, pp=pp)
+    got = check_rank(gpt_shape(model), config, dims, sample_ranks(dims)[-1])
+    states = [k for k in got["estimate"]["memory"]]
+    return {**got, "model_state_bytes": (sum(got["memory_peak"][k] for k in states),
+                                         sum(got["estimate"]["memory"].values())),
+            "comm_bytes": (sum(got["comm_sent"].values()), sum(got["estimate"]["comm"].values()))}
