@@ -63,6 +63,7 @@ def dry_run(model: GPTConfig, config: TrainConfig, dims: ParallelDims, rank: int
     if not 0 <= rank < dims.world_size:
         raise ValueError(f"dry_run: rank {rank} is outside the world of {dims.world_size} ranks")
     start = time.perf_counter()
+    # --8<-- [start:dry_run]
     dist.init_process_group(_fake_backend(), store=dist.HashStore(), rank=rank, world_size=dims.world_size)
     try:
         mesh = init_mesh(dims, device="meta")
@@ -74,6 +75,7 @@ def dry_run(model: GPTConfig, config: TrainConfig, dims: ParallelDims, rank: int
         rows = torch.zeros((config.batch_size // dims.dp, seq), dtype=torch.long, device="meta")
         engine.comm_log = CommLog(window=_RECORDS)       # every record of the step kept, by group and op
         engine.train_step((rows, rows))
+        # --8<-- [end:dry_run]
         report = engine.report()
         held = sum(p.numel() for part in engine.parts for p in part.parameters())
     finally:
