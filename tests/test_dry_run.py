@@ -21,6 +21,10 @@ LAYOUTS = {   # id: (dp, tp, pp, zero_stage, precision, recompute, micro-steps)
     "dp2-tp2-pp2-z0-fp32-selective": (2, 2, 2, 0, "fp32", "selective", 2),
     "dp1-tp2-pp3-z1-bf16-full": (1, 2, 3, 1, "bf16", "full", 4),     # GPT-3's Table 3 layout has dp = 1
 }
+ZERO3 = {   # checked on rank 0 only (one dry run each): the first stage is where m = 2 shows
+    "dp2-tp2-pp3-z3-bf16-full": (2, 2, 3, 3, "bf16", "full", 2),     # m = 2: the last micro-batch reduces
+    "dp3-tp2-pp1-z3-fp32": (3, 2, 1, 3, "fp32", "none", 2),
+}
 
 
 def _layout(dp, tp, pp, stage, precision, recompute, steps):
@@ -38,6 +42,25 @@ def test_dry_run_equals_the_estimate(name):
         assert result["differs"] == [], (name, rank, result["memory_peak"], result["estimate"], result["comm_sent"])
         assert result["memory_peak"]["params"] > 0 and result["comm_sent"]
     assert not dist.is_initialized()                     # the fake world is gone again
+
+
+@pytest.mark.parametrize("name", ZERO3)
+def test_zero3_equals_the_estimate(name):
+    """ZeRO-3 against `layout`, and its calls counted by hand: every unit of the chunk is all-gathered before its
+    forward and before its backward in each of 2 micro-batches, and reduce-scattered once (pp > 1) or once per
+    micro-step (pp = 1)."""
+    config, dims = _layout(*ZERO3[name])
+    result = check_rank(SHAPE, config, dims, 0)
+    assert result["differs"] == [], (result["memory_peak"], result["estimate"], result["comm_sent"])
+    units, reductions = (1 + 3, 1) if dims.pp > 1 else (1 + 7 + 1, 2)
+    dp = result["comm"]["dp"]
+    assert dp["all_gather"]["calls"] == 2 * 2 * units and dp["reduce_scatter"]["calls"] == reductions * units
+    assert result["memory_peak"]["gathered"] > 0
+
+
+def test_check_rank_refuses_what_layout_does_not_model():
+    with pytest.raises(ValueError, match="param_persistence_threshold=64"):
+        check_rank(SHAPE, mm.TrainConfig(zero_stage=3, param_persistence_threshold=64), mm.ParallelDims(dp=2), 0)
 
 
 def test_dry_run_equals_the_estimate_with_two_reductions_in_flight():
@@ -124,3 +147,19 @@ def test_comm_model_reduces_gradients_in_their_own_width():
     assert comm_bytes_per_step(psi, dp, 1, 2, grad_bytes=4) == pytest.approx((dp - 1) / dp * psi * (4 + 2))
     assert comm_bytes_per_step(psi, dp, 0, 2, grad_bytes=4) == pytest.approx(2 * (dp - 1) / dp * psi * 4)
     assert comm_bytes_per_step(psi, dp, 2, 2) == comm_bytes_per_step(psi, dp, 2, 2, grad_bytes=2)
+
+
+def test_plan_verify_dry_runs_its_top_picks(capsys):
+    """`minimega plan --verify 2` on a small model: both picks dry-run on one rank, equal to layout's estimate;
+    a pick the engine cannot build as planned (grouped-query attention here) is named, not run."""
+    import json
+    from minimega.tools.cli import main
+    small = ["plan", "--layers", "4", "--hidden", "64", "--heads", "4", "--vocab", "250", "--seq-len", "32",
+             "--precision", "bf16", "--gpus", "4", "--global-batch", "8", "--tp", "1", "2", "--top", "2"]
+    assert main(small + ["--verify", "2", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)["top"]
+    assert [r["verify"]["differs"] for r in rows] == [[], []]
+    states, estimate = rows[0]["verify"]["model_state_bytes"]
+    assert states == estimate > 0 and rows[0]["verify"]["comm_bytes"][0] > 0
+    main(small + ["--kv-heads", "2", "--verify", "1"])
+    assert "verify #1: not dry-run: kv_heads=2" in capsys.readouterr().out

@@ -27,6 +27,8 @@ from ..model import GPT
 
 BACKEND = "minimega_dry_run"
 _RECORDS = 2_000_000          # collectives one step may issue (BLOOM's pp rank 0: about 5,000)
+# TrainConfig fields `layout` does not model, with the value it assumes (ZeRO-3's persistent units, offload)
+_UNMODELLED = {"param_persistence_threshold": 0, "offload_optimizer": False, "virtual_stages": 1}
 
 
 def _fake_backend() -> str:
@@ -61,6 +63,7 @@ def dry_run(model: GPTConfig, config: TrainConfig, dims: ParallelDims, rank: int
     if not 0 <= rank < dims.world_size:
         raise ValueError(f"dry_run: rank {rank} is outside the world of {dims.world_size} ranks")
     start = time.perf_counter()
+    # --8<-- [start:dry_run]
     dist.init_process_group(_fake_backend(), store=dist.HashStore(), rank=rank, world_size=dims.world_size)
     try:
         mesh = init_mesh(dims, device="meta")
@@ -72,6 +75,7 @@ def dry_run(model: GPTConfig, config: TrainConfig, dims: ParallelDims, rank: int
         rows = torch.zeros((config.batch_size // dims.dp, seq), dtype=torch.long, device="meta")
         engine.comm_log = CommLog(window=_RECORDS)       # every record of the step kept, by group and op
         engine.train_step((rows, rows))
+        # --8<-- [end:dry_run]
         report = engine.report()
         held = sum(p.numel() for part in engine.parts for p in part.parameters())
     finally:
@@ -94,8 +98,13 @@ def check_rank(shape: dict, config: TrainConfig, dims: ParallelDims, rank: int =
     """`dry_run` of one rank next to `layout`'s account of it: {..., 'estimate': {'memory', 'comm'}, 'differs'}.
 
     ``differs`` lists every model-state category and every group whose bytes are not equal (empty: they agree).
+    ZeRO 0-3 are modelled; settings `layout` does not model are refused by name before anything is built.
     """
     from . import layout
+    unmodelled = [f"{k}={getattr(config, k)!r}" for k, off in _UNMODELLED.items() if getattr(config, k) != off]
+    if unmodelled:
+        raise ValueError(f"check_rank: {', '.join(unmodelled)} is not in analysis.layout's model of a rank; "
+                         f"compare with {', '.join(f'{k}={v!r}' for k, v in _UNMODELLED.items())}")
     got = dry_run(GPTConfig(**shape), config, dims, rank)
     pp_rank = got["coords"][0]
     units = layout.rank_units(shape, dims.tp, dims.pp, pp_rank, config.virtual_stages)
@@ -104,7 +113,8 @@ def check_rank(shape: dict, config: TrainConfig, dims: ParallelDims, rank: int =
     message = config.batch_size // dims.dp // steps * seq * shape["n_embd"] * layout.ELEM_BYTES[config.precision]
     memory = layout.rank_memory(units, dims.dp, config.zero_stage, config.precision, tp=dims.tp, pp=dims.pp,
                                 pp_rank=pp_rank, message_bytes=message, in_flight=config.reductions_in_flight,
-                                overlap=config.overlap_comm, accumulation=config.gradient_accumulation_steps)
+                                overlap=config.overlap_comm, accumulation=config.gradient_accumulation_steps,
+                                prefetch=config.prefetch, micro_batches=config.micro_batches)
     comm = layout.rank_comm(shape, units, dp=dims.dp, tp=dims.tp, pp=dims.pp, pp_rank=pp_rank,
                             zero_stage=config.zero_stage, precision=config.precision, batch_size=config.batch_size,
                             micro_batches=config.micro_batches, gradient_accumulation_steps=config.gradient_accumulation_steps,
@@ -114,3 +124,29 @@ def check_rank(shape: dict, config: TrainConfig, dims: ParallelDims, rank: int =
     differs += [f"comm:{g}" for g in sorted(set(comm) | set(sent))
                 if abs(sent.get(g, 0.0) - comm.get(g, 0.0)) > 1e-9 * max(1.0, comm.get(g, 0.0))]   # float sums of (n-1)/n
     return {**got, "comm_sent": sent, "estimate": {"memory": memory, "comm": comm}, "differs": differs}
+
+
+def verify_pick(model: dict, pick: dict) -> dict:
+    """Dry-run one `plan` pick (a row's ``config``) on one sampled rank: `check_rank` of the last sampled rank
+    (last stage, last tp and dp rank: the padded vocabulary's tail), or {'skipped': why} for a pick the engine's
+    dry run or `layout` cannot build as planned. ``model``: the planner's shape (layers, hidden, heads, vocab,
+    seq_len, ...), run as minimega's GPT (`layout.gpt_shape`: learned positions, untied head, biases)."""
+    from .layout import gpt_shape
+    unsupported = [f"{k}={model[k]!r}" for k, ok in (("kv_heads", model.get("heads")), ("mlp", "gelu"))
+                   if model.get(k) not in (None, ok)]
+    engine = {"cp": (1,), "experts": (0,), "schedule": ("1f1b", "gpipe"), "precision": ("bf16", "fp32")}
+    unsupported += [f"{k}={pick[k]!r}" for k, ok in engine.items() if k in pick and pick[k] not in ok]
+    if unsupported:
+        return {"skipped": f"{', '.join(unsupported)} is not in minimega's engine or layout's model"}
+    dp, tp, pp = pick["dp"], pick["tp"], pick["pp"]
+    steps = pick["global_batch"] // (dp * pick["micro_batch"])
+    split = dict(micro_batches=steps, schedule=pick["schedule"]) if pp > 1 else dict(gradient_accumulation_steps=steps)
+    config = TrainConfig(tp=tp, pp=pp, zero_stage=pick["zero_stage"], precision=pick["precision"],
+                         batch_size=pick["global_batch"], activation_checkpointing=pick["recompute"],
+                         sequence_parallel=bool(pick.get("sp")), **split)
+    dims = ParallelDims(dp=dp, tp=tp, pp=pp)
+    got = check_rank(gpt_shape(model), config, dims, sample_ranks(dims)[-1])
+    states = [k for k in got["estimate"]["memory"]]
+    return {**got, "model_state_bytes": (sum(got["memory_peak"][k] for k in states),
+                                         sum(got["estimate"]["memory"].values())),
+            "comm_bytes": (sum(got["comm_sent"].values()), sum(got["estimate"]["comm"].values()))}

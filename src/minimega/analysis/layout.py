@@ -9,13 +9,16 @@ held against it to the byte:
                chunk k on pp rank k mod p; the embeddings on chunk 0, the final LayerNorm and head on the last
     tensor     qkv, fc and the head split by output rows, proj by input columns (weights D/t or F/t wide), the
                vocabulary padded to t·⌈V/t⌉ rows; LayerNorms, wpe and the row-parallel biases whole
-    ZeRO       one unit per chunk part (embeddings, each block, head), padded to a multiple of dp (`padded_numel`)
+    ZeRO       one unit per chunk part (embeddings, each block, head), padded to a multiple of dp (`padded_numel`);
+               ZeRO-3 keeps only the shards at rest and gathers one unit (and prefetches the next) at a time
 
 Memory: `peak_memory_bytes` of these units. Communication per step, the ring model of `communication.py`
 applied to what each group carries:
 
     dp   ZeRO 1-2: reduce-scatter every padded unit's gradients (4-byte main grads), all-gather its
-         parameters; DDP (stage 0): all-reduce the unpadded gradients
+         parameters; DDP (stage 0): all-reduce the unpadded gradients; ZeRO-3: all-gather every padded unit
+         twice per micro-batch (before its forward and before its backward), reduce-scatter its gradients
+         every micro-step (pp = 1) or once after the last micro-batch (pp > 1)
     tp   per micro-batch and block: 2 all-reduces of (b, s, D) forward and 2 backward (`tp_comm_elements_per_layer`),
          2 more when full recomputation runs the forward again; the embedding's forward all-reduce (chunk 0);
          on the last chunk the head's backward all-reduce and the vocab-parallel cross-entropy (an all-gather of
@@ -66,16 +69,18 @@ def rank_units(shape: dict, tp: int = 1, pp: int = 1, pp_rank: int = 0, virtual_
 
 def rank_memory(units: list[list[int]], dp: int, zero_stage: int, precision: str = "bf16", *, tp: int = 1,
                 pp: int = 1, pp_rank: int = 0, message_bytes: int = 0, in_flight: int = 1, overlap: bool = True,
-                accumulation: int = 1) -> dict:
+                accumulation: int = 1, prefetch: bool = True, micro_batches: int = 1) -> dict:
     """Model-state bytes by category at the peak of a first step: `peak_memory_bytes`, and what a pipeline changes.
 
-    ``in_flight``, ``overlap``: `TrainConfig`'s ``reductions_in_flight`` and ``overlap_comm``; ``accumulation``:
-    its gradient-accumulation micro-steps (pp = 1; a pipeline's micro-batches are not micro-steps here).
+    ``in_flight``, ``overlap``, ``prefetch``: `TrainConfig`'s ``reductions_in_flight``, ``overlap_comm`` and
+    ``prefetch`` (ZeRO-3); ``accumulation``: its gradient-accumulation micro-steps (pp = 1; a pipeline's
+    micro-batches, ``micro_batches``, are not micro-steps here).
 
     Under pp every chunk accumulates its micro-batches' gradients whole (``no_sync``) and reduces them in the
-    last one's backward, so a ZeRO-2 rank holds all of them, Σ N_u·4, when the bf16 gradient of the largest
-    parameter arrives in the second micro-batch's backward (the shards are born later, from the reductions,
-    and each replaces a larger full gradient).
+    last one's backward (`_pipeline_grads`): with m ≥ 3 a ZeRO-2 or ZeRO-3 rank holds all of them, Σ N_u·4,
+    when the bf16 gradient of the largest parameter arrives in the second micro-batch's backward; with m = 2
+    the second is the last, whose reductions replace full gradients by shards as its backward goes; with
+    m = 1 nothing is accumulated and the rank is a single micro-step's (`peak_memory_bytes`).
     Collectives beyond the reduce pool (``message_bytes``, (b, s, D)): one tick's pipeline send and receive,
     2 · ``message_bytes``, in flight together; a tp all-reduce of (b, s, D) during the backward; on every stage
     but the first the last backward's input gradient, sent back after it. The pool (`zero.flat.BufferPool`,
@@ -86,10 +91,10 @@ def rank_memory(units: list[list[int]], dp: int, zero_stage: int, precision: str
     no collective). Activations are not modelled here.
     """
     out = peak_memory_bytes(units, dp, zero_stage, precision=precision, in_flight=in_flight, overlap=overlap,
-                            accumulation=accumulation if pp == 1 else 1)
-    if pp > 1 and zero_stage == 2:           # every full gradient whole before the first reduction starts
-        fold = max(map(max, units)) * ELEM_BYTES[precision] if precision != "fp32" else 0
-        out["grads"] = sum(map(sum, units)) * GRAD_BYTES + fold
+                            accumulation=accumulation if pp == 1 else 1, prefetch=prefetch)
+    if pp > 1 and zero_stage >= 2 and micro_batches > 1:
+        slots = 1 if not overlap else min(in_flight or len(units), len(units))
+        out["grads"] = _pipeline_grads(units, dp, precision, slots, micro_batches)
     pipeline = 2 * message_bytes if pp > 1 else 0                         # a tick's send and receive together
     if zero_stage == 0:
         buckets = out["comm_buffers"] if dp > 1 else 0
@@ -99,6 +104,30 @@ def rank_memory(units: list[list[int]], dp: int, zero_stage: int, precision: str
         beside_pool = message_bytes if tp > 1 or (pp > 1 and pp_rank > 0) else 0
         out["comm_buffers"] = max(out["comm_buffers"] + beside_pool, pipeline)
     return out
+
+
+def _pipeline_grads(units: list[list[int]], dp: int, precision: str, slots: int, micro_batches: int) -> int:
+    """Peak gradient bytes of a ZeRO-2/3 pipeline chunk over m ≥ 2 micro-batches (fp32 main grads, g = 4).
+
+    The last micro-batch's backward meets every full main grad left by the earlier ones. Walking its units in
+    backward order (position i, L = ``slots`` reductions in flight), two moments can be the peak: the bf16
+    gradient of unit i's largest parameter arriving (max p·e) while units i.. hold full grads and the units
+    before i - L hold their shards (those in flight sit in the pool, `comm_buffers`); and unit i's reduction
+    starting, which first retires unit i - L (its shard is born). With m ≥ 3 the second micro-batch, which
+    reduces nothing, meets every full main grad too: Σ N_u·4 + the largest bf16 gradient.
+    """
+    e = ELEM_BYTES[precision] if precision != "fp32" else 0      # fp32 gradients land in place: no fold
+    N = [sum(u) for u in units][::-1]                              # backward order
+    S = [padded_numel(x, dp) // dp for x in N]
+    fold = [max(u) * e for u in units][::-1]
+    peaks = [GRAD_BYTES * sum(S)]                                  # every shard, after the last reduction
+    for i in range(len(N)):
+        full = sum(N[i:]) * GRAD_BYTES
+        peaks.append(full + sum(S[:max(0, i - slots)]) * GRAD_BYTES + fold[i])      # unit i's bf16 gradient
+        peaks.append(full + sum(S[:max(0, i - slots + 1)]) * GRAD_BYTES)           # unit i's reduction starts
+    if micro_batches > 2:
+        peaks.append(sum(N) * GRAD_BYTES + max(fold))
+    return max(peaks)
 
 
 def rank_comm(shape: dict, units: list[list[int]], *, dp: int, tp: int, pp: int, pp_rank: int, zero_stage: int,
@@ -122,8 +151,11 @@ def rank_comm(shape: dict, units: list[list[int]], *, dp: int, tp: int, pp: int,
         out["dp"] = comm_bytes_per_step(padded, dp, zero_stage, e, grad_bytes=GRAD_BYTES)
         if zero_stage == 2 and pp == 1:                          # + a reduce-scatter on every other micro-step
             out["dp"] += (steps - 1) * ring_bytes("reduce_scatter", padded * GRAD_BYTES, dp)
-    else:
-        raise ValueError("rank_comm: ZeRO-3 is not modelled here (it gathers per micro-batch); use stages 0-2")
+    else:                                                        # ZeRO-3: gathers per micro-batch
+        out["dp"] = comm_bytes_per_step(padded, dp, 3, e, grad_bytes=GRAD_BYTES)     # one micro-step: 3 padded Ψ
+        reductions = 1 if pp > 1 else steps                      # the pipeline reduces after its last micro-batch
+        out["dp"] += (steps - 1) * 2 * ring_bytes("all_gather", padded * e, dp)
+        out["dp"] += (reductions - 1) * ring_bytes("reduce_scatter", padded * GRAD_BYTES, dp)
     # tp: the blocks' f and g regions, the embedding, the head and the vocab-parallel cross-entropy.
     if tp > 1:
         blocks = len(units) - (pp_rank == 0) - (pp_rank == pp - 1)

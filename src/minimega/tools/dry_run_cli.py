@@ -20,7 +20,7 @@ from ..mesh import ParallelDims
 from .args import nonnegative_int, positive_int
 
 MODELS = ("bloom-176b", "mt-nlg-530b", "gpt3-175b")
-CATEGORIES = ("params", "master", "grads", "optimizer_states", "optimizer_step_counters", "comm_buffers")
+CATEGORIES = ("params", "gathered", "master", "grads", "optimizer_states", "optimizer_step_counters", "comm_buffers")
 
 
 def add_dry_run_parser(subparsers) -> argparse.ArgumentParser:
@@ -32,8 +32,8 @@ def add_dry_run_parser(subparsers) -> argparse.ArgumentParser:
                    help="a published model (its layout is the default for every flag below)")
     for flag in ("dp", "tp", "pp"):
         p.add_argument(f"--{flag}", type=positive_int, default=None, help=f"{flag} degree (default: published)")
-    p.add_argument("--zero-stage", type=int, choices=(0, 1, 2), default=None,
-                   help="ZeRO stage (default: published; stage 3 gathers per micro-batch and is not compared)")
+    p.add_argument("--zero-stage", type=int, choices=(0, 1, 2, 3), default=None,
+                   help="ZeRO stage (default: published; 3 gathers each unit before its forward and its backward)")
     p.add_argument("--recompute", choices=("none", "selective", "full"), default=None, help="activation recomputation")
     p.add_argument("--micro-batch", type=positive_int, default=None, help="rows per micro-batch b")
     p.add_argument("--global-batch", type=positive_int, default=None, help="rows per step over all dp ranks")

@@ -70,6 +70,9 @@ def add_plan_parser(subparsers) -> argparse.ArgumentParser:
                    help="tensor-parallel degrees to search (default: every divisor of the heads up to the NVLink "
                         "domain: 8 GPUs on DGX/HGX, 72 on GB200 NVL72; a larger one is refused)")
     s.add_argument("--top", type=positive_int, default=10, help="layouts to print (default 10)")
+    s.add_argument("--verify", type=nonnegative_int, default=0, metavar="N",
+                   help="dry-run the top N picks (one sampled rank each, minimega's GPT of this shape on meta tensors) "
+                        "and print whether their model-state and collective bytes equal analysis.layout's estimate")
     s.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=run_plan)
     return p
@@ -108,8 +111,11 @@ def run_plan(args: argparse.Namespace) -> int:
         opts["cp_attentions"] = tuple(dict.fromkeys(args.cp_attention))
     res = plan(_model_from_args(args), n, args.global_batch, hw, top=args.top, memory_fraction=args.memory_fraction,
                tokens=args.tokens, price_per_gpu_hour=args.price, **opts)
+    verified = _verify(_model_from_args(args), res["top"][:args.verify])
     if args.json:
         res = {k: v for k, v in res.items() if k != "ranked"}
+        for row, v in zip(res["top"], verified):
+            row["verify"] = v
         print(json.dumps(res, indent=2, default=str))
         return 0
     print(f"{res['hardware']} x {n}: {res['searched']} layouts searched, {res['fit']} fit "
@@ -132,5 +138,28 @@ def run_plan(args: argparse.Namespace) -> int:
         if args.tokens:
             line += f" {r['days']:>7.1f} {r['cost']:>11,.0f}"
         print(line)
+    for i, v in enumerate(verified, 1):
+        print(_verify_line(i, v))
     print(LEGEND.format(peak=hw.peak_flops / 1e12))
-    return 0
+    return 1 if any(v.get("differs") for v in verified) else 0
+
+
+def _verify(model: dict, rows: list[dict]) -> list[dict]:
+    """`dry_run.verify_pick` of each row, reduced to what the table and the JSON print."""
+    from ..analysis.dry_run import verify_pick
+    out = []
+    for row in rows:
+        v = verify_pick(model, row["config"])
+        out.append(v if "skipped" in v else {k: v[k] for k in ("rank", "coords", "differs", "model_state_bytes",
+                                                                "comm_bytes", "seconds")})
+    return out
+
+
+def _verify_line(i: int, v: dict) -> str:
+    if "skipped" in v:
+        return f"verify #{i}: not dry-run: {v['skipped']}"
+    (ms, ms_est), (cb, cb_est) = v["model_state_bytes"], v["comm_bytes"]
+    verdict = "equal" if not v["differs"] else "DIFFERS in " + ", ".join(v["differs"])
+    return (f"verify #{i}: rank {v['rank']} (pp, dp, tp) = {tuple(v['coords'])}: model states {ms:,} B dry run | "
+            f"{ms_est:,} B estimate; collectives {cb:,.0f} B | {cb_est:,.0f} B sent per step: {verdict} "
+            f"({v['seconds']:.1f} s)")
