@@ -251,7 +251,7 @@ def test_cli_parser_registers_on_subparsers():
 
 
 def test_gpt_params_counts_minimega_gpt():
-    torch = pytest.importorskip("torch")
+    pytest.importorskip("torch")
     from minimega.config import GPTConfig
     from minimega.model import GPT
     for cfg in (GPTConfig.tiny(), GPTConfig.small(), GPTConfig.tiny(bias=True)):

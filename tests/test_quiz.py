@@ -60,7 +60,6 @@ def test_schema_errors_name_the_item(tmp_path, edit, message):
 
 # --- parametric items and precision ------------------------------------------------------------
 
-import math  # noqa: E402
 import random  # noqa: E402
 import re  # noqa: E402
 from pathlib import Path  # noqa: E402

@@ -191,7 +191,6 @@ def make_cases(base: str, now: datetime | None = None) -> list[dict]:
          lists={url: nowhere.status(url, now)})
 
     # --- the proof set ------------------------------------------------------------------------
-    malformed = "not checked: the proof set is malformed"
     case("rdfc-proof-flipped", _with_proofs(genuine, [{**rdfc, "proofValue": _flip(rdfc["proofValue"])}, jcs]),
          {"eddsa-rdfc-2022 proof": SIG})
     case("rdfc-proof-removed", _with_proofs(genuine, [jcs]),
