@@ -93,6 +93,7 @@ class RunHealth:
             action = "applied anyway" if self.guard.policy == "warn" else "not applied"
             self._say(f"health: {verdict.describe()}; the step was {action} (batch {index})")
             return False
+        self.engine.wait_for_save()                             # an async save in flight is the last good one
         latest = checkpoint.resolve_or_none(self.save_dir) if self.save_dir else None
         if latest is None:
             raise RuntimeError(f"health: {verdict.describe()}; --on-spike rollback found no checkpoint in "
