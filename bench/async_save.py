@@ -69,8 +69,12 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--batch-size", type=int, default=1)
     p.add_argument("--seq", type=int, default=16, help="tokens per sequence (short: the save, not the step, is measured)")
+    p.add_argument("--threads", type=int, default=None,
+                   help="torch intra-op threads (default: torch's); on a machine with few cores leave one to the writer")
     p.add_argument("--json", action="store_true")
     args = p.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     run = (args.preset, args.steps, args.repeats, args.batch_size, args.seq)
     r = worker(*run) if args.nproc == 1 else mm.launch(worker, args.nproc, *run, timeout=600)[0]
     step = statistics.median(r["walls_s"]["none"]) / args.steps
