@@ -8,7 +8,7 @@ import statistics
 import pytest
 
 from minimega import data
-from minimega.health import HealthMonitor, StepGuard
+from minimega.health import HealthMonitor, StepGuard, ThroughputWatch
 from minimega.tools.cli import main
 
 
@@ -68,10 +68,11 @@ def test_nan_at_a_batch_rolls_back_skips_it_and_ends_bit_equal_to_a_run_without_
     # the reference: a run that never sees batch k (no monitor at all); a checkpoint after every step
     ref = _train("--save-dir", str(tmp_path / "ref"), "--save-every", "1", "--skip-batch", str(k),
                  monkeypatch=monkeypatch)
-    # a NaN injected at batch k: the monitor sees it, the run goes back to step 2 and skips batch k
+    # a NaN injected at batch k: the monitor sees it, the run goes back to step 2 and skips batch k; its saves are
+    # asynchronous (the rollback waits for the one in flight) and it writes TensorBoard scalars
     metrics = tmp_path / "m.jsonl"
-    got = _train("--save-dir", str(tmp_path / "rb"), "--save-every", "2", "--on-spike", "rollback",
-                 "--metrics", str(metrics), env=str(k), monkeypatch=monkeypatch)
+    got = _train("--save-dir", str(tmp_path / "rb"), "--save-every", "2", "--on-spike", "rollback", "--async-save",
+                 "--metrics", str(metrics), "--tensorboard", str(tmp_path / "tb"), env=str(k), monkeypatch=monkeypatch)
     (event,) = got["health"]
     assert event["event"] == "rollback" and event["batch"] == k and event["to_step"] == 2 and event["skipped"] == [k]
     assert event["evidence"]["kind"] == "non-finite loss"
@@ -80,10 +81,53 @@ def test_nan_at_a_batch_rolls_back_skips_it_and_ends_bit_equal_to_a_run_without_
     assert [r["batch"] for r in rows if "batch" in r and "event" not in r] == [0, 1, 2, 3, 2, 4, 5, 6]
     assert _shards(tmp_path / "rb", 6) == _shards(tmp_path / "ref", 6)         # weights, Adam states: bit-equal
     assert got["losses"][-1] == ref["losses"][-1]
+    _tensorboard_holds_the_metrics(tmp_path / "tb", [r for r in rows if "event" not in r])
     # skip: the step is not applied and batch k is spent: 5 updates on batches 0-2, 4, 5 = the reference's step 5
     _train("--save-dir", str(tmp_path / "sk"), "--save-every", "6", "--on-spike", "skip", env=str(k),
            monkeypatch=monkeypatch)
     assert _shards(tmp_path / "sk", 6) == _shards(tmp_path / "ref", 5)
+
+
+def _tensorboard_holds_the_metrics(directory, rows):
+    """The event file, read back by tensorboard's own reader, holds every finite loss and grad norm of the JSONL."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    board = EventAccumulator(str(directory))
+    board.Reload()
+    tags = set(board.Tags()["scalars"])
+    assert {"train/loss", "train/grad_norm", "train/lr", "train/tokens_per_s", "memory/model_states_bytes"} <= tags
+    for tag, key in (("train/loss", "loss"), ("train/grad_norm", "grad_norm"), ("train/tokens_per_s", "tokens_per_s")):
+        want = [(r["step"], r[key]) for r in rows if isinstance(r[key], float) and math.isfinite(r[key])]
+        got = [(e.step, e.value) for e in board.Scalars(tag)]
+        assert [s for s, _ in got] == [s for s, _ in want], tag
+        assert [v for _, v in got] == pytest.approx([v for _, v in want], rel=1e-6), tag     # stored as float32
+    assert [e.value for e in board.Scalars("train/lr")] == pytest.approx([1e-3] * len(want))
+    assert all(e.value > 0 for e in board.Scalars("memory/model_states_bytes"))
+
+
+def test_throughput_watch_flags_a_step_below_a_fraction_of_the_median():
+    w = ThroughputWatch(fraction=0.5, window=4, min_history=3)
+    rates = [100.0, 120.0, 90.0]
+    assert [w.check(i, r) for i, r in enumerate(rates)] == [None] * 3          # no verdict before min_history
+    assert w.check(3, 50.0) is None                                            # exactly half: not below
+    v = w.check(4, 40.0)                                                        # median of 100, 120, 90, 50 = 95
+    assert v.kind == "throughput drop" and v.median == statistics.median([100, 120, 90, 50]) and v.window == 4
+    assert "40 tokens/s is below 0.5 x the median 95 tokens/s of the last 4 steps" in v.describe()
+    for _ in range(4):
+        w.check(5, 40.0)
+    assert w.check(9, 40.0) is None                     # a run that stays slower stops being flagged
+    with pytest.raises(ValueError, match="fraction"):
+        ThroughputWatch(fraction=1.5)
+
+
+def test_watch_flags_are_refused_by_name(capsys, monkeypatch):
+    assert main(["train", "--throughput-drop", "2"]) == 2
+    assert "--throughput-drop 2.0: a fraction" in capsys.readouterr().err
+    from minimega.tools import health_run
+    real = health_run.importlib.util.find_spec
+    monkeypatch.setattr(health_run.importlib.util, "find_spec", lambda name, *a: None if name == "tensorboard"
+                        else real(name, *a))
+    assert main(["train", "--tensorboard", "tb"]) == 2
+    assert "--tensorboard needs the tensorboard package" in capsys.readouterr().err
 
 
 def test_health_flags_that_would_do_nothing_are_refused(capsys):

@@ -251,15 +251,24 @@ def batch_p2p(ops: list[P2P], group: Group) -> Handle:
 _NOTHING = torch.empty(0)       # the payload of calls that carry none a log counts (barrier, objects)
 
 
-def barrier(group: Group) -> None:
+def barrier(group: Group, *, observed: bool = True) -> None:
+    """Wait until every rank of ``group`` arrives. ``observed=False``: not announced to the observers (they follow
+    the training thread; a background thread's calls on a group of its own, like the async checkpoint's, stay out)."""
     if group.size > 1:
-        _blocking(Call("barrier", group, _NOTHING, 0), lambda: dist.barrier(group=group.pg))
+        if observed:
+            _blocking(Call("barrier", group, _NOTHING, 0), lambda: dist.barrier(group=group.pg))
+        else:
+            dist.barrier(group=group.pg)
 
 
-def all_gather_object(obj, group: Group) -> list:
-    """Gather any picklable object from every rank of ``group`` (for reports, not for tensors)."""
+def all_gather_object(obj, group: Group, *, observed: bool = True) -> list:
+    """Gather any picklable object from every rank of ``group`` (for reports, not for tensors); ``observed``: as in
+    `barrier`."""
     if group.size == 1:
         return [obj]
     out = [None] * group.size
+    if not observed:
+        dist.all_gather_object(out, obj, group=group.pg)
+        return out
     return _blocking(Call("all_gather_object", group, _NOTHING, 0), lambda: dist.all_gather_object(out, obj, group=group.pg),
                      out)

@@ -112,7 +112,7 @@ _INT_MIN = {"tp": 1, "pp": 1, "cp": 1, "ep": 1, "micro_batches": 1, "virtual_sta
 _REAL = {  # name: (lower bound, lower bound allowed?)
     "lr": (0.0, False), "eps": (0.0, False), "weight_decay": (0.0, True), "gradient_clipping": (0.0, True),
     "bucket_mb": (0.0, False), "loss_scale": (0.0, True), "min_loss_scale": (0.0, False)}
-_BOOL = ("sequence_parallel", "offload_optimizer", "prefetch", "overlap_comm")
+_BOOL = ("sequence_parallel", "offload_optimizer", "prefetch", "overlap_comm", "async_save")
 _CHOICES = {"precision": PRECISIONS, "activation_checkpointing": CHECKPOINTING, "schedule": SCHEDULES,
             "optimizer": OPTIMIZERS, "cp_attention": CP_ATTENTION}
 
@@ -256,6 +256,10 @@ class TrainConfig:
     """fp16 dynamic scaling: overflows absorbed before the scale halves."""
     min_loss_scale: float = 1.0
     """fp16 dynamic scaling: the scale never drops below this."""
+
+    # Checkpoints.
+    async_save: bool = False
+    """Engine.save copies the state and returns; a background thread writes and commits the files (one in flight)."""
 
     def __post_init__(self):
         _check_fields(self)

@@ -168,6 +168,7 @@ class Engine:
         self.step_guard = None
         """Called as ``step_guard(step, loss, grad_norm)`` before each optimizer step; False skips the step."""
         self._peak_steps = 0                              # steps left to sample the peak in (`track_peak`)
+        self._saver = None                                # `checkpoint.AsyncSaver`, from the first async save
 
     def _data_parallel(self, module):
         """Step 6 for one chunk: ZeRO (it shards the optimizer itself and steps it) or DDP."""
@@ -416,17 +417,30 @@ class Engine:
             scaler.load_state_dict(state)
 
     def save(self, directory, keep: int = 3):
-        """Atomic sharded checkpoint of everything needed to resume (see `minimega.checkpoint`)."""
+        """Atomic sharded checkpoint of everything needed to resume (see `minimega.checkpoint`). With
+        ``config.async_save`` it returns once this rank's state is copied; the files are written while the next
+        steps train (`checkpoint.async_save`), and the next `save`, `load` or `wait_for_save` waits for them."""
         from . import checkpoint
         stats: dict = {}
+        self.wait_for_save()                                # at most one save in flight
         self._event("save_start")
-        path = checkpoint.save(self, directory, keep=keep, stats=stats)
+        if self.config.async_save:
+            self._saver = self._saver or checkpoint.AsyncSaver(self.mesh)
+            path = self._saver.start(self, directory, keep=keep)
+        else:
+            path = checkpoint.save(self, directory, keep=keep, stats=stats)
         self._event("save_end", bytes=stats.get("bytes_written", 0))
         return path
+
+    def wait_for_save(self) -> None:
+        """Block until an asynchronous save in flight is committed on every rank (nothing to do without one)."""
+        if self._saver is not None:
+            self._saver.wait()
 
     def load(self, directory) -> int:
         """Resume from a checkpoint saved under any layout; returns its step."""
         from . import checkpoint
+        self.wait_for_save()
         return checkpoint.load(self, directory)
 
 

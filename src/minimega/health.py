@@ -8,6 +8,8 @@ reaches the same verdict without a further collective:
     non-finite     loss or gradient norm is NaN or inf
     loss spike     z = (loss - mean) / std over the last ``window`` healthy steps exceeds ``z``
     grad outlier   the same z-score for the gradient norm
+    throughput     this rank's tokens/s below ``fraction`` of the median of its last steps (`ThroughputWatch`;
+                   always the 'warn' policy: a slow step is not a wrong one)
 
 and answers with a policy:
 
@@ -32,15 +34,21 @@ class Verdict:
     """What was wrong with one step, with the evidence."""
     step: int
     kind: str
-    """'non-finite loss', 'non-finite gradients', 'loss spike' or 'grad-norm outlier'."""
+    """'non-finite loss', 'non-finite gradients', 'loss spike', 'grad-norm outlier' or 'throughput drop'."""
     value: float
     mean: float | None = None
     std: float | None = None
     z: float | None = None
     window: int = 0
-    """Healthy steps the mean and std were taken over."""
+    """Healthy steps the mean and std were taken over (a throughput drop: steps the median was taken over)."""
+    median: float | None = None
+    fraction: float | None = None
+    """A throughput drop: the value is below ``fraction`` times the ``median``."""
 
     def describe(self) -> str:
+        if self.median is not None:
+            return (f"step {self.step}: {self.kind}: {self.value:.4g} tokens/s is below {self.fraction:g} x the "
+                    f"median {self.median:.4g} tokens/s of the last {self.window} steps")
         if self.z is None:
             return f"step {self.step}: {self.kind} ({self.value})"
         return (f"step {self.step}: {self.kind}: {self.value:.4g} is {self.z:.1f} std above the mean "
@@ -92,6 +100,38 @@ class HealthMonitor:
     def forget_after(self, step: int) -> None:
         """A rollback to ``step``: the steps after it never happened."""
         self.history[:] = [h for h in self.history if h[0] < step]
+
+
+# --8<-- [start:throughput]
+@dataclass
+class ThroughputWatch:
+    """Flags a step whose tokens/s fell below ``fraction`` of the median of the last ``window`` steps.
+
+    Every step joins the window, slow ones too: a run that stays slower (a new phase, a smaller batch) stops
+    being flagged once the median has followed it."""
+    fraction: float = 0.5
+    window: int = 20
+    min_history: int = 5
+    """No verdict before this many steps (the first ones include warm-up)."""
+    history: list = field(default_factory=list)
+
+    def __post_init__(self):
+        if not 0 < self.fraction < 1 or self.window < 2 or not 1 <= self.min_history <= self.window:
+            raise ValueError(f"ThroughputWatch(fraction={self.fraction}, window={self.window}, min_history="
+                             f"{self.min_history}): need 0 < fraction < 1 and 1 <= min_history <= window, window >= 2")
+
+    def check(self, step: int, tokens_per_s: float) -> Verdict | None:
+        recent = self.history[-self.window:]
+        self.history.append(tokens_per_s)
+        del self.history[:-self.window]
+        if len(recent) < self.min_history:
+            return None
+        median = statistics.median(recent)
+        if tokens_per_s < self.fraction * median:
+            return Verdict(step, "throughput drop", tokens_per_s, window=len(recent), median=median,
+                           fraction=self.fraction)
+        return None
+# --8<-- [end:throughput]
 
 
 class StepGuard:

@@ -7,6 +7,7 @@ The estimators are pure functions of a few integers (no torch), one concern per 
     activations.py     saved activations per layer (Korthikanti et al.), recomputation, the experts'
     pipeline.py        bubbles and micro-batches in flight
     flops.py           parameters, FLOPs, MFU, time, GPU-hours and money
+    goodput.py         failure rate vs GPU count, the Young/Daly checkpoint interval, time lost per failure
     shapes.py          block shapes after GPT-2: GQA, SwiGLU, untied heads, bias-free blocks (Llama)
     calculator.py      everything per GPU (`MemoryConfig`, `memory_per_gpu`, published presets)
     disk.py            the disk tier of offload (ZeRO-Infinity): bytes on disk and read/written per step
@@ -22,6 +23,7 @@ from .calculator import *  # noqa: F403
 from .communication import *  # noqa: F403
 from .disk import *  # noqa: F403
 from .flops import *  # noqa: F403
+from .goodput import *  # noqa: F403
 from .memory import *  # noqa: F403
 from .pipeline import *  # noqa: F403
 from .shapes import *  # noqa: F403

@@ -23,6 +23,8 @@ anything is read (`manifest.py`).
 Durability: files are fsynced, then their directory; it is renamed into place (atomically swapped with
 an older copy of the same step); the parent is fsynced; ``latest`` is replaced last. Pruning keeps
 ``keep`` checkpoints and never removes the one just written or the one ``latest`` names (`saving.py`).
+An asynchronous save copies the rank's state and commits it the same way from a background thread
+(`async_save.py`).
 Interop with torch DCP is in `interop.py`.
 """
 from __future__ import annotations
@@ -34,6 +36,7 @@ from .files import CheckpointError, Reader, write_safetensors
 from .loading import load, open_checked, read_tensor, resolve, resolve_or_none, verify
 from .manifest import FORMAT_VERSION, check, check_compatible, check_headers, load_json
 from .saving import FAULT_ENV, prune, save
+from .async_save import AsyncSaver
 
 
 def read(directory: str | os.PathLike, verify_files: bool = True) -> tuple[dict, dict]:
@@ -100,5 +103,5 @@ def export_safetensors(directory, out) -> Path:
 from .interop import export_dcp, import_dcp  # noqa: E402  (needs `checked` above)
 
 __all__ = ["export_dcp", "import_dcp", "export_safetensors", "CheckpointError", "FAULT_ENV", "FORMAT_VERSION",
-           "save", "load", "read", "resolve", "resolve_or_none",
+           "save", "AsyncSaver", "load", "read", "resolve", "resolve_or_none",
            "consolidate", "check", "check_compatible", "checked", "verify", "prune"]

@@ -14,7 +14,7 @@ import json
 import os
 import shutil
 import signal
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from .. import comm
@@ -36,6 +36,44 @@ def _key(name: str, offsets) -> str:
     return f"{name}@{','.join(map(str, offsets))}"
 
 
+@dataclass
+class SaveJob:
+    """One rank's part of one save, fixed when the save starts: where, what, and the manifest's fields.
+
+    ``items`` are ``(key, dtype, shape, tensor)`` in file order: the owned boxes (``chunks`` describes them),
+    then the RNG states (``rng`` names them). A blocking save writes views of the rank's memory; an
+    asynchronous one (`async_save.py`) swaps them for a snapshot first."""
+    root: Path
+    step: int
+    rank: int
+    items: list
+    chunks: list
+    rng: list
+    meta: dict
+
+
+def prepare(engine, directory: str | os.PathLike) -> SaveJob:
+    """What this rank saves, as views of its memory (no copies), and the manifest fields of this moment."""
+    if getattr(engine.model_config, "bias_update_rate", 0):      # the biases are buffers, not parameters
+        raise ValueError("checkpoint.save: MoEConfig.bias_update_rate > 0 keeps per-expert routing biases, "
+                         "which checkpoints do not store yet; use bias_update_rate=0 to save checkpoints")
+    if engine.config.precision == "fp8":   # every rank refuses alike: the config is the same on all
+        raise ValueError("checkpoint: precision='fp8' keeps per-tensor amax histories and scales that checkpoints "
+                         "do not hold yet (a resumed run would restart them at 1); checkpoint a bf16 run")
+    owned = pieces(engine_locals(engine), for_save=True)
+    rng = engine.rng_state()
+    items = [(_key(p.name, p.box.offsets), p.data.dtype, p.box.lengths, p.data) for p in owned]
+    items += [(f"rng/{n}", t.dtype, tuple(t.shape), t) for n, t in rng.items()]
+    chunks = [(p.name, str(p.data.dtype).removeprefix("torch."), list(p.box.offsets), list(p.box.lengths))
+              for p in owned]
+    from ..version import __version__
+    meta = {"package_version": __version__, "step": engine.step, "layout": engine.layout(),
+            "model_config": asdict(engine.model_config),
+            "train_config": json.loads(json.dumps(asdict(engine.config), default=list)),
+            "scaler": engine.scaler_state(), "shapes": {k: list(v) for k, v in _shapes(engine).items()}}
+    return SaveJob(Path(directory), engine.step, engine.mesh.rank, items, chunks, list(rng), meta)
+
+
 def save(engine, directory: str | os.PathLike, keep: int = 3, stats: dict | None = None) -> Path:
     """Save the engine's training state under ``directory/step-<step>``; every rank must call it.
 
@@ -43,35 +81,31 @@ def save(engine, directory: str | os.PathLike, keep: int = 3, stats: dict | None
     one just written and the one ``latest`` names are never removed. ``stats``, when given, receives
     this rank's ``bytes_written``.
     """
-    if getattr(engine.model_config, "bias_update_rate", 0):      # the biases are buffers, not parameters
-        raise ValueError("checkpoint.save: MoEConfig.bias_update_rate > 0 keeps per-expert routing biases, "
-                         "which checkpoints do not store yet; use bias_update_rate=0 to save checkpoints")
-    if engine.config.precision == "fp8":   # every rank refuses alike: the config is the same on all
-        raise ValueError("checkpoint: precision='fp8' keeps per-tensor amax histories and scales that checkpoints "
-                         "do not hold yet (a resumed run would restart them at 1); checkpoint a bf16 run")
-    mesh, root = engine.mesh, Path(directory)
-    rank = mesh.rank
-    final, tmp = root / step_dir(engine.step), root / f".tmp-{step_dir(engine.step)}"
+    return commit(prepare(engine, directory), engine.mesh.world, keep, stats)
+
+
+def commit(job: SaveJob, group, keep: int = 3, stats: dict | None = None, observed: bool = True) -> Path:
+    """Write this rank's file, then (rank 0) the manifest, and publish; every rank of ``group`` calls it.
+
+    ``observed=False``: the collectives are not announced to `comm`'s observers (a background thread's, on a
+    group of its own: `async_save.py`)."""
+    root, rank = job.root, job.rank
+    final, tmp = root / step_dir(job.step), root / f".tmp-{step_dir(job.step)}"
     # --8<-- [start:atomic_save]
     if rank == 0:
         root.mkdir(parents=True, exist_ok=True)
         shutil.rmtree(tmp, ignore_errors=True)            # a leftover from a crashed save
         tmp.mkdir()
-    comm.barrier(mesh.world)
-    owned = pieces(engine_locals(engine), for_save=True)  # views of this rank's memory, no copies
-    rng = engine.rng_state()
-    items = [(_key(p.name, p.box.offsets), p.data.dtype, p.box.lengths, p.data) for p in owned]
-    items += [(f"rng/{n}", t.dtype, tuple(t.shape), t) for n, t in rng.items()]
+    comm.barrier(group, observed=observed)
     file = shard_name(rank)
-    info = write_safetensors(tmp / file, items, {"format": "minimega", "rank": str(rank)})
+    info = write_safetensors(tmp / file, job.items, {"format": "minimega", "rank": str(rank)})
     _maybe_fault(rank, 1)
     digests = info.pop("items")
-    chunks = [(p.name, str(p.data.dtype).removeprefix("torch."), list(p.box.offsets), list(p.box.lengths), digest)
-              for p, digest in zip(owned, digests)]
-    rng_digests = dict(zip(rng, digests[len(owned):]))
-    gathered = comm.all_gather_object((file, info, chunks, rng_digests), mesh.world)
+    chunks = [(*chunk, digest) for chunk, digest in zip(job.chunks, digests)]
+    rng_digests = dict(zip(job.rng, digests[len(job.chunks):]))
+    gathered = comm.all_gather_object((file, info, chunks, rng_digests), group, observed=observed)
     if rank == 0:
-        manifest = _manifest(engine, gathered)
+        manifest = _manifest(job.meta, gathered)
         (tmp / "manifest.json").write_text(json.dumps(manifest, indent=1, sort_keys=True))
         fsync_path(tmp / "manifest.json")
         fsync_path(tmp)                                   # the names of every rank's file
@@ -82,15 +116,14 @@ def save(engine, directory: str | os.PathLike, keep: int = 3, stats: dict | None
         os.replace(latest_tmp, root / "latest")
         fsync_path(root)
         prune(root, keep, protect=final.name)
-    comm.barrier(mesh.world)
+    comm.barrier(group, observed=observed)
     # --8<-- [end:atomic_save]
     if stats is not None:
         stats["bytes_written"] = info["bytes"]
     return final
 
 
-def _manifest(engine, gathered) -> dict:
-    from ..version import __version__
+def _manifest(meta: dict, gathered) -> dict:
     tensors: dict[str, dict] = {}
     for file, _, chunks, _ in gathered:
         for name, dtype, offsets, lengths, digest in chunks:
@@ -99,14 +132,12 @@ def _manifest(engine, gathered) -> dict:
                 raise RuntimeError(f"checkpoint.save: {name} is {dtype} on one rank and {t['dtype']} on another")
             t["chunks"].append({"file": file, "key": _key(name, offsets), "offsets": offsets, "lengths": lengths,
                                 "sha256": digest})
-    shapes = {k: list(v) for k, v in _shapes(engine).items()}
     for name, t in tensors.items():
-        t["shape"] = shapes[name.split("/", 1)[1]] if t["chunks"][0]["offsets"] else []
+        t["shape"] = meta["shapes"][name.split("/", 1)[1]] if t["chunks"][0]["offsets"] else []
     return {
-        "format": FORMAT_VERSION, "package_version": __version__, "step": engine.step,
-        "layout": engine.layout(), "model_config": asdict(engine.model_config),
-        "train_config": json.loads(json.dumps(asdict(engine.config), default=list)),
-        "scaler": engine.scaler_state(),
+        "format": FORMAT_VERSION, "package_version": meta["package_version"], "step": meta["step"],
+        "layout": meta["layout"], "model_config": meta["model_config"], "train_config": meta["train_config"],
+        "scaler": meta["scaler"],
         "files": {file: info for file, info, _, _ in gathered},
         "ranks": [{"file": file, "rng": {n: f"rng/{n}" for n in rng}, "rng_sha256": rng}
                   for file, _, _, rng in gathered],

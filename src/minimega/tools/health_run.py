@@ -1,13 +1,15 @@
-"""The health side of ``minimega train``: the monitor on every step, the policy, rollback with skipped batches, and
-metrics as JSON lines (`minimega.health` holds the monitor itself)."""
+"""The health side of ``minimega train``: the monitor on every step, the policy, rollback with skipped batches, the
+throughput watch, and metrics as JSON lines and TensorBoard scalars (`minimega.health` holds the monitors)."""
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
+import math
 import sys
 
 from .. import checkpoint, data
-from ..health import POLICIES, HealthMonitor, StepGuard
+from ..health import POLICIES, HealthMonitor, StepGuard, ThroughputWatch
 from .args import nonnegative_int, positive_float, positive_int
 
 
@@ -27,17 +29,37 @@ def add_health_flags(p: argparse.ArgumentParser) -> None:
                    help="append one JSON line per step (loss, gradient norm, tokens/s, verdict) and per rollback")
     p.add_argument("--skip-batch", type=nonnegative_int, action="append", default=None, metavar="INDEX",
                    help="never train on the batch of this index (repeatable): the data of a run that skipped it")
+    p.add_argument("--throughput-drop", type=positive_float, default=None, metavar="F",
+                   help="warn, with the evidence, when a step's tokens/s falls below F times the median of the last "
+                        "20 steps, e.g. 0.5 (default: not watched)")
+    p.add_argument("--tensorboard", default=None, metavar="DIR",
+                   help="write TensorBoard scalars per step to DIR (loss, grad norm, lr, tokens/s, memory; the "
+                        "gradient norm costs one scalar all-reduce when no clipping or --on-spike computes it); "
+                        "needs the tensorboard package")
+
+
+def _watch_settings(args: argparse.Namespace) -> dict:
+    """--metrics, --throughput-drop and --tensorboard (each works with or without --on-spike)."""
+    drop = args.throughput_drop
+    if drop is not None and not 0 < drop < 1:
+        raise ValueError(f"--throughput-drop {drop}: a fraction of the median tokens/s, in (0, 1), e.g. 0.5")
+    if args.tensorboard and importlib.util.find_spec("tensorboard") is None:
+        raise ValueError("--tensorboard needs the tensorboard package, which is not installed: "
+                         "pip install tensorboard (or pip install -e '.[test]')")
+    return {k: v for k, v in (("metrics", args.metrics), ("throughput_drop", drop),
+                              ("tensorboard", args.tensorboard)) if v is not None}
 
 
 def health_settings(args: argparse.Namespace) -> dict | None:
     """The monitor's settings from the flags, or None; refuses what would do nothing."""
     policy = args.on_spike
+    watch = _watch_settings(args)
     if policy is None:
         given = [f for f, v in (("--skip-batches", args.skip_batches), ("--spike-window", args.spike_window),
                                 ("--spike-z", args.spike_z)) if v is not None]
         if given:
             raise ValueError(f"{', '.join(given)} only matter with --on-spike warn|skip|rollback")
-        return {"metrics": args.metrics} if args.metrics else None
+        return watch or None
     if args.skip_batches is not None and policy != "rollback":
         raise ValueError(f"--skip-batches only matters with --on-spike rollback, not {policy}")
     if policy == "rollback" and not (args.save_every and (args.save_dir or args.resume)):
@@ -46,7 +68,7 @@ def health_settings(args: argparse.Namespace) -> dict | None:
     if window < 2:
         raise ValueError(f"--spike-window {window}: a z-score needs at least 2 steps")
     return {"policy": policy, "window": window, "z": 6.0 if args.spike_z is None else args.spike_z,
-            "skip_batches": 1 if args.skip_batches is None else args.skip_batches, "metrics": args.metrics}
+            "skip_batches": 1 if args.skip_batches is None else args.skip_batches, **watch}
 
 
 def _num(x):
@@ -58,7 +80,8 @@ class RunHealth:
     """One rank's health state for a run.
 
     Args:
-        settings: None (no monitor), or ``{"policy", "window", "z", "skip_batches", "metrics"}``.
+        settings: None (no monitor), or ``{"policy", "window", "z", "skip_batches", "metrics", "throughput_drop",
+            "tensorboard"}`` (each optional).
         skip: batch indices never to train on (``--skip-batch``); a rollback adds the offending ones.
         save_dir: where the last good checkpoint lives (rollback reads it).
         rank: this rank; rank 0 writes the log lines and the metrics file.
@@ -73,7 +96,20 @@ class RunHealth:
             self.guard = StepGuard(HealthMonitor(window=settings["window"], z=settings["z"],
                                                  min_history=min(10, settings["window"])), settings["policy"])
             engine.step_guard = self.guard
+        self.last: tuple = (None, None)
+        if self.guard is None and self.settings.get("tensorboard"):
+            engine.step_guard = self._note                # the engine computes the norm for its guard hook
+        drop = self.settings.get("throughput_drop")
+        self.throughput = ThroughputWatch(fraction=drop) if drop else None
         self._metrics = open(settings["metrics"], "a") if settings and settings.get("metrics") and rank == 0 else None
+        self._board = None
+        if self.settings.get("tensorboard") and rank == 0:
+            from torch.utils.tensorboard import SummaryWriter
+            self._board = SummaryWriter(self.settings["tensorboard"])
+
+    def _note(self, step: int, loss: float, grad_norm) -> bool:
+        self.last = (loss, grad_norm)
+        return True
 
     def batch_index(self, step: int) -> int:
         return data.batch_index(step, self.skip)
@@ -83,9 +119,18 @@ class RunHealth:
         """Log the step; under 'rollback', reload the last good checkpoint and skip the offending batches.
         Returns True when the run went back (the caller continues from ``engine.step``)."""
         verdict = self.guard.latest if self.guard else None
-        norm = self.guard.last[1] if self.guard else (self.engine.grad_norms[-1] if self.engine.grad_norms else None)
+        norm = (self.guard or self).last[1]
+        if norm is None and self.engine.grad_norms:
+            norm = self.engine.grad_norms[-1]
         self._write({"step": step, "batch": index, "loss": _num(loss), "grad_norm": _num(norm),
                      "tokens_per_s": tokens_per_s, "health": verdict.as_dict() if verdict else None})
+        self._scalars(step, loss, norm, tokens_per_s)
+        slow = self.throughput.check(step, tokens_per_s) if self.throughput else None
+        if slow is not None:
+            event = {"event": "throughput drop", "evidence": slow.as_dict()}
+            self.events.append(event)
+            self._write(event)
+            self._say(f"health: {slow.describe()} (this rank's own step time; warned, nothing else done)")
         if verdict is None:
             return False
         self.guard.latest = None
@@ -93,6 +138,7 @@ class RunHealth:
             action = "applied anyway" if self.guard.policy == "warn" else "not applied"
             self._say(f"health: {verdict.describe()}; the step was {action} (batch {index})")
             return False
+        self.engine.wait_for_save()                             # an async save in flight is the last good one
         latest = checkpoint.resolve_or_none(self.save_dir) if self.save_dir else None
         if latest is None:
             raise RuntimeError(f"health: {verdict.describe()}; --on-spike rollback found no checkpoint in "
@@ -124,6 +170,24 @@ class RunHealth:
             self._metrics.write(json.dumps(row) + "\n")
             self._metrics.flush()
 
+    def _scalars(self, step: int, loss: float, norm, tokens_per_s: float) -> None:
+        """TensorBoard scalars of one step (rank 0): loss, grad norm, lr, tokens/s, model-state bytes."""
+        if self._board is None:
+            return
+        import torch
+        rows = {"train/loss": loss, "train/grad_norm": norm, "train/lr": self.engine.config.lr,
+                "train/tokens_per_s": tokens_per_s,
+                "memory/model_states_bytes": float(sum(v for v in self.engine.memory_at_step.values()
+                                                       if isinstance(v, (int, float))))}
+        if torch.cuda.is_available() and self.engine.mesh.device.type == "cuda":
+            rows["memory/cuda_allocated_bytes"] = float(torch.cuda.memory_allocated(self.engine.mesh.device))
+        for tag, value in rows.items():
+            if value is not None and math.isfinite(value):
+                self._board.add_scalar(tag, value, step)
+        self._board.flush()
+
     def close(self) -> None:
         if self._metrics is not None:
             self._metrics.close()
+        if self._board is not None:
+            self._board.close()

@@ -126,6 +126,7 @@ def train_worker(preset: str, config: TrainConfig, steps: int, show: bool | str,
         maybe_fault(mesh.rank, engine.step)
         if progress is not None:
             progress.update(engine.step - first, loss, step_rate)
+    engine.wait_for_save()                               # an async save still in flight is committed
     wall = time.perf_counter() - start
     health.close()
     if progress is not None:
@@ -232,6 +233,8 @@ def _check_train_args(args: argparse.Namespace):
     save_dir = args.save_dir or args.resume
     if args.save_every and not save_dir:
         raise ValueError("--save-every needs --save-dir (or --resume) to know where to write")
+    if config.async_save and not args.save_every:
+        raise ValueError("--async-save changes how checkpoints are written: it needs --save-every N (and --save-dir)")
     if args.max_restarts and not args.save_every:
         raise ValueError("--max-restarts needs --save-dir and --save-every: a restart resumes from the latest "
                          "checkpoint (without one it would start over from step 0)")
