@@ -78,8 +78,8 @@ def rank_memory(units: list[list[int]], dp: int, zero_stage: int, precision: str
     and each replaces a larger full gradient).
     Collectives beyond the reduce pool (``message_bytes``, (b, s, D)): one tick's pipeline send and receive,
     2 · ``message_bytes``, in flight together; a tp all-reduce of (b, s, D) during the backward; on every stage
-    but the first the last backward's input gradient, sent back after it. The pool (`zero.flat.BufferPool`,
-    there at dp = 1 too) is created by the chunk's first reduction and kept: in a first step (the dry run's)
+    but the first the last backward's input gradient, sent back after it. The pool (`zero.flat.BufferPool`;
+    none at dp = 1, where nothing is reduced) is created by the chunk's first reduction and kept: in a first step (the dry run's)
     the pipeline's earlier ticks run without it, the backward's tp all-reduces and the last send with it.
     From the second step on the pool is there all along (pp > 1: pool + 2 · ``message_bytes``).
     DDP (stage 0) holds its buckets only while they are in flight (none at dp = 1, a group of one issues
@@ -89,7 +89,8 @@ def rank_memory(units: list[list[int]], dp: int, zero_stage: int, precision: str
                             accumulation=accumulation if pp == 1 else 1)
     if pp > 1 and zero_stage == 2:           # every full gradient whole before the first reduction starts
         fold = max(map(max, units)) * ELEM_BYTES[precision] if precision != "fp32" else 0
-        out["grads"] = sum(map(sum, units)) * GRAD_BYTES + fold
+        staged = max(map(sum, units)) * GRAD_BYTES if dp == 1 else 0      # dp = 1: the unit flattened beside
+        out["grads"] = sum(map(sum, units)) * GRAD_BYTES + max(fold, staged)
     pipeline = 2 * message_bytes if pp > 1 else 0                         # a tick's send and receive together
     if zero_stage == 0:
         buckets = out["comm_buffers"] if dp > 1 else 0
