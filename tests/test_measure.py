@@ -50,6 +50,8 @@ PEAK_RUNS = {"stage0": dict(zero_stage=0), "stage1": dict(zero_stage=1), "stage2
              "stage3-in-flight-3": dict(zero_stage=3, reductions_in_flight=3),
              "stage2-accumulate": dict(zero_stage=2, gradient_accumulation_steps=2),
              **{f"stage{s}-bf16": dict(zero_stage=s, precision="bf16") for s in (1, 2, 3)}}
+# dp = 1: nothing is reduced or gathered across ranks, so no pool and no gather buffers.
+PEAK_RUNS_DP1 = {k: PEAK_RUNS[k] for k in ("stage1", "stage2", "stage3", "stage2-accumulate", "stage3-bf16")}
 
 
 def _peak_worker(runs):
@@ -72,13 +74,14 @@ def _peak_worker(runs):
     return out
 
 
-@pytest.mark.parametrize("dp", [2, 4])
+@pytest.mark.parametrize("dp", [1, 2, 4])
 def test_memory_peak_equals_the_formulas(dp):
     units = [[p.numel() for _, p in params] for _, params in model_units(mm.GPT(mm.GPTConfig(**PEAK_MODEL)))]
-    assert any(sum(u) % dp for u in units)                    # some unit is padded
-    results = mm.launch(_peak_worker, dp, PEAK_RUNS, timeout=300)
+    assert dp == 1 or any(sum(u) % dp for u in units)         # some unit is padded
+    runs = PEAK_RUNS if dp > 1 else PEAK_RUNS_DP1
+    results = mm.launch(_peak_worker, dp, runs, timeout=300)
     for rank, result in enumerate(results):
-        for name, overrides in PEAK_RUNS.items():
+        for name, overrides in runs.items():
             got = result[name]["peak"]
             want = estimate.peak_memory_bytes(units, dp, overrides["zero_stage"],
                                               precision=overrides.get("precision", "fp32"),
@@ -91,6 +94,9 @@ def test_memory_peak_equals_the_formulas(dp):
             assert got["activations"] == result[name]["activations"], (name, got["activations"])
             assert got["total"] == sum(got["at_peak_total"].values())
             assert got["total"] <= sum(got[c] for c in measure.CATEGORIES)
+    if dp == 1:
+        assert all(r["peak"]["comm_buffers"] == r["peak"]["gathered"] == 0 for r in results[0].values())
+        return
     # What ZeRO-3 buys at the peak, in this run's bytes: two gathered units rather than the whole model.
     z3, z0 = results[0]["stage3"]["peak"], results[0]["stage0"]["peak"]
     assert z3["params"] + z3["gathered"] < z0["params"]

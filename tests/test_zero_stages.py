@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 
 import minimega as mm
-from minimega import data
+from minimega import data, measure
 from minimega.engine import make_optimizer
 from parity import max_rel_error, parity_config, reference_run
 
@@ -202,4 +202,25 @@ def test_zero3_unit_states_at_rest_in_forward_and_after_backward():
     assert sharded == {**{n: UnitState.SHARDED for n in sharded},
                        "blocks.1": UnitState.UNSHARDED, "blocks.2": UnitState.GATHERING}
     assert all(s is UnitState.SHARDED for n, s in stage.state.items() if n not in persistent)
-    assert all(u.is_allocated() == (u.name in persistent) for u in stage.units)
+    # dp = 1: nothing crosses ranks, so nothing is pooled: each shard is its whole unit, no gather or reduce buffers.
+    assert stage.slots is None and stage.pool is None
+    assert all(measure.same_storage(u.flat, s) for u, s in zip(stage.units, stage.shards))
+
+
+def test_gather_slots_hold_neighbours_in_reused_buffers_and_refuse_a_third():
+    """ZeRO-3's gathered units: unit j in buffer j mod 2, each buffer as large as its largest unit, the parameters
+    views into it; a unit whose buffer a whole unit still holds is refused (it would overwrite that unit)."""
+    from minimega.zero.flat import FlatUnit, GatherSlots
+    sizes = [7, 3, 5, 4]                                     # padded at dp 2: 8, 4, 6, 4
+    units = [FlatUnit(f"u{j}", [("w", torch.nn.Parameter(torch.ones(n)))], 2, 0, torch.float32)
+             for j, n in enumerate(sizes)]
+    slots = GatherSlots(units, 2)
+    assert [b.numel() for b in slots.buffers] == [8, 4]     # max(8, 6), max(4, 4)
+    for j, u in enumerate(units):
+        assert measure.same_storage(u.params[0], slots.buffers[j % 2]) and u.flat.numel() == u.padded
+    slots.take(units[0])
+    slots.take(units[1])
+    with pytest.raises(RuntimeError, match="'u2' needs buffer 0, which 'u0' still holds"):
+        slots.take(units[2])
+    slots.give_back(units[0])
+    slots.take(units[2])

@@ -213,7 +213,7 @@ def state_tensors(dp_wrappers, optimizer=None) -> dict[str, list[torch.Tensor]]:
                     out["params"].append(u.flat)
             out["grads"] += list(w.grad_buffers()) + [p.grad for u in w.units for p in u.params]
             out["grads"] += list(getattr(w, "main_grads", {}).values())     # bf16: the fp32 accumulators
-            out["comm_buffers"] += w.pool.tensors() if hasattr(w, "pool") else []    # reduce buffers, reused
+            out["comm_buffers"] += w.pool.tensors() if getattr(w, "pool", None) else []    # reduce buffers, reused
             states = []
             if w.store.location == "device":      # offloaded (CPUOffloadStore): host memory, not this device's
                 out["master"] += list(w.store.master)

@@ -83,8 +83,8 @@ def rank_memory(units: list[list[int]], dp: int, zero_stage: int, precision: str
     m = 1 nothing is accumulated and the rank is a single micro-step's (`peak_memory_bytes`).
     Collectives beyond the reduce pool (``message_bytes``, (b, s, D)): one tick's pipeline send and receive,
     2 · ``message_bytes``, in flight together; a tp all-reduce of (b, s, D) during the backward; on every stage
-    but the first the last backward's input gradient, sent back after it. The pool (`zero.flat.BufferPool`,
-    there at dp = 1 too) is created by the chunk's first reduction and kept: in a first step (the dry run's)
+    but the first the last backward's input gradient, sent back after it. The pool (`zero.flat.BufferPool`;
+    none at dp = 1, where nothing is reduced) is created by the chunk's first reduction and kept: in a first step (the dry run's)
     the pipeline's earlier ticks run without it, the backward's tp all-reduces and the last send with it.
     From the second step on the pool is there all along (pp > 1: pool + 2 · ``message_bytes``).
     DDP (stage 0) holds its buckets only while they are in flight (none at dp = 1, a group of one issues
@@ -123,6 +123,9 @@ def _pipeline_grads(units: list[list[int]], dp: int, precision: str, slots: int,
     peaks = [GRAD_BYTES * sum(S)]                                  # every shard, after the last reduction
     for i in range(len(N)):
         full = sum(N[i:]) * GRAD_BYTES
+        if dp == 1:         # nothing to reduce: unit i's gradient is flattened into its shard beside its full grads
+            peaks.append(full + sum(S[:i]) * GRAD_BYTES + max(fold[i], N[i] * GRAD_BYTES))
+            continue
         peaks.append(full + sum(S[:max(0, i - slots)]) * GRAD_BYTES + fold[i])      # unit i's bf16 gradient
         peaks.append(full + sum(S[:max(0, i - slots + 1)]) * GRAD_BYTES)           # unit i's reduction starts
     if micro_batches > 2:

@@ -165,7 +165,9 @@ def peak_memory_bytes(units: list[list[int]], dp: int, stage: int, *, precision:
     each category's largest value over forward, backward and the step:
 
         params            stage 0-2: Σ N_u·e (0: unpadded) | stage 3: the shards, Σ P_u/n·e
-        gathered          stage 3: max_k (P_k + P_k+1)·e, two neighbouring units (prefetch) | max_k P_k·e without
+        gathered          stage 3: the reused gather buffers (`zero.flat.GatherSlots`), S = 2 with prefetch (the unit
+                          that computes and the next), 1 without; unit k in buffer k mod S, each as large as
+                          its largest unit: Σ_s max_{k ≡ s} P_k·e | 0 at dp = 1 (the shard is the whole unit)
         master            bf16: the fp32 master shards, Σ P_u/n·4 (fp32: the shards are their own masters)
         grads             in fp32 under both policies (g = 4: bf16 gradients accumulate and reduce in fp32,
                           Megatron-LM's main_grad, see `precision`), handed to the optimizer in place:
@@ -175,7 +177,10 @@ def peak_memory_bytes(units: list[list[int]], dp: int, stage: int, *, precision:
                           first retires the oldest in flight: with L = min(in_flight, units) and units in
                           backward order, max(max_k (Σ_{j retired by then} P_j/n + N_k), Σ P_u/n)·g, where
                           those retired are all but the L-1 started last; with ``accumulation`` > 1 the
-                          second micro-step finds every shard there: Σ P_u/n·g + max_u N_u·g
+                          second micro-step finds every shard there: Σ P_u/n·g + max_u N_u·g.
+                          dp = 1 (no pool): unit k's gradient is flattened into a buffer of its own that becomes
+                          its shard, beside its N_k·g: max_k (N_k + Σ_{j up to k} P_j)·g (accumulation > 1:
+                          Σ P_u·g + max_u 2N_u·g; offload: max_u 2N_u·g)
                           bf16, stage 1: + the largest parameter's gradient in bf16 (max p·e), which lives beside
                           the whole buffer until the hook adds it into its fp32 main grad (stages 2-3: it lives
                           while its own main grad does not exist yet, so the unit's N_u·g stays the peak)
@@ -185,7 +190,8 @@ def peak_memory_bytes(units: list[list[int]], dp: int, stage: int, *, precision:
                           stage 1-3: the reduce pool (`zero.flat.BufferPool`), L slots sized by the largest
                           unit, L = min(in_flight, units) (1 without overlap; ``in_flight=None``: no bound):
                           stage 1 the reduce-scatter outputs, L·max_u P_u/n·g (the input is the grads buffer);
-                          stage 2-3 each unit's flattened gradient and its output, L·max_u P_u(1 + 1/n)·g
+                          stage 2-3 each unit's flattened gradient and its output, L·max_u P_u(1 + 1/n)·g;
+                          none at dp = 1, where nothing is reduced
         optimizer_step_counters  torch's 0-d fp32 ``step`` per optimizer tensor: one per parameter
                           (stage 0), one per unit (1-3)
 
@@ -217,19 +223,25 @@ def peak_memory_bytes(units: list[list[int]], dp: int, stage: int, *, precision:
     out = {"params": shard_elems * e if stage == 3 else full, "gathered": 0, "master": masters,
            "optimizer_states": 2 * 4 * (sum(N) if stage == 0 else shard_elems),
            "optimizer_step_counters": 4 * (sum(len(u) for u in units) if stage == 0 else len(units))}
-    if stage == 3:
-        out["gathered"] = e * (max(a + b for a, b in zip(P, P[1:])) if prefetch and len(P) > 1 else max(P))
+    if stage == 3 and n > 1:
+        gather = min(2 if prefetch else 1, len(P))               # buffers: the unit computing (+ the prefetched)
+        out["gathered"] = e * sum(max(P[s::gather]) for s in range(gather))
+    staged = max(a + b for a, b in zip(N, P)) * g if n == 1 else unit_grads    # dp = 1: + its own flat buffer
     if offload:                                          # on the host: not this device's bytes
         out.update(master=0, optimizer_states=0, optimizer_step_counters=0)
-        out["grads"] = full_g + fold if stage < 2 else unit_grads
+        out["grads"] = full_g + fold if stage < 2 else staged
     elif stage < 2:
         out["grads"] = full_g + fold
     elif accumulation > 1:
-        out["grads"] = shard_elems * g + unit_grads
+        out["grads"] = shard_elems * g + staged
+    elif n == 1:                                         # every earlier unit's shard, this one's born beside N_k
+        out["grads"] = g * max(N[k] + sum(P[k:]) for k in range(len(N)))
     else:
         out["grads"] = g * max(shard_elems, *_grads_at_each_start(N, P, n, slots))
     if stage == 0:
         out["comm_buffers"] = full_g
+    elif n == 1:
+        out["comm_buffers"] = 0                          # no pool: nothing is reduced across ranks
     elif stage == 1:
         out["comm_buffers"] = slots * max(P) // n * g
     else:

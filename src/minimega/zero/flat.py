@@ -7,9 +7,9 @@ buffer of ``padded = ceil(numel / dp) * dp`` elements, so that it splits into ``
     shard = flat[r * padded/dp : (r+1) * padded/dp]                          (padded/dp,) on dp rank r
 
 Every parameter of the unit is a *view* into ``flat``: writing the flat buffer (an all-gather)
-updates the module's parameters without a copy, and ZeRO-3 frees the whole unit by resizing the
-flat buffer's storage to zero bytes (the views, and any tensor autograd saved from them, see the
-storage come back when it is refilled).
+updates the module's parameters without a copy. ZeRO-3 places each sharded unit's flat buffer in one of
+a few buffers it reuses (`GatherSlots`): the views, and any tensor autograd saved from them, read
+whatever was gathered there last, so a unit is gathered again before its backward.
 """
 from __future__ import annotations
 
@@ -92,17 +92,13 @@ class FlatUnit:
                 view.copy_(g)
         return flat
 
-    # The storage trick behind ZeRO-3's reshard: the views stay valid while their bytes come and go.
-    def free_storage(self) -> None:
-        self.flat.untyped_storage().resize_(0)
-
-    def alloc_storage(self) -> None:
-        nbytes = self.padded * self.flat.element_size()
-        if self.flat.untyped_storage().nbytes() != nbytes:
-            self.flat.untyped_storage().resize_(nbytes)
-
-    def is_allocated(self) -> bool:
-        return self.flat.untyped_storage().nbytes() > 0
+    def place(self, buffer: torch.Tensor) -> None:
+        """Move the flat buffer (and the parameters, views of it) into ``buffer``'s first ``padded`` elements for good;
+        the values are not carried over (ZeRO-3's `GatherSlots`: the next all-gather writes them)."""
+        self.flat = buffer[:self.padded]
+        with torch.no_grad():
+            for p, view in zip(self.params, self.views(self.flat)):
+                p.data = view
 
 
 # --8<-- [start:buffer_pool]
@@ -167,6 +163,56 @@ class BufferPool:
     def tensors(self) -> list[torch.Tensor]:
         return [t for slot in self.slots for t in slot if t is not None]
 # --8<-- [end:buffer_pool]
+
+
+# --8<-- [start:gather_slots]
+class GatherSlots:
+    """ZeRO-3's gathered parameters in buffers reused step after step, not allocated per unit and freed.
+
+    ``slots`` buffers (2 with prefetch: the unit that computes and the next one; 1 without); the j-th sharded unit
+    in forward order lives in buffer ``j mod slots``, as large as the largest unit it serves. Neighbours never
+    share a buffer, so the gathered bytes are bounded by Σ over buffers of their largest unit, whatever the
+    allocator does with freed memory (glibc keeps it; FSDP2 relies on CUDA's caching allocator instead).
+    Each unit's flat buffer and parameters are views into its buffer for good (`FlatUnit.place`): gathering
+    writes the buffer, resharding hands it back. Taking a buffer that another unit still holds is refused:
+    it would overwrite parameters in use.
+    """
+
+    def __init__(self, units: list[FlatUnit], slots: int):
+        slots = min(slots, len(units))
+        self.buffers = [torch.empty(max(u.padded for u in units[s::slots]), dtype=units[0].flat.dtype,
+                                    device=units[0].flat.device) for s in range(slots)]
+        self.slot = {u.name: j % slots for j, u in enumerate(units)}
+        self.holder: list[str | None] = [None] * slots
+        for u in units:
+            u.place(self.buffers[self.slot[u.name]])
+
+    def take(self, unit: FlatUnit) -> None:
+        s = self.slot[unit.name]
+        if self.holder[s] not in (None, unit.name):
+            raise RuntimeError(f"GatherSlots: unit {unit.name!r} needs buffer {s}, which {self.holder[s]!r} still "
+                               "holds; units are gathered in order, two neighbours at most")
+        self.holder[s] = unit.name
+
+    def give_back(self, unit: FlatUnit) -> None:
+        s = self.slot[unit.name]
+        if self.holder[s] == unit.name:
+            self.holder[s] = None
+
+    def tensors(self) -> list[torch.Tensor]:
+        return list(self.buffers)
+# --8<-- [end:gather_slots]
+
+
+@torch.no_grad()
+def gather_fp32(units: list[FlatUnit], shards: list[torch.Tensor], group: comm.Group, tag: str) -> dict:
+    """{parameter name: its full fp32 value on the host}, all-gathered from each unit's shard (on every rank)."""
+    out = {}
+    for u, m in zip(units, shards):
+        full = torch.empty(u.padded, dtype=torch.float32, device=u.flat.device)
+        comm.all_gather(full, m.detach().float().to(u.flat.device), group, tag=tag)
+        out.update({n: v.cpu().clone() for n, v in zip(u.names, u.views(full))})
+    return out
 
 
 def model_units(module: nn.Module) -> list[tuple[str, list[tuple[str, nn.Parameter]]]]:

@@ -19,8 +19,8 @@ reduce-scatter when its last gradient is in, ``finish_grad_sync()`` (called afte
     accumulation reduces on every micro-step (DeepSpeed's semantics); under ``no_sync()`` (the pipeline's
     micro-batches before the last) the full gradients accumulate and the last backward reduces them once.
 ``Zero3(Zero2)`` (+ parameters sharded): at rest each unit holds only its shard. ``unshard()``
-    (all-gather) before the unit's forward and again before its backward, ``reshard()`` (free the
-    storage) after each; the next unit's all-gather is issued before the current unit computes
+    (all-gather) before the unit's forward and again before its backward, ``reshard()`` (hand its
+    buffer back) after each; the next unit's all-gather is issued before the current unit computes
     (prefetch). Units whose parameters have at most ``param_persistence_threshold`` elements each
     stay whole (DeepSpeed's ``stage3_param_persistence_threshold``).
 
@@ -38,7 +38,7 @@ import torch.nn as nn
 from .. import clock, comm, measure, precision
 from ..grad_sync import GradSync, dp_named_parameters
 from ..model import GPT
-from .flat import BufferPool, FlatUnit, model_units  # noqa: F401  (model_units: imported from here too)
+from .flat import BufferPool, FlatUnit, GatherSlots, gather_fp32, model_units  # noqa: F401  (model_units: imported from here too)
 from .nvme import make_store
 
 
@@ -79,10 +79,12 @@ class Zero1(GradSync, nn.Module):
         self.shards = [self._make_shard(u) for u in self.units]
         self.store = make_store(self.shards, make_optimizer, config, group.ranks[rank])   # device, host or disk
         self.grad_shards = self._make_grad_buffers()      # on the device; none under offload (the host keeps them)
-        # Without overlap each reduction completes as it starts: one in flight, one pool slot.
+        # A slot per reduction in flight (one without overlap); no pool at dp = 1, where nothing is reduced.
         self.max_in_flight = config.reductions_in_flight if config.overlap_comm else 1
         self.pool = BufferPool(self.max_in_flight, max(u.padded for u in self.units), group.size,
-                               self.policy.accumulate_dtype, self.units[0].flat.device, full=self.stage >= 2)
+                               self.policy.accumulate_dtype, self.units[0].flat.device,
+                               full=self.stage >= 2) if group.size > 1 else None
+        self._staging: dict[int, torch.Tensor] = {}       # dp = 1, stages 2-3: a unit's flattened gradient, until retired
         self._reducing: dict[int, tuple[int, torch.Tensor, comm.Handle]] = {}    # unit -> (pool slot, output, handle)
         self._watch([u.params for u in self.units], main_grads=self._main_views)
 
@@ -127,8 +129,9 @@ class Zero1(GradSync, nn.Module):
     def _start(self, i: int) -> None:
         """Phase 1: unit i's gradients are all in: start its reduce-scatter in a pool slot (`GradSync` made room)."""
         unit = self.units[i]
-        k, buffer, out = self.pool.take(unit.padded)
+        k, buffer, out = self.pool.take(unit.padded) if self.pool else (None, None, None)
         full = self._reduce_input(i, buffer)
+        out = full if out is None else out          # dp = 1: the sum is the gradient itself (comm copies nothing)
         self._event("reduce_scatter_issued", unit=unit.name)
         self._reducing[i] = k, out, comm.reduce_scatter(out, full, self.group, async_op=True, tag=unit.name)
     # --8<-- [end:tour_reduce_scatter]
@@ -150,7 +153,9 @@ class Zero1(GradSync, nn.Module):
             self.store.copies.reads_done()
         else:
             self._write_shard(i, out)
-        self.pool.give_back(k)
+        self._staging.pop(i, None)
+        if self.pool:
+            self.pool.give_back(k)
     # --8<-- [end:tour_wait]
 
     def _complete(self) -> None:
@@ -217,7 +222,8 @@ class Zero1(GradSync, nn.Module):
 
     # --8<-- [start:tour_gather]
     def _gather_after_step(self) -> None:
-        self.pool.all_gather(self.units, self.shards, self.group)     # through the reductions' slots
+        if self.pool:                                                  # dp = 1: the shards are the units
+            self.pool.all_gather(self.units, self.shards, self.group)     # through the reductions' slots
     # --8<-- [end:tour_gather]
     # --8<-- [end:zero1_step]
 
@@ -242,23 +248,16 @@ class Zero1(GradSync, nn.Module):
         return self._gather_shards([m.grad if m.grad is not None else torch.zeros_like(m)
                                     for m in self.store.master], "grad_dict")
 
-    @torch.no_grad()
     def _gather_shards(self, shards: list[torch.Tensor], tag: str) -> dict[str, torch.Tensor]:
-        out = {}
-        for u, m in zip(self.units, shards):
-            full = torch.empty(u.padded, dtype=torch.float32, device=u.flat.device)
-            comm.all_gather(full, m.detach().float().to(u.flat.device), self.group, tag=tag)
-            out.update({n: v.cpu().clone() for n, v in zip(u.names, u.views(full))})
+        out = gather_fp32(self.units, shards, self.group, tag)
         return {n: out[n] for n, _ in dp_named_parameters(self.module)}
 
     def memory(self) -> dict:
-        """Bytes this rank holds by category (storages shared by views are counted once).
-
-        ``params`` and ``grads`` are on the device; ``master``, ``optimizer_states`` and the step counters
+        """Bytes this rank holds by category (storages shared by views are counted once). ``params`` and ``grads`` are
+        on the device; ``master``, ``optimizer_states`` and the step counters
         where ``optimizer_location`` says; ``host_grads`` (offload only) in host memory.
         """
-        params = [u.flat for u in self.units] + self.shards
-        return {"params": measure.tensor_bytes(params),
+        return {"params": measure.tensor_bytes(self.shards),    # a view's whole storage: ZeRO-1/2's flat buffers
                 "grads": measure.tensor_bytes(self.grad_buffers() + [p.grad for p in self._unit_of]),
                 **self.store.memory(), "optimizer_location": self.store.location}
 
@@ -282,12 +281,15 @@ class Zero2(Zero1):
         return [None] * len(self.units)
 
     def grad_buffers(self) -> list[torch.Tensor]:
-        return [g for g in self.grad_shards if g is not None]
+        return [g for g in self.grad_shards if g is not None] + list(self._staging.values())
 # --8<-- [end:zero2_buffers]
 
     # --8<-- [start:zero2_hook]
     def _reduce_input(self, i: int, buffer: torch.Tensor) -> torch.Tensor:
         unit = self.units[i]
+        if buffer is None:                                     # dp = 1 (no pool): a buffer of its own, a gradient
+            buffer = self._staging[i] = torch.empty(unit.padded, dtype=self.policy.accumulate_dtype,
+                                                    device=unit.flat.device)
         flat = unit.flatten_grads(self.main_grads, out=buffer)   # (padded,) this rank's full gradient, in a pool slot
         for p in unit.params:
             p.grad = None                                      # the full gradient is not kept
@@ -296,7 +298,7 @@ class Zero2(Zero1):
 
     def _write_shard(self, i: int, reduced: torch.Tensor) -> None:
         if self.grad_shards[i] is None:                        # the first micro-step: the shard is born
-            self.grad_shards[i] = reduced.clone()
+            self.grad_shards[i] = reduced.clone() if self.pool else reduced     # dp = 1: the buffer is the shard
         else:
             self.grad_shards[i].add_(reduced)                 # accumulate over micro-steps
     # --8<-- [end:zero2_hook]
@@ -343,10 +345,10 @@ class Zero3(Zero2):
                 self.step_names.append(step)
                 self.steps.append([])
             self.steps[-1].append(u)
-        for u in self.units:
-            if u.name not in self.persistent:
-                u.free_storage()                               # at rest: only the shard
-                self.state[u.name] = UnitState.SHARDED
+        sharded = [u for s in self.steps for u in s if u.name not in self.persistent]
+        self.state.update({u.name: UnitState.SHARDED for u in sharded})          # at rest: only the shard
+        # Gathered units in reused buffers (one computing, one prefetched); none at dp = 1: the shard is the unit.
+        self.slots = GatherSlots(sharded, 2 if config.prefetch else 1) if sharded and group.size > 1 else None
 
     def _units(self, module):
         """Split each unit: parameters with <= threshold elements form a persistent unit, kept whole."""
@@ -365,14 +367,15 @@ class Zero3(Zero2):
 
     def _make_shard(self, unit: FlatUnit) -> torch.Tensor:
         shard = unit.flat[unit.start:unit.end]
-        return shard if unit.name in self.persistent else shard.clone()     # outlives the flat buffer
+        return shard if unit.name in self.persistent or self.group.size == 1 else shard.clone()   # outlives the flat
 
     # --8<-- [start:zero3_unshard]
     def unshard(self, k: int, prefetch: bool = False) -> None:
         """All-gather step k's sharded units (async when prefetching); without prefetch, wait for them."""
         for u in self.steps[k]:
             if self.state[u.name] is UnitState.SHARDED:
-                u.alloc_storage()
+                if self.slots:
+                    self.slots.take(u)
                 self._event("all_gather_issued", unit=u.name, prefetch=prefetch)
                 self._gathers[u.name] = self._gather(u, self.shards[self.units.index(u)])
                 self.state[u.name] = UnitState.GATHERING
@@ -381,15 +384,12 @@ class Zero3(Zero2):
                 self.state[u.name] = UnitState.UNSHARDED
 
     def _gather(self, u: FlatUnit, shard: torch.Tensor) -> comm.Handle:
-        # .data: refilling the buffer is not an in-place op autograd should see.
-        return comm.all_gather(u.flat.data, shard, self.group, async_op=True, tag=u.name)
+        return comm.all_gather(u.flat.data, shard, self.group, async_op=True, tag=u.name)  # .data: not seen by autograd
 
     def reshard(self, k: int) -> None:
         """Free step k's gathered parameters (the shard stays; persistent units and prefetches in flight stay)."""
         for u in self.steps[k]:
-            if self.state[u.name] is UnitState.UNSHARDED and u.name not in self.persistent:
-                u.free_storage()
-                self.state[u.name] = UnitState.SHARDED
+            self._release(u)
     # --8<-- [end:zero3_unshard]
 
     # --8<-- [start:zero3_forward]
@@ -414,9 +414,13 @@ class Zero3(Zero2):
 
     def _bucket_done(self, i: int) -> None:
         """Every gradient of unit i is in (synchronised or not): its backward is over, free the parameters."""
-        unit = self.units[i]
+        self._release(self.units[i])
+
+    def _release(self, unit: FlatUnit) -> None:
+        """A whole unit (not persistent, not in flight) goes back to its shard; its buffer is free for the next."""
         if self.state[unit.name] is UnitState.UNSHARDED and unit.name not in self.persistent:
-            unit.free_storage()
+            if self.slots:
+                self.slots.give_back(unit)
             self.state[unit.name] = UnitState.SHARDED
 
     def _gather_after_step(self) -> None:
@@ -424,7 +428,8 @@ class Zero3(Zero2):
         for k in range(len(self.steps)):
             self.reshard(k)                                    # none should be whole here; stale if one were
         keep = [(u, s) for u, s in zip(self.units, self.shards) if u.name in self.persistent]
-        self.pool.all_gather([u for u, _ in keep], [s for _, s in keep], self.group)
+        if self.pool:
+            self.pool.all_gather([u for u, _ in keep], [s for _, s in keep], self.group)
 
 
 # --8<-- [start:zero3_backward]
