@@ -228,7 +228,11 @@ def test_killing_the_launcher_ends_every_rank(tmp_path):
         assert all(p.poll() is None for _, p in jobs.values()), [p.stderr.read() for _, p in jobs.values()]
         time.sleep(0.1)
     ranks = {sig: [int(f.read_text()) for f in d.glob("pid-*")] for sig, (d, _) in jobs.items()}
-    assert all(len(r) == 2 for r in ranks.values()), "the ranks never started"
+    if not all(len(r) == 2 for r in ranks.values()):
+        for _, launcher in jobs.values():        # a launcher still starting must not outlive the test
+            launcher.terminate()
+            launcher.wait(30)
+        pytest.fail(f"the ranks never started within 120 s: {ranks}")
     for sig, (_, launcher) in jobs.items():
         launcher.send_signal(sig)
     time.sleep(5)
