@@ -59,6 +59,7 @@ SAMPLES = {
     "prefetch": (dict(zero_stage=3), dict(zero_stage=3, prefetch=False)),
     "overlap_comm": ({}, dict(overlap_comm=False)),
     "reductions_in_flight": (dict(zero_stage=2), dict(zero_stage=2, reductions_in_flight=2)),
+    "async_save": ({}, dict(async_save=True)),
     "ep": ({}, dict(ep=2)),
     "cp": ({}, dict(cp=2)),
     "cp_attention": (dict(cp=2), dict(cp=2, cp_attention="ulysses")),

@@ -43,6 +43,8 @@ def _layer(rate=0.05, k=1, dispatch="dropless"):
     layer = moe.MoELayer(mm.GPTConfig.tiny(n_embd=8, n_head=2), moe.MoEConfig(
         n_experts=4, top_k=k, dispatch=dispatch, bias_update_rate=rate, capacity_factor=4.0))
     torch.nn.init.normal_(layer.router.weight, std=0.5)
+    for w in (layer.experts.fc, layer.experts.proj):     # a bare layer's experts are torch.empty until GPT's init
+        torch.nn.init.normal_(w, std=0.02)
     return layer
 
 

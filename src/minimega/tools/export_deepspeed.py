@@ -72,6 +72,8 @@ def to_deepspeed(cfg: TrainConfig, dp: int, *, megatron: bool = False) -> dict:
     if get_field(cfg, "reductions_in_flight") != default_of("reductions_in_flight"):
         raise refuse(target, "reductions_in_flight", get_field(cfg, "reductions_in_flight"), "DeepSpeed bounds its "
                       "reductions by reduce_bucket_size (bytes), not a count")
+    if get_field(cfg, "async_save"):
+        raise refuse(target, "async_save", True, "how a checkpoint is written (blocking or in the background) is not carried by this export")
     if cfg.bucket_mb != default_of("bucket_mb"):
         if cfg.zero_stage:
             raise refuse(target, "bucket_mb", cfg.bucket_mb, "minimega's ZeRO reduces one unit per call; "

@@ -105,6 +105,7 @@ TABLE: tuple[tuple[str, str, str, str], ...] = (
      "— FSDP2 always prefetches the next unit"),
     ("overlap_comm", "zero_optimization.overlap_comm", "--overlap-grad-reduce (+ --overlap-param-gather)",
      "— FSDP2 always overlaps"),
+    ("async_save", "— how a checkpoint is written (blocking or in the background) is not carried by this export", "— how a checkpoint is written (blocking or in the background) is not carried by this export", "— how a checkpoint is written (blocking or in the background) is not carried by this export"),
     ("reductions_in_flight", "— DeepSpeed bounds its reductions by reduce_bucket_size (bytes), not a count",
      "— Megatron-LM has no cap on the reductions in flight",
      "— FSDP2's cap (set_reduce_scatter_max_input_buffers, default 1) is set in code, not in the TOML"),
