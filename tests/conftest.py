@@ -27,10 +27,11 @@ def pytest_configure(config):
         torch.set_num_threads(int(os.environ[CPUS_ENV]))
 
 
-# `make test-fast` leaves out `slow` tests: besides those marked in their files, these (node id prefixes), each
-# measured above ~8 s on two cores: four-rank parity runs, launcher kill and restart runs that start fresh
-# interpreters, DeepSpeed and torchrun peers, the covering array's training, and the exam's whole-bank scans.
-# Each guarantee they check has a cheaper sibling that stays in the fast set (two ranks, one layout).
+# `make test-fast` (the everyday loop, under 5 minutes) leaves out `slow` tests: besides those marked in their
+# files, these (node id prefixes), each measured above ~8 s on two cores in a full `make test`: four-rank parity
+# runs, launcher kill and restart runs that start fresh interpreters, DeepSpeed and torchrun peers, the covering
+# array's training, checkpoint trips between layouts, the whole-bank scans, site builds and service start-ups.
+# Most have a cheaper sibling in the fast set (two ranks, one layout); `make test` runs them all.
 SLOW = ("tests/test_composition.py::test_case_matches_single_process", "tests/test_peers.py", "tests/test_torchrun.py",
         "tests/test_exam_harvest.py", "tests/test_quiz.py::test_practice_shares_no_item_or_fact_with_the_exam",
         "tests/test_launch.py::test_an_edited_source_or_a_dead_forkserver_starts_a_fresh_one",
@@ -58,7 +59,22 @@ SLOW = ("tests/test_composition.py::test_case_matches_single_process", "tests/te
         "tests/test_measure.py::test_memory_peak_equals_the_formulas[4]",
         "tests/test_checkpoint_interop.py::test_export_dcp_loads_in_torch_plain_and_fsdp2",
         "tests/test_cli.py::test_a_stopped_rank_ends_the_job_naming_it_and_its_collective",
-        "tests/test_elastic.py::test_restart_at_the_same_size_ends_on_the_same_bits")
+        "tests/test_elastic.py::test_restart_at_the_same_size_ends_on_the_same_bits",
+        "tests/test_classroom_cli.py::test_cli_round_trip_revoke_and_rotate",
+        "tests/test_checkpoint_safety.py::test_fresh_run_keeps_its_new_checkpoint_when_pruning",
+        "tests/test_classroom_site.py::test_no_exam_answer_in_the_built_site",
+        "tests/test_cli.py::test_progress_on_a_terminal_is_a_bar", "tests/test_cli.py::test_progress_in_a_log_file_is_plain",
+        "tests/test_comm_overlap.py::test_overlap_hides_most_of_the_delay[ddp]",
+        "tests/test_comm_overlap.py::test_overlap_hides_most_of_the_delay[zero3]",
+        "tests/test_checkpoint_interop.py::test_import_dcp_from_fsdp2_loads_onto_any_layout",
+        "tests/test_animations.py::test_zero_phases_equal_a_recorded_commlog[3]",
+        "tests/test_checkpoint.py::test_reshard_across_layouts[tp2-pp2-dp2-pp2-zero1]",
+        "tests/test_checkpoint.py::test_reshard_across_layouts[dp2-tp2-zero1-tp2-pp2]",
+        "tests/test_checkpoint.py::test_every_tensor_survives_a_trip_through_another_layout[tp2-pp2-bf16-dp2-tp2-zero3]",
+        "tests/test_checkpoint.py::test_every_tensor_survives_a_trip_through_another_layout[dp2-tp2-zero3-fp16-dp4-",
+        "tests/test_checkpoint.py::test_every_tensor_survives_a_trip_through_another_layout[dp4-",
+        "tests/test_classroom_dockerfile.py::test_cmd_refuses_to_start_without_a_",
+        "tests/test_classroom_exam_api.py::test_openapi_fuzz_finds_no_server_error")
 
 
 @pytest.hookimpl(tryfirst=True)               # before pytest-xdist reads the groups
