@@ -69,24 +69,24 @@ def rank_directory(nvme_path: str, rank: int) -> str:
     return tempfile.mkdtemp(prefix=f"minimega-rank{rank}-", dir=nvme_path)
 
 
-def _pread(fd: int, buf: memoryview, path: str) -> int:
+def _whole(io, fd: int, buf: memoryview, path: str, verb: str) -> int:
+    """All of ``buf`` through ``io`` (os.preadv or os.pwritev) from offset 0: a short transfer continues where it
+    stopped, none at all is an error naming the file."""
     done = 0
     while done < len(buf):
-        n = os.preadv(fd, [buf[done:]], done)
+        n = io(fd, [buf[done:]], done)
         if n <= 0:
-            raise OSError(f"{path}: file ended after {done} of {len(buf)} bytes")
+            raise OSError(f"{path}: {verb} {done} of {len(buf)} bytes")
         done += n
     return done
+
+
+def _pread(fd: int, buf: memoryview, path: str) -> int:
+    return _whole(os.preadv, fd, buf, path, "file ended after")
 
 
 def _pwrite(fd: int, buf: memoryview, path: str) -> int:
-    done = 0
-    while done < len(buf):
-        n = os.pwritev(fd, [buf[done:]], done)
-        if n <= 0:
-            raise OSError(f"{path}: wrote {done} of {len(buf)} bytes")
-        done += n
-    return done
+    return _whole(os.pwritev, fd, buf, path, "wrote")
 
 
 def _state_names(optimizer: torch.optim.Optimizer) -> tuple[str, ...]:
