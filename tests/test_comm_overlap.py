@@ -2,13 +2,17 @@
 
 Each collective occupies a simulated wire for D seconds; the same run goes with overlap on and with every
 collective forced synchronous (`TrainConfig.overlap_comm=False`), alternating step by step. Forced
-synchronous, a step is blocked D for every collective; with overlap, the collectives the design issues
-ahead of compute are hidden. The test asks that at least half of the hideable delay disappears from the
-time the step spends blocked on communication (`comm.blocked_seconds`): DDP's buckets but the last,
-ZeRO-2's reduce-scatters but the last, and ZeRO-3's all-gathers (prefetched one unit ahead, forward and
-backward) and reduce-scatters, each but one per pass. Blocked time, not step time, is asserted: on two
-loaded cores step times swing by more than the delay, while load only makes overlap hide more. The step
-times are reported alongside.
+synchronous, a collective costs D; with overlap, the collectives the design issues ahead of compute are
+hidden: DDP's buckets but the last, ZeRO-2's reduce-scatters but the last, and ZeRO-3's all-gathers
+(prefetched one unit ahead, forward and backward) and reduce-scatters, each but one per pass. The test asks
+that at least half of the hideable delay is gone from the wire's exposed time: the part of each collective's
+D that compute between its issue and its wait did not cover (``ready_at - wait_start``), summed over the
+phases overlap hides (the "other" collectives, the loss's mean and ZeRO-2's gathers after the step, are the
+same with it on or off). That is what the design controls. Neither step time nor the whole time blocked in
+waits is asserted: on two loaded cores step times swing by more than the delay, and a wait also holds a rank
+until its slower peer joins (a CI run under load measured 16 ms "saved" of 50 that way). Load only makes
+overlap hide more of the wire; a broken overlap still exposes D per collective on a quiet machine, where
+`make mutants` runs. Both other times are reported alongside.
 """
 import time
 
@@ -35,14 +39,16 @@ PHASES = {"ddp": ("reductions",), "zero2": ("reductions",),
           "zero3": ("forward_gathers", "backward_gathers", "reductions")}
 
 
-class _PhaseBlocked:
-    """A `comm` observer: seconds blocked per phase. Reductions are the gradient buckets' all-reduces and
+class _PhaseExposed:
+    """A `comm` observer: seconds of the wire's delay left exposed per phase (`comm_wire`: the wire sleeps until
+    ``ready_at`` when the wait starts before it), and seconds blocked in waits in all. Reductions are the gradient buckets' all-reduces and
     the units' reduce-scatters; an all-gather issued with autograd recording is a forward gather, one issued
     inside the backward (where autograd records nothing) a backward gather; the rest (the loss's mean, the
     gathers after the step) is "other". ZeRO-3's forward and backward gathers are told apart only there."""
 
     def __init__(self):
         self.seconds: dict[str, float] = {}
+        self.blocked = 0.0
 
     def issued(self, call) -> None:
         if call.op == "reduce_scatter" or (call.op == "all_reduce" and call.tag.startswith("bucket")):
@@ -57,7 +63,8 @@ class _PhaseBlocked:
 
     def done(self, call) -> None:
         phase = call.extra["phase"]
-        self.seconds[phase] = self.seconds.get(phase, 0.0) + time.perf_counter() - call.wait_start
+        self.seconds[phase] = self.seconds.get(phase, 0.0) + max(0.0, call.ready_at - call.wait_start)
+        self.blocked += time.perf_counter() - call.wait_start
 
 
 def _gather_order(timeline: list[dict]) -> list[list[tuple[str, bool]]]:
@@ -84,17 +91,19 @@ def _overlap_worker(layouts, delay, steps):
         batches = list(data.batches(mesh, steps + 1, 32, MODEL["block_size"]))
         times = {"free": [], True: [], False: []}
         blocked = {"free": [], True: [], False: []}
+        exposed = {"free": [], True: [], False: []}
         phases = {True: [], False: []}
         for i, batch in enumerate(batches):
             for key, engine, d in (("free", engines[True], 0.0), (True, engines[True], delay),
                                    (False, engines[False], delay)):
                 comm.barrier(mesh.dp_group)
-                with comm.delay(d), comm.observing(_PhaseBlocked()) as by_phase:
-                    t, b = time.perf_counter(), comm.blocked_seconds()
+                with comm.delay(d), comm.observing(_PhaseExposed()) as by_phase:
+                    t = time.perf_counter()
                     engine.train_step(batch)
                     if i:                                  # step 0 warms up (Adam's states, allocator)
                         times[key].append(time.perf_counter() - t)
-                        blocked[key].append(comm.blocked_seconds() - b)
+                        blocked[key].append(by_phase.blocked)
+                        exposed[key].append(sum(by_phase.seconds.get(ph, 0.0) for ph in PHASES[name]))
                         if key != "free":
                             phases[key].append(by_phase.seconds)
         by_op = engines[False].comm_log.summary()["by_op"]
@@ -102,6 +111,7 @@ def _overlap_worker(layouts, delay, steps):
         med = min                  # the least-disturbed step: interference only adds time
         out[name] = {"step": {"free": med(times["free"]), "overlap": med(times[True]), "sync": med(times[False])},
                      "blocked": {"free": med(blocked["free"]), "overlap": med(blocked[True]), "sync": med(blocked[False])},
+                     "exposed": {"free": med(exposed["free"]), "overlap": med(exposed[True]), "sync": med(exposed[False])},
                      "collectives": len(engines[False].comm_log.records) // (steps + 1),
                      "hideable": _hideable(name, per_step),
                      "phases": {ph: {"overlap": med(p.get(ph, 0.0) for p in phases[True]),
@@ -137,17 +147,19 @@ def timings(request):
 def test_overlap_hides_most_of_the_delay(timings, name):
     for rank, result in enumerate(timings):
         r = result[name]
-        b, t = r["blocked"], r["step"]
-        saved = b["sync"] - b["overlap"]
-        print(f"{name} rank {rank}: blocked per step {b['free']*1e3:.0f} / {b['overlap']*1e3:.0f} / "
-              f"{b['sync']*1e3:.0f} ms (no delay / overlap / sync), step {t['free']*1e3:.0f} / "
-              f"{t['overlap']*1e3:.0f} / {t['sync']*1e3:.0f} ms; {r['collectives']} collectives, "
-              f"saved {saved*1e3:.0f} ms of {r['hideable']} x {DELAY*1e3:.0f} ms hideable")
-        assert r["hideable"] >= 2
-        # Forced synchronous, every collective of the step is blocked for most of the delay: the delay runs from
-        # the issue, and the engine's own work between issue and wait (a unit's flattening, the pool's copy) is
-        # not blocked time; under load that work grows (measured 166 of 180 ms on a loaded machine).
-        assert b["sync"] >= 0.8 * r["collectives"] * DELAY
+        e, b, t = r["exposed"], r["blocked"], r["step"]
+        print(f"{name} rank {rank}: exposed per step {e['overlap']*1e3:.0f} / {e['sync']*1e3:.0f} ms (overlap / sync), "
+              f"blocked {b['free']*1e3:.0f} / {b['overlap']*1e3:.0f} / {b['sync']*1e3:.0f} ms (no delay / overlap / "
+              f"sync), step {t['free']*1e3:.0f} / {t['overlap']*1e3:.0f} / {t['sync']*1e3:.0f} ms; {r['collectives']} "
+              f"collectives, saved {(e['sync'] - e['overlap'])*1e3:.0f} ms of {r['hideable']} x {DELAY*1e3:.0f} ms hideable")
+        assert r["hideable"] >= 2 and e["free"] == 0.0
+        # Forced synchronous, each collective of these phases costs D (test_delay_and_overlap_switch_semantics
+        # shows a forced call pays all of it); with overlap at least half of the hideable ones' D must be gone.
+        # The bound is taken from that nominal cost, not from the synchronous run's exposed time: a rank held in
+        # a synchronous call until its peer joins spends part of D there (16 of 40 ms measured with four busy
+        # loops beside the test), which would make the measured saving read short.
+        nominal = (r["hideable"] + len(PHASES[name])) * DELAY
+        saved = nominal - e["overlap"]
         assert saved >= 0.5 * r["hideable"] * DELAY, (
             f"{name}: overlap hid {saved*1e3:.0f} ms per step, less than half of the "
             f"{r['hideable']} x {DELAY*1e3:.0f} ms the design can hide")
