@@ -17,9 +17,20 @@ CHROMIUM_FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first
                   "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 
 
+def _version(text: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in text.split(".")[:2] if part.isdigit())
+
+
 def pytest_configure(config):
     """Under `make test`'s workers each gets its share of the cores, for its own torch ops and the jobs it launches
     (`launch.cpu_share`): two workers with every core each would spin four threads on two cores."""
+    # `make test`'s workers get a file's tests together only if pytest-xdist marks each node id with its group
+    # ("...::test@group"); pytest 9.2's structured node ids silently undo that (pytest-xdist#1386), and every
+    # file's module fixtures then ran on both workers (the covering array's training twice: 390 s).
+    if config.getoption("dist", "no") == "loadgroup" and _version(pytest.__version__) >= (9, 2):
+        raise pytest.UsageError(f"pytest {pytest.__version__} with pytest-xdist's --dist loadgroup spreads a file's "
+                                "tests over the workers (pytest-xdist#1386): install pytest<9.2 as pyproject.toml "
+                                "pins it (make install-test)")
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
     if workers > 1:
         share = max(1, (os.cpu_count() or 1) // workers)
