@@ -325,5 +325,7 @@ def test_practice_shares_no_item_or_fact_with_the_exam():
                 matcher.set_seq2(_norm(p.question))
                 if matcher.quick_ratio() >= 0.4 and matcher.ratio() >= 0.4:
                     alike.add(round_sig(p.answer, 3))
+        if not alike:                               # nothing to hit: the draws need not be made
+            continue
         hits = sum(round_sig(instantiate(e, draw_params(e, rng)).answer, 3) in alike for _ in range(200))
         assert hits <= 10, (e.id, hits, alike)
