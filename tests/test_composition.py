@@ -47,7 +47,8 @@ from minimega.engine import validate
 from parity import fp16_reference_run, max_rel_error, parity_config, reference_run
 
 pytestmark = pytest.mark.timeout(900)      # the module fixture trains every case (one launch per world size)
-STEPS = 4      # the gradient itself: test_grad_parity.py; these steps check the optimizer path
+STEPS = 2      # each step's loss and clipping norm (the gradient), the weights after two Adam steps: an update, the
+               # parameters gathered after it, the moments reused (the gradient in depth: test_grad_parity.py)
 TINY = mm.GPTConfig.tiny(block_size=32)          # 4 layers: interleaved 1F1B cuts pp·v = 2·2 chunks
 CLIP = 0.5                                       # active on every step: the norm is checked in every layout
 PERSIST = TINY.n_embd                            # ZeRO-3 keeps tensors of <= 64 elements whole
