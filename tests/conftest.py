@@ -60,6 +60,10 @@ SLOW = ("tests/test_composition.py::test_case_matches_single_process", "tests/te
         "tests/test_moe.py::test_clipping_counts_every_expert_once[world4]",
         "tests/test_grad_parity.py::test_gradient_matches_single_process[ddp-dp4]",
         "tests/test_grad_parity.py::test_gradient_matches_single_process[zero1-dp4]",
+        *(f"tests/test_grad_parity.py::test_gradient_matches_single_process[{case}]"      # the fast set keeps
+          for case in ("ddp-dp4-ga2-clip", "zero2-dp4-ga2", "zero3-dp4-persist", "zero1-dp4-offload",  # zero3-dp4-clip,
+                       "zero1-dp2-tp2", "zero2-dp2-pp2-zb_h1", "ddp-tp2-pp2-zb_h1")),     # zero2-dp2-pp2, tp2-pp2, pp4-zb
+        "tests/test_quiz.py::test_template_answers_match_the_papers_formulas",
         "tests/test_parallel_3d.py::test_matches_single_process[dp2-tp2-zero1]",
         "tests/test_parallel_3d.py::test_matches_single_process[tp2-pp2-1f1b]",
         "tests/test_tensor_parallel.py::test_initialize_leaves_the_callers_model_untouched",
