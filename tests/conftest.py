@@ -97,10 +97,12 @@ def pytest_collection_modifyitems(config, items):
     """Skips what this machine cannot run, and groups the tests for `make test`'s two workers (pytest-xdist,
     ``--dist loadgroup``): a file's tests share its module fixtures, so a file runs on one worker; the labs
     (each notebook its own process tree) spread over both."""
+    xdist = config.pluginmanager.hasplugin("xdist")     # `-p no:xdist` runs in this process, ungrouped
     for item in items:
         path = item.nodeid.split("::")[0]
         group = item.nodeid if path.endswith("test_labs.py") else path
-        item.add_marker(pytest.mark.xdist_group(group))
+        if xdist:
+            item.add_marker(pytest.mark.xdist_group(group))
         if item.nodeid.startswith(SLOW):
             item.add_marker(pytest.mark.slow)
     no_gpu = pytest.mark.skip(reason="needs CUDA")

@@ -32,6 +32,35 @@ _reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_sc
 _all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
 
+def _in_place_only(group: "Group", tensor: torch.Tensor) -> bool:
+    """Gloo on the CPU: build all-gathers and reduce-scatters from in-place collectives.
+
+    Gloo runs an all-gather or a reduce-scatter through a temporary buffer as big as the whole tensor, a new
+    one per call, and glibc keeps the freed blocks: a ZeRO-3 rank's memory then grows with every unit gathered,
+    the opposite of what ZeRO is for. A broadcast and a reduce work in the tensor they are given. So an
+    all-gather is n broadcasts (rank k sends chunk k into everyone's output) and a reduce-scatter n reduces
+    (chunk k summed into rank k's copy): the ring's bytes for the gather, (1 + 1/n) times them for the
+    reduce-scatter (`measure`'s note). NCCL has no such temporaries and keeps the fused calls."""
+    return tensor.device.type == "cpu" and tensor.is_contiguous() and dist.get_backend(group.pg) == "gloo"
+
+
+# --8<-- [start:in_place_calls]
+def _gather_by_broadcasts(output: torch.Tensor, input: torch.Tensor, group: "Group") -> list:
+    """All-gather as n broadcasts: rank k's chunk goes straight into chunk k of every rank's ``output``."""
+    chunks = output.view(group.size, -1)
+    if chunks[group.rank].data_ptr() != input.data_ptr():
+        chunks[group.rank].copy_(input.view(-1))
+    return [dist.broadcast(chunks[k], src=r, group=group.pg, async_op=True) for k, r in enumerate(group.ranks)]
+
+
+def _reduce_scatter_by_reduces(input: torch.Tensor, group: "Group") -> list:
+    """Reduce-scatter as n reduces: chunk k of ``input`` is summed into rank k's own copy of it."""
+    chunks = input.view(group.size, -1)
+    return [dist.reduce(chunks[k], dst=r, op=dist.ReduceOp.SUM, group=group.pg, async_op=True)
+            for k, r in enumerate(group.ranks)]
+# --8<-- [end:in_place_calls]
+
+
 @dataclass(frozen=True)
 class Group:
     """A process group with its member ranks and a name ('dp', 'tp', 'pp', 'world')."""
@@ -98,10 +127,11 @@ def overlap(enabled: bool = True):
 class Handle:
     """In-flight communication; ``wait()`` blocks until it is done (the observers hear both moments)."""
 
-    def __init__(self, calls=(), works=(), result=None):
+    def __init__(self, calls=(), works=(), result=None, then=None):
         self._calls = list(calls)
         self._works = [w for w in works if w is not None]
         self._pending = bool(self._calls)
+        self._then = then
         self.result = result
 
     def wait(self):
@@ -111,14 +141,17 @@ class Handle:
                 notify("waiting", call)
             for work in self._works:
                 work.wait()
+            if self._then is not None:
+                self._then()
             for call in self._calls:
                 notify("done", call)
         return self.result
 
 
-def _finish(call: Call, works: list, result, async_op: bool):
-    """An async call returns its `Handle`; a synchronous one (or any under ``overlap(False)``) waits now."""
-    handle = Handle([call], works, result)
+def _finish(call: Call, works: list, result, async_op: bool, then=None):
+    """An async call returns its `Handle`; a synchronous one (or any under ``overlap(False)``) waits now.
+    ``then``: run once the works are done, before the handle's waiter goes on."""
+    handle = Handle([call], works, result, then)
     if async_op and _STATE["overlap"]:
         return handle
     handle.wait()
@@ -158,7 +191,9 @@ def all_reduce_mean(tensor: torch.Tensor, group: Group, *, tag: str = "") -> tor
 
 def reduce_scatter(output: torch.Tensor, input: torch.Tensor, group: Group, *, async_op: bool = False,
                    tag: str = ""):
-    """Sum ``input`` (n * k elements) over ``group``; rank i receives chunk i (k elements) in ``output``."""
+    """Sum ``input`` (n * k elements) over ``group``; rank i receives chunk i (k elements) in ``output``.
+
+    ``input`` is scratch: its values afterwards are unspecified (on gloo the sums are built inside it)."""
     if input.numel() != output.numel() * group.size:
         raise ValueError(f"reduce_scatter: input has {input.numel()} elements, expected "
                          f"{output.numel()} * {group.size} = {output.numel() * group.size}")
@@ -166,6 +201,10 @@ def reduce_scatter(output: torch.Tensor, input: torch.Tensor, group: Group, *, a
         output.copy_(input.view_as(output))
         return Handle(result=output) if async_op else output
     call = _issue("reduce_scatter", group, input, input.numel(), tag, (input, output))
+    if _in_place_only(group, input):             # this rank's chunk of the sum is copied out once it is in
+        mine = input.view(group.size, -1)[group.rank]
+        works = _reduce_scatter_by_reduces(input, group)
+        return _finish(call, works, output, async_op, then=lambda: output.view(-1).copy_(mine))
     work = _reduce_scatter(output, input, op=dist.ReduceOp.SUM, group=group.pg, async_op=True)
     return _finish(call, [work], output, async_op)
 
@@ -180,6 +219,8 @@ def all_gather(output: torch.Tensor, input: torch.Tensor, group: Group, *, async
         output.copy_(input.view_as(output))
         return Handle(result=output) if async_op else output
     call = _issue("all_gather", group, output, output.numel(), tag, (input, output))
+    if _in_place_only(group, output):
+        return _finish(call, _gather_by_broadcasts(output, input, group), output, async_op)
     work = _all_gather(output, input, group=group.pg, async_op=True)
     return _finish(call, [work], output, async_op)
 # --8<-- [end:collectives]

@@ -234,13 +234,14 @@ def state_tensors(dp_wrappers, optimizer=None) -> dict[str, list[torch.Tensor]]:
 
 # [Note: algorithmic bytes and wire bytes]
 # `comm.CommLog` counts the ring model applied to tensor sizes: the bytes a bandwidth-optimal algorithm
-# must send, the yardstick of the papers. What a backend sends can differ: its own algorithm, message
-# headers, and for gloo one more thing read in torch's ProcessGroupGloo: ``reduce_scatter_tensor`` is
-# an all-reduce of the whole input followed by a local copy of this rank's chunk, so it sends what an
-# all-reduce sends, twice the ring model's reduce-scatter. Its all-reduce is gloo's ring
-# (``gloo/allreduce.cc``: a ring reduce-scatter, then a ring all-gather, in segments) and its all-gather
-# a ring too. `wire_bytes` measures it on the sockets themselves: the kernel's per-socket
-# ``tcpi_bytes_sent`` (TCP payload bytes, headers of the TCP/IP layers excluded, gloo's own included).
+# must send, the yardstick of the papers. What a backend sends can differ: its own algorithm and message
+# headers. Gloo's all-reduce is a ring (``gloo/allreduce.cc``: a ring reduce-scatter, then a ring all-gather,
+# in segments). Its fused reduce-scatter and all-gather are not used (`comm._in_place_only`: they go through a
+# temporary buffer per call); `comm` builds the all-gather from n broadcasts, the ring's bytes, and the
+# reduce-scatter from n reduces: each reduce is a ring reduce-scatter of its chunk and then a gather of the
+# pieces to its root, (1 + 1/n) times the ring model in all. (Torch's fused gloo reduce-scatter is an
+# all-reduce of the whole input: twice the model.) `wire_bytes` measures it on the sockets themselves: the
+# kernel's per-socket ``tcpi_bytes_sent`` (TCP payload bytes, headers of the TCP/IP layers excluded, gloo's own included).
 _TCPI_BYTES_SENT = 200          # offsets of tcpi_bytes_sent and tcpi_bytes_retrans (u64) in struct tcp_info
 _TCPI_BYTES_RETRANS = 208       # (Linux >= 4.19); a retransmitted segment is sent twice but delivered once
 

@@ -235,9 +235,10 @@ def comm_wire(lang: str = "en") -> go.Figure:
     fig.update_xaxes(type="log", tickvals=sorted({r["bytes"] / 1024 for r in tr["rows"]}))
     fig.add_hline(y=1, line=dict(width=1, dash="dash"), annotation_text=t("ring model"),
                   annotation_position="bottom right")
-    fig.add_hline(y=2, line=dict(width=1, dash="dash"), annotation_text=t("2× (reduce-scatter as an all-reduce)"),
-                  annotation_position="top right")
-    fig.update_yaxes(range=[0.8, max(2.4, 1.05 * top)])     # every measured point stays on the plot
+    for n in (2, 4):            # reduce-scatter from n reduces: a ring reduce-scatter of each chunk plus a gather
+        fig.add_hline(y=1 + 1 / n, line=dict(width=1, dash="dot"), annotation_position="top right",
+                      annotation_text=t("1 + 1/n, n = {n} (reduce-scatter from n reduces)").format(n=n))
+    fig.update_yaxes(range=[0.8, max(1.9, 1.05 * top)])     # every measured point stays on the plot
     return fig
 
 

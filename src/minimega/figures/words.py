@@ -123,7 +123,7 @@ NL: dict[str, str] = {
     "buffer S, KiB (log scale)": "buffer S, KiB (logschaal)",
     "measured ÷ ring model": "gemeten ÷ ringmodel",
     "ring model": "ringmodel",
-    "2× (reduce-scatter as an all-reduce)": "2× (reduce-scatter als een all-reduce)",
+    "1 + 1/n, n = {n} (reduce-scatter from n reduces)": "1 + 1/n, n = {n} (reduce-scatter uit n reduce-aanroepen)",
     # checkpoint-read-plan (minimega.figures.checkpoint_plan)
     "new rank {rank} (tp) reads": "nieuwe rank {rank} (tp) leest",
     "new rank {rank} reads rows {r0}–{r1}, columns {c0}–{c1} of {file}":
