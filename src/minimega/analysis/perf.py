@@ -44,6 +44,7 @@ from dataclasses import asdict, dataclass, field, replace
 from .. import analysis as est
 from .hardware import (ALGORITHMS, COLLECTIVES, HARDWARE, Hardware, Link, collective_time, hardware,
                        moe_alltoall_time)
+from .perf_moe import moe_ops
 
 STACKS = {"megatron": 1.0, "megatron-deepspeed": 0.77}
 """Per-micro-batch efficiency of the training stack's pipeline engine relative to Megatron-LM's own.
@@ -165,28 +166,6 @@ def layer_ops(cfg: PerfConfig) -> list[tuple[str, float, float]]:
     ops.append(("dropout+residual", 3 * N * h / rep, (3 * e + drop) * N * h / rep))
     return ops
 # --8<-- [end:layer_ops]
-
-
-def moe_ops(cfg: PerfConfig) -> list[tuple[str, float, float]]:
-    """The MLP's ops when it is minimega's MoE layer (`moe.MoELayer`), whole on every tp rank.
-
-    The router's GEMM and softmax over N tokens; GShard's dense dispatch and combine, each an N × E·C by h
-    contraction per sequence; the experts' GEMMs and GELU over the R = b·E·C slots (rows this rank's
-    experts receive after the all-to-all: E/ep experts × ep·b·C rows), their weights read once per expert.
-    Capacity, not top-k alone, sets the expert FLOPs: a slot is computed whether a token filled it or not.
-    """
-    s, b, h, E = cfg.seq_len, cfg.micro_batch, cfg.hidden, cfg.experts
-    e = 4 if cfg.precision == "fp32" else 2
-    N, EC = s * b, E * est.moe_capacity(s, E, cfg.top_k, cfg.capacity_factor)
-    R, local = b * EC, E / cfg.ep
-    mix = (2 * N * EC * h, e * (N * EC + N * h + b * EC * h))          # (b, s, E·C) × (b, s, h) per sequence
-    return [("router", 2 * N * h * E, e * (N * h + h * E + N * E)),
-            ("router softmax", 5 * N * E, 2 * e * N * E),
-            ("dispatch", *mix),
-            ("expert fc1", 2 * R * h * 4 * h, e * (R * h + local * 4 * h * h + 4 * R * h)),
-            ("expert gelu", 8 * R * 4 * h, 2 * e * 4 * R * h),
-            ("expert fc2", 2 * R * 4 * h * h, e * (4 * R * h + local * 4 * h * h + R * h)),
-            ("combine", *mix)]
 
 
 ATTENTION_CORE = ("scores q·kᵀ", "softmax", "attention dropout", "scores·v", "attention (fused)")
