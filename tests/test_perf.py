@@ -134,7 +134,7 @@ def test_micro_batches_are_derived_not_given():
 def test_outputs_are_consistent():
     c = _gpt3(dp=2, global_batch=128)
     r = perf.step_time(c, "a100-80gb")
-    parts = ("compute", "tp_comm", "p2p", "bubble", "stack_overhead", "dp_comm", "offload", "optimizer")
+    parts = ("compute", "tp_comm", "p2p", "bubble", "stack_overhead", "dp_comm", "offload", "optimizer", "disk")
     assert r["total"] == pytest.approx(sum(r[p] for p in parts))
     assert r["tokens_per_s"] == pytest.approx(128 * 2048 / r["total"])
     assert r["memory"] == est.memory_per_gpu(c.memory_config())
@@ -223,4 +223,5 @@ def test_context_parallel_time_splits_the_work_and_adds_the_ring():
     out = perf.step_time(two, hw)
     assert out["n_gpus"] == 32 and out["cp_comm"] == pytest.approx(32 * hidden, rel=1e-12)
     assert out["total"] == pytest.approx(sum(out[k] for k in ("compute", "tp_comm", "cp_comm", "p2p", "bubble",
-                                                              "stack_overhead", "dp_comm", "offload", "optimizer")))
+                                                              "stack_overhead", "dp_comm", "offload", "optimizer",
+                                                              "disk")))

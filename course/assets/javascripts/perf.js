@@ -19,22 +19,27 @@
   var NVLINK5 = link("NVLink 5 (B200/GB200)", 900 * GB, 5e-6);
   var XGMI_MI300X = link("Infinity Fabric (MI300X, 7 links)", 448 * GB, 5e-6);
   var C2C_GB200 = link("NVLink-C2C (GB200, per GPU)", 225 * GB, 10e-6);
+  var PER_DRIVE = [2.5 * GB, 1.25 * GB];            // hardware.PER_DRIVE: one NVMe SSD's achieved read, write
+  var DISK_4 = [4 * PER_DRIVE[0] / 8, 4 * PER_DRIVE[1] / 8], DISK_8 = [8 * PER_DRIVE[0] / 8, 8 * PER_DRIVE[1] / 8];
   function hw(name, peak, hbm, memory, intra, inter, host, hostMem, node) {
     node = node || {};
+    var disk = node.disk || DISK_4;
     return {name: name, peak_flops: peak, hbm_bandwidth: hbm, memory_bytes: memory,
             gpus_per_node: node.gpus_per_node || 8, nvlink_domain: node.nvlink_domain || null, intra: intra,
             mesh: !!node.mesh, inter: inter, nics_per_node: node.nics_per_node || 8, matmul_efficiency: 0.75,
-            memory_efficiency: 0.8, host: host, host_memory_bandwidth: hostMem};
+            memory_efficiency: 0.8, host: host, host_memory_bandwidth: hostMem, fp8_flops: node.fp8 || null,
+            disk_read_bandwidth: disk[0], disk_write_bandwidth: disk[1]};
   }
   var HARDWARE = {                                   // perf_hardware.HARDWARE
     "a100-40gb": hw("A100 SXM4 40GB", 312e12, 1555 * GB, 40 * GB, NVLINK3, IB_HDR, PCIE4, 51.2 * GB),
     "a100-80gb": hw("A100 SXM4 80GB", 312e12, 2039 * GB, 80 * GB, NVLINK3, IB_HDR, PCIE4, 51.2 * GB),
-    "h100": hw("H100 SXM5 80GB", 989e12, 3350 * GB, 80 * GB, NVLINK4, IB_NDR, PCIE5, 76.8 * GB),
-    "h200": hw("H200 SXM 141GB", 989e12, 4800 * GB, 141 * GB, NVLINK4, IB_NDR, PCIE5, 76.8 * GB),
-    "b200": hw("B200 SXM 180GB", 2250e12, 7700 * GB, 180 * GB, NVLINK5, IB_NDR, PCIE5, 76.8 * GB),
+    "h100": hw("H100 SXM5 80GB", 989e12, 3350 * GB, 80 * GB, NVLINK4, IB_NDR, PCIE5, 76.8 * GB, {fp8: 1979e12, disk: DISK_8}),
+    "h200": hw("H200 SXM 141GB", 989e12, 4800 * GB, 141 * GB, NVLINK4, IB_NDR, PCIE5, 76.8 * GB, {fp8: 1979e12, disk: DISK_8}),
+    "b200": hw("B200 SXM 180GB", 2250e12, 7700 * GB, 180 * GB, NVLINK5, IB_NDR, PCIE5, 76.8 * GB, {fp8: 4500e12, disk: DISK_8}),
     "gb200-nvl72": hw("GB200 NVL72 (B200 186GB)", 2500e12, 8000 * GB, 186 * GB, NVLINK5, IB_NDR, C2C_GB200, 250 * GB,
-                      {gpus_per_node: 4, nics_per_node: 4, nvlink_domain: 72}),
-    "mi300x": hw("MI300X OAM 192GB", 1307.4e12, 5300 * GB, 192 * GB, XGMI_MI300X, IB_NDR, PCIE5, 76.8 * GB, {mesh: true})
+                      {gpus_per_node: 4, nics_per_node: 4, nvlink_domain: 72, fp8: 5000e12, disk: DISK_8}),
+    "mi300x": hw("MI300X OAM 192GB", 1307.4e12, 5300 * GB, 192 * GB, XGMI_MI300X, IB_NDR, PCIE5, 76.8 * GB,
+                 {mesh: true, fp8: 2614.9e12, disk: DISK_8})
   };
 
   function hardware(h) {
@@ -79,7 +84,7 @@
   }
 
   var DEFAULTS = {micro_batch: 1, precision: "mixed", zero_stage: 0, tp: 1, dp: 1, pp: 1, cp: 1, sp: false,
-                  recompute: "none", schedule: "1f1b", virtual_stages: 1, offload: "none", attention: "unfused",
+                  recompute: "none", schedule: "1f1b", virtual_stages: 1, offload: "none", offload_device: "cpu", attention: "unfused",
                   position_embedding: true, fp32_grads: false, pp_partition: "blocks", global_batch: 1,
                   dropout: true, bucket_bytes: 25e6, stack: "megatron", overlap_comm: true,
                   experts: 0, top_k: 2, capacity_factor: 1.25, ep: 1, cp_attention: "ring",
@@ -108,7 +113,7 @@
   function memCfg(c) {
     var out = {}, k;
     ["layers", "hidden", "heads", "vocab", "seq_len", "micro_batch", "precision", "zero_stage", "tp", "dp", "pp", "cp", "sp",
-     "recompute", "schedule", "micro_batches", "virtual_stages", "offload", "attention", "position_embedding",
+     "recompute", "schedule", "micro_batches", "virtual_stages", "offload", "offload_device", "attention", "position_embedding",
      "fp32_grads", "pp_partition", "experts", "top_k", "capacity_factor", "ep", "cp_attention", "kv_heads", "ffn", "mlp",
      "tied", "bias"].forEach(function (k2) { out[k2] = c[k2]; });
     return out;
@@ -282,18 +287,23 @@
       if (c.zero_stage >= 1) dpComm += collectiveTime("all_gather", nExpert * e, edp, l);
     }
     var shard = nStage / (c.zero_stage >= 1 ? replicas : 1) + nExpert / (c.zero_stage >= 1 ? edp : 1);
-    var adamBytes = shard * (4 * 6 + gradB + e), optimizer, offload = 0;
+    var adamBytes = shard * (4 * 6 + gradB + e), optimizer, offload = 0, disk = 0;   // perf_offload.optimizer_time
     if (c.offload === "none") optimizer = adamBytes / (h.hbm_bandwidth * h.memory_efficiency);
     else {                                           // Adam on the CPU; gradients down, 16-bit parameters up
       optimizer = adamBytes / (h.host_memory_bandwidth * h.memory_efficiency);
       var down = collectiveTime("send_recv", shard * gradB, 2, h.host);
       offload = (p === 1 && c.overlap_comm ? Math.max(0, down - lastBwd) : down) + collectiveTime("send_recv", shard * e, 2, h.host);
+      if (c.offload_device === "nvme") {             // perf_offload.disk_time: K·Ψ/N_d read and written, K = 12
+        var moved = 12 * nStage / replicas;
+        var busy = moved / h.disk_read_bandwidth + moved / h.disk_write_bandwidth;
+        disk = c.overlap_comm ? Math.max(0, busy - optimizer) : busy;
+      }
     }
     var compute = m * (mb.forward + mb.backward + mb.recompute);
     var out = {compute: compute, forward: m * mb.forward, backward: m * mb.backward, recompute: m * mb.recompute,
                tp_comm: m * mb.tp_comm, ep_comm: m * mb.ep_comm, cp_comm: m * mb.cp_comm, p2p: m * p2p, bubble: bubble,
-               stack_overhead: stackOverhead, dp_comm: dpComm, offload: offload, optimizer: optimizer};
-    out.total = compute + out.tp_comm + out.ep_comm + out.cp_comm + out.p2p + bubble + stackOverhead + dpComm + offload + optimizer;
+               stack_overhead: stackOverhead, dp_comm: dpComm, offload: offload, optimizer: optimizer, disk: disk};
+    out.total = compute + out.tp_comm + out.ep_comm + out.cp_comm + out.p2p + bubble + stackOverhead + dpComm + offload + optimizer + disk;
     var tokens = c.global_batch * c.seq_len;
     var fl = iterationFlops(c), mf = fl[0], logged = fl[1], hf = fl[2];
     var memory = mem.memoryPerGpu(memCfg(c));
@@ -431,7 +441,7 @@
   var PARTS = [["forward", "forward"], ["backward", "backward"], ["recompute", "recompute"], ["tp_comm", "TP all-reduces"],
                ["cp_comm", "ring attention (exposed)"], ["p2p", "pipeline p2p"], ["bubble", "pipeline bubble"], ["stack_overhead", "stack overhead"],
                ["dp_comm", "data-parallel (exposed)"], ["offload", "offload PCIe (exposed)"],
-               ["optimizer", "optimizer step"]];
+               ["optimizer", "optimizer step"], ["disk", "NVMe reads and writes (exposed)"]];
 
   /* Words per page language (<html lang>; the Dutch edition is "nl"). */
   var WORDS = {
@@ -447,7 +457,8 @@
          num: function (x, digits) { return x.toFixed(digits); }},
     nl: {parts: {recompute: "herberekening", tp_comm: "TP-all-reduces", p2p: "pipeline-p2p",
                  stack_overhead: "overhead van de stack", dp_comm: "data parallel (niet verborgen)",
-                 offload: "offload over PCIe (niet verborgen)", optimizer: "optimizer-stap"},
+                 offload: "offload over PCIe (niet verborgen)", optimizer: "optimizer-stap",
+                 disk: "NVMe lezen en schrijven (niet verborgen)"},
          step: "stap", cannot: "Kan niet rekenen: ", cannotPlan: "Kan niet plannen: ",
          status: function (cfg, r) {
            return "Globale batch " + cfg.global_batch + " op " + r.n_gpus + " GPU's: " + r.total.toFixed(2).replace(".", ",") +
@@ -471,7 +482,7 @@
     ["layers", "hidden", "heads", "vocab", "seq_len", "micro_batch", "tp", "dp", "pp", "cp", "virtual_stages"]
       .forEach(function (k) { cfg[k] = Number(f.elements[k].value); });
     cfg.zero_stage = Number(f.elements.zero_stage.value);
-    ["precision", "recompute", "schedule", "offload", "attention", "cp_attention", "pp_partition"].forEach(function (k) { cfg[k] = f.elements[k].value; });
+    ["precision", "recompute", "schedule", "offload", "offload_device", "attention", "cp_attention", "pp_partition"].forEach(function (k) { cfg[k] = f.elements[k].value; });
     ["sp", "position_embedding", "fp32_grads", "tied", "bias"].forEach(function (k) { cfg[k] = f.elements[k].checked; });
     ["kv_heads", "ffn"].forEach(function (k) { cfg[k] = Number(f.elements[k].value); });
     cfg.mlp = f.elements.mlp.value;

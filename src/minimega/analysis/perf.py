@@ -25,7 +25,8 @@ The model, phase by phase, for the slowest pipeline stage of one step:
        down PCIe during the last backward (only the excess is exposed; all of it with pp > 1), Adam runs
        on the CPU at host memory bandwidth, and the updated 16-bit shard comes back up, exposed, before
        the all-gather. With 'optimizer+params' (ZeRO-3) each layer's parameter shard also comes up PCIe
-       before its gather, forward and backward, hidden behind compute like the gathers themselves.
+       before its gather, forward and backward, hidden behind compute like the gathers themselves. With
+       offload_device='nvme' the states live on disk, read and written each step (``perf_offload``).
     7. Mixture of experts (``experts > 0``, minimega's `moe.MoELayer`): the MLP's ops become the router,
        the dense dispatch and combine and the experts' GEMMs over their capacity slots (``moe_ops``); the
        layer runs whole on every tp rank (one tp all-reduce per pass, not two); its four all-to-alls per
@@ -45,6 +46,7 @@ from .. import analysis as est
 from .hardware import (ALGORITHMS, COLLECTIVES, HARDWARE, Hardware, Link, collective_time, hardware,
                        moe_alltoall_time)
 from .perf_moe import moe_ops
+from .perf_offload import optimizer_time
 
 STACKS = {"megatron": 1.0, "megatron-deepspeed": 0.77}
 """Per-micro-batch efficiency of the training stack's pipeline engine relative to Megatron-LM's own.
@@ -319,7 +321,8 @@ def step_time(cfg: PerfConfig, hw: Hardware | str = "a100-80gb") -> dict:
     ``ep_comm`` (the expert all-to-alls, on the critical path), ``cp_comm`` (exposed ring attention,
     `ring_attention_time`, or Ulysses' all-to-alls, `ulysses_attention_time`), ``p2p``, ``bubble``,
     ``stack_overhead`` (see `STACKS`), ``dp_comm`` (exposed; over dp·cp, the ranks holding the same
-    parameters), ``offload`` (exposed PCIe transfers), ``optimizer`` (on the CPU when offloaded), ``total``,
+    parameters), ``offload`` (exposed PCIe transfers), ``optimizer`` (on the CPU when offloaded), ``disk`` (exposed
+    NVMe reads and writes, `perf_offload.disk_time`), ``total``,
     ``tokens_per_s``, ``tflops_per_gpu`` (Narayanan's Eq. 3 hardware FLOPs with full recomputation, what
     Megatron-DeepSpeed's 2022 logs print), ``model_tflops_per_gpu`` (model FLOPs: what MFU divides by the peak),
     ``mfu`` (model FLOPs, Korthikanti App. A), ``hfu``, ``memory`` (`estimate.memory_per_gpu`), ``fits``.
@@ -372,26 +375,17 @@ def step_time(cfg: PerfConfig, hw: Hardware | str = "a100-80gb") -> dict:
         dp_comm += max(last, total - last_bwd) if p == 1 and cfg.overlap_comm else total
         if cfg.zero_stage >= 1:
             dp_comm += collective_time("all_gather", n_expert * e, edp, link)
-    # Adam: read p32, m, v, grad; write p32, m, v and the 16-bit copy; on this rank's shard
+    # Adam on this rank's shard: on the GPU, or on the CPU with its copies, and its states on disk (`perf_offload`)
     shard = n_stage / (replicas if cfg.zero_stage >= 1 else 1) + n_expert / (edp if cfg.zero_stage >= 1 else 1)
-    adam_bytes = shard * (4 * 6 + grad_b + e)
-    offload = 0.0
-    if cfg.offload == "none":
-        optimizer = adam_bytes / (hw.hbm_bandwidth * hw.memory_efficiency)
-    else:                                  # the shard's Adam on the CPU; gradients down, 16-bit params up
-        optimizer = adam_bytes / (hw.host_memory_bandwidth * hw.memory_efficiency)
-        down = collective_time("send_recv", shard * grad_b, 2, hw.host)
-        up = collective_time("send_recv", shard * e, 2, hw.host)
-        offload = (max(0.0, down - last_bwd) if p == 1 and cfg.overlap_comm else down) + up
+    opt = optimizer_time(cfg, hw, n_stage, shard, grad_b, e, last_bwd)
     # --8<-- [start:step_total]
     compute = m * (mb["forward"] + mb["backward"] + mb["recompute"])
     out = {"compute": compute, "forward": m * mb["forward"], "backward": m * mb["backward"],
            "recompute": m * mb["recompute"], "tp_comm": m * mb["tp_comm"], "ep_comm": m * mb["ep_comm"],
            "cp_comm": m * mb["cp_comm"], "p2p": m * p2p,
-           "bubble": bubble, "stack_overhead": stack_overhead, "dp_comm": dp_comm, "offload": offload,
-           "optimizer": optimizer}
+           "bubble": bubble, "stack_overhead": stack_overhead, "dp_comm": dp_comm, **opt}
     out["total"] = (compute + out["tp_comm"] + out["ep_comm"] + out["cp_comm"] + out["p2p"] + bubble + stack_overhead
-                    + dp_comm + offload + optimizer)
+                    + dp_comm + opt["offload"] + opt["optimizer"] + opt["disk"])
     # --8<-- [end:step_total]
     tokens = cfg.global_batch * cfg.seq_len
     model_flops, logged, hw_flops = est.iteration_flops(cfg)         # any block shape (`shapes`)
