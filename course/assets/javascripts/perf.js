@@ -100,7 +100,8 @@
     c.micro_batches = c.global_batch / per;
     mem.memoryPerGpu(memCfg(c));                     // MemoryConfig.check
     if (c.zero_stage >= 2 && c.pp > 1) throw new Error("ZeRO-2/3 do not compose with pipeline parallelism");
-    if (c.precision === "fp8") throw new Error("precision fp8: the time model has no fp8 GEMM rates yet; use bf16 for time");
+    if (c.precision === "fp8" && c.experts)
+      throw new Error("precision fp8 with experts: minimega's fp8 linears are the dense blocks' (the experts are not converted); use bf16");
     if (c.schedule === "interleaved") {
       if (c.pp === 1 || c.virtual_stages < 2) throw new Error("schedule='interleaved' needs pp > 1 and virtual_stages >= 2");
       if (c.layers % (c.pp * c.virtual_stages) !== 0) throw new Error("interleaved: layers not a multiple of pp*v");
@@ -159,24 +160,28 @@
             ["combine", mixF, mixB]];
   }
   var CORE = ["scores q·kᵀ", "softmax", "attention dropout", "scores·v", "attention (fused)"];
+  var FP8_GEMMS = ["qkv", "proj", "fc1", "fc2", "gate", "up"];   // perf.FP8_GEMMS: the blocks' Linear layers
 
   function headOps(c) {
     var N = Math.floor(c.seq_len / c.cp) * c.micro_batch, h = c.hidden, Vt = c.vocab / c.tp, e = c.precision === "fp32" ? 4 : 2;
     return [["logits", 2 * N * h * Vt, e * (N * h + h * Vt + N * Vt)], ["cross-entropy", 5 * N * Vt, (e + 4 + 4) * N * Vt]];
   }
 
-  function opTime(f, by, h) {
-    return Math.max(f / (h.peak_flops * h.matmul_efficiency), by / (h.hbm_bandwidth * h.memory_efficiency));
+  function opTime(f, by, h, peak) {                  // perf.op_time
+    return Math.max(f / ((peak || h.peak_flops) * h.matmul_efficiency), by / (h.hbm_bandwidth * h.memory_efficiency));
   }
-  function sumTimes(ops, h, only) {
+  function opPeak(c, h, name) {                      // perf.op_peak
+    return c && c.precision === "fp8" && FP8_GEMMS.indexOf(name) >= 0 ? h.fp8_flops : h.peak_flops;
+  }
+  function sumTimes(ops, h, only, c) {               // c: the config, for fp8 GEMM rates (the attention core is bf16)
     var s = 0;
-    ops.forEach(function (o) { if (!only || CORE.indexOf(o[0]) >= 0) s += opTime(o[1], o[2], h); });
+    ops.forEach(function (o) { if (!only || CORE.indexOf(o[0]) >= 0) s += opTime(o[1], o[2], h, only ? null : opPeak(c, h, o[0])); });
     return s;
   }
 
   function layerTimes(c, h) {                        // perf.layer_times
     var ops = layerOps(c);
-    var fwd = sumTimes(ops, h), core = sumTimes(ops, h, true);
+    var fwd = sumTimes(ops, h, false, c), core = sumTimes(ops, h, true);
     var recompute = {none: 0, selective: core, full: fwd}[c.recompute];
     var e = c.precision === "fp32" ? 4 : 2;
     var ar = collectiveTime("all_reduce", Math.floor(c.seq_len / c.cp) * c.micro_batch * c.hidden * e, c.tp, linkFor(h, c.tp, world(c)));
@@ -249,6 +254,8 @@
 
   function stepTime(input, hwIn) {                   // perf.step_time
     var h = hardware(hwIn || "a100-80gb"), c = perfConfig(input);
+    if (c.precision === "fp8" && !h.fp8_flops)
+      throw new Error("precision fp8 on " + h.name + ": it has no fp8 tensor cores; use bf16 or a GPU with fp8 (H100, H200, B200, GB200, MI300X)");
     var mb = microbatchTime(c, h);
     var m = c.micro_batches, p = c.pp, v = c.virtual_stages, e = c.precision === "fp32" ? 4 : 2;
     var nGpus = c.dp * c.cp * c.tp * c.pp;
@@ -258,7 +265,7 @@
     var bubble = p > 1 ? (p - 1) / v * (slot - (c.schedule === "zb_h1" ? mb.backward : 0)) : 0;   // ZB-H1: (p-1)(tF+tB-tW)
     var stackOverhead = (m + (p - 1) / v) * slot * (1 / STACKS[c.stack] - 1);
     var split = mem.stageParamSplit(memCfg(c)), nStage = split[0], nExpert = split[1];
-    var gradB = (c.fp32_grads || c.precision === "fp32" || c.precision === "bf16") ? 4 : 2;   // bf16: fp32 main grads
+    var gradB = mem.modelStateBreakdown(1, 1, 0, c.precision, c.fp32_grads ? 4 : null).grads;   // bf16, fp8: fp32 main grads
     var replicas = c.dp * c.cp;                       // ranks holding the same parameters
     var l = linkFor(h, c.tp * c.cp * c.dp, nGpus);
     var lastBwd = mb.backward + mb.recompute;
@@ -269,7 +276,8 @@
         var hh = c.hidden;
         var layerBytes = (c.experts ? (4 * hh * hh + 3 * hh) / c.tp + hh * c.experts : mem.blockSplitParams(c) / c.tp) * e;
         var fetch = c.offload === "optimizer+params" ? collectiveTime("send_recv", layerBytes / replicas, 2, h.host) : 0;
-        var ag = fetch + collectiveTime("all_gather", layerBytes, replicas, l);
+        var gathered = c.precision === "fp8" ? mem.blockMatmulParams(c) / c.tp : layerBytes;   // E4M3: 1 byte an element
+        var ag = fetch + collectiveTime("all_gather", gathered, replicas, l);
         var rs = collectiveTime("reduce_scatter", layerBytes * gradB / e, replicas, l);
         var hideF = c.overlap_comm ? lt.forward : 0, hideB = c.overlap_comm ? lt.backward + lt.recompute : 0;
         var perLayer = Math.max(0, ag - hideF) + Math.max(0, ag + rs - hideB);

@@ -33,6 +33,9 @@ The model, phase by phase, for the slowest pipeline stage of one step:
        layer and micro-batch sit on the critical path (``ep_comm``); expert gradients are all-reduced over
        the dp/ep ranks holding the same experts, bucketed like DDP's, or from zero_stage 1 on reduce-scattered
        and the experts all-gathered there, Adam stepping 1/(dp/ep) of them (ZeRO-1 over edp, `moe_zero`).
+    8. FP8 (precision='fp8', Transformer Engine's recipe as `minimega.fp8` runs it): the blocks' linear GEMMs
+       (`FP8_GEMMS`, forward and backward) run at `Hardware.fp8_flops`; attention's core, the head and the
+       element-wise ops stay bf16. ZeRO-3 gathers the linears' weights as E4M3 bytes (`zero.fp8_gather`).
 
 Collectives use the α-β model (Thakur, Rabenseifner and Gropp 2005, ``hardware.collective_time``) on the
 link tier the group spans.
@@ -94,8 +97,9 @@ class PerfConfig(est.MemoryConfig):
 
     def check(self) -> None:
         super().check()
-        if self.precision == "fp8":   # the rates exist (analysis/hardware_sources.md); the GEMM split does not yet
-            raise ValueError("precision='fp8': the time model has no fp8 GEMM rates yet; use 'bf16' for time")
+        if self.precision == "fp8" and self.experts:
+            raise ValueError(f"precision='fp8' with experts={self.experts}: minimega's fp8 linears are the dense blocks' "
+                             "(the experts are not converted); use precision='bf16' or experts=0")
         if self.zero_stage >= 2 and self.pp > 1:
             raise ValueError(f"zero_stage={self.zero_stage} with pp={self.pp}: ZeRO-2/3 do not compose with "
                              "pipeline parallelism (they would reduce every micro-batch); use zero_stage <= 1")
@@ -171,6 +175,8 @@ def layer_ops(cfg: PerfConfig) -> list[tuple[str, float, float]]:
 
 
 ATTENTION_CORE = ("scores q·kᵀ", "softmax", "attention dropout", "scores·v", "attention (fused)")
+FP8_GEMMS = ("qkv", "proj", "fc1", "fc2", "gate", "up")
+"""The ops `minimega.fp8.convert` turns into fp8 linears: the blocks' Linear layers, nothing else."""
 
 
 def head_ops(cfg: PerfConfig) -> list[tuple[str, float, float]]:
@@ -186,16 +192,23 @@ def _hw(hw: Hardware | str) -> Hardware:
     return hardware(hw) if isinstance(hw, str) else hw
 
 
-def op_time(flops: float, bytes_: float, hw: Hardware) -> float:
-    """Roofline time of one op: the slower of its compute and its memory traffic."""
-    return max(flops / (hw.peak_flops * hw.matmul_efficiency), bytes_ / (hw.hbm_bandwidth * hw.memory_efficiency))
+def op_time(flops: float, bytes_: float, hw: Hardware, peak: float | None = None) -> float:
+    """Roofline time of one op: the slower of its compute (at ``peak``, default the 16-bit rate) and its memory traffic."""
+    return max(flops / ((peak or hw.peak_flops) * hw.matmul_efficiency),
+               bytes_ / (hw.hbm_bandwidth * hw.memory_efficiency))
+
+
+def op_peak(cfg: PerfConfig, hw: Hardware, name: str) -> float:
+    """The tensor-core rate op `name` runs at: fp8 for the linears under precision='fp8', else 16-bit."""
+    return hw.fp8_flops if cfg.precision == "fp8" and name in FP8_GEMMS else hw.peak_flops
 
 
 def roofline(cfg: PerfConfig, hw: Hardware | str) -> list[dict]:
     """Each forward op with its arithmetic intensity (FLOP/byte) and whether it is compute- or memory-bound."""
     hw = _hw(hw)
     return [{"op": name, "flops": f, "bytes": by, "intensity": f / by, "bound": "compute" if f / by >= hw.ridge
-             else "memory", "seconds": op_time(f, by, hw)} for name, f, by in layer_ops(cfg) + head_ops(cfg)]
+             else "memory", "seconds": op_time(f, by, hw, op_peak(cfg, hw, name))}
+            for name, f, by in layer_ops(cfg) + head_ops(cfg)]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -216,7 +229,7 @@ def layer_times(cfg: PerfConfig, hw: Hardware | str) -> dict:
     """Seconds of one layer for one micro-batch: forward, backward, recompute, TP and CP communication."""
     hw = _hw(hw)
     ops = layer_ops(cfg)
-    fwd = sum(op_time(f, b, hw) for _, f, b in ops)
+    fwd = sum(op_time(f, b, hw, op_peak(cfg, hw, name)) for name, f, b in ops)    # backward: twice, fp8 GEMMs too
     core = sum(op_time(f, b, hw) for name, f, b in ops if name in ATTENTION_CORE)
     recompute = {"none": 0.0, "selective": core, "full": fwd}[cfg.recompute]
     e = 4 if cfg.precision == "fp32" else 2
@@ -330,6 +343,9 @@ def step_time(cfg: PerfConfig, hw: Hardware | str = "a100-80gb") -> dict:
     hw = _hw(hw)
     hw.check()
     cfg.check()
+    if cfg.precision == "fp8" and hw.fp8_flops is None:
+        raise ValueError(f"precision='fp8' on {hw.name}: it has no fp8 tensor cores (Hardware.fp8_flops is None); "
+                         "use precision='bf16' or a GPU with fp8 (h100, h200, b200, gb200-nvl72, mi300x)")
     mb = microbatch_time(cfg, hw)
     m, p, v = cfg.micro_batches, cfg.pp, cfg.virtual_stages
     e = 4 if cfg.precision == "fp32" else 2
@@ -357,7 +373,8 @@ def step_time(cfg: PerfConfig, hw: Hardware | str = "a100-80gb") -> dict:
             layer_bytes = ((4 * h * h + 3 * h) / cfg.tp + h * cfg.experts if cfg.experts
                            else est.block_split_params(cfg) / cfg.tp) * e        # GPT: (12h² + 7h)/t
             fetch = collective_time("send_recv", layer_bytes / replicas, 2, hw.host) if params_up else 0.0
-            ag = fetch + collective_time("all_gather", layer_bytes, replicas, link)
+            gathered = est.block_matmul_params(cfg) / cfg.tp if cfg.precision == "fp8" else layer_bytes  # E4M3: 1 B
+            ag = fetch + collective_time("all_gather", gathered, replicas, link)
             rs = collective_time("reduce_scatter", layer_bytes * grad_b / e, replicas, link)
             hide_f, hide_b = (lt["forward"], lt["backward"] + lt["recompute"]) if cfg.overlap_comm else (0.0, 0.0)
             per_layer = max(0.0, ag - hide_f) + max(0.0, ag + rs - hide_b)
