@@ -251,6 +251,10 @@ def test_fp8_runs_only_the_linear_gemms_at_the_fp8_rate():
         assert rows[op] / rows16[op] == pytest.approx(989 / 1979, rel=1e-12)
     for op in ("scores q·kᵀ", "softmax", "scores·v", "gelu", "logits", "cross-entropy"):
         assert rows[op] == rows16[op]
+    fused = {r["op"]: r for r in perf.roofline(_gpt3(precision="fp8", attention="fused"), H100)}
+    assert fused["attention (fused)"]["bound"] == "compute"          # so the rate shows: bf16, as TE runs it
+    f, b = fused["attention (fused)"]["flops"], fused["attention (fused)"]["bytes"]
+    assert fused["attention (fused)"]["seconds"] == max(f / (989e12 * 0.75), b / (3350e9 * 0.8))
     r8, r16 = perf.step_time(fp8, H100), perf.step_time(bf16, H100)
     assert r8["tp_comm"] == r16["tp_comm"] and r8["p2p"] == r16["p2p"] and r8["memory"] == r16["memory"]
     assert r8["compute"] < r16["compute"] and r8["mfu"] > r16["mfu"]    # MFU stays over the 16-bit peak
