@@ -13,11 +13,11 @@ GB = 1e9
 # As published (hardware_sources.md, "as published"): NVIDIA prints tensor rates with sparsity (dense = sparse / 2),
 # AMD's MI300X data sheet prints the dense rate; links both ways (one way = both ways / 2); system totals / GPUs.
 PUBLISHED = {
-    "b200": dict(bf16_dense=4.5e15 / 2, memory=180 * GB, hbm=7.7e12, nvlink_both=14.4e12 / 8, domain=8, per_node=8,
+    "b200": dict(bf16_dense=4.5e15 / 2, fp8_dense=9e15 / 2, memory=180 * GB, hbm=7.7e12, nvlink_both=14.4e12 / 8, domain=8, per_node=8,
                  nic_gbit=400, nics=8),
-    "gb200-nvl72": dict(bf16_dense=5e15 / 2, memory=186 * GB, hbm=8e12, nvlink_both=1.8e12, domain=72,
+    "gb200-nvl72": dict(bf16_dense=5e15 / 2, fp8_dense=10e15 / 2, memory=186 * GB, hbm=8e12, nvlink_both=1.8e12, domain=72,
                         per_node=4, nic_gbit=400, nics=4),
-    "mi300x": dict(bf16_dense=1307.4e12, memory=192 * GB, hbm=5.3e12, nvlink_both=896 * GB, domain=8, per_node=8,
+    "mi300x": dict(bf16_dense=1307.4e12, fp8_dense=2614.9e12, memory=192 * GB, hbm=5.3e12, nvlink_both=896 * GB, domain=8, per_node=8,
                    nic_gbit=400, nics=8),
 }
 
@@ -27,6 +27,7 @@ def test_post_hopper_presets_match_their_sources(name):
     hw, src = HARDWARE[name], PUBLISHED[name]
     hw.check()
     assert hw.peak_flops == pytest.approx(src["bf16_dense"], rel=1e-12)
+    assert hw.fp8_flops == pytest.approx(src["fp8_dense"], rel=1e-12)
     assert hw.memory_bytes == pytest.approx(src["memory"], rel=1e-12)
     assert hw.hbm_bandwidth == pytest.approx(src["hbm"], rel=1e-12)
     assert hw.intra.bandwidth == pytest.approx(src["nvlink_both"] / 2, rel=1e-12)
@@ -86,3 +87,12 @@ def test_nvlink_domain_is_checked_and_parsed():
         parse_custom(spec + ",nvlink_domain=6")
     with pytest.raises(ValueError, match="mesh"):
         Hardware(name="x", peak_flops=1, hbm_bandwidth=1, memory_bytes=1, gpus_per_node=1, mesh=True).check()
+
+
+def test_fp8_rates_are_the_datasheets_and_the_a100_has_none():
+    """H100/H200 SXM: FP8 3,958 TFLOP/s with sparsity, 1,979 dense (NVIDIA H100 datasheet); A100: no FP8 tensor
+    cores, so `fp8_flops` is None and the time model refuses fp8 there."""
+    assert HARDWARE["h100"].fp8_flops == HARDWARE["h200"].fp8_flops == 3958e12 / 2
+    assert HARDWARE["a100-40gb"].fp8_flops is None and HARDWARE["a100-80gb"].fp8_flops is None
+    with pytest.raises(ValueError, match="fp8_flops"):
+        replace(HARDWARE["h100"], fp8_flops=0.0).check()

@@ -134,7 +134,7 @@ def test_micro_batches_are_derived_not_given():
 def test_outputs_are_consistent():
     c = _gpt3(dp=2, global_batch=128)
     r = perf.step_time(c, "a100-80gb")
-    parts = ("compute", "tp_comm", "p2p", "bubble", "stack_overhead", "dp_comm", "offload", "optimizer")
+    parts = ("compute", "tp_comm", "p2p", "bubble", "stack_overhead", "dp_comm", "offload", "optimizer", "disk")
     assert r["total"] == pytest.approx(sum(r[p] for p in parts))
     assert r["tokens_per_s"] == pytest.approx(128 * 2048 / r["total"])
     assert r["memory"] == est.memory_per_gpu(c.memory_config())
@@ -223,4 +223,82 @@ def test_context_parallel_time_splits_the_work_and_adds_the_ring():
     out = perf.step_time(two, hw)
     assert out["n_gpus"] == 32 and out["cp_comm"] == pytest.approx(32 * hidden, rel=1e-12)
     assert out["total"] == pytest.approx(sum(out[k] for k in ("compute", "tp_comm", "cp_comm", "p2p", "bubble",
-                                                              "stack_overhead", "dp_comm", "offload", "optimizer")))
+                                                              "stack_overhead", "dp_comm", "offload", "optimizer",
+                                                              "disk")))
+
+
+# ---------------------------------------------------------------------------------------------
+# FP8: the blocks' linears at the fp8 rate, the rest bf16; ZeRO-3 gathers one byte per linear weight
+
+H100 = HARDWARE["h100"]
+
+
+def test_fp8_runs_only_the_linear_gemms_at_the_fp8_rate():
+    """GPT-3's layer on H100 (tp 8): each linear GEMM is compute-bound, so fp8 takes 989/1979 of its bf16 time
+    (the datasheet's dense BF16 and FP8 rates); attention's core, the norms, GELU and the head are unchanged."""
+    bf16, fp8 = _gpt3(precision="bf16"), _gpt3(precision="fp8")
+    assert H100.fp8_flops == 3958e12 / 2                    # H100 SXM datasheet: 3,958 TFLOP/s with sparsity
+    want = {}
+    for name, f, b in perf.layer_ops(bf16):
+        t16 = max(f / (989e12 * 0.75), b / (3350e9 * 0.8))
+        t8 = max(f / (1979e12 * 0.75), b / (3350e9 * 0.8)) if name in ("qkv", "proj", "fc1", "fc2") else t16
+        want[name] = want.get(name, 0.0) + t8
+    assert perf.layer_times(fp8, H100)["forward"] == pytest.approx(sum(want.values()), rel=1e-12)
+    assert perf.layer_times(fp8, H100)["backward"] == pytest.approx(2 * sum(want.values()), rel=1e-12)
+    rows = {r["op"]: r["seconds"] for r in perf.roofline(fp8, H100)}
+    rows16 = {r["op"]: r["seconds"] for r in perf.roofline(bf16, H100)}
+    for op in ("qkv", "proj", "fc1", "fc2"):
+        assert rows[op] / rows16[op] == pytest.approx(989 / 1979, rel=1e-12)
+    for op in ("scores q·kᵀ", "softmax", "scores·v", "gelu", "logits", "cross-entropy"):
+        assert rows[op] == rows16[op]
+    fused = {r["op"]: r for r in perf.roofline(_gpt3(precision="fp8", attention="fused"), H100)}
+    assert fused["attention (fused)"]["bound"] == "compute"          # so the rate shows: bf16, as TE runs it
+    f, b = fused["attention (fused)"]["flops"], fused["attention (fused)"]["bytes"]
+    assert fused["attention (fused)"]["seconds"] == max(f / (989e12 * 0.75), b / (3350e9 * 0.8))
+    r8, r16 = perf.step_time(fp8, H100), perf.step_time(bf16, H100)
+    assert r8["tp_comm"] == r16["tp_comm"] and r8["p2p"] == r16["p2p"] and r8["memory"] == r16["memory"]
+    assert r8["compute"] < r16["compute"] and r8["mfu"] > r16["mfu"]    # MFU stays over the 16-bit peak
+
+
+def test_fp8_swiglu_runs_gate_up_and_down_at_the_fp8_rate():
+    llama = PerfConfig(**{**est.PRESETS["llama3-8b"], "precision": "fp8"}, global_batch=1)
+    bf16 = replace(llama, precision="bf16")
+    rows = {r["op"]: r["seconds"] for r in perf.roofline(llama, H100)}
+    rows16 = {r["op"]: r["seconds"] for r in perf.roofline(bf16, H100)}
+    for op in ("gate", "up", "fc2", "qkv", "proj"):
+        assert rows[op] / rows16[op] == pytest.approx(989 / 1979, rel=1e-12), op
+    assert rows["silu·mul"] == rows16["silu·mul"]
+
+
+def test_fp8_zero3_gathers_the_linear_weights_in_one_byte():
+    """minimega's Zero3Fp8 all-gathers each block's linear weights as E4M3 (12h² bytes over tp for GPT) and keeps
+    the LayerNorms and biases whole; the gradients' reduce-scatter keeps bf16's fp32 width. Overlap off: every
+    layer pays its forward and backward gathers and its reduce-scatter, and the first two and last one more."""
+    c = _gpt3(tp=1, pp=1, dp=64, global_batch=64, layers=8, zero_stage=3, overlap_comm=False)
+    link, h = H100.link(64), 12288
+    for precision, gather_bytes in (("bf16", (12 * h * h + 13 * h - 6 * h) * 2), ("fp8", 12 * h * h)):
+        ag = perf.collective_time("all_gather", gather_bytes, 64, link)
+        rs = perf.collective_time("reduce_scatter", (12 * h * h + 7 * h) * 4, 64, link)
+        got = perf.step_time(replace(c, precision=precision), H100)["dp_comm"]
+        assert got == pytest.approx((8 + 1) * (2 * ag + rs), rel=1e-12), precision
+    ag16 = perf.collective_time("all_gather", (12 * h * h + 7 * h) * 2, 64, link)
+    ag8 = perf.collective_time("all_gather", 12 * h * h, 64, link)
+    assert (ag8 - 63 * link.alpha) / (ag16 - 63 * link.alpha) == pytest.approx(0.5, rel=1e-3)   # half the bytes
+
+
+@pytest.mark.parametrize("hw", ["a100-40gb", "a100-80gb"])
+def test_fp8_is_refused_by_name_where_the_gpu_has_no_fp8_tensor_cores(hw):
+    with pytest.raises(ValueError, match=r"precision='fp8' on A100.*no fp8 tensor cores.*bf16"):
+        perf.step_time(_gpt3(precision="fp8"), hw)
+    no_fp8 = parse_custom("peak_tflops=312,hbm_gbs=2039,memory_gb=80,nvlink_gbs=300,ib_gbs=25")
+    with pytest.raises(ValueError, match="no fp8 tensor cores"):
+        perf.step_time(_gpt3(precision="fp8"), no_fp8)
+    custom = parse_custom("peak_tflops=989,hbm_gbs=3350,memory_gb=80,nvlink_gbs=450,ib_gbs=50,fp8_tflops=1979")
+    assert perf.step_time(_gpt3(precision="fp8"), custom)["total"] > 0
+
+
+def test_fp8_with_experts_is_refused_by_name():
+    moe = PerfConfig(layers=4, hidden=1024, heads=16, vocab=50257, seq_len=1024, experts=8, dp=8, global_batch=8,
+                     precision="fp8")
+    with pytest.raises(ValueError, match="fp8.*experts=8.*not converted"):
+        perf.step_time(moe, H100)

@@ -24,7 +24,7 @@ process.stdout.write(JSON.stringify(out));
 """
 pytestmark = pytest.mark.skipif(NODE is None, reason="needs node")
 KEYS = ("compute", "forward", "backward", "recompute", "tp_comm", "ep_comm", "cp_comm", "p2p", "bubble", "stack_overhead", "dp_comm",
-        "offload", "optimizer", "total", "tokens_per_s", "tflops_per_gpu", "model_tflops_per_gpu", "mfu", "hfu", "micro_batches", "n_gpus", "fits")
+        "offload", "optimizer", "disk", "total", "tokens_per_s", "tflops_per_gpu", "model_tflops_per_gpu", "mfu", "hfu", "micro_batches", "n_gpus", "fits")
 
 
 def _run(jobs):
@@ -48,7 +48,7 @@ def _random_config(rng):
         layers = 2 * layers
     elif pp > 1 and rng.random() < 0.3:
         schedule = "zb_h1"
-    precision = rng.choice([p for p in est.PRECISIONS if p != "fp8"])     # the time model refuses fp8
+    precision = rng.choice([p for p in est.PRECISIONS if p != "fp8"])     # fp8: `_with_fp8_and_nvme` below
     attention = rng.choice(est.ATTENTION)
     cp = rng.choice([1, 1, 2, 4, 8]) if attention == "fused" else 1       # ring attention is a fused kernel
     cfg = dict(cp=cp, layers=layers, hidden=heads * rng.choice([64, 128]), heads=heads, vocab=rng.randint(1000, 260000),
@@ -98,11 +98,18 @@ def test_step_time_js_rejects_what_python_rejects():
            {**base, "virtual_stages": 2}, {**base, "stack": "jax"}, {**base, "offload": "optimizer+params"}, {**base, "tp": 3},
            {**base, "cp": 2}, {**base, "cp": 3, "attention": "fused"},
            {**base, "cp": 4, "tp": 8, "attention": "fused", "cp_attention": "ulysses"},
-           {**base, "cp": 2, "attention": "fused", "cp_attention": "tree"}, {**base, "precision": "fp8"}]
+           {**base, "cp": 2, "attention": "fused", "cp_attention": "tree"},
+           {**base, "precision": "fp8", "experts": 4, "dp": 4, "global_batch": 64},
+           {**base, "offload_device": "nvme"}, {**base, "zero_stage": 1, "offload": "optimizer", "offload_device": "tape"}]
     for cfg, js in zip(bad, _run([{"kind": "step", "cfg": c, "hw": "h100"} for c in bad])):
         with pytest.raises(ValueError):
             perf.step_time(perf.PerfConfig(**cfg), "h100")
         assert "error" in js, cfg
+    for hw in ("a100-40gb", "a100-80gb"):                 # no fp8 tensor cores: refused by name in both
+        with pytest.raises(ValueError, match="no fp8 tensor cores"):
+            perf.step_time(perf.PerfConfig(**base, precision="fp8"), hw)
+        js = _run([{"kind": "step", "cfg": {**base, "precision": "fp8"}, "hw": hw}])[0]
+        assert "no fp8 tensor cores" in js["error"], js
 
 
 def test_planner_js_ranks_like_python():
@@ -131,6 +138,45 @@ def test_planner_js_ranks_like_python():
         assert js["ranked"] == py["ranked"]
         for a, b in zip(js["top"], py["top"]):
             assert a["total"] == pytest.approx(b["total"], rel=1e-9) and a["memory_gb"] == pytest.approx(b["memory_gb"], rel=1e-9)
+
+
+def test_step_time_js_matches_python_with_the_states_on_nvme():
+    """The disk tier (NVMe reads and writes behind the CPU Adam) on random layouts with offload, each key to 1e-9."""
+    rng = random.Random(8008)
+    cfgs, hws = [], []
+    while len(cfgs) < 120:
+        cfg = _random_config(rng)
+        if cfg["offload"] != "none":
+            cfgs.append({**cfg, "offload_device": "nvme"})
+            hws.append(rng.choice(sorted(perf.HARDWARE)))
+    _assert_step_times_equal(cfgs, hws)
+    # the disk term is live in this sample, not 0 everywhere
+    assert sum(perf.step_time(perf.PerfConfig(**c), h)["disk"] > 0 for c, h in zip(cfgs, hws)) > 10
+
+
+FP8_HW = tuple(sorted(k for k, h in perf.HARDWARE.items() if h.fp8_flops))
+
+
+def test_step_time_js_matches_python_with_fp8_and_nvme():
+    """fp8 (the linears at the fp8 rate, ZeRO-3's one-byte gathers) and the disk tier (NVMe reads and writes
+    behind the CPU Adam), on random layouts and every preset with fp8 tensor cores, each key to 1e-9."""
+    rng = random.Random(2209)
+    cfgs, hws = [], []
+    while len(cfgs) < 200:
+        cfg = _random_config(rng)
+        if cfg["pp"] == 1 and rng.random() < 0.3:
+            cfg["zero_stage"] = 3                          # the fp8 gathers
+        if rng.random() < 0.7 and not cfg.get("experts") and not cfg["fp32_grads"]:
+            cfg["precision"] = "fp8"
+        if cfg["offload"] != "none" and rng.random() < 0.7:
+            cfg["offload_device"] = "nvme"
+        cfgs.append(cfg)
+        hws.append(rng.choice(FP8_HW))
+    assert sum(c["precision"] == "fp8" for c in cfgs) > 40 and sum(c.get("offload_device") == "nvme" for c in cfgs) > 30
+    assert sum(c["precision"] == "fp8" and c["zero_stage"] == 3 and c["dp"] * c["cp"] > 1 for c in cfgs) > 5
+    _assert_step_times_equal(cfgs, hws)
+    # the disk term is live in this sample, not 0 everywhere
+    assert sum(perf.step_time(perf.PerfConfig(**c), h)["disk"] > 0 for c, h in zip(cfgs, hws)) > 10
 
 
 NEW_HW = ("b200", "gb200-nvl72", "mi300x")
@@ -185,6 +231,8 @@ def test_js_and_the_calculator_pages_carry_every_python_preset():
                 h["nics_per_node"], h["mesh"]) == (hw.name, hw.peak_flops, hw.hbm_bandwidth, hw.memory_bytes,
                                                    hw.gpus_per_node, hw.nics_per_node, hw.mesh), name
         assert (h["nvlink_domain"] or h["gpus_per_node"]) == hw.domain
+        assert (h["fp8_flops"], h["disk_read_bandwidth"], h["disk_write_bandwidth"]) == (
+            hw.fp8_flops, hw.disk_read_bandwidth, hw.disk_write_bandwidth), name
         for tier in ("intra", "inter", "host"):
             assert (h[tier]["bandwidth"], h[tier]["alpha"]) == (getattr(hw, tier).bandwidth, getattr(hw, tier).alpha)
     for page in ("calculator.md", "calculator.nl.md"):

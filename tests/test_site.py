@@ -292,6 +292,8 @@ def _random_config(rng: random.Random) -> dict:
                 fp32_grads=rng.random() < 0.5 and precision in ("mixed", "fp16"), pp_partition=rng.choice(est.PP_PARTITION))
     if cp > 1 and heads % (tp * cp) == 0 and rng.random() < 0.5:
         cfg["cp_attention"] = "ulysses"                                       # all-to-all over heads
+    if cfg["offload"] != "none" and rng.random() < 0.5:
+        cfg["offload_device"] = "nvme"                                        # the states in files on disk
     return {**cfg, **(_random_experts(rng) if cfg["cp"] == 1 else {})}   # no MoE under cp
 
 
@@ -318,7 +320,9 @@ def test_calculator_js_matches_python_on_random_configs():
     rng = random.Random(20240607)
     cfgs = [_random_config(rng) for _ in range(240)] + [dict(est.PRESETS[k]) for k in est.PRESETS]
     got = _run_js(cfgs)
-    keys = ("params", "grads", "optimizer", "gathered", "activations", "recompute", "total", "cpu", "stage_params")
+    keys = ("params", "grads", "optimizer", "gathered", "activations", "recompute", "total", "cpu", "nvme",
+            "stage_params")
+    assert sum(c.get("offload_device") == "nvme" for c in cfgs) > 20
     for cfg, js in zip(cfgs, got):
         py = est.memory_per_gpu(est.MemoryConfig(**cfg))
         assert "error" not in js, (cfg, js)
@@ -339,7 +343,8 @@ def test_calculator_js_rejects_what_python_rejects():
            {**base, "experts": 4, "sp": True, "tp": 2}, {**base, "experts": -1},
            {**base, "cp": 2}, {**base, "cp": 3, "attention": "fused"}, {**base, "experts": 4, "cp": 2, "attention": "fused"},
            {**base, "cp": 8, "tp": 2, "attention": "fused", "cp_attention": "ulysses"},
-           {**base, "cp": 2, "attention": "fused", "cp_attention": "tree"}]
+           {**base, "cp": 2, "attention": "fused", "cp_attention": "tree"}, {**base, "offload_device": "nvme"},
+           {**base, "zero_stage": 1, "offload": "optimizer", "offload_device": "tape"}]
     for cfg, js in zip(bad, _run_js(bad)):
         with pytest.raises(ValueError):
             est.memory_per_gpu(est.MemoryConfig(**cfg))

@@ -198,6 +198,41 @@ def test_step_time_panel_and_planner_match_python(server, browser):
     ctx.close()
 
 
+def test_nvme_and_fp8_on_the_calculator_match_python(server, browser):
+    """The states on NVMe: the table gains an "on NVMe" row and the time panel its disk part; fp8: refused on an
+    A100 by name, timed on an H100; each number Python's."""
+    from minimega.analysis import perf
+    ctx, page, watch = _page(browser, server)
+    page.goto(f"{server}/calculator/")
+    page.wait_for_function("document.getElementById('mm-calc-plot').data !== undefined")
+    page.select_option("select[name=preset]", "zero-7.5b")
+    cfg = {**est.PRESETS["zero-7.5b"], "zero_stage": 3, "offload": "optimizer", "offload_device": "nvme"}
+    page.select_option("select[name=zero_stage]", "3")
+    page.select_option("select[name=offload]", "optimizer")
+    page.select_option("select[name=offload_device]", "nvme")
+    py = est.memory_per_gpu(est.MemoryConfig(**cfg))
+    row = page.locator(".mm-calc-table tbody tr").last
+    assert row.locator("th").inner_text() == "on NVMe (offload)"
+    assert row.locator("td").inner_text() == f"{py['nvme'] / 1e9:.2f}"
+    page.select_option("#mm-perf select[name=gpu]", "h100")
+    t = perf.step_time(perf.PerfConfig(**cfg, global_batch=64), "h100")
+    assert t["disk"] > 0
+    page.wait_for_function("t => document.querySelector('.mm-perf-status').innerText.includes(t)",
+                           arg=f"on 64 GPUs: {t['total']:.2f} s per step")
+    disk = page.locator(".mm-perf-table tbody tr", has_text="NVMe reads and writes").locator("td").inner_text()
+    assert disk == f"{t['disk']:.3f}"
+
+    page.select_option("select[name=precision]", "fp8")
+    page.select_option("#mm-perf select[name=gpu]", "a100-80gb")
+    page.wait_for_function("document.querySelector('.mm-perf-status').innerText.includes('no fp8 tensor cores')")
+    page.select_option("#mm-perf select[name=gpu]", "h100")
+    t8 = perf.step_time(perf.PerfConfig(**{**cfg, "precision": "fp8"}, global_batch=64), "h100")
+    page.wait_for_function("t => document.querySelector('.mm-perf-status').innerText.includes(t)",
+                           arg=f"on 64 GPUs: {t8['total']:.2f} s per step")
+    watch.clean()
+    ctx.close()
+
+
 @pytest.mark.parametrize("scheme", ["light", "dark"])
 def test_screenshots_and_theme(server, browser, scheme):
     SHOTS.mkdir(parents=True, exist_ok=True)

@@ -12,6 +12,7 @@
   var RECOMPUTE = ["none", "selective", "full"];
   var SCHEDULES = ["gpipe", "1f1b", "interleaved", "zb_h1"];
   var OFFLOAD = ["none", "optimizer", "optimizer+params"];
+  var OFFLOAD_DEVICES = ["cpu", "nvme"];
   var ATTENTION = ["unfused", "fused"];
   var PP_PARTITION = ["blocks", "blocks+embedding"];
   var CP_ATTENTION = ["ring", "ulysses"];
@@ -20,7 +21,7 @@
   var INTS = ["layers", "hidden", "heads", "vocab", "seq_len", "micro_batch", "tp", "dp", "pp", "cp",
               "micro_batches", "virtual_stages"];
   var DEFAULTS = {micro_batch: 1, precision: "mixed", zero_stage: 0, tp: 1, dp: 1, pp: 1, cp: 1, sp: false,
-                  recompute: "none", schedule: "1f1b", micro_batches: 1, virtual_stages: 1, offload: "none",
+                  recompute: "none", schedule: "1f1b", micro_batches: 1, virtual_stages: 1, offload: "none", offload_device: "cpu",
                   attention: "unfused", position_embedding: true, fp32_grads: false, pp_partition: "blocks",
                   experts: 0, top_k: 2, capacity_factor: 1.25, ep: 1, cp_attention: "ring",
                   kv_heads: 0, ffn: 0, mlp: "gelu", tied: true, bias: true};
@@ -131,6 +132,10 @@
       throw new Error("offload moves ZeRO's optimizer shards: choose ZeRO stage 1 or higher, or no offload");
     if (cfg.offload === "optimizer+params" && cfg.zero_stage !== 3)
       throw new Error("offloading parameters needs ZeRO stage 3 (they are offloaded as shards)");
+    if (OFFLOAD_DEVICES.indexOf(cfg.offload_device) < 0)
+      throw new Error("offload device " + cfg.offload_device + ": expected cpu or nvme");
+    if (cfg.offload_device === "nvme" && cfg.offload === "none")
+      throw new Error("NVMe holds what offload moves off the GPU: choose an offload, or keep the states in CPU memory");
     if (cfg.cp > 1 && cfg.attention !== "fused")
       throw new Error("context parallelism runs ring attention, which never stores the scores: choose fused attention");
     if (CP_ATTENTION.indexOf(cfg.cp_attention) < 0) throw new Error("cp attention " + cfg.cp_attention + ": expected ring or ulysses");
@@ -212,6 +217,8 @@
     var st = modelStatePlacement(split[0], replicas, cfg.zero_stage, cfg.precision, cfg.offload,
                                  cfg.fp32_grads ? 4 : null);
     var cpu = st.cpu;
+    var nvme = cfg.offload_device === "nvme" ? 12 * split[0] / replicas : 0;   // estimate.nvme_bytes_per_step: K·Ψ/N_d
+    cpu -= nvme;
     if (split[1]) {                                   // experts: whole on each rank of their edp group, on the GPU;
       var ex = modelStateBreakdown(split[1], cfg.dp / cfg.ep, Math.min(cfg.zero_stage, 1), cfg.precision,
                                    cfg.fp32_grads ? 4 : null);   // Adam's states sharded over it from stage 1
@@ -235,6 +242,7 @@
                                                 cfg.recompute, cfg.attention, actBytes, 1, cfg) + (cfg.recompute === "full" ? moe : 0) + uly[1]};
     out.total = out.params + out.grads + out.optimizer + out.gathered + out.activations + out.recompute;
     out.cpu = cpu;
+    out.nvme = nvme;
     out.stage_params = n;
     return out;
   }
@@ -294,7 +302,7 @@
     var cfg = {};
     INTS.forEach(function (k) { cfg[k] = Number(form.elements[k].value); });
     cfg.zero_stage = Number(form.elements.zero_stage.value);
-    ["precision", "recompute", "schedule", "offload", "attention", "cp_attention", "pp_partition"].forEach(function (k) {
+    ["precision", "recompute", "schedule", "offload", "offload_device", "attention", "cp_attention", "pp_partition"].forEach(function (k) {
       cfg[k] = form.elements[k].value;
     });
     BOOLS.forEach(function (k) { cfg[k] = form.elements[k].checked; });
@@ -315,7 +323,7 @@
     var cfg = {}, k;
     for (k in DEFAULTS) cfg[k] = DEFAULTS[k];
     for (k in preset) cfg[k] = preset[k];
-    INTS.concat(["zero_stage", "precision", "recompute", "schedule", "offload", "attention", "cp_attention", "pp_partition",
+    INTS.concat(["zero_stage", "precision", "recompute", "schedule", "offload", "offload_device", "attention", "cp_attention", "pp_partition",
                  "experts", "top_k", "ep", "capacity_factor", "kv_heads", "ffn", "mlp"])
       .forEach(function (k) { form.elements[k].value = String(cfg[k]); });
     BOOLS.forEach(function (k) { form.elements[k].checked = !!cfg[k]; });
@@ -347,7 +355,8 @@
     }
     root_.classList.remove("mm-calc-invalid");
     table.innerHTML = "";
-    GPU_CATS.concat(["total", "cpu"]).forEach(function (key) {
+    // the disk's row only when the states are on it
+    GPU_CATS.concat(["total", "cpu"], cfg.offload_device === "nvme" ? ["nvme"] : []).forEach(function (key) {
       var tr = document.createElement("tr"), c = palette[key];
       tr.innerHTML = "<th scope=\"row\"></th><td></td>";
       if (c) {
@@ -368,6 +377,7 @@
       for (k in cfg) c[k] = cfg[k];
       c.zero_stage = s;
       if (s !== 3 && c.offload === "optimizer+params") c.offload = "optimizer";
+      if (s === 0) { c.offload = "none"; c.offload_device = "cpu"; }
       return memoryPerGpu(c);
     });
     var col = themeColors();

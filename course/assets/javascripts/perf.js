@@ -19,22 +19,27 @@
   var NVLINK5 = link("NVLink 5 (B200/GB200)", 900 * GB, 5e-6);
   var XGMI_MI300X = link("Infinity Fabric (MI300X, 7 links)", 448 * GB, 5e-6);
   var C2C_GB200 = link("NVLink-C2C (GB200, per GPU)", 225 * GB, 10e-6);
+  var PER_DRIVE = [2.5 * GB, 1.25 * GB];            // hardware.PER_DRIVE: one NVMe SSD's achieved read, write
+  var DISK_4 = [4 * PER_DRIVE[0] / 8, 4 * PER_DRIVE[1] / 8], DISK_8 = [8 * PER_DRIVE[0] / 8, 8 * PER_DRIVE[1] / 8];
   function hw(name, peak, hbm, memory, intra, inter, host, hostMem, node) {
     node = node || {};
+    var disk = node.disk || DISK_4;
     return {name: name, peak_flops: peak, hbm_bandwidth: hbm, memory_bytes: memory,
             gpus_per_node: node.gpus_per_node || 8, nvlink_domain: node.nvlink_domain || null, intra: intra,
             mesh: !!node.mesh, inter: inter, nics_per_node: node.nics_per_node || 8, matmul_efficiency: 0.75,
-            memory_efficiency: 0.8, host: host, host_memory_bandwidth: hostMem};
+            memory_efficiency: 0.8, host: host, host_memory_bandwidth: hostMem, fp8_flops: node.fp8 || null,
+            disk_read_bandwidth: disk[0], disk_write_bandwidth: disk[1]};
   }
   var HARDWARE = {                                   // perf_hardware.HARDWARE
     "a100-40gb": hw("A100 SXM4 40GB", 312e12, 1555 * GB, 40 * GB, NVLINK3, IB_HDR, PCIE4, 51.2 * GB),
     "a100-80gb": hw("A100 SXM4 80GB", 312e12, 2039 * GB, 80 * GB, NVLINK3, IB_HDR, PCIE4, 51.2 * GB),
-    "h100": hw("H100 SXM5 80GB", 989e12, 3350 * GB, 80 * GB, NVLINK4, IB_NDR, PCIE5, 76.8 * GB),
-    "h200": hw("H200 SXM 141GB", 989e12, 4800 * GB, 141 * GB, NVLINK4, IB_NDR, PCIE5, 76.8 * GB),
-    "b200": hw("B200 SXM 180GB", 2250e12, 7700 * GB, 180 * GB, NVLINK5, IB_NDR, PCIE5, 76.8 * GB),
+    "h100": hw("H100 SXM5 80GB", 989e12, 3350 * GB, 80 * GB, NVLINK4, IB_NDR, PCIE5, 76.8 * GB, {fp8: 1979e12, disk: DISK_8}),
+    "h200": hw("H200 SXM 141GB", 989e12, 4800 * GB, 141 * GB, NVLINK4, IB_NDR, PCIE5, 76.8 * GB, {fp8: 1979e12, disk: DISK_8}),
+    "b200": hw("B200 SXM 180GB", 2250e12, 7700 * GB, 180 * GB, NVLINK5, IB_NDR, PCIE5, 76.8 * GB, {fp8: 4500e12, disk: DISK_8}),
     "gb200-nvl72": hw("GB200 NVL72 (B200 186GB)", 2500e12, 8000 * GB, 186 * GB, NVLINK5, IB_NDR, C2C_GB200, 250 * GB,
-                      {gpus_per_node: 4, nics_per_node: 4, nvlink_domain: 72}),
-    "mi300x": hw("MI300X OAM 192GB", 1307.4e12, 5300 * GB, 192 * GB, XGMI_MI300X, IB_NDR, PCIE5, 76.8 * GB, {mesh: true})
+                      {gpus_per_node: 4, nics_per_node: 4, nvlink_domain: 72, fp8: 5000e12, disk: DISK_8}),
+    "mi300x": hw("MI300X OAM 192GB", 1307.4e12, 5300 * GB, 192 * GB, XGMI_MI300X, IB_NDR, PCIE5, 76.8 * GB,
+                 {mesh: true, fp8: 2614.9e12, disk: DISK_8})
   };
 
   function hardware(h) {
@@ -79,7 +84,7 @@
   }
 
   var DEFAULTS = {micro_batch: 1, precision: "mixed", zero_stage: 0, tp: 1, dp: 1, pp: 1, cp: 1, sp: false,
-                  recompute: "none", schedule: "1f1b", virtual_stages: 1, offload: "none", attention: "unfused",
+                  recompute: "none", schedule: "1f1b", virtual_stages: 1, offload: "none", offload_device: "cpu", attention: "unfused",
                   position_embedding: true, fp32_grads: false, pp_partition: "blocks", global_batch: 1,
                   dropout: true, bucket_bytes: 25e6, stack: "megatron", overlap_comm: true,
                   experts: 0, top_k: 2, capacity_factor: 1.25, ep: 1, cp_attention: "ring",
@@ -95,7 +100,8 @@
     c.micro_batches = c.global_batch / per;
     mem.memoryPerGpu(memCfg(c));                     // MemoryConfig.check
     if (c.zero_stage >= 2 && c.pp > 1) throw new Error("ZeRO-2/3 do not compose with pipeline parallelism");
-    if (c.precision === "fp8") throw new Error("precision fp8: the time model has no fp8 GEMM rates yet; use bf16 for time");
+    if (c.precision === "fp8" && c.experts)
+      throw new Error("precision fp8 with experts: minimega's fp8 linears are the dense blocks' (the experts are not converted); use bf16");
     if (c.schedule === "interleaved") {
       if (c.pp === 1 || c.virtual_stages < 2) throw new Error("schedule='interleaved' needs pp > 1 and virtual_stages >= 2");
       if (c.layers % (c.pp * c.virtual_stages) !== 0) throw new Error("interleaved: layers not a multiple of pp*v");
@@ -108,7 +114,7 @@
   function memCfg(c) {
     var out = {}, k;
     ["layers", "hidden", "heads", "vocab", "seq_len", "micro_batch", "precision", "zero_stage", "tp", "dp", "pp", "cp", "sp",
-     "recompute", "schedule", "micro_batches", "virtual_stages", "offload", "attention", "position_embedding",
+     "recompute", "schedule", "micro_batches", "virtual_stages", "offload", "offload_device", "attention", "position_embedding",
      "fp32_grads", "pp_partition", "experts", "top_k", "capacity_factor", "ep", "cp_attention", "kv_heads", "ffn", "mlp",
      "tied", "bias"].forEach(function (k2) { out[k2] = c[k2]; });
     return out;
@@ -154,24 +160,28 @@
             ["combine", mixF, mixB]];
   }
   var CORE = ["scores q·kᵀ", "softmax", "attention dropout", "scores·v", "attention (fused)"];
+  var FP8_GEMMS = ["qkv", "proj", "fc1", "fc2", "gate", "up"];   // perf.FP8_GEMMS: the blocks' Linear layers
 
   function headOps(c) {
     var N = Math.floor(c.seq_len / c.cp) * c.micro_batch, h = c.hidden, Vt = c.vocab / c.tp, e = c.precision === "fp32" ? 4 : 2;
     return [["logits", 2 * N * h * Vt, e * (N * h + h * Vt + N * Vt)], ["cross-entropy", 5 * N * Vt, (e + 4 + 4) * N * Vt]];
   }
 
-  function opTime(f, by, h) {
-    return Math.max(f / (h.peak_flops * h.matmul_efficiency), by / (h.hbm_bandwidth * h.memory_efficiency));
+  function opTime(f, by, h, peak) {                  // perf.op_time
+    return Math.max(f / ((peak || h.peak_flops) * h.matmul_efficiency), by / (h.hbm_bandwidth * h.memory_efficiency));
   }
-  function sumTimes(ops, h, only) {
+  function opPeak(c, h, name) {                      // perf.op_peak
+    return c && c.precision === "fp8" && FP8_GEMMS.indexOf(name) >= 0 ? h.fp8_flops : h.peak_flops;
+  }
+  function sumTimes(ops, h, only, c) {               // c: the config, for fp8 GEMM rates (the attention core is bf16)
     var s = 0;
-    ops.forEach(function (o) { if (!only || CORE.indexOf(o[0]) >= 0) s += opTime(o[1], o[2], h); });
+    ops.forEach(function (o) { if (!only || CORE.indexOf(o[0]) >= 0) s += opTime(o[1], o[2], h, only ? null : opPeak(c, h, o[0])); });
     return s;
   }
 
   function layerTimes(c, h) {                        // perf.layer_times
     var ops = layerOps(c);
-    var fwd = sumTimes(ops, h), core = sumTimes(ops, h, true);
+    var fwd = sumTimes(ops, h, false, c), core = sumTimes(ops, h, true);
     var recompute = {none: 0, selective: core, full: fwd}[c.recompute];
     var e = c.precision === "fp32" ? 4 : 2;
     var ar = collectiveTime("all_reduce", Math.floor(c.seq_len / c.cp) * c.micro_batch * c.hidden * e, c.tp, linkFor(h, c.tp, world(c)));
@@ -244,6 +254,8 @@
 
   function stepTime(input, hwIn) {                   // perf.step_time
     var h = hardware(hwIn || "a100-80gb"), c = perfConfig(input);
+    if (c.precision === "fp8" && !h.fp8_flops)
+      throw new Error("precision fp8 on " + h.name + ": it has no fp8 tensor cores; use bf16 or a GPU with fp8 (H100, H200, B200, GB200, MI300X)");
     var mb = microbatchTime(c, h);
     var m = c.micro_batches, p = c.pp, v = c.virtual_stages, e = c.precision === "fp32" ? 4 : 2;
     var nGpus = c.dp * c.cp * c.tp * c.pp;
@@ -253,7 +265,7 @@
     var bubble = p > 1 ? (p - 1) / v * (slot - (c.schedule === "zb_h1" ? mb.backward : 0)) : 0;   // ZB-H1: (p-1)(tF+tB-tW)
     var stackOverhead = (m + (p - 1) / v) * slot * (1 / STACKS[c.stack] - 1);
     var split = mem.stageParamSplit(memCfg(c)), nStage = split[0], nExpert = split[1];
-    var gradB = (c.fp32_grads || c.precision === "fp32" || c.precision === "bf16") ? 4 : 2;   // bf16: fp32 main grads
+    var gradB = mem.modelStateBreakdown(1, 1, 0, c.precision, c.fp32_grads ? 4 : null).grads;   // bf16, fp8: fp32 main grads
     var replicas = c.dp * c.cp;                       // ranks holding the same parameters
     var l = linkFor(h, c.tp * c.cp * c.dp, nGpus);
     var lastBwd = mb.backward + mb.recompute;
@@ -264,7 +276,8 @@
         var hh = c.hidden;
         var layerBytes = (c.experts ? (4 * hh * hh + 3 * hh) / c.tp + hh * c.experts : mem.blockSplitParams(c) / c.tp) * e;
         var fetch = c.offload === "optimizer+params" ? collectiveTime("send_recv", layerBytes / replicas, 2, h.host) : 0;
-        var ag = fetch + collectiveTime("all_gather", layerBytes, replicas, l);
+        var gathered = c.precision === "fp8" ? mem.blockMatmulParams(c) / c.tp : layerBytes;   // E4M3: 1 byte an element
+        var ag = fetch + collectiveTime("all_gather", gathered, replicas, l);
         var rs = collectiveTime("reduce_scatter", layerBytes * gradB / e, replicas, l);
         var hideF = c.overlap_comm ? lt.forward : 0, hideB = c.overlap_comm ? lt.backward + lt.recompute : 0;
         var perLayer = Math.max(0, ag - hideF) + Math.max(0, ag + rs - hideB);
@@ -282,18 +295,23 @@
       if (c.zero_stage >= 1) dpComm += collectiveTime("all_gather", nExpert * e, edp, l);
     }
     var shard = nStage / (c.zero_stage >= 1 ? replicas : 1) + nExpert / (c.zero_stage >= 1 ? edp : 1);
-    var adamBytes = shard * (4 * 6 + gradB + e), optimizer, offload = 0;
+    var adamBytes = shard * (4 * 6 + gradB + e), optimizer, offload = 0, disk = 0;   // perf_offload.optimizer_time
     if (c.offload === "none") optimizer = adamBytes / (h.hbm_bandwidth * h.memory_efficiency);
     else {                                           // Adam on the CPU; gradients down, 16-bit parameters up
       optimizer = adamBytes / (h.host_memory_bandwidth * h.memory_efficiency);
       var down = collectiveTime("send_recv", shard * gradB, 2, h.host);
       offload = (p === 1 && c.overlap_comm ? Math.max(0, down - lastBwd) : down) + collectiveTime("send_recv", shard * e, 2, h.host);
+      if (c.offload_device === "nvme") {             // perf_offload.disk_time: K·Ψ/N_d read and written, K = 12
+        var moved = 12 * nStage / replicas;
+        var busy = moved / h.disk_read_bandwidth + moved / h.disk_write_bandwidth;
+        disk = c.overlap_comm ? Math.max(0, busy - optimizer) : busy;
+      }
     }
     var compute = m * (mb.forward + mb.backward + mb.recompute);
     var out = {compute: compute, forward: m * mb.forward, backward: m * mb.backward, recompute: m * mb.recompute,
                tp_comm: m * mb.tp_comm, ep_comm: m * mb.ep_comm, cp_comm: m * mb.cp_comm, p2p: m * p2p, bubble: bubble,
-               stack_overhead: stackOverhead, dp_comm: dpComm, offload: offload, optimizer: optimizer};
-    out.total = compute + out.tp_comm + out.ep_comm + out.cp_comm + out.p2p + bubble + stackOverhead + dpComm + offload + optimizer;
+               stack_overhead: stackOverhead, dp_comm: dpComm, offload: offload, optimizer: optimizer, disk: disk};
+    out.total = compute + out.tp_comm + out.ep_comm + out.cp_comm + out.p2p + bubble + stackOverhead + dpComm + offload + optimizer + disk;
     var tokens = c.global_batch * c.seq_len;
     var fl = iterationFlops(c), mf = fl[0], logged = fl[1], hf = fl[2];
     var memory = mem.memoryPerGpu(memCfg(c));
@@ -431,7 +449,7 @@
   var PARTS = [["forward", "forward"], ["backward", "backward"], ["recompute", "recompute"], ["tp_comm", "TP all-reduces"],
                ["cp_comm", "ring attention (exposed)"], ["p2p", "pipeline p2p"], ["bubble", "pipeline bubble"], ["stack_overhead", "stack overhead"],
                ["dp_comm", "data-parallel (exposed)"], ["offload", "offload PCIe (exposed)"],
-               ["optimizer", "optimizer step"]];
+               ["optimizer", "optimizer step"], ["disk", "NVMe reads and writes (exposed)"]];
 
   /* Words per page language (<html lang>; the Dutch edition is "nl"). */
   var WORDS = {
@@ -447,7 +465,8 @@
          num: function (x, digits) { return x.toFixed(digits); }},
     nl: {parts: {recompute: "herberekening", tp_comm: "TP-all-reduces", p2p: "pipeline-p2p",
                  stack_overhead: "overhead van de stack", dp_comm: "data parallel (niet verborgen)",
-                 offload: "offload over PCIe (niet verborgen)", optimizer: "optimizer-stap"},
+                 offload: "offload over PCIe (niet verborgen)", optimizer: "optimizer-stap",
+                 disk: "NVMe lezen en schrijven (niet verborgen)"},
          step: "stap", cannot: "Kan niet rekenen: ", cannotPlan: "Kan niet plannen: ",
          status: function (cfg, r) {
            return "Globale batch " + cfg.global_batch + " op " + r.n_gpus + " GPU's: " + r.total.toFixed(2).replace(".", ",") +
@@ -471,7 +490,7 @@
     ["layers", "hidden", "heads", "vocab", "seq_len", "micro_batch", "tp", "dp", "pp", "cp", "virtual_stages"]
       .forEach(function (k) { cfg[k] = Number(f.elements[k].value); });
     cfg.zero_stage = Number(f.elements.zero_stage.value);
-    ["precision", "recompute", "schedule", "offload", "attention", "cp_attention", "pp_partition"].forEach(function (k) { cfg[k] = f.elements[k].value; });
+    ["precision", "recompute", "schedule", "offload", "offload_device", "attention", "cp_attention", "pp_partition"].forEach(function (k) { cfg[k] = f.elements[k].value; });
     ["sp", "position_embedding", "fp32_grads", "tied", "bias"].forEach(function (k) { cfg[k] = f.elements[k].checked; });
     ["kv_heads", "ffn"].forEach(function (k) { cfg[k] = Number(f.elements[k].value); });
     cfg.mlp = f.elements.mlp.value;

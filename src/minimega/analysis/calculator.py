@@ -8,8 +8,9 @@ import math
 from dataclasses import dataclass
 
 from .activations import ATTENTION, activation_bytes_per_layer, moe_activation_delta, recompute_working_bytes
-from .memory import (CP_ATTENTION, OFFLOAD, PP_PARTITION, PRECISIONS, RECOMPUTE, SCHEDULES, _check_stage_dp,
-                     model_state_breakdown, model_state_placement, state_bytes_per_param)
+from .disk import nvme_bytes_per_step
+from .memory import (CP_ATTENTION, OFFLOAD, OFFLOAD_DEVICES, PP_PARTITION, PRECISIONS, RECOMPUTE, SCHEDULES,
+                     _check_stage_dp, model_state_breakdown, model_state_placement, state_bytes_per_param)
 from .pipeline import in_flight_microbatches
 from .shapes import MLPS, block_split_params, block_whole_params, kv_width
 
@@ -52,6 +53,10 @@ class MemoryConfig:
     """'optimizer': the optimizer states and the reduced gradient shards live in CPU memory (ZeRO-Offload;
     stages 0-1 keep their unsharded gradient buffer on the GPU); 'optimizer+params': parameters too
     (ZeRO-Infinity with stage 3). See `model_state_placement`."""
+    offload_device: str = "cpu"
+    """Where offload keeps the fp32 master and the optimizer states: 'cpu' (host memory) or 'nvme' (files on the node's
+    drives, ZeRO-Infinity's disk tier: `TrainConfig.nvme_path`, DeepSpeed's ``offload_optimizer.device: nvme``). The
+    gradient shards and, with 'optimizer+params', the 16-bit parameters stay in host memory (`disk.nvme_placement`)."""
     attention: str = "unfused"
     """'unfused' stores the as²b attention scores (Korthikanti's table); 'fused' (FlashAttention,
     SDPA) stores one fp32 log-sum-exp per row and head instead."""
@@ -111,6 +116,12 @@ class MemoryConfig:
                              "shards, as minimega and DeepSpeed do); set zero_stage or offload='none'")
         if self.offload == "optimizer+params" and self.zero_stage != 3:
             raise ValueError("offload='optimizer+params' needs zero_stage=3 (parameters are offloaded as shards)")
+        if self.offload_device not in OFFLOAD_DEVICES:
+            raise ValueError(f"offload_device={self.offload_device!r}: expected one of {OFFLOAD_DEVICES}")
+        if self.offload_device == "nvme" and self.offload == "none":
+            raise ValueError("offload_device='nvme' needs offload='optimizer' or 'optimizer+params' (the disk tier holds "
+                             "what offload moves off the GPU; --offload --nvme-path DIR); set offload or "
+                             "offload_device='cpu'")
         if self.cp > 1 and self.attention != "fused":
             raise ValueError(f"cp={self.cp} runs ring attention, which never stores the s x s scores: "
                              "set attention='fused'")
@@ -219,7 +230,8 @@ def memory_per_gpu(cfg: MemoryConfig) -> dict:
     recomputation working set (`recompute_working_bytes`, one layer of one micro-batch).
     ZeRO-3 also holds, one block at a time, the parameters it gathers from the other ranks
     ("gathered": a block's 16-bit parameters times (1 - 1/N_d)). Offload splits the states by location
-    (`model_state_placement`; "cpu" is the host's share). With experts the expert parameters and gradients are
+    (`model_state_placement`; "cpu" is the host's share; with ``offload_device='nvme'`` "nvme" is the disk's,
+    `disk.nvme_bytes_per_step`, taken from the host's). With experts the expert parameters and gradients are
     whole on every rank (`stage_param_split`), their optimizer states too at stage 0 and sharded over the dp/ep
     ranks of their edp group from stage 1 on, all on the GPU, and each block's activations change by `moe_activation_delta`
     (minimega's MoE layer; with full recomputation only in the working set). Not counted:
@@ -232,6 +244,8 @@ def memory_per_gpu(cfg: MemoryConfig) -> dict:
     states = model_state_placement(n_dense, replicas, cfg.zero_stage, cfg.precision, cfg.offload,
                                    grad_bytes=grad_bytes)
     cpu = states.pop("cpu")
+    nvme = nvme_bytes_per_step(n_dense, replicas, cfg.zero_stage)["read"] if cfg.offload_device == "nvme" else 0.0
+    cpu -= nvme                             # the master and Adam's states: 12 bytes a shard element, on disk
     if n_expert:                            # experts: whole on each rank of their expert-data-parallel group,
         edp, stage = cfg.dp // cfg.ep, min(cfg.zero_stage, 1)      # Adam's states sharded over it from stage 1
         for k, v in model_state_breakdown(n_expert, edp, stage, cfg.precision, grad_bytes=grad_bytes).items():
@@ -253,6 +267,7 @@ def memory_per_gpu(cfg: MemoryConfig) -> dict:
            + uly_working}
     out["total"] = sum(out.values())
     out["cpu"] = cpu
+    out["nvme"] = nvme
     out["stage_params"] = n_dense + n_expert
     return out
 

@@ -3,17 +3,21 @@
 A `Hardware` is everything `perf.step_time` needs to turn FLOPs and bytes into seconds:
 
     peak_flops          dense 16-bit tensor-core FLOP/s (the MFU denominator)
+    fp8_flops           dense fp8 tensor-core FLOP/s, None where the GPU has no fp8 tensor cores (A100)
     hbm_bandwidth       bytes/s to device memory (the roofline's slope)
     intra, inter        `Link`s: NVLink/NVSwitch inside an NVLink domain, InfiniBand beyond it (per NIC)
     nvlink_domain       GPUs one NVLink fabric joins: the node's 8 on DGX/HGX, a rack's 72 on GB200 NVL72
+    disk_read_bandwidth, disk_write_bandwidth
+                        the node's NVMe drives per GPU: what NVMe offload (ZeRO-Infinity) reads and writes at
 
 Spec sources (vendor datasheets; the "achievable" fractions are this model's assumptions, see below):
     A100 SXM4 40/80 GB  NVIDIA A100 Tensor Core GPU datasheet (nvidia-a100-datasheet-us-nvidia-1758950-r4):
                         BF16 312 TFLOP/s dense, HBM2 1,555 GB/s (40 GB), HBM2e 2,039 GB/s (80 GB),
                         NVLink 3 600 GB/s total (300 GB/s each way)
     H100 SXM5           NVIDIA H100 Tensor Core GPU datasheet: BF16 989 TFLOP/s dense (1,979 with sparsity),
-                        HBM3 3.35 TB/s, NVLink 4 900 GB/s total (450 GB/s each way)
-    H200 SXM            NVIDIA H200 datasheet: the H100's compute with 141 GB HBM3e at 4.8 TB/s
+                        FP8 1,979 dense (3,958 with sparsity), HBM3 3.35 TB/s, NVLink 4 900 GB/s total (450 GB/s
+                        each way). The A100 has no fp8 tensor cores (A100 datasheet: FP16/BF16, TF32, INT8 only).
+    H200 SXM            NVIDIA H200 datasheet: the H100's compute (fp8 too) with 141 GB HBM3e at 4.8 TB/s
     B200, GB200 NVL72,  see hardware_sources.md beside this file: each number with its vendor document
     MI300X              (DGX/HGX B200, GB200 NVL72, AMD Instinct MI300X data sheets), dense = sparse / 2
     DGX A100 node       8 GPUs, 8 HDR InfiniBand NICs at 200 Gb/s (25 GB/s) each: Narayanan et al. 2021
@@ -25,6 +29,13 @@ Spec sources (vendor datasheets; the "achievable" fractions are this model's ass
                         DDR4-3200 each, 204.8 GB/s per socket (AMD's specification): 51.2 GB/s per GPU;
                         DGX H100/H200 have 2 Intel Xeon Platinum 8480C, 8 channels of DDR5-4800, 307.2 GB/s per
                         socket: 76.8 GB/s per GPU. CPU Adam is memory-bound on it (ZeRO-Offload, Ren et al. 2021).
+    Disk (NVMe offload) DeepSpeed's DeepNVMe blog (2024, blogs/deepspeed-gds/README.md) measured 10 GB/s reads and
+                        5 GB/s writes between 4 NVMe SSDs in RAID-0 and CPU memory (Azure NC96ads_A100_v4): 2.5 and
+                        1.25 GB/s per drive. DGX A100 holds 4 data NVMe drives for 8 GPUs, DGX H100/H200 8 (NVIDIA DGX
+                        BasePOD reference architecture: "eight 3.84 TB U.2 NVMe drives for storage/cache"), so per
+                        GPU 1.25 / 0.625 GB/s (A100) and 2.5 / 1.25 GB/s (Hopper) read / write, achieved rates: no
+                        efficiency applies. The drive count of the A100 node and of the presets after Hopper are
+                        assumptions (hardware_sources.md).
 
 Assumptions (not datasheet numbers; `minimega calibrate` measures the CPU equivalents on this machine):
     matmul_efficiency   the fraction of peak a large 16-bit GEMM sustains in a training step. 0.75 for A100
@@ -44,6 +55,10 @@ from ..moe import moe_capacity
 from .communication import ring_time
 
 GB = 1e9
+PER_DRIVE = (2.5 * GB, 1.25 * GB)
+"""Achieved (read, write) bytes/s of one data-center NVMe SSD: DeepNVMe's 10 and 5 GB/s over 4 drives in RAID-0."""
+DISK_4_DRIVES = (4 * PER_DRIVE[0] / 8, 4 * PER_DRIVE[1] / 8)   # DGX A100: 4 data drives, 8 GPUs
+DISK_8_DRIVES = (8 * PER_DRIVE[0] / 8, 8 * PER_DRIVE[1] / 8)   # DGX H100/H200: 8 data drives, 8 GPUs
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -99,11 +114,20 @@ class Hardware:
     """GPU <-> CPU memory (PCIe), one way: what offload moves gradients and parameters over."""
     host_memory_bandwidth: float = 51.2 * GB
     """Bytes/s of CPU memory per GPU (the node's sockets shared by its GPUs): CPU Adam's roof."""
+    fp8_flops: float | None = None
+    """Dense fp8 tensor-core FLOP/s per GPU; None: no fp8 tensor cores, and the time model refuses precision='fp8'."""
+    disk_read_bandwidth: float = DISK_4_DRIVES[0]
+    """Bytes/s one GPU's rank reads from the node's NVMe drives (their achieved rate shared by the node's GPUs)."""
+    disk_write_bandwidth: float = DISK_4_DRIVES[1]
+    """Bytes/s one GPU's rank writes to the node's NVMe drives."""
 
     def check(self) -> None:
-        for name in ("peak_flops", "hbm_bandwidth", "memory_bytes", "host_memory_bandwidth"):
+        for name in ("peak_flops", "hbm_bandwidth", "memory_bytes", "host_memory_bandwidth", "disk_read_bandwidth",
+                     "disk_write_bandwidth"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name}={getattr(self, name)!r}: must be > 0")
+        if self.fp8_flops is not None and not self.fp8_flops > 0:
+            raise ValueError(f"fp8_flops={self.fp8_flops!r}: must be > 0, or None for a GPU without fp8 tensor cores")
         for name in ("gpus_per_node", "nics_per_node"):
             if not (isinstance(getattr(self, name), int) and getattr(self, name) >= 1):
                 raise ValueError(f"{name}={getattr(self, name)!r}: expected an integer >= 1")
@@ -162,17 +186,22 @@ HARDWARE = {
     "a100-40gb": Hardware(name="A100 SXM4 40GB", peak_flops=312e12, hbm_bandwidth=1555 * GB, memory_bytes=40 * GB),
     "a100-80gb": Hardware(name="A100 SXM4 80GB", peak_flops=312e12, hbm_bandwidth=2039 * GB, memory_bytes=80 * GB),
     "h100": Hardware(name="H100 SXM5 80GB", peak_flops=989e12, hbm_bandwidth=3350 * GB, memory_bytes=80 * GB,
-                     intra=NVLINK4, inter=IB_NDR, host=PCIE5, host_memory_bandwidth=76.8 * GB),
+                     intra=NVLINK4, inter=IB_NDR, host=PCIE5, host_memory_bandwidth=76.8 * GB, fp8_flops=1979e12,
+                     disk_read_bandwidth=DISK_8_DRIVES[0], disk_write_bandwidth=DISK_8_DRIVES[1]),
     "h200": Hardware(name="H200 SXM 141GB", peak_flops=989e12, hbm_bandwidth=4800 * GB, memory_bytes=141 * GB,
-                     intra=NVLINK4, inter=IB_NDR, host=PCIE5, host_memory_bandwidth=76.8 * GB),
+                     intra=NVLINK4, inter=IB_NDR, host=PCIE5, host_memory_bandwidth=76.8 * GB, fp8_flops=1979e12,
+                     disk_read_bandwidth=DISK_8_DRIVES[0], disk_write_bandwidth=DISK_8_DRIVES[1]),
     # hardware_sources.md: every number below, its vendor document and what is assumed
     "b200": Hardware(name="B200 SXM 180GB", peak_flops=2250e12, hbm_bandwidth=7700 * GB, memory_bytes=180 * GB,
-                     intra=NVLINK5, inter=IB_NDR, host=PCIE5, host_memory_bandwidth=76.8 * GB),
+                     intra=NVLINK5, inter=IB_NDR, host=PCIE5, host_memory_bandwidth=76.8 * GB, fp8_flops=4500e12,
+                     disk_read_bandwidth=DISK_8_DRIVES[0], disk_write_bandwidth=DISK_8_DRIVES[1]),
     "gb200-nvl72": Hardware(name="GB200 NVL72 (B200 186GB)", peak_flops=2500e12, hbm_bandwidth=8000 * GB,
                             memory_bytes=186 * GB, gpus_per_node=4, nvlink_domain=72, intra=NVLINK5, inter=IB_NDR,
-                            nics_per_node=4, host=C2C_GB200, host_memory_bandwidth=250 * GB),
+                            nics_per_node=4, host=C2C_GB200, host_memory_bandwidth=250 * GB, fp8_flops=5000e12,
+                            disk_read_bandwidth=DISK_8_DRIVES[0], disk_write_bandwidth=DISK_8_DRIVES[1]),
     "mi300x": Hardware(name="MI300X OAM 192GB", peak_flops=1307.4e12, hbm_bandwidth=5300 * GB, memory_bytes=192 * GB,
-                       intra=XGMI_MI300X, mesh=True, inter=IB_NDR, host=PCIE5, host_memory_bandwidth=76.8 * GB),
+                       intra=XGMI_MI300X, mesh=True, inter=IB_NDR, host=PCIE5, host_memory_bandwidth=76.8 * GB,
+                       fp8_flops=2614.9e12, disk_read_bandwidth=DISK_8_DRIVES[0], disk_write_bandwidth=DISK_8_DRIVES[1]),
 }
 
 
@@ -190,11 +219,13 @@ def parse_custom(spec: str) -> Hardware:
     Example: ``peak_tflops=312,hbm_gbs=2039,memory_gb=80,gpus_per_node=8,nvlink_gbs=300,ib_gbs=25,nics=8``.
     Optional: ``nvlink_alpha_us``, ``ib_alpha_us``, ``matmul_eff``, ``memory_eff``, ``link_eff``, ``pcie_gbs`` (one
     way, default 32), ``host_mem_gbs`` (CPU memory per GPU, default 51.2), ``nvlink_domain`` (GPUs one NVLink
-    fabric joins, a multiple of gpus_per_node; default the node). Unknown keys are refused by name.
+    fabric joins, a multiple of gpus_per_node; default the node), ``fp8_tflops`` (dense fp8; default none: fp8 is
+    refused), ``disk_read_gbs`` and ``disk_write_gbs`` (NVMe per GPU, default 1.25 and 0.625). Unknown keys are
+    refused by name.
     """
     keys = {"peak_tflops", "hbm_gbs", "memory_gb", "gpus_per_node", "nvlink_gbs", "ib_gbs", "nics",
             "nvlink_alpha_us", "ib_alpha_us", "matmul_eff", "memory_eff", "link_eff", "pcie_gbs", "host_mem_gbs",
-            "nvlink_domain"}
+            "nvlink_domain", "fp8_tflops", "disk_read_gbs", "disk_write_gbs"}
     vals: dict[str, float] = {}
     for part in filter(None, (p.strip() for p in spec.split(","))):
         k, sep, v = part.partition("=")
@@ -222,7 +253,10 @@ def parse_custom(spec: str) -> Hardware:
         nics_per_node=int(vals.get("nics", 8)), matmul_efficiency=vals.get("matmul_eff", 0.75),
         memory_efficiency=vals.get("memory_eff", 0.8),
         host=Link(name="custom PCIe", bandwidth=vals.get("pcie_gbs", 32) * GB, alpha=10e-6, efficiency=eff),
-        host_memory_bandwidth=vals.get("host_mem_gbs", 51.2) * GB)
+        host_memory_bandwidth=vals.get("host_mem_gbs", 51.2) * GB,
+        fp8_flops=vals["fp8_tflops"] * 1e12 if "fp8_tflops" in vals else None,
+        disk_read_bandwidth=vals.get("disk_read_gbs", DISK_4_DRIVES[0] / GB) * GB,
+        disk_write_bandwidth=vals.get("disk_write_gbs", DISK_4_DRIVES[1] / GB) * GB)
     hw.check()
     return hw
 

@@ -32,6 +32,7 @@ STAGES = (0, 1, 2, 3)
 RECOMPUTE = ("none", "selective", "full")
 SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb_h1")
 OFFLOAD = ("none", "optimizer", "optimizer+params")
+OFFLOAD_DEVICES = ("cpu", "nvme")
 PP_PARTITION = ("blocks", "blocks+embedding")
 CP_ATTENTION = ("ring", "ulysses")
 

@@ -25,13 +25,17 @@ The model, phase by phase, for the slowest pipeline stage of one step:
        down PCIe during the last backward (only the excess is exposed; all of it with pp > 1), Adam runs
        on the CPU at host memory bandwidth, and the updated 16-bit shard comes back up, exposed, before
        the all-gather. With 'optimizer+params' (ZeRO-3) each layer's parameter shard also comes up PCIe
-       before its gather, forward and backward, hidden behind compute like the gathers themselves.
+       before its gather, forward and backward, hidden behind compute like the gathers themselves. With
+       offload_device='nvme' the states live on disk, read and written each step (``perf_offload``).
     7. Mixture of experts (``experts > 0``, minimega's `moe.MoELayer`): the MLP's ops become the router,
        the dense dispatch and combine and the experts' GEMMs over their capacity slots (``moe_ops``); the
        layer runs whole on every tp rank (one tp all-reduce per pass, not two); its four all-to-alls per
        layer and micro-batch sit on the critical path (``ep_comm``); expert gradients are all-reduced over
        the dp/ep ranks holding the same experts, bucketed like DDP's, or from zero_stage 1 on reduce-scattered
        and the experts all-gathered there, Adam stepping 1/(dp/ep) of them (ZeRO-1 over edp, `moe_zero`).
+    8. FP8 (precision='fp8', Transformer Engine's recipe as `minimega.fp8` runs it): the blocks' linear GEMMs
+       (`FP8_GEMMS`, forward and backward) run at `Hardware.fp8_flops`; attention's core, the head and the
+       element-wise ops stay bf16. ZeRO-3 gathers the linears' weights as E4M3 bytes (`zero.fp8_gather`).
 
 Collectives use the α-β model (Thakur, Rabenseifner and Gropp 2005, ``hardware.collective_time``) on the
 link tier the group spans.
@@ -44,6 +48,8 @@ from dataclasses import asdict, dataclass, field, replace
 from .. import analysis as est
 from .hardware import (ALGORITHMS, COLLECTIVES, HARDWARE, Hardware, Link, collective_time, hardware,
                        moe_alltoall_time)
+from .perf_moe import moe_ops
+from .perf_offload import optimizer_time
 
 STACKS = {"megatron": 1.0, "megatron-deepspeed": 0.77}
 """Per-micro-batch efficiency of the training stack's pipeline engine relative to Megatron-LM's own.
@@ -91,8 +97,9 @@ class PerfConfig(est.MemoryConfig):
 
     def check(self) -> None:
         super().check()
-        if self.precision == "fp8":   # the rates exist (analysis/hardware_sources.md); the GEMM split does not yet
-            raise ValueError("precision='fp8': the time model has no fp8 GEMM rates yet; use 'bf16' for time")
+        if self.precision == "fp8" and self.experts:
+            raise ValueError(f"precision='fp8' with experts={self.experts}: minimega's fp8 linears are the dense blocks' "
+                             "(the experts are not converted); use precision='bf16' or experts=0")
         if self.zero_stage >= 2 and self.pp > 1:
             raise ValueError(f"zero_stage={self.zero_stage} with pp={self.pp}: ZeRO-2/3 do not compose with "
                              "pipeline parallelism (they would reduce every micro-batch); use zero_stage <= 1")
@@ -167,29 +174,9 @@ def layer_ops(cfg: PerfConfig) -> list[tuple[str, float, float]]:
 # --8<-- [end:layer_ops]
 
 
-def moe_ops(cfg: PerfConfig) -> list[tuple[str, float, float]]:
-    """The MLP's ops when it is minimega's MoE layer (`moe.MoELayer`), whole on every tp rank.
-
-    The router's GEMM and softmax over N tokens; GShard's dense dispatch and combine, each an N × E·C by h
-    contraction per sequence; the experts' GEMMs and GELU over the R = b·E·C slots (rows this rank's
-    experts receive after the all-to-all: E/ep experts × ep·b·C rows), their weights read once per expert.
-    Capacity, not top-k alone, sets the expert FLOPs: a slot is computed whether a token filled it or not.
-    """
-    s, b, h, E = cfg.seq_len, cfg.micro_batch, cfg.hidden, cfg.experts
-    e = 4 if cfg.precision == "fp32" else 2
-    N, EC = s * b, E * est.moe_capacity(s, E, cfg.top_k, cfg.capacity_factor)
-    R, local = b * EC, E / cfg.ep
-    mix = (2 * N * EC * h, e * (N * EC + N * h + b * EC * h))          # (b, s, E·C) × (b, s, h) per sequence
-    return [("router", 2 * N * h * E, e * (N * h + h * E + N * E)),
-            ("router softmax", 5 * N * E, 2 * e * N * E),
-            ("dispatch", *mix),
-            ("expert fc1", 2 * R * h * 4 * h, e * (R * h + local * 4 * h * h + 4 * R * h)),
-            ("expert gelu", 8 * R * 4 * h, 2 * e * 4 * R * h),
-            ("expert fc2", 2 * R * 4 * h * h, e * (4 * R * h + local * 4 * h * h + R * h)),
-            ("combine", *mix)]
-
-
 ATTENTION_CORE = ("scores q·kᵀ", "softmax", "attention dropout", "scores·v", "attention (fused)")
+FP8_GEMMS = ("qkv", "proj", "fc1", "fc2", "gate", "up")
+"""The ops `minimega.fp8.convert` turns into fp8 linears: the blocks' Linear layers, nothing else."""
 
 
 def head_ops(cfg: PerfConfig) -> list[tuple[str, float, float]]:
@@ -205,16 +192,23 @@ def _hw(hw: Hardware | str) -> Hardware:
     return hardware(hw) if isinstance(hw, str) else hw
 
 
-def op_time(flops: float, bytes_: float, hw: Hardware) -> float:
-    """Roofline time of one op: the slower of its compute and its memory traffic."""
-    return max(flops / (hw.peak_flops * hw.matmul_efficiency), bytes_ / (hw.hbm_bandwidth * hw.memory_efficiency))
+def op_time(flops: float, bytes_: float, hw: Hardware, peak: float | None = None) -> float:
+    """Roofline time of one op: the slower of its compute (at ``peak``, default the 16-bit rate) and its memory traffic."""
+    return max(flops / ((peak or hw.peak_flops) * hw.matmul_efficiency),
+               bytes_ / (hw.hbm_bandwidth * hw.memory_efficiency))
+
+
+def op_peak(cfg: PerfConfig, hw: Hardware, name: str) -> float:
+    """The tensor-core rate op `name` runs at: fp8 for the linears under precision='fp8', else 16-bit."""
+    return hw.fp8_flops if cfg.precision == "fp8" and name in FP8_GEMMS else hw.peak_flops
 
 
 def roofline(cfg: PerfConfig, hw: Hardware | str) -> list[dict]:
     """Each forward op with its arithmetic intensity (FLOP/byte) and whether it is compute- or memory-bound."""
     hw = _hw(hw)
     return [{"op": name, "flops": f, "bytes": by, "intensity": f / by, "bound": "compute" if f / by >= hw.ridge
-             else "memory", "seconds": op_time(f, by, hw)} for name, f, by in layer_ops(cfg) + head_ops(cfg)]
+             else "memory", "seconds": op_time(f, by, hw, op_peak(cfg, hw, name))}
+            for name, f, by in layer_ops(cfg) + head_ops(cfg)]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -235,7 +229,7 @@ def layer_times(cfg: PerfConfig, hw: Hardware | str) -> dict:
     """Seconds of one layer for one micro-batch: forward, backward, recompute, TP and CP communication."""
     hw = _hw(hw)
     ops = layer_ops(cfg)
-    fwd = sum(op_time(f, b, hw) for _, f, b in ops)
+    fwd = sum(op_time(f, b, hw, op_peak(cfg, hw, name)) for name, f, b in ops)    # backward: twice, fp8 GEMMs too
     core = sum(op_time(f, b, hw) for name, f, b in ops if name in ATTENTION_CORE)
     recompute = {"none": 0.0, "selective": core, "full": fwd}[cfg.recompute]
     e = 4 if cfg.precision == "fp32" else 2
@@ -340,7 +334,8 @@ def step_time(cfg: PerfConfig, hw: Hardware | str = "a100-80gb") -> dict:
     ``ep_comm`` (the expert all-to-alls, on the critical path), ``cp_comm`` (exposed ring attention,
     `ring_attention_time`, or Ulysses' all-to-alls, `ulysses_attention_time`), ``p2p``, ``bubble``,
     ``stack_overhead`` (see `STACKS`), ``dp_comm`` (exposed; over dp·cp, the ranks holding the same
-    parameters), ``offload`` (exposed PCIe transfers), ``optimizer`` (on the CPU when offloaded), ``total``,
+    parameters), ``offload`` (exposed PCIe transfers), ``optimizer`` (on the CPU when offloaded), ``disk`` (exposed
+    NVMe reads and writes, `perf_offload.disk_time`), ``total``,
     ``tokens_per_s``, ``tflops_per_gpu`` (Narayanan's Eq. 3 hardware FLOPs with full recomputation, what
     Megatron-DeepSpeed's 2022 logs print), ``model_tflops_per_gpu`` (model FLOPs: what MFU divides by the peak),
     ``mfu`` (model FLOPs, Korthikanti App. A), ``hfu``, ``memory`` (`estimate.memory_per_gpu`), ``fits``.
@@ -348,6 +343,9 @@ def step_time(cfg: PerfConfig, hw: Hardware | str = "a100-80gb") -> dict:
     hw = _hw(hw)
     hw.check()
     cfg.check()
+    if cfg.precision == "fp8" and hw.fp8_flops is None:
+        raise ValueError(f"precision='fp8' on {hw.name}: it has no fp8 tensor cores (Hardware.fp8_flops is None); "
+                         "use precision='bf16' or a GPU with fp8 (h100, h200, b200, gb200-nvl72, mi300x)")
     mb = microbatch_time(cfg, hw)
     m, p, v = cfg.micro_batches, cfg.pp, cfg.virtual_stages
     e = 4 if cfg.precision == "fp32" else 2
@@ -375,7 +373,8 @@ def step_time(cfg: PerfConfig, hw: Hardware | str = "a100-80gb") -> dict:
             layer_bytes = ((4 * h * h + 3 * h) / cfg.tp + h * cfg.experts if cfg.experts
                            else est.block_split_params(cfg) / cfg.tp) * e        # GPT: (12h² + 7h)/t
             fetch = collective_time("send_recv", layer_bytes / replicas, 2, hw.host) if params_up else 0.0
-            ag = fetch + collective_time("all_gather", layer_bytes, replicas, link)
+            gathered = est.block_matmul_params(cfg) / cfg.tp if cfg.precision == "fp8" else layer_bytes  # E4M3: 1 B
+            ag = fetch + collective_time("all_gather", gathered, replicas, link)
             rs = collective_time("reduce_scatter", layer_bytes * grad_b / e, replicas, link)
             hide_f, hide_b = (lt["forward"], lt["backward"] + lt["recompute"]) if cfg.overlap_comm else (0.0, 0.0)
             per_layer = max(0.0, ag - hide_f) + max(0.0, ag + rs - hide_b)
@@ -393,26 +392,17 @@ def step_time(cfg: PerfConfig, hw: Hardware | str = "a100-80gb") -> dict:
         dp_comm += max(last, total - last_bwd) if p == 1 and cfg.overlap_comm else total
         if cfg.zero_stage >= 1:
             dp_comm += collective_time("all_gather", n_expert * e, edp, link)
-    # Adam: read p32, m, v, grad; write p32, m, v and the 16-bit copy; on this rank's shard
+    # Adam on this rank's shard: on the GPU, or on the CPU with its copies, and its states on disk (`perf_offload`)
     shard = n_stage / (replicas if cfg.zero_stage >= 1 else 1) + n_expert / (edp if cfg.zero_stage >= 1 else 1)
-    adam_bytes = shard * (4 * 6 + grad_b + e)
-    offload = 0.0
-    if cfg.offload == "none":
-        optimizer = adam_bytes / (hw.hbm_bandwidth * hw.memory_efficiency)
-    else:                                  # the shard's Adam on the CPU; gradients down, 16-bit params up
-        optimizer = adam_bytes / (hw.host_memory_bandwidth * hw.memory_efficiency)
-        down = collective_time("send_recv", shard * grad_b, 2, hw.host)
-        up = collective_time("send_recv", shard * e, 2, hw.host)
-        offload = (max(0.0, down - last_bwd) if p == 1 and cfg.overlap_comm else down) + up
+    opt = optimizer_time(cfg, hw, n_stage, shard, grad_b, e, last_bwd)
     # --8<-- [start:step_total]
     compute = m * (mb["forward"] + mb["backward"] + mb["recompute"])
     out = {"compute": compute, "forward": m * mb["forward"], "backward": m * mb["backward"],
            "recompute": m * mb["recompute"], "tp_comm": m * mb["tp_comm"], "ep_comm": m * mb["ep_comm"],
            "cp_comm": m * mb["cp_comm"], "p2p": m * p2p,
-           "bubble": bubble, "stack_overhead": stack_overhead, "dp_comm": dp_comm, "offload": offload,
-           "optimizer": optimizer}
+           "bubble": bubble, "stack_overhead": stack_overhead, "dp_comm": dp_comm, **opt}
     out["total"] = (compute + out["tp_comm"] + out["ep_comm"] + out["cp_comm"] + out["p2p"] + bubble + stack_overhead
-                    + dp_comm + offload + optimizer)
+                    + dp_comm + opt["offload"] + opt["optimizer"] + opt["disk"])
     # --8<-- [end:step_total]
     tokens = cfg.global_batch * cfg.seq_len
     model_flops, logged, hw_flops = est.iteration_flops(cfg)         # any block shape (`shapes`)

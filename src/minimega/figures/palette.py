@@ -19,6 +19,7 @@ CATEGORIES: tuple[tuple[str, str, str], ...] = (
     ("activations", "activations", "#e64980"),
     ("recompute", "recomputed layer (backward)", "#82c91e"),
     ("cpu", "in CPU memory (offload)", "#a5673f"),
+    ("nvme", "on NVMe (offload)", "#0b7285"),
 )
 COLOURS = {key: colour for key, _, colour in CATEGORIES}
 LABELS = {key: label for key, label, _ in CATEGORIES}
@@ -27,7 +28,8 @@ LABELS_BY_LANG = {
     "en": LABELS,
     "nl": {"params": "parameters", "grads": "gradiënten", "optimizer": "optimizer states",
            "gathered": "opgehaald blok (ZeRO-3)", "activations": "activaties",
-           "recompute": "herberekende laag (backward)", "cpu": "in CPU-geheugen (offload)"},
+           "recompute": "herberekende laag (backward)", "cpu": "in CPU-geheugen (offload)",
+           "nvme": "op NVMe (offload)"},
 }
 
 # Formula and estimate markers drawn next to measured categories: a grey that reads on light and dark.

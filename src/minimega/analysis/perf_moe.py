@@ -1,0 +1,30 @@
+"""The MLP's ops in the step-time model's roofline when it is minimega's mixture of experts (`moe.MoELayer`).
+
+``perf.layer_ops`` calls `moe_ops` for a block with ``experts > 0``: (name, FLOPs, bytes) of each op, one micro-batch,
+one GPU, as ``layer_ops`` lists the dense block's.
+"""
+from __future__ import annotations
+
+from ..moe import moe_capacity
+
+
+def moe_ops(cfg) -> list[tuple[str, float, float]]:
+    """The MLP's ops when it is minimega's MoE layer (`moe.MoELayer`), whole on every tp rank.
+
+    The router's GEMM and softmax over N tokens; GShard's dense dispatch and combine, each an N × E·C by h
+    contraction per sequence; the experts' GEMMs and GELU over the R = b·E·C slots (rows this rank's
+    experts receive after the all-to-all: E/ep experts × ep·b·C rows), their weights read once per expert.
+    Capacity, not top-k alone, sets the expert FLOPs: a slot is computed whether a token filled it or not.
+    """
+    s, b, h, E = cfg.seq_len, cfg.micro_batch, cfg.hidden, cfg.experts
+    e = 4 if cfg.precision == "fp32" else 2
+    N, EC = s * b, E * moe_capacity(s, E, cfg.top_k, cfg.capacity_factor)
+    R, local = b * EC, E / cfg.ep
+    mix = (2 * N * EC * h, e * (N * EC + N * h + b * EC * h))          # (b, s, E·C) × (b, s, h) per sequence
+    return [("router", 2 * N * h * E, e * (N * h + h * E + N * E)),
+            ("router softmax", 5 * N * E, 2 * e * N * E),
+            ("dispatch", *mix),
+            ("expert fc1", 2 * R * h * 4 * h, e * (R * h + local * 4 * h * h + 4 * R * h)),
+            ("expert gelu", 8 * R * 4 * h, 2 * e * 4 * R * h),
+            ("expert fc2", 2 * R * 4 * h * h, e * (4 * R * h + local * 4 * h * h + R * h)),
+            ("combine", *mix)]
