@@ -1,5 +1,5 @@
 """Llama's blocks as GPTConfig options: grouped-query attention, SwiGLU, RoPE (`model.py`, `rope.py`,
-`tensor_parallel_attention.py`).
+`tensor_parallel_blocks.py`).
 
 Oracles: the plain model (defaults, and n_kv_head = n_head, are GPT-2's model bit for bit), an attention written
 out by hand here (explicit softmax, K/V heads repeated, RoPE as a complex-number rotation in float64), the analytic

@@ -7,8 +7,8 @@ Each transformer block is split over the tp group so that only its two ends comm
     MLP:        fc   column-parallel (W[F_tp, D])            →  GELU                       →  proj row-parallel
 
 With Llama's blocks: grouped-query attention splits the n_kv_head key/value heads over tp as well (each rank
-keeps the kv heads its n_head/tp query heads read, `tensor_parallel_attention`), and SwiGLU's gate and fc
-(up) are both column-parallel, its proj (down) row-parallel: the same two all-reduces per block.
+keeps the kv heads its n_head/tp query heads read), and SwiGLU's gate and fc (up) are both column-parallel
+behind one `f`, its proj (down) row-parallel: the same two all-reduces per block (`tensor_parallel_blocks`).
 
 A column-parallel layer starts with `f` (forward: identity, backward: all-reduce); a row-parallel layer
 ends with `g` (forward: all-reduce, backward: identity). That is 2 all-reduces forward and 2 backward per
@@ -34,7 +34,7 @@ from .comm import Group
 from .config import GPTConfig
 from .model import GPT
 from .rng import RNGStream
-from .tensor_parallel_attention import ParallelSelfAttention
+from .tensor_parallel_blocks import ParallelSelfAttention, ParallelSwiGLU
 
 SEQ_DIM = 1          # activations are (B, T, D); sequence parallelism shards T
 
@@ -204,8 +204,15 @@ class ColumnParallelLinear(nn.Module):
         self.bias = nn.Parameter(shard(linear.bias)) if linear.bias is not None else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = gather_from_sp(x, self.group) if self.sequence_parallel else copy_to_tp(x, self.group)
-        return F.linear(x, self.weight, self.bias)                          # (B, T, out/tp)
+        return self.local(self.enter(x))                                    # (B, T, out/tp)
+
+    def enter(self, x: torch.Tensor) -> torch.Tensor:
+        """`f`: identity forward and an all-reduce backward, or the all-gather along T under SP."""
+        return gather_from_sp(x, self.group) if self.sequence_parallel else copy_to_tp(x, self.group)
+
+    def local(self, x: torch.Tensor) -> torch.Tensor:
+        """The matmul on this rank's rows, for input that has been through `enter`."""
+        return F.linear(x, self.weight, self.bias)
 
     def full(self, t: torch.Tensor) -> torch.Tensor:
         """The unsharded, unpadded tensor (weight or bias) in `nn.Linear`'s layout."""
@@ -359,10 +366,13 @@ class ParallelGPT(GPT):
                 block.attn.resid_dropout = _StreamDropout(block.attn.resid_dropout, self.rng)
                 block.mlp.dropout = _StreamDropout(block.mlp.dropout, self.rng)
             if not hasattr(block.mlp, "experts"):          # a mixture of experts stays whole (`minimega.moe`)
-                for name in ("gate", "fc") if hasattr(block.mlp, "gate") else ("fc",):     # SwiGLU: gate too
-                    setattr(block.mlp, name, ColumnParallelLinear(getattr(block.mlp, name), group,
-                                                                  sequence_parallel=sequence_parallel))
-                block.mlp.proj = RowParallelLinear(block.mlp.proj, group, sequence_parallel=sequence_parallel)
+                column = {n: ColumnParallelLinear(getattr(block.mlp, n), group, sequence_parallel=sequence_parallel)
+                          for n in ("gate", "fc") if hasattr(block.mlp, n)}
+                proj = RowParallelLinear(block.mlp.proj, group, sequence_parallel=sequence_parallel)
+                if "gate" in column:                       # SwiGLU: gate and fc behind one `f`
+                    block.mlp = ParallelSwiGLU(block.mlp, column["gate"], column["fc"], proj)
+                else:
+                    block.mlp.fc, block.mlp.proj = column["fc"], proj
         self.lm_head = ColumnParallelLinear(model.lm_head, group, sequence_parallel=sequence_parallel, pad=True)
         if sequence_parallel:
             self.drop = _StreamDropout(self.drop, self.rng)
