@@ -53,6 +53,30 @@ def test_defaults_and_explicit_mha_are_the_plain_model_bit_for_bit(explicit):
         assert torch.equal(a, b) and torch.equal(a.grad, b.grad), name
 
 
+def _gpt2_forward(model: mm.GPT, idx: torch.Tensor) -> torch.Tensor:
+    """GPT-2's forward as model.py computed it before Llama's options existed, op for op, from the parameters."""
+    F = torch.nn.functional
+    B, T = idx.shape
+    x = model.wte(idx) + model.wpe(torch.arange(T))
+    for blk in model.blocks:
+        h = F.layer_norm(x, (x.shape[-1],), blk.ln_1.weight)
+        q, k, v = F.linear(h, blk.attn.qkv.weight).split(x.shape[-1], dim=-1)
+        q, k, v = (t.view(B, T, 4, 16).transpose(1, 2) for t in (q, k, v))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(B, T, 64)
+        x = x + F.linear(y, blk.attn.proj.weight)
+        h = F.layer_norm(x, (x.shape[-1],), blk.ln_2.weight)
+        x = x + F.linear(F.gelu(F.linear(h, blk.mlp.fc.weight)), blk.mlp.proj.weight)
+    return F.linear(F.layer_norm(x, (64,), model.ln_f.weight), model.lm_head.weight)
+
+
+def test_default_model_is_gpt2_forward_bit_for_bit():
+    torch.manual_seed(0)
+    model = mm.GPT(mm.GPTConfig.tiny())
+    x, _ = data.global_batch(0, 2, 16)
+    with torch.no_grad():
+        assert torch.equal(model(x)[0], _gpt2_forward(model, x))
+
+
 def test_parameter_names_of_the_plain_model_are_unchanged():
     names = [n for n, _ in mm.GPT(mm.GPTConfig.tiny(n_layer=1)).named_parameters()]
     assert names == ["wte.weight", "wpe.weight", "blocks.0.ln_1.weight", "blocks.0.attn.qkv.weight",

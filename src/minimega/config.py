@@ -243,7 +243,7 @@ class TrainConfig:
 
     # Parallel layout (dp is whatever is left: world size / (tp * pp)).
     tp: int = 1
-    """Tensor-parallel degree (Megatron-LM); divides n_head, n_embd and the MLP width."""
+    """Tensor-parallel degree (Megatron-LM); divides n_head, n_kv_head, n_embd and the MLP width."""
     pp: int = 1
     """Pipeline stages; at most n_layer."""
     cp: int = 1
