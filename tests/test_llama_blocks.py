@@ -241,7 +241,8 @@ def _cases(names: list[str], directory: str) -> dict:
             torch.manual_seed(config.seed)
             engine = mm.initialize(mm.GPT(MODEL), config, mesh)
             grads: list[dict] = []
-            engine.before_step.append(lambda e: grads.append(e.full_grad_dict()) if e.step < GRAD_STEPS else None)
+            keep = grads.append
+            engine.before_step.append(lambda e, keep=keep: keep(e.full_grad_dict()) if e.step < GRAD_STEPS else None)
             for batch in data.batches(mesh, STEPS, config.batch_size, SEQ, seed=config.seed):
                 engine.train_step(batch)
             out[name] = {"grads": grads, "state": engine.full_state_dict(), "losses": engine.losses}

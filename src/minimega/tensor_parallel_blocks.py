@@ -22,9 +22,8 @@ of the input gradient backward (one all-gather and one reduce-scatter under sequ
 from __future__ import annotations
 
 import torch
-from torch import nn
-
 import torch.nn.functional as F
+from torch import nn
 
 from .model import CausalSelfAttention, SwiGLU
 from .rng import RNGStream
