@@ -218,9 +218,9 @@ def test_checkpoint_manifest_without_the_new_fields_is_the_plain_model(tmp_path)
 
 
 # --------------------------------------------------------------------------------------------------------------
-# Parallel layouts on 2 ranks, against the single-process model
+# Parallel layouts on 2 and 4 ranks, against the single-process model
 
-CASES = {   # name -> (ParallelDims kwargs, TrainConfig overrides)
+CASES = {   # name -> (ParallelDims kwargs, TrainConfig overrides); world size = the product of the dims
     "tp2": ({"tp": 2}, {"tp": 2}),
     "tp2-sp": ({"tp": 2}, {"tp": 2, "sequence_parallel": True}),
     "dp2-zero3": ({"dp": 2}, {"zero_stage": 3}),
@@ -228,6 +228,10 @@ CASES = {   # name -> (ParallelDims kwargs, TrainConfig overrides)
     "cp2-ring": ({"cp": 2}, {"cp": 2}),
     "cp2-ulysses": ({"cp": 2}, {"cp": 2, "cp_attention": "ulysses"}),
     "tp2-selective": ({"tp": 2}, {"tp": 2, "activation_checkpointing": "selective"}),
+    # 4 ranks: one kv head per tp rank, repeated for its 2 query heads before the ring or the all-to-alls
+    "tp2-cp2-ring": ({"tp": 2, "cp": 2}, {"tp": 2, "cp": 2}),
+    "tp2-cp2-ulysses": ({"tp": 2, "cp": 2}, {"tp": 2, "cp": 2, "cp_attention": "ulysses"}),
+    "dp2-tp2-zero2-sp": ({"dp": 2, "tp": 2}, {"tp": 2, "zero_stage": 2, "sequence_parallel": True}),
 }
 SAVED = "tp2"            # its checkpoint is loaded by a dp2 ZeRO-1 engine: kv rows and gate land where they belong
 
@@ -261,9 +265,13 @@ def _cases(names: list[str], directory: str) -> dict:
 def runs(request, tmp_path_factory) -> dict:
     wanted = {item.callspec.params.get("name") for item in request.session.items
               if item.module is request.module and hasattr(item, "callspec")}
-    names = [n for n in CASES if n in wanted]
-    per_rank = mm.launch(_cases, 2, names, str(tmp_path_factory.mktemp("llama_ckpt")), timeout=600)
-    return {name: [r[name] for r in per_rank] for name in names}
+    out = {}
+    for world in (2, 4):                                   # one launch per world size
+        names = [n for n in CASES if n in wanted and math.prod(CASES[n][0].values()) == world]
+        if names:
+            per_rank = mm.launch(_cases, world, names, str(tmp_path_factory.mktemp("llama_ckpt")), timeout=600)
+            out.update({name: [r[name] for r in per_rank] for name in names})
+    return out
 
 
 @pytest.mark.parametrize("name", list(CASES))
