@@ -5,6 +5,7 @@ against `model.GPT`'s parameter count. The models are scaled down with BLOOM's a
 stages leave a remainder (BLOOM: 70 over 12), and a vocabulary of 250 does not split over tp = 4 (it is padded).
 """
 import pytest
+import torch
 import torch.distributed as dist
 
 import minimega as mm
@@ -13,6 +14,9 @@ from minimega.analysis.dry_run import check_rank, dry_run, sample_ranks
 from minimega.pipeline import stage as pipeline_stage
 
 SHAPE = dict(vocab_size=250, block_size=32, n_layer=7, n_head=4, n_embd=32, bias=True)
+LLAMA = dict(vocab_size=250, block_size=32, n_layer=7, n_head=4, n_embd=32, n_kv_head=2, mlp="swiglu",
+             ffn_hidden=88, position="rope", rope_theta=500000.0, bias=False)
+"""Llama-shaped at the same scale: 2 key/value heads for 4 query heads, a SwiGLU MLP of 88, RoPE, no biases."""
 
 LAYOUTS = {   # id: (dp, tp, pp, zero_stage, precision, recompute, micro-steps)
     "dp2-tp4-pp3-z1-bf16-full": (2, 4, 3, 1, "bf16", "full", 4),
@@ -74,6 +78,27 @@ def test_dry_run_equals_the_estimate_with_two_reductions_in_flight():
     assert result["memory_peak"]["comm_buffers"] > one["memory_peak"]["comm_buffers"]
 
 
+LLAMA_LAYOUTS = {
+    "dp2-tp2-pp3-z1-bf16-full": (2, 2, 3, 1, "bf16", "full", 4),
+    "dp2-tp2-pp2-z0-fp32-selective": (2, 2, 2, 0, "fp32", "selective", 2),
+    "dp2-tp2-pp1-z3-bf16": (2, 2, 1, 3, "bf16", "none", 2),
+}
+
+
+@pytest.mark.parametrize("name", LLAMA_LAYOUTS)
+def test_llama_shaped_dry_run_equals_the_estimate(name):
+    """GQA's narrower qkv rows (split over tp), SwiGLU's gate and no position table, on every sampled rank."""
+    config, dims = _layout(*LLAMA_LAYOUTS[name])
+    for rank in sample_ranks(dims):
+        result = check_rank(LLAMA, config, dims, rank)
+        assert result["differs"] == [], (name, rank, result["memory_peak"], result["estimate"], result["comm_sent"])
+        assert result["params"] == sum(map(sum, layout.rank_units(LLAMA, dims.tp, dims.pp, result["coords"][0])))
+    model = mm.GPT(mm.GPTConfig(**LLAMA))
+    from minimega.zero.stages import model_units
+    assert [sorted(u) for u in layout.rank_units(LLAMA)] == \
+        [sorted(p.numel() for _, p in ps) for _, ps in model_units(model)]
+
+
 def test_layout_counts_the_reference_model():
     """Summed over the stages (tp = 1), the units hold exactly `model.GPT`'s parameters, in the same units."""
     model = mm.GPT(mm.GPTConfig(**SHAPE))
@@ -121,8 +146,6 @@ def test_dry_run_refuses_what_it_cannot_build():
     config, dims = _layout(*LAYOUTS["dp3-tp2-pp1-z2-bf16"])
     with pytest.raises(ValueError, match="outside the world"):
         dry_run(mm.GPTConfig(**SHAPE), config, dims, dims.world_size)
-    with pytest.raises(ValueError, match="grouped-query attention"):
-        layout.published("llama3-405b")
     with pytest.raises(ValueError, match="tensor parallelism"):
         dry_run(mm.GPTConfig(**dict(SHAPE, n_head=3, n_embd=33)), config, dims, 0)
     assert not dist.is_initialized()
@@ -136,8 +159,12 @@ def test_cli_layout_defaults_to_the_published_one():
     assert (dims.dp, dims.tp, dims.pp, config.zero_stage, config.micro_batches, config.batch_size) == \
         (8, 4, 12, 1, 128, 2048)
     assert (shape["n_layer"], shape["n_embd"], shape["vocab_size"]) == (70, 14336, 250880)
-    with pytest.raises(SystemExit, match="grouped-query attention"):
-        layout_of(build_parser().parse_args(["dry-run", "--model", "llama3-405b"]))
+    shape, config, dims = layout_of(build_parser().parse_args(["dry-run", "--model", "llama3-405b"]))
+    assert (dims.dp, dims.tp, dims.pp, config.micro_batches, config.batch_size) == (64, 8, 16, 32, 2048)
+    assert shape == dict(vocab_size=128256, block_size=8192, n_layer=126, n_head=128, n_embd=16384, bias=False,
+                         n_kv_head=8, ffn_hidden=53248, mlp="swiglu", position="rope", rope_theta=500000.0)
+    with torch.device("meta"):
+        assert mm.GPT(mm.GPTConfig(**shape)).num_params() == 405_853_388_800          # Llama 3's published count
 
 
 def test_comm_model_reduces_gradients_in_their_own_width():

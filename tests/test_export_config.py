@@ -361,3 +361,18 @@ def test_mt_nlg_layout_as_the_chapter_states():
     assert (args["--tensor-model-parallel-size"], args["--pipeline-model-parallel-size"]) == ("8", "35")
     assert (args["--micro-batch-size"], args["--global-batch-size"]) == ("1", "1920")
     assert 8 * 8 * 35 == 2240
+
+
+def test_megatron_carries_llama_blocks():
+    """GQA, SwiGLU and RoPE go on Megatron-LM's command line (flags it defines); a base it cannot hold is refused."""
+    argv = ex.to_megatron(TrainConfig(tp=2), DP, GPTConfig.tiny_llama())
+    flags = [a for a in argv if a.startswith("--")]
+    assert set(flags) <= set(ex.MEGATRON_FLAGS), set(flags) - set(ex.MEGATRON_FLAGS)
+    args = dict(zip(argv, argv[1:] + [""]))
+    assert args["--num-query-groups"] == "2" and "--group-query-attention" in args and "--swiglu" in args
+    assert args["--ffn-hidden-size"] == "176" and args["--position-embedding-type"] == "rope"
+    assert args["--rotary-base"] == "500000" and "--rotary-interleaved" in args
+    plain = ex.to_megatron(TrainConfig(), DP, GPTConfig.tiny())
+    assert not {"--swiglu", "--group-query-attention", "--position-embedding-type"} & set(plain)
+    with pytest.raises(ex.ExportError, match="rope_theta=10000.5 cannot be expressed"):
+        ex.to_megatron(TrainConfig(), DP, GPTConfig.tiny_llama(rope_theta=10000.5))

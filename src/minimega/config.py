@@ -13,9 +13,16 @@ from pathlib import Path
 from .config_deepspeed import DS_MAX_BYTES, is_int as _is_int, is_real as _is_real, read_deepspeed
 
 
+MLPS = ("gelu", "swiglu")
+POSITIONS = ("learned", "rope")
+
+
 @dataclass(frozen=True, kw_only=True)
 class GPTConfig:
-    """A nanoGPT-shaped decoder: token + position embeddings, pre-LN blocks, causal attention, GELU MLP."""
+    """A nanoGPT-shaped decoder: token + position embeddings, pre-LN blocks, causal attention, GELU MLP.
+
+    The defaults are GPT-2's blocks; ``n_kv_head``, ``mlp='swiglu'`` (+ ``ffn_hidden``) and ``position='rope'``
+    give Llama's attention, MLP and positions (its norms stay bias-free LayerNorms here, not RMSNorm)."""
 
     vocab_size: int = 256
     """Tokens; the shipped byte-level tokenizer needs 256 (smaller values fold token ids modulo V)."""
@@ -26,11 +33,23 @@ class GPTConfig:
     n_embd: int = 64
     """Hidden size D; D / n_head is the head size."""
     mlp_ratio: int = 4
-    """MLP width F = mlp_ratio * D."""
+    """MLP width F = mlp_ratio * D (unless ffn_hidden is set)."""
     dropout: float = 0.0
     bias: bool = False
     """Biases in Linear and LayerNorm. Off by default: the key projection's bias has an exactly zero gradient (softmax
     ignores a constant shift); Adam turns that zero plus float noise into lr-sized updates, so parity is meaningless."""
+    n_kv_head: int | None = None
+    """Key/value heads (grouped-query attention, Ainslie et al. 2023, arXiv:2305.13245): each serves
+    n_head / n_kv_head query heads; must divide n_head. None: n_head (multi-head attention, GPT-2)."""
+    mlp: str = "gelu"
+    """'gelu': proj(gelu(fc(x))) (GPT-2); 'swiglu': proj(silu(gate(x)) * fc(x)) (Shazeer 2020, arXiv:2002.05202; Llama)."""
+    ffn_hidden: int | None = None
+    """The MLP's inner width F (Llama 3 405B: 53248); None: mlp_ratio * D."""
+    position: str = "learned"
+    """'learned': a block_size x D position table added to the token embeddings (GPT-2); 'rope': no table, q and
+    k rotated per head by their position (RoPE, Su et al. 2021, arXiv:2104.09864; Llama)."""
+    rope_theta: float = 10000.0
+    """RoPE's base: pair i of a head turns by position * theta^(-2i/hs). Llama 3 uses 500000. Only with 'rope'."""
 
     def __post_init__(self):
         for name in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd", "mlp_ratio"):
@@ -39,18 +58,48 @@ class GPTConfig:
                 raise ValueError(f"GPTConfig.{name} must be a positive integer, got {value!r}")
         if self.n_embd % self.n_head:
             raise ValueError(f"GPTConfig: n_head={self.n_head} does not divide n_embd={self.n_embd}")
+        self._check_llama_fields()
         if not _is_real(self.dropout) or not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"GPTConfig.dropout must be a number in [0, 1), got {self.dropout!r}")
         if not isinstance(self.bias, bool):
             raise ValueError(f"GPTConfig.bias must be True or False, got {self.bias!r}")
+
+    def _check_llama_fields(self) -> None:
+        """Grouped-query attention, the MLP kind and width, the positions: type, range, and what needs what."""
+        for name in ("n_kv_head", "ffn_hidden"):
+            value = getattr(self, name)
+            if value is not None and (not _is_int(value) or value < 1):
+                raise ValueError(f"GPTConfig.{name} must be a positive integer or None, got {value!r}")
+        if self.n_head % self.kv_heads:
+            raise ValueError(f"GPTConfig: n_kv_head={self.kv_heads} does not divide n_head={self.n_head} (each key/value "
+                             f"head serves n_head/n_kv_head query heads); pick a divisor of {self.n_head}")
+        if self.ffn_hidden is not None and self.mlp_ratio != 4:
+            raise ValueError(f"GPTConfig: ffn_hidden={self.ffn_hidden} and mlp_ratio={self.mlp_ratio} both set the MLP "
+                             f"width; set one (leave mlp_ratio=4 when ffn_hidden is given)")
+        for name, allowed in (("mlp", MLPS), ("position", POSITIONS)):
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"GPTConfig.{name}={getattr(self, name)!r}; choose one of {allowed}")
+        if not _is_real(self.rope_theta) or self.rope_theta <= 1.0:
+            raise ValueError(f"GPTConfig.rope_theta must be a number > 1, got {self.rope_theta!r}")
+        if self.position != "rope" and self.rope_theta != 10000.0:
+            raise ValueError(f"GPTConfig.rope_theta={self.rope_theta!r} has an effect only with position='rope'; "
+                             f"remove it or set position='rope'")
+        if self.position == "rope" and self.head_size % 2:
+            raise ValueError(f"GPTConfig: position='rope' rotates pairs of a head's features; head size "
+                             f"n_embd/n_head = {self.head_size} is odd, pick an even one")
 
     @property
     def head_size(self) -> int:
         return self.n_embd // self.n_head
 
     @property
+    def kv_heads(self) -> int:
+        """Key/value heads: n_kv_head, or n_head when it is None."""
+        return self.n_head if self.n_kv_head is None else self.n_kv_head
+
+    @property
     def mlp_hidden(self) -> int:
-        return self.mlp_ratio * self.n_embd
+        return self.mlp_ratio * self.n_embd if self.ffn_hidden is None else self.ffn_hidden
 
     @classmethod
     def tiny(cls, **overrides) -> "GPTConfig":
@@ -68,8 +117,15 @@ class GPTConfig:
         return cls(**{**dict(vocab_size=50304, block_size=1024, n_layer=12, n_head=12, n_embd=768), **overrides})
 
     @classmethod
+    def tiny_llama(cls, **overrides) -> "GPTConfig":
+        """tiny()'s size with Llama's blocks: 2 key/value heads for 4 query heads, a SwiGLU MLP of width 176, RoPE
+        with Llama 3's base 500000 (no position table). For tests of the Llama options."""
+        return cls(**{**dict(vocab_size=256, block_size=64, n_layer=4, n_head=4, n_embd=64, n_kv_head=2,
+                             mlp="swiglu", ffn_hidden=176, position="rope", rope_theta=500000.0), **overrides})
+
+    @classmethod
     def preset(cls, name: str, **overrides) -> "GPTConfig":
-        presets = {"tiny": cls.tiny, "small": cls.small, "gpt2": cls.gpt2}
+        presets = {"tiny": cls.tiny, "small": cls.small, "gpt2": cls.gpt2, "tiny-llama": cls.tiny_llama}
         if name not in presets:
             raise ValueError(f"unknown preset {name!r}; choose one of {sorted(presets)}")
         return presets[name](**overrides)
@@ -187,7 +243,7 @@ class TrainConfig:
 
     # Parallel layout (dp is whatever is left: world size / (tp * pp)).
     tp: int = 1
-    """Tensor-parallel degree (Megatron-LM); divides n_head, n_embd and the MLP width."""
+    """Tensor-parallel degree (Megatron-LM); divides n_head, n_kv_head, n_embd and the MLP width."""
     pp: int = 1
     """Pipeline stages; at most n_layer."""
     cp: int = 1

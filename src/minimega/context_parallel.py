@@ -26,6 +26,11 @@ Gradients: the parameters are replicated over dp·cp. Each rank's loss is the me
 the same count on every rank, so averaging gradients over the dp·cp group (`mesh.grad_group`: DDP or ZeRO
 over it) gives the gradient of the mean over every token of the global batch.
 
+With Llama's blocks: RoPE rotates q and k on each rank with their *global* positions (`positions`, set on each
+attention module) before they go around the ring or through Ulysses' all-to-alls, so every score sees the same
+angle difference as on one device; with grouped-query attention each key/value head is repeated for the query
+heads that read it before the core (the ring then carries nh/tp heads of K/V, as without GQA).
+
 Composes with dp (and ZeRO over dp·cp) and tp (each tp rank runs the ring on its n_head/tp heads). Refused
 by name (`check`): pipeline parallelism, sequence parallelism, mixtures of experts, dropout (and, for
 Ulysses, an n_head that tp·cp does not divide).
@@ -211,10 +216,20 @@ def apply_context_parallel(model: nn.Module, mesh, attention: str = "ring") -> n
         return model
     core = ATTENTION[attention]
     for block in model.blocks:
-        block.attn.core = functools.partial(core, group=group)
+        attn = block.attn
+        repeat = attn.n_head // attn.n_kv_head                      # query heads per key/value head (GQA)
+        bound = functools.partial(core, group=group)
+        attn.core = functools.partial(_repeat_kv, bound, repeat) if repeat > 1 else bound
+        attn.positions = functools.partial(positions, cp_rank=mesh.cp_rank, cp=group.size)   # RoPE's angles
     model.positions = functools.partial(global_positions, rank=mesh.cp_rank, cp=group.size,
                                         block_size=model.config.block_size)
     return model
+
+
+def _repeat_kv(core, repeat: int, q, k, v):
+    """``core`` with each of the nkv key/value heads repeated for the ``repeat`` query heads that read it:
+    k, v (B, nkv, T/cp, hs) → (B, nkv·repeat, T/cp, hs). Their gradients sum back over the copies."""
+    return core(q, k.repeat_interleave(repeat, dim=1), v.repeat_interleave(repeat, dim=1))
 
 
 def global_positions(idx: torch.Tensor, rank: int, cp: int, block_size: int) -> torch.Tensor:

@@ -3,6 +3,11 @@
 nanoGPT-shaped: token and position embeddings, ``n_layer`` pre-LayerNorm blocks (causal self-attention
 through ``scaled_dot_product_attention``, then a GELU MLP), a final LayerNorm and a linear head.
 
+Llama's blocks are options of the same model (`GPTConfig`): grouped-query attention (``n_kv_head`` key/value
+heads, the qkv rows [q; k; v] then D + 2·n_kv_head·hs), a SwiGLU MLP (``mlp='swiglu'``: one more matrix,
+``gate``) and rotary positions (``position='rope'``: no ``wpe`` table; q and k rotated, `minimega.rope`).
+The defaults build GPT-2's blocks with the same parameters, names and initialisation as before they existed.
+
 The head is **not** tied to the token embedding. Tying would make the first and last pipeline stages
 share one weight (and need an extra all-reduce of its gradient); untied, every parameter lives in
 exactly one place under every layout, which keeps the parallel code and its tests simple.
@@ -19,35 +24,51 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .config import GPTConfig
+from .rope import apply_rope, rope_angles
 
 
 # --8<-- [start:attention]
 class CausalSelfAttention(nn.Module):
-    """Multi-head causal self-attention; ``qkv`` is one (3D, D) projection with rows [q; k; v].
+    """Causal self-attention; ``qkv`` is one ((nh + 2·nkv)·hs, D) projection with rows [q; k; v].
 
-    ``n_head`` is the number of heads *this module holds*: all of them on one device, n_head/tp when
-    tensor parallelism splits the heads across ranks.
+    ``n_head`` and ``n_kv_head`` are the heads *this module holds*: all of them on one device, n_head/tp and
+    n_kv_head/tp when tensor parallelism splits the heads across ranks. Query head i reads key/value head
+    i // (n_head/n_kv_head) (grouped-query attention; n_kv_head = n_head is plain multi-head attention).
+    With ``rope_theta`` set, q and k are rotated by their positions (`positions`) before the core.
     """
 
     def __init__(self, config: GPTConfig):
         super().__init__()
-        self.n_head, self.head_size, self.dropout = config.n_head, config.head_size, config.dropout
-        self.qkv = nn.Linear(config.n_embd, 3 * config.n_embd, bias=config.bias)
+        self.n_head, self.n_kv_head = config.n_head, config.kv_heads
+        self.head_size, self.dropout = config.head_size, config.dropout
+        self.rope_theta = config.rope_theta if config.position == "rope" else None
+        kv = 2 * self.n_kv_head * self.head_size
+        self.qkv = nn.Linear(config.n_embd, config.n_embd + kv, bias=config.bias)
         self.proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
         self.resid_dropout = nn.Dropout(config.dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        B, T, _ = x.shape
-        q, k, v = self.qkv(x).split(self.n_head * self.head_size, dim=-1)      # 3 × (B, T, nh*hs)
-        q, k, v = (t.view(B, T, self.n_head, self.head_size).transpose(1, 2) for t in (q, k, v))  # (B, nh, T, hs)
+        qkv = self.qkv(x)                                # T read after qkv: tensor parallelism may gather it
+        B, T, _ = qkv.shape
+        hs, widths = self.head_size, (self.n_head * self.head_size,) + (self.n_kv_head * self.head_size,) * 2
+        q, k, v = qkv.split(widths, dim=-1)                                    # (B, T, nh*hs), 2 × (B, T, nkv*hs)
+        q = q.view(B, T, self.n_head, hs).transpose(1, 2)                      # (B, nh, T, hs)
+        k, v = (t.view(B, T, self.n_kv_head, hs).transpose(1, 2) for t in (k, v))    # (B, nkv, T, hs)
+        if self.rope_theta is not None:
+            cos, sin = rope_angles(self.positions(T, device=q.device), hs, self.rope_theta)   # (T, hs/2)
+            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         y = self.core(q, k, v)                                                 # (B, nh, T, hs)
-        y = y.transpose(1, 2).reshape(B, T, self.n_head * self.head_size)      # (B, T, nh*hs)
+        y = y.transpose(1, 2).reshape(B, T, self.n_head * hs)                  # (B, T, nh*hs)
         return self.resid_dropout(self.proj(y))                                # (B, T, D)
+
+    def positions(self, T: int, device=None) -> torch.Tensor:
+        """The (T,) places of the tokens this module sees, 0 … T-1 (context parallelism: their global places)."""
+        return torch.arange(T, device=device)
 
     def core(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """softmax(QK^T / sqrt(hs)) V under a causal mask: what selective recomputation redoes."""
         return F.scaled_dot_product_attention(q, k, v, dropout_p=self.dropout if self.training else 0.0,
-                                              is_causal=True)
+                                              is_causal=True, enable_gqa=self.n_kv_head != self.n_head)
 # --8<-- [end:attention]
 
 
@@ -64,6 +85,20 @@ class MLP(nn.Module):
         return self.dropout(self.proj(F.gelu(self.fc(x))))                     # (B, T, F) inside
 
 
+class SwiGLU(nn.Module):
+    """D → F → D: proj(silu(gate(x)) ∘ fc(x)) (Shazeer 2020, arXiv:2002.05202); Llama's w1 = gate, w3 = fc, w2 = proj."""
+
+    def __init__(self, config: GPTConfig):
+        super().__init__()
+        self.gate = nn.Linear(config.n_embd, config.mlp_hidden, bias=config.bias)
+        self.fc = nn.Linear(config.n_embd, config.mlp_hidden, bias=config.bias)
+        self.proj = nn.Linear(config.mlp_hidden, config.n_embd, bias=config.bias)
+        self.dropout = nn.Dropout(config.dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.dropout(self.proj(F.silu(self.gate(x)) * self.fc(x)))     # (B, T, F) inside
+
+
 # --8<-- [start:block]
 class Block(nn.Module):
     """Pre-LN transformer block: x + attn(ln_1(x)), then x + mlp(ln_2(x))."""
@@ -73,7 +108,7 @@ class Block(nn.Module):
         self.ln_1 = nn.LayerNorm(config.n_embd, bias=config.bias)
         self.attn = CausalSelfAttention(config)
         self.ln_2 = nn.LayerNorm(config.n_embd, bias=config.bias)
-        self.mlp = MLP(config)
+        self.mlp = SwiGLU(config) if config.mlp == "swiglu" else MLP(config)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:                        # x: (B, T, D)
         x = x + self.attn(self.ln_1(x))
@@ -85,14 +120,16 @@ class GPT(nn.Module):
     """The reference model. ``torch.manual_seed(s)`` before construction fixes the initialisation.
 
     Parameters (bias=False): V·D (wte) + T·D (wpe) + L·(12D² + 2D) (blocks) + D (ln_f) + D·V (head).
-    ``tiny()``: 234,048; ``small()``: 10,916,736; ``gpt2()``: 163,007,232.
+    ``tiny()``: 234,048; ``small()``: 10,916,736; ``gpt2()``: 163,007,232. With Llama's options a block has
+    2D² + 2D·k (k = n_kv_head·hs) + 3D·F (SwiGLU) + 2D, and RoPE no T·D table (`analysis.shapes.model_params`).
     """
 
     def __init__(self, config: GPTConfig):
         super().__init__()
         self.config = config
         self.wte = nn.Embedding(config.vocab_size, config.n_embd)
-        self.wpe = nn.Embedding(config.block_size, config.n_embd)
+        # RoPE has no table: wpe is None, and the checkpoints, ZeRO units and pipeline chunks simply lack it.
+        self.wpe = nn.Embedding(config.block_size, config.n_embd) if config.position == "learned" else None
         self.drop = nn.Dropout(config.dropout)
         self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layer))
         self.ln_f = nn.LayerNorm(config.n_embd, bias=config.bias)
@@ -115,8 +152,10 @@ class GPT(nn.Module):
 
     def embed(self, idx: torch.Tensor) -> torch.Tensor:
         """(B, T) token ids → (B, T, D) residual stream. The parallel forms change only where the positions
-        come from (context parallelism) and which rows of them a rank keeps (sequence parallelism)."""
-        return self.drop(self.wte(idx) + self.position_embedding(self.positions(idx)))   # (B, T, D)
+        come from (context parallelism) and which rows of them a rank keeps (sequence parallelism).
+        With RoPE the positions enter in the attention instead (`CausalSelfAttention.positions`)."""
+        x, pos = self.wte(idx), self.positions(idx)                             # (B, T, D), (T,)
+        return self.drop(x if self.wpe is None else x + self.position_embedding(pos))   # (B, T, D)
 
     def positions(self, idx: torch.Tensor) -> torch.Tensor:
         """Each token's place in its sequence, (T,): 0 … T-1 here."""

@@ -329,6 +329,9 @@ class MoEGPT(GPT):
     def __init__(self, config: GPTConfig, moe: MoEConfig | None = None):
         if config.bias:
             raise ValueError("MoEGPT: the experts carry no biases; use GPTConfig(bias=False)")
+        if config.mlp != "gelu":
+            raise ValueError(f"MoEGPT: the experts are GELU MLPs (fc, proj); GPTConfig.mlp={config.mlp!r} is not "
+                             f"built for them, use mlp='gelu'")
         super().__init__(config)
         self.moe_config = moe = moe or MoEConfig()
         for block in self.blocks:

@@ -6,6 +6,10 @@ Each transformer block is split over the tp group so that only its two ends comm
     attention:  qkv  column-parallel by heads (W[3D_tp, D])  →  core on D/tp of the heads  →  proj row-parallel
     MLP:        fc   column-parallel (W[F_tp, D])            →  GELU                       →  proj row-parallel
 
+With Llama's blocks: grouped-query attention splits the n_kv_head key/value heads over tp as well (each rank
+keeps the kv heads its n_head/tp query heads read), and SwiGLU's gate and fc (up) are both column-parallel
+behind one `f`, its proj (down) row-parallel: the same two all-reduces per block (`tensor_parallel_blocks`).
+
 A column-parallel layer starts with `f` (forward: identity, backward: all-reduce); a row-parallel layer
 ends with `g` (forward: all-reduce, backward: identity). That is 2 all-reduces forward and 2 backward per
 layer, each on a (B, T, D) activation. With sequence parallelism the LayerNorms and dropouts between the
@@ -28,15 +32,17 @@ import torch.nn.functional as F
 from . import comm
 from .comm import Group
 from .config import GPTConfig
-from .model import GPT, CausalSelfAttention
+from .model import GPT
 from .rng import RNGStream
+from .tensor_parallel_blocks import ParallelSelfAttention, ParallelSwiGLU
 
 SEQ_DIM = 1          # activations are (B, T, D); sequence parallelism shards T
 
 
 def check_divisible(config: GPTConfig, tp: int) -> None:
-    """Raise before launch when tp cannot split the heads, the hidden size or the MLP width evenly."""
-    for name, value in (("n_head", config.n_head), ("n_embd", config.n_embd), ("MLP width", config.mlp_hidden)):
+    """Raise before launch when tp cannot split the heads, the key/value heads, the hidden size or the MLP width."""
+    for name, value in (("n_head", config.n_head), ("n_kv_head", config.kv_heads), ("n_embd", config.n_embd),
+                        ("MLP width", config.mlp_hidden)):
         if value % tp:
             raise ValueError(f"tensor parallelism: tp={tp} does not divide {name}={value} "
                              f"({value} % {tp} = {value % tp}); pick a tp that divides it")
@@ -172,39 +178,48 @@ class ColumnParallelLinear(nn.Module):
     local matmul; the output stays split. Backward: the input gradient X̄ = Σ_r Ȳ_r A_r^T is summed by `f`.
 
     Shapes: weight (out/tp, in) ("rows split over tp"); x (B, T, in) → (B, T, out/tp).
-    ``partitions`` > 1 splits each of that many stacked row blocks separately (qkv's [q; k; v]), so a
-    rank holds the q, k and v rows of the same heads. ``out_features`` is padded up to a multiple of tp
-    (rows of zeros) when ``pad`` is set: the vocabulary of the head.
+    ``partitions`` splits each stacked row block separately (qkv's [q; k; v]), so a rank holds the q, k and
+    v rows of the same heads: an int p (p equal blocks) or the blocks' row counts (grouped-query attention's
+    (D, k, k), k = n_kv_head·hs). ``out_features`` is padded up to a multiple of tp (rows of zeros) when
+    ``pad`` is set: the vocabulary of the head.
     """
 
     def __init__(self, linear: nn.Linear, group: Group, *, sequence_parallel: bool = False,
-                 partitions: int = 1, pad: bool = False):
+                 partitions: int | tuple[int, ...] = 1, pad: bool = False):
         super().__init__()
-        self.group, self.sequence_parallel, self.partitions = group, sequence_parallel, partitions
+        self.group, self.sequence_parallel = group, sequence_parallel
         self.out_features, tp = linear.out_features, group.size
         padded = math.ceil(self.out_features / tp) * tp if pad else self.out_features
-        if padded % (tp * partitions):
-            raise ValueError(f"ColumnParallelLinear: {padded} output rows do not split into {partitions} "
-                             f"block(s) over tp={tp}")
-        rank = group.rank
+        blocks = (padded // partitions,) * partitions if isinstance(partitions, int) else tuple(partitions)
+        if sum(blocks) != padded or any(b % tp for b in blocks):
+            raise ValueError(f"ColumnParallelLinear: {padded} output rows do not split into block(s) {blocks}, "
+                             f"each over tp={tp}")
+        self.blocks, self.partitions, rank = blocks, len(blocks), group.rank   # blocks: global rows of each
 
         def shard(t: torch.Tensor) -> torch.Tensor:
             t = F.pad(t.detach(), (0, 0) * (t.dim() - 1) + (0, padded - t.shape[0]))
-            blocks = t.chunk(partitions, 0)                                 # [q; k; v] → 3 × (D, in)
-            return torch.cat([b.chunk(tp, 0)[rank] for b in blocks]).clone()
+            parts = t.split(blocks, 0)                                      # [q; k; v] → (D, in), 2 × (k, in)
+            return torch.cat([b.chunk(tp, 0)[rank] for b in parts]).clone()
         self.weight = nn.Parameter(shard(linear.weight))                    # (out/tp, in)
         self.bias = nn.Parameter(shard(linear.bias)) if linear.bias is not None else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = gather_from_sp(x, self.group) if self.sequence_parallel else copy_to_tp(x, self.group)
-        return F.linear(x, self.weight, self.bias)                          # (B, T, out/tp)
+        return self.local(self.enter(x))                                    # (B, T, out/tp)
+
+    def enter(self, x: torch.Tensor) -> torch.Tensor:
+        """`f`: identity forward and an all-reduce backward, or the all-gather along T under SP."""
+        return gather_from_sp(x, self.group) if self.sequence_parallel else copy_to_tp(x, self.group)
+
+    def local(self, x: torch.Tensor) -> torch.Tensor:
+        """The matmul on this rank's rows, for input that has been through `enter`."""
+        return F.linear(x, self.weight, self.bias)
 
     def full(self, t: torch.Tensor) -> torch.Tensor:
         """The unsharded, unpadded tensor (weight or bias) in `nn.Linear`'s layout."""
         shards = _gather_shards(t, self.group)                              # (tp, out/tp, ...)
-        p = self.partitions
-        blocks = shards.reshape(self.group.size, p, -1, *t.shape[1:]).transpose(0, 1)   # (p, tp, out/(p·tp), ...)
-        return blocks.reshape(-1, *t.shape[1:])[: self.out_features]
+        local = [b // self.group.size for b in self.blocks]
+        return torch.cat([s.reshape(-1, *t.shape[1:])                       # block j: (tp·rows_j/tp, ...)
+                          for s in shards.split(local, dim=1)])[: self.out_features]
 # --8<-- [end:column_parallel_forward]
 
 
@@ -308,33 +323,6 @@ def vocab_parallel_cross_entropy(logits: torch.Tensor, targets: torch.Tensor, gr
 # --8<-- [end:vocab_parallel_cross_entropy]
 
 
-class ParallelSelfAttention(CausalSelfAttention):
-    """`model.CausalSelfAttention` on n_head/tp heads; T is read after qkv (which gathers it under SP)."""
-
-    def __init__(self, attn: CausalSelfAttention, group: Group, sequence_parallel: bool, rng: RNGStream):
-        nn.Module.__init__(self)
-        self.n_head, self.head_size, self.dropout = attn.n_head // group.size, attn.head_size, attn.dropout
-        self.rng = rng
-        self.qkv = ColumnParallelLinear(attn.qkv, group, sequence_parallel=sequence_parallel, partitions=3)
-        self.proj = RowParallelLinear(attn.proj, group, sequence_parallel=sequence_parallel)
-        self.resid_dropout = attn.resid_dropout
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        qkv = self.qkv(x)                                                   # (B, T, 3·nh·hs), nh = heads here
-        B, T, _ = qkv.shape
-        q, k, v = (t.view(B, T, self.n_head, self.head_size).transpose(1, 2)
-                   for t in qkv.split(self.n_head * self.head_size, dim=-1))          # (B, nh, T, hs)
-        y = self.core(q, k, v).transpose(1, 2).reshape(B, T, self.n_head * self.head_size)
-        return self.resid_dropout(self.proj(y))                             # (B, T, D) or (B, T/tp, D)
-
-    def core(self, q, k, v):
-        """The attention core on this rank's heads; its dropout draws from the tp rank's own stream."""
-        if not (self.training and self.dropout > 0):
-            return super().core(q, k, v)
-        with self.rng:
-            return super().core(q, k, v)
-
-
 class _StreamDropout(nn.Module):
     """Dropout drawing from a tp rank's stream: for activations split along T by sequence parallelism."""
 
@@ -368,14 +356,23 @@ class ParallelGPT(GPT):
         # Megatron's model-parallel seed: heads (and, under SP, sequence slices) differ across tp ranks,
         # so their dropout masks must too; replicated activations keep the default, shared stream.
         self.rng = RNGStream(torch.initial_seed() + 2718 + group.rank, model.wte.weight.device)
+        hs, heads = model.config.head_size, (model.config.n_head, model.config.kv_heads, model.config.kv_heads)
         for block in self.blocks:
-            block.attn = ParallelSelfAttention(block.attn, group, sequence_parallel, self.rng)
+            qkv = ColumnParallelLinear(block.attn.qkv, group, sequence_parallel=sequence_parallel,
+                                       partitions=tuple(h * hs for h in heads))           # [q; k; v] rows
+            proj = RowParallelLinear(block.attn.proj, group, sequence_parallel=sequence_parallel)
+            block.attn = ParallelSelfAttention(block.attn, qkv, proj, group.size, self.rng)
             if sequence_parallel:
                 block.attn.resid_dropout = _StreamDropout(block.attn.resid_dropout, self.rng)
                 block.mlp.dropout = _StreamDropout(block.mlp.dropout, self.rng)
             if not hasattr(block.mlp, "experts"):          # a mixture of experts stays whole (`minimega.moe`)
-                block.mlp.fc = ColumnParallelLinear(block.mlp.fc, group, sequence_parallel=sequence_parallel)
-                block.mlp.proj = RowParallelLinear(block.mlp.proj, group, sequence_parallel=sequence_parallel)
+                column = {n: ColumnParallelLinear(getattr(block.mlp, n), group, sequence_parallel=sequence_parallel)
+                          for n in ("gate", "fc") if hasattr(block.mlp, n)}
+                proj = RowParallelLinear(block.mlp.proj, group, sequence_parallel=sequence_parallel)
+                if "gate" in column:                       # SwiGLU: gate and fc behind one `f`
+                    block.mlp = ParallelSwiGLU(block.mlp, column["gate"], column["fc"], proj)
+                else:
+                    block.mlp.fc, block.mlp.proj = column["fc"], proj
         self.lm_head = ColumnParallelLinear(model.lm_head, group, sequence_parallel=sequence_parallel, pad=True)
         if sequence_parallel:
             self.drop = _StreamDropout(self.drop, self.rng)

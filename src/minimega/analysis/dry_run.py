@@ -130,14 +130,17 @@ def verify_pick(model: dict, pick: dict) -> dict:
     """Dry-run one `plan` pick (a row's ``config``) on one sampled rank: `check_rank` of the last sampled rank
     (last stage, last tp and dp rank: the padded vocabulary's tail), or {'skipped': why} for a pick the engine's
     dry run or `layout` cannot build as planned. ``model``: the planner's shape (layers, hidden, heads, vocab,
-    seq_len, ...), run as minimega's GPT (`layout.gpt_shape`: learned positions, untied head, biases)."""
+    seq_len, ...), run as minimega's GPT (`layout.gpt_shape`: learned positions, untied head, biases). A Llama-shaped
+    pick (kv_heads, mlp='swiglu') is not run: the planner's model names no RoPE base nor its norms (use
+    ``minimega dry-run --model llama3-405b`` for Llama 3's published layout)."""
     from .layout import gpt_shape
     unsupported = [f"{k}={model[k]!r}" for k, ok in (("kv_heads", model.get("heads")), ("mlp", "gelu"))
                    if model.get(k) not in (None, ok)]
     engine = {"cp": (1,), "experts": (0,), "schedule": ("1f1b", "gpipe"), "precision": ("bf16", "fp32")}
     unsupported += [f"{k}={pick[k]!r}" for k, ok in engine.items() if k in pick and pick[k] not in ok]
     if unsupported:
-        return {"skipped": f"{', '.join(unsupported)} is not in minimega's engine or layout's model"}
+        return {"skipped": f"{', '.join(unsupported)} is not dry-run by plan --verify (GPT's blocks, cp 1, no experts, "
+                           f"gpipe or 1f1b, bf16 or fp32)"}
     dp, tp, pp = pick["dp"], pick["tp"], pick["pp"]
     steps = pick["global_batch"] // (dp * pick["micro_batch"])
     split = dict(micro_batches=steps, schedule=pick["schedule"]) if pp > 1 else dict(gradient_accumulation_steps=steps)

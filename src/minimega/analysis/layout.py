@@ -1,14 +1,15 @@
 """One rank of minimega's engine at any scale, from the layout's integers: what it holds and what it sends.
 
 The estimators elsewhere count a model the way the papers do (parameters Ψ, per GPU of the fullest stage);
-this file counts *minimega's* model (`model.GPT`: learned positions, an untied head, biases if the config
-has them) the way minimega's engine lays it out, so that a dry run (`dry_run.py`) of the same rank can be
+this file counts *minimega's* model (`model.GPT`: learned positions or RoPE, an untied head, biases if the config
+has them, GPT's or Llama's blocks) the way minimega's engine lays it out, so that a dry run (`dry_run.py`) of the same rank can be
 held against it to the byte:
 
     pipeline   the L blocks cut into p·v chunks of ⌊L/(p·v)⌋ blocks, the first L mod (p·v) chunks one more;
                chunk k on pp rank k mod p; the embeddings on chunk 0, the final LayerNorm and head on the last
-    tensor     qkv, fc and the head split by output rows, proj by input columns (weights D/t or F/t wide), the
-               vocabulary padded to t·⌈V/t⌉ rows; LayerNorms, wpe and the row-parallel biases whole
+    tensor     qkv, fc (SwiGLU: and gate) and the head split by output rows, proj by input columns (weights D/t or
+               F/t wide), qkv's (D + 2k)/t rows (k = n_kv_head·hs), the vocabulary padded to t·⌈V/t⌉ rows;
+               LayerNorms, wpe (none with RoPE) and the row-parallel biases whole
     ZeRO       one unit per chunk part (embeddings, each block, head), padded to a multiple of dp (`padded_numel`);
                ZeRO-3 keeps only the shards at rest and gathers one unit (and prefetches the next) at a time
 
@@ -45,22 +46,26 @@ def chunk_sizes(n_layer: int, chunks: int) -> list[int]:
 def rank_units(shape: dict, tp: int = 1, pp: int = 1, pp_rank: int = 0, virtual_stages: int = 1) -> list[list[int]]:
     """The element count of each parameter this rank holds, grouped by ZeRO unit in forward order.
 
-    ``shape``: ``vocab_size, block_size, n_layer, n_embd, mlp_ratio, bias`` (`GPTConfig`'s names).
+    ``shape``: ``vocab_size, block_size, n_layer, n_embd, mlp_ratio, bias`` and Llama's ``n_head, n_kv_head,
+    mlp, ffn_hidden, position`` (`GPTConfig`'s names).
     """
     V, T, L, D = shape["vocab_size"], shape["block_size"], shape["n_layer"], shape["n_embd"]
-    F, bias = shape.get("mlp_ratio", 4) * D, shape.get("bias", False)
-    if D % tp or F % tp:
-        raise ValueError(f"tp={tp} does not divide n_embd={D} and the MLP width {F}")
+    F, bias = shape.get("ffn_hidden") or shape.get("mlp_ratio", 4) * D, shape.get("bias", False)
+    K = shape["n_kv_head"] * (D // shape["n_head"]) if shape.get("n_kv_head") else D     # K (and V) rows
+    if D % tp or F % tp or K % tp:
+        raise ValueError(f"tp={tp} does not divide n_embd={D}, the key/value width {K} and the MLP width {F}")
     vocab_rows = -(-V // tp)                                     # this rank's rows of the padded vocabulary
     ln = [D, D] if bias else [D]
-    block = (ln + [3 * D // tp * D] + ([3 * D // tp] if bias else []) + [D * D // tp] + ([D] if bias else [])
-             + ln + [F // tp * D] + ([F // tp] if bias else []) + [D * F // tp] + ([D] if bias else []))
+    up = [F // tp * D] + ([F // tp] if bias else [])             # fc, and SwiGLU's gate before it
+    block = (ln + [(D + 2 * K) // tp * D] + ([(D + 2 * K) // tp] if bias else []) + [D * D // tp] + ([D] if bias else [])
+             + ln + up * (2 if shape.get("mlp") == "swiglu" else 1) + [D * F // tp] + ([D] if bias else []))
+    table = [] if shape.get("position") == "rope" else [T * D]   # wpe (whole); RoPE has none
     chunks = pp * virtual_stages
     sizes = chunk_sizes(L, chunks)
     units = []
     for k in range(pp_rank, chunks, pp):
         if k == 0:
-            units.append([vocab_rows * D, T * D])                 # wte (vocab-parallel), wpe (whole)
+            units.append([vocab_rows * D] + table)                # wte (vocab-parallel), wpe (whole)
         units += [list(block) for _ in range(sizes[k])]
         if k == chunks - 1:
             units.append(ln + [vocab_rows * D])                   # ln_f, lm_head (vocab-parallel)
@@ -178,15 +183,20 @@ def rank_comm(shape: dict, units: list[list[int]], *, dp: int, tp: int, pp: int,
 
 
 # Published models as minimega's GPT: their shapes, biases on (Megatron and BLOOM have them), and minimega's own
-# learned positions and untied head (the model has no ALiBi, RoPE or tied embedding); layouts as published.
+# learned positions and untied head (the model has no ALiBi or tied embedding); layouts as published. Llama 3 as
+# Llama: GQA, SwiGLU, RoPE, no biases (its RMSNorms counted as minimega's bias-free LayerNorms: the same D each).
 GPT3_175B = dict(layers=96, hidden=12288, heads=96, vocab=51200, seq_len=2048, micro_batch=1, zero_stage=1, tp=8,
                  dp=1, pp=8, recompute="full", micro_batches=64, precision="bf16")
 """GPT-3 175B as Korthikanti et al. 2022 (arXiv:2205.05198) Table 3 ran it: 96 layers, h = 12288, 96 heads,
 s = 2048, V = 51200, TP 8 × PP 8 on 64 GPUs, global batch 64, micro-batch 1 (so dp = 1 and m = 64)."""
-REFUSED_MODELS = {
-    "llama3-405b": "Llama 3 405B uses grouped-query attention (fewer key-value heads than query heads), SwiGLU and "
-                   "RoPE, which minimega's GPT does not have (no n_kv_head); a dry run would not be Llama's layout",
-}
+LLAMA3_405B_LAYOUT = dict(rope_theta=500000.0, tp=8, cp=1, pp=16, dp=64, micro_batch=1, micro_batches=32,
+                          zero_stage=1, recompute="none", precision="bf16")
+"""Llama 3 405B's 8K-sequence layout (Llama Team 2024, arXiv:2407.21783, Table 4, first row): TP 8, CP 1, PP 16,
+DP 64 on 8,192 GPUs, 32 sequences of 8,192 tokens per dp rank (16M tokens per step), RoPE base 500000 (§3.2).
+Not from the paper: micro-batch 1 (m = 32), ZeRO-1 (Llama 3 ran FSDP, parameters sharded too), plain 1F1B over
+ceil/floor(126/16) blocks (Llama 3 interleaved its stages and left a layer off the first and the last)."""
+REFUSED_MODELS: dict[str, str] = {}
+"""Published models the dry run refuses by name, with why (none at present)."""
 
 
 def published(name: str) -> dict:
@@ -195,12 +205,22 @@ def published(name: str) -> dict:
     if name in REFUSED_MODELS:
         raise ValueError(f"model {name!r}: {REFUSED_MODELS[name]}")
     table = {k: v for k, v in PRESETS.items() if k in ("bloom-176b", "mt-nlg-530b")} | {"gpt3-175b": GPT3_175B}
+    table["llama3-405b"] = {**PRESETS["llama3-405b"], **LLAMA3_405B_LAYOUT}
     if name not in table:
         raise ValueError(f"model {name!r}: expected one of {sorted(table)}")
     return dict(table[name])
 
 
 def gpt_shape(preset: dict) -> dict:
-    """`GPTConfig` fields for a preset's shape (biases on; block_size = its sequence length)."""
-    return dict(vocab_size=preset["vocab"], block_size=preset["seq_len"], n_layer=preset["layers"],
-                n_head=preset["heads"], n_embd=preset["hidden"], bias=True)
+    """`GPTConfig` fields for a preset's shape (block_size = its sequence length; biases on unless it says
+    ``bias=False``); Llama's ``kv_heads``, ``ffn``, ``mlp`` carried, and RoPE where it names its ``rope_theta``."""
+    shape = dict(vocab_size=preset["vocab"], block_size=preset["seq_len"], n_layer=preset["layers"],
+                 n_head=preset["heads"], n_embd=preset["hidden"], bias=preset.get("bias", True))
+    for key, field in (("kv_heads", "n_kv_head"), ("ffn", "ffn_hidden")):
+        if preset.get(key):
+            shape[field] = preset[key]
+    if preset.get("mlp", "gelu") != "gelu":
+        shape["mlp"] = preset["mlp"]
+    if "rope_theta" in preset:
+        shape.update(position="rope", rope_theta=preset["rope_theta"])
+    return shape

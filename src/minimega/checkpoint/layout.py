@@ -109,13 +109,17 @@ def _dim_maps(module, local_shape: tuple[int, ...]):
         return maps
     rank = module.group.rank
     if isinstance(module, ColumnParallelLinear):           # rows; per stacked block ([q; k; v]); padded vocab
-        q = local_shape[0] // module.partitions            # this rank's rows of one block
+        tp = module.group.size
+        spans, local, glob = [], 0, 0                      # (local start, global start, this rank's rows) per block
+        for rows_j in module.blocks:
+            spans.append((local, glob + rank * (rows_j // tp), rows_j // tp))
+            local, glob = local + rows_j // tp, glob + rows_j
 
         def rows(lo, hi):
             out = []
-            for j in range(lo // q, -(-hi // q)):
-                a, b = max(lo, j * q), min(hi, (j + 1) * q)
-                g = j * q * module.group.size + rank * q + (a - j * q)
+            for start, g0, n in spans:
+                a, b = max(lo, start), min(hi, start + n)
+                g = g0 + (a - start)
                 b = min(b, a + module.out_features - g)        # rows past out_features are padding
                 if b > a:
                     out.append((a, b, g))

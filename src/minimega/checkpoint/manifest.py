@@ -123,10 +123,16 @@ def _int(v) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
+ADDED_FIELDS = {"n_kv_head": None, "mlp": "gelu", "ffn_hidden": None, "position": "learned", "rope_theta": 10000.0}
+"""GPTConfig fields newer than format 2's first manifests (Llama's blocks): absent in a saved model_config means
+this default, the model those manifests were written for."""
+
+
 def check_compatible(manifest: dict, model_config, path) -> None:
     saved, current = manifest.get("model_config"), asdict(model_config)
     if not isinstance(saved, dict):
         _fail(Path(path), "model_config", "is not an object")
+    saved = {**ADDED_FIELDS, **saved}
     if diff := sorted(k for k in current if saved.get(k) != current[k]):
         raise CheckpointError(f"{path} was saved for another model: " + ", ".join(
             f"{k}={saved.get(k)!r} there vs {current[k]!r} here" for k in diff))

@@ -28,7 +28,8 @@ def add_checkpoint_parser(sub) -> None:
                                        "state dict (e.g. saved under FSDP2)")
     m.add_argument("source", help="the DCP directory")
     m.add_argument("dir", help="the minimega checkpoint directory to create (its step-… and 'latest')")
-    m.add_argument("--preset", default="tiny", choices=["tiny", "small", "gpt2"], help="model size (default: tiny)")
+    m.add_argument("--preset", default="tiny", choices=["tiny", "small", "gpt2", "tiny-llama"],
+                   help="model size (default: tiny)")
     m.add_argument("--model-config", default="{}", help="GPTConfig overrides as JSON, e.g. '{\"block_size\": 32}'")
     m.add_argument("--step", type=int, default=0, help="the step to record (default: 0)")
     m.set_defaults(func=_cmd_import)

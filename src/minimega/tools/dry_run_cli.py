@@ -6,6 +6,7 @@ the two differ. Example:
 
     minimega dry-run --model bloom-176b --dp 8 --tp 4 --pp 12 --zero-stage 1 --recompute full \\
         --micro-batch 2 --global-batch 2048 --json
+    minimega dry-run --model llama3-405b --rank 0     # GQA, SwiGLU, RoPE; dp 64 x tp 8 x pp 16 as published
 """
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from ..config import TrainConfig
 from ..mesh import ParallelDims
 from .args import nonnegative_int, positive_int
 
-MODELS = ("bloom-176b", "mt-nlg-530b", "gpt3-175b")
+MODELS = ("bloom-176b", "mt-nlg-530b", "gpt3-175b", "llama3-405b")
 CATEGORIES = ("params", "gathered", "master", "grads", "optimizer_states", "optimizer_step_counters", "comm_buffers")
 
 

@@ -54,6 +54,14 @@ MEGATRON_FLAGS = {
     "--attention-dropout": "core/transformer/transformer_config.py L191 (factory)",
     "--untie-embeddings-and-output-weights": "training/arguments.py L2460",
     "--disable-bias-linear": "core/transformer/transformer_config.py L212 (factory, a True default)",
+    # Llama's blocks (GPTConfig n_kv_head, mlp, position): the _add_network_size_args group of training/arguments.py
+    # (its add_argument calls, Megatron-LM main 2025-26; these five are not pinned to d98e8a6's line numbers).
+    "--group-query-attention": "training/arguments.py, _add_network_size_args",
+    "--num-query-groups": "training/arguments.py, _add_network_size_args",
+    "--swiglu": "training/arguments.py, _add_network_size_args",
+    "--position-embedding-type": "training/arguments.py, _add_network_size_args",
+    "--rotary-base": "training/arguments.py, _add_network_size_args (type=int)",
+    "--rotary-interleaved": "training/arguments.py, _add_network_size_args",
 }
 
 
@@ -153,11 +161,29 @@ def to_megatron(cfg: TrainConfig, dp: int, model: GPTConfig) -> list[str]:
           ("--untie-embeddings-and-output-weights", None)]
     if not model.bias:
         a.append(("--disable-bias-linear", None))
+    a += _llama_flags(model)
     argv: list[str] = []
     for flag, value in a:
         argv += [flag] if value is None else [flag, _num(value)]
     return argv
 # --8<-- [end:to_megatron]
+
+
+def _llama_flags(model: GPTConfig) -> list[tuple[str, object]]:
+    """Grouped-query attention, SwiGLU (Megatron's --ffn-hidden-size is then the width of each of gate and up, F,
+    as minimega's) and RoPE on adjacent feature pairs (Megatron rotates halves unless --rotary-interleaved)."""
+    a: list[tuple[str, object]] = []
+    if model.kv_heads != model.n_head:
+        a += [("--group-query-attention", None), ("--num-query-groups", model.kv_heads)]
+    if model.mlp == "swiglu":
+        a.append(("--swiglu", None))
+    if model.position == "rope":
+        if model.rope_theta != int(model.rope_theta):
+            raise refuse("megatron", "rope_theta", model.rope_theta, "Megatron-LM's --rotary-base is an integer; "
+                         "use a whole-number base")
+        a += [("--position-embedding-type", "rope"), ("--rotary-base", int(model.rope_theta)),
+              ("--rotary-interleaved", None)]
+    return a
 
 
 # ------------------------------------------------------------------------------------------------

@@ -23,7 +23,8 @@ def add_train_parser(sub) -> None:
     p.add_argument("--nproc", type=positive_int, default=1, help="number of ranks (processes) (default: 1)")
     p.add_argument("--dp", type=positive_int, default=None, help="data-parallel degree (default: nproc / (tp*pp))")
     p.add_argument("--steps", type=positive_int, default=20, help="optimizer steps (default: 20)")
-    p.add_argument("--preset", default="tiny", choices=["tiny", "small", "gpt2"], help="model size (default: tiny)")
+    p.add_argument("--preset", default="tiny", choices=["tiny", "small", "gpt2", "tiny-llama"],
+                   help="model size; tiny-llama: tiny with GQA, SwiGLU and RoPE (default: tiny)")
     p.add_argument("--config", default=None, help="a DeepSpeed-style JSON config; flags override it")
     p.add_argument("--backend", default="auto", choices=["auto", "gloo", "nccl"])
     p.add_argument("--json", action="store_true", help="print the final summary as JSON")
