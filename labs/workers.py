@@ -161,6 +161,47 @@ def timed_train(model: str, configs: list, steps: int = 4, seq_len: int = 32) ->
     return out
 
 
+def offload_io(model: str | mm.GPTConfig, configs: list, steps: int = 6, seq_len: int = 32) -> list[dict]:
+    """One engine per `TrainConfig`, stepped in turn on the same batches (ranks in lockstep): what each engine's
+    optimizer store moved to and from disk at every step, and how long its steps took.
+
+    Interleaving the engines step by step gives them the same machine: a shared CPU's load falls on both.
+
+    Returns:
+        One dict per config: ``"location"`` (where the optimizer states live: 'cpu', 'nvme', ...), ``"traffic"``
+        (per step, the bytes the store read from and wrote to its files: `NVMeOffloadStore.traffic`; zeros for a
+        store in memory), ``"seconds"`` (median `Engine.train_step` after the first step) and ``"losses"``.
+    """
+    import statistics
+    import time
+    world = dist.get_world_size() if dist.is_initialized() else 1
+    model_config = mm.GPTConfig.preset(model) if isinstance(model, str) else model
+    mesh = mm.init_mesh(mm.ParallelDims(dp=world))
+    engines = []
+    for config in configs:
+        torch.manual_seed(config.seed)
+        engines.append(mm.initialize(mm.GPT(model_config), config, mesh))
+    stores = [e.zero_stages[0].store for e in engines]
+    traffic, times = [[] for _ in engines], [[] for _ in engines]
+    for batch in data.batches(mesh, steps, configs[0].batch_size, seq_len, seed=configs[0].seed,
+                              vocab_size=model_config.vocab_size):
+        for k, (engine, store) in enumerate(zip(engines, stores)):
+            if world > 1:
+                dist.barrier()
+            t = time.perf_counter()
+            engine.train_step(batch)
+            if world > 1:
+                dist.barrier()
+            times[k].append(time.perf_counter() - t)
+            traffic[k].append(dict(getattr(store, "traffic", {"read": 0, "written": 0})))
+    out = [{"location": store.location, "traffic": traffic[k], "seconds": statistics.median(times[k][1:]),
+            "losses": list(engine.losses)} for k, (engine, store) in enumerate(zip(engines, stores))]
+    for store in stores:
+        if hasattr(store, "close"):
+            store.close()                          # its files go now, not when the process ends
+    return out
+
+
 def train_moe(config: mm.TrainConfig, n_experts: int = 4, top_k: int = 2, capacity_factor: float = 1.25,
               steps: int = 3, seq_len: int = 32) -> dict:
     """Train the tiny mixture-of-experts GPT (`minimega.moe`) with ``config.ep`` expert parallelism.
