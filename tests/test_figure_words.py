@@ -29,7 +29,7 @@ KEPT = {
     "momentum", "gpipe", "mlp", "gpt", "gpt-3", "narayanan", "calculator", "embed",
     # units and notation
     "gb", "mb", "kb", "kib", "b", "ms", "gpu", "cpu", "bit", "param", "k", "s", "h", "a", "m", "p", "n", "g",
-    "t", "v", "ψ", "tcp", "dp", "x", "bsh",
+    "t", "v", "ψ", "tcp", "dp", "x", "bsh", "nvme",
     # words spelt the same in both languages
     "per", "in",
 }

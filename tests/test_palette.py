@@ -17,7 +17,7 @@ EXPECTED = {
     "presets-memory": {"params", "grads", "optimizer", "gathered", "activations", "recompute"},
     "memory-measured": {"params", "grads", "optimizer"},
     "zero-memory-measured": {"params", "grads", "optimizer"},
-    "offload-split": {"cpu"},
+    "offload-split": {"cpu", "nvme"},
     "activations-gpt3": {"activations"},
     "activations-vs-seq": {"activations"},
     "activations-measured": {"activations"},

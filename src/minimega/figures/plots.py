@@ -191,19 +191,23 @@ def presets_memory(lang: str = "en") -> go.Figure:
 
 
 def offload_split(n_params: float = 7.5e9, dp: int = 1, lang: str = "en") -> go.Figure:
-    """GPU vs CPU GB of model states without offload, with optimizer offload, with parameter offload."""
+    """GPU, CPU and NVMe GB of model states without offload, with optimizer offload (to CPU memory, then to
+    NVMe: `disk.nvme_placement`), with parameter offload."""
     t = words(lang)
     rows = []
-    for name, stage, off in (("stage 2", 2, "none"), ("stage 2 + offload optimizer", 2, "optimizer"),
-                             ("stage 3 + offload optimizer + params", 3, "optimizer+params")):
-        parts = est.model_state_placement(n_params, dp, stage, "mixed", off)
-        cpu = parts.pop("cpu")
-        rows.append((name if off == "none" else t(name), sum(parts.values()), cpu))
+    for name, stage, off in (("stage 2", 2, "none"), ("stage 2, optimizer to CPU", 2, "optimizer"),
+                             ("stage 2, optimizer to NVMe", 2, "nvme"),
+                             ("stage 3, all to CPU", 3, "optimizer+params")):
+        parts = est.nvme_placement(n_params, dp, stage) if off == "nvme" else \
+            est.model_state_placement(n_params, dp, stage, "mixed", off)
+        cpu, nvme = parts.pop("cpu"), parts.pop("nvme", 0.0)
+        rows.append((name if off == "none" else t(name), sum(parts.values()), cpu, nvme))
     fig = go.Figure()
-    fig.add_bar(x=[r[0] for r in rows], y=[r[1] / est.GB for r in rows], name=t("on the GPU"), marker_color=REFERENCE,
-                texttemplate="%{y:.3g}", textposition="outside")
-    fig.add_bar(x=[r[0] for r in rows], y=[r[2] / est.GB for r in rows], name=category_label("cpu", lang=lang),
-                marker_color=COLOURS["cpu"], texttemplate="%{y:.3g}", textposition="outside")
+    for i, (name, colour) in enumerate(((t("on the GPU"), REFERENCE), (category_label("cpu", lang=lang), COLOURS["cpu"]),
+                                        (category_label("nvme", lang=lang), COLOURS["nvme"])), start=1):
+        fig.add_bar(x=[r[0] for r in rows], y=[r[i] / est.GB for r in rows], name=name, marker_color=colour,
+                    text=[num(r[i] / est.GB, ".3g", lang) if r[i] else "" for r in rows],   # no label on a 0 bar
+                    texttemplate="%{text}", textposition="outside")
     where = "Model states of Ψ = {psi}B on {dp} GPUs: where they live" if dp > 1 else \
         "Model states of Ψ = {psi}B on {dp} GPU: where they live"
     house_layout(fig, t(where).format(psi=num(n_params / 1e9, "g", lang), dp=dp), "", "GB", lang, barmode="group")

@@ -237,7 +237,7 @@ def comm_wire(lang: str = "en") -> go.Figure:
                   annotation_position="bottom right")
     for n in (2, 4):            # reduce-scatter from n reduces: a ring reduce-scatter of each chunk plus a gather
         fig.add_hline(y=1 + 1 / n, line=dict(width=1, dash="dot"), annotation_position="top right",
-                      annotation_text=t("1 + 1/n, n = {n} (reduce-scatter from n reduces)").format(n=n))
+                      annotation_text=t("1 + 1/n at n = {n}").format(n=n))
     fig.update_yaxes(range=[0.8, max(1.9, 1.05 * top)])     # every measured point stays on the plot
     return fig
 

@@ -61,8 +61,9 @@ NL: dict[str, str] = {
     "MB per GPU per layer": "MB per GPU per laag",
     # presets-memory, offload-split
     "Memory per GPU for the calculator presets": "Geheugen per GPU voor de presets van de calculator",
-    "stage 2 + offload optimizer": "stage 2 + offload van optimizer",
-    "stage 3 + offload optimizer + params": "stage 3 + offload van optimizer en parameters",
+    "stage 2, optimizer to CPU": "stage 2, optimizer naar CPU",
+    "stage 2, optimizer to NVMe": "stage 2, optimizer naar NVMe",
+    "stage 3, all to CPU": "stage 3, alles naar CPU",
     "on the GPU": "op de GPU",
     "Model states of Ψ = {psi}B on {dp} GPU: where they live": "Model states van Ψ = {psi}B op {dp} GPU: waar ze staan",
     "Model states of Ψ = {psi}B on {dp} GPUs: where they live": "Model states van Ψ = {psi}B op {dp} GPU's: waar ze staan",
@@ -123,7 +124,7 @@ NL: dict[str, str] = {
     "buffer S, KiB (log scale)": "buffer S, KiB (logschaal)",
     "measured ÷ ring model": "gemeten ÷ ringmodel",
     "ring model": "ringmodel",
-    "1 + 1/n, n = {n} (reduce-scatter from n reduces)": "1 + 1/n, n = {n} (reduce-scatter uit n reduce-aanroepen)",
+    "1 + 1/n at n = {n}": "1 + 1/n bij n = {n}",
     # checkpoint-read-plan (minimega.figures.checkpoint_plan)
     "new rank {rank} (tp) reads": "nieuwe rank {rank} (tp) leest",
     "new rank {rank} reads rows {r0}–{r1}, columns {c0}–{c1} of {file}":
