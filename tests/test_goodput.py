@@ -1,6 +1,10 @@
 """`minimega.analysis.goodput`: failure rate vs GPU count, the Young/Daly interval, the time lost per failure."""
+import json
 import math
 import random
+import shutil
+import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -36,3 +40,31 @@ def test_lost_per_failure_matches_a_simulation():
         at = rng.expovariate(1 / (3 * 3600))              # when, in seconds of work, the failure strikes
         lost.append(at % tau + restart)                   # the work since the last save, redone; then the restart
     assert sum(lost) / len(lost) == pytest.approx(est.lost_per_failure(tau, restart), rel=0.02)
+
+
+GOODPUT_JS = Path(__file__).resolve().parents[1] / "course" / "assets" / "javascripts" / "goodput.js"
+
+
+@pytest.mark.skipif(shutil.which("node") is None, reason="needs node")
+def test_the_calculator_page_computes_what_the_python_computes():
+    """`goodput.js` (the calculator page's "How often to save") under Node, on random inputs, against this module."""
+    rng = random.Random(1)
+    cases = [(16384, 60.0, 600.0, 419, 54, 16384)] + [
+        (rng.randint(8, 131072), rng.uniform(1, 900), rng.uniform(0, 3600), rng.randint(1, 2000), rng.uniform(1, 90),
+         rng.randint(8, 32768)) for _ in range(50)]
+    script = ("const g = require(process.argv[1]); const cases = JSON.parse(require('fs').readFileSync(0, 'utf8'));"
+              "process.stdout.write(JSON.stringify(cases.map(c => g.plan(c[0], c[1], c[2], "
+              "{failures: c[3], days: c[4], at_gpus: c[5]}))));")
+    proc = subprocess.run([shutil.which("node"), "-e", script, str(GOODPUT_JS)], input=json.dumps(cases),
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    for (gpus, save, restart, failures, days, at), js in zip(cases, json.loads(proc.stdout)):
+        rate = dict(failures=failures, days=days, at_gpus=at)
+        mtbf = 3600 * est.mtbf_hours(gpus, **rate)
+        tau = est.young_daly_interval(save, mtbf)
+        python = {"failures_per_day": est.failures_per_day(gpus, **rate), "mtbf_hours": mtbf / 3600,
+                  "interval_s": tau, "lost_per_failure_s": est.lost_per_failure(tau, restart),
+                  "waste": est.checkpoint_waste(tau, save, mtbf, restart), "goodput": est.goodput(tau, save, mtbf, restart)}
+        assert js.keys() == python.keys()
+        for k, v in python.items():
+            assert js[k] == pytest.approx(v, rel=1e-12, abs=1e-15), (k, gpus, save, restart)
