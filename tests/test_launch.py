@@ -300,3 +300,21 @@ def test_an_edited_source_or_a_dead_forkserver_starts_a_fresh_one(monkeypatch):
                                            r"starting them, twice \(EOFError"):
         mm.launch(_environment, 2, [], timeout=60)
     assert restarts == [1]
+
+
+def test_a_peer_that_closed_the_connection_is_not_taken_for_the_first_failure():
+    """Under load rank 0's "connection closed by peer" can reach the launcher before rank 1's own timeout, which
+    caused it; the verdict must still come from rank 1's (the mismatched collectives), not from rank 0's echo."""
+    from minimega.launch import _raise_failure
+    now = time.monotonic()
+    snaps = [{"rank": r, "heartbeat": now, "count": 1, "waiting": now - 3.5, "step": -1, "op": op, "group": "world",
+              "alive": False, "pid": 0, "exitcode": 1, "state": ""}
+             for r, op in ((0, "all_reduce"), (1, "broadcast"))]
+    failures = [{"rank": 0, "hard": False, "time": now - 0.2, "type": "RuntimeError", "traceback": "",
+                 "message": "[gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:39069."},
+                {"rank": 1, "hard": False, "time": now - 0.1, "type": "RuntimeError", "traceback": "",
+                 "message": "[gloo/transport/tcp/pair.cc:598] Timed out waiting 3000ms for recv operation to complete"}]
+    with pytest.raises(mm.WorkerError) as err:
+        _raise_failure(failures, 2, snaps, 3.0, now - 5)
+    msg = str(err.value)
+    assert "entered a different collective" in msg and "broadcast#1" in msg and "all_reduce#1" in msg, msg

@@ -244,8 +244,13 @@ _BACKEND_ERRORS = ("RuntimeError", "DistError", "DistBackendError", "DistNetwork
 """What a collective that gave up waiting raises (gloo: RuntimeError "Timed out waiting ...ms")."""
 
 
+def _collateral(f: dict) -> bool:
+    """A rank whose peer closed the connection: the peer failed first, whichever report arrived first."""
+    return f["type"] in _BACKEND_ERRORS and "closed by peer" in f["message"].lower()
+
+
 def _raise_failure(failures: list[dict], world_size: int, snaps: list[dict], timeout: float, start: float) -> None:
-    first = min(failures, key=lambda f: (not f["hard"], f["time"]))
+    first = min(failures, key=lambda f: (not f["hard"], _collateral(f), f["time"]))
     if not first["hard"]:
         # A peer's error is often collateral: it timed out waiting for a rank that froze or never came.
         now = time.monotonic()
