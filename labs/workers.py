@@ -135,11 +135,22 @@ def train_fsdp2(model: str | mm.GPTConfig, config: mm.TrainConfig, steps: int = 
             "local_param_bytes": sum(p.to_local().numel() * p.element_size() for p in gpt.parameters())}
 
 
+def _timed_step(engine, batch, world: int) -> float:
+    """Seconds of one `Engine.train_step`, every rank starting and ending together (the slowest rank's time)."""
+    import time
+    if world > 1:
+        dist.barrier()
+    t = time.perf_counter()
+    engine.train_step(batch)
+    if world > 1:
+        dist.barrier()
+    return time.perf_counter() - t
+
+
 def timed_train(model: str, configs: list, steps: int = 4, seq_len: int = 32) -> list[float]:
     """For each `TrainConfig` in turn: median seconds of one `Engine.train_step` on this rank after one warm-up
     step (ranks in lockstep). One launch times several layouts of the same world size."""
     import statistics
-    import time
     world = dist.get_world_size() if dist.is_initialized() else 1
     model_config = mm.GPTConfig.preset(model)
     out = []
@@ -150,13 +161,7 @@ def timed_train(model: str, configs: list, steps: int = 4, seq_len: int = 32) ->
         times = []
         for batch in data.batches(mesh, steps + 1, config.batch_size, seq_len, seed=config.seed,
                                   vocab_size=model_config.vocab_size):
-            if world > 1:
-                dist.barrier()
-            t = time.perf_counter()
-            engine.train_step(batch)
-            if world > 1:
-                dist.barrier()
-            times.append(time.perf_counter() - t)
+            times.append(_timed_step(engine, batch, world))
         out.append(statistics.median(times[1:]))
     return out
 
@@ -173,7 +178,6 @@ def offload_io(model: str | mm.GPTConfig, configs: list, steps: int = 6, seq_len
         store in memory), ``"seconds"`` (median `Engine.train_step` after the first step) and ``"losses"``.
     """
     import statistics
-    import time
     world = dist.get_world_size() if dist.is_initialized() else 1
     model_config = mm.GPTConfig.preset(model) if isinstance(model, str) else model
     mesh = mm.init_mesh(mm.ParallelDims(dp=world))
@@ -186,13 +190,7 @@ def offload_io(model: str | mm.GPTConfig, configs: list, steps: int = 6, seq_len
     for batch in data.batches(mesh, steps, configs[0].batch_size, seq_len, seed=configs[0].seed,
                               vocab_size=model_config.vocab_size):
         for k, (engine, store) in enumerate(zip(engines, stores)):
-            if world > 1:
-                dist.barrier()
-            t = time.perf_counter()
-            engine.train_step(batch)
-            if world > 1:
-                dist.barrier()
-            times[k].append(time.perf_counter() - t)
+            times[k].append(_timed_step(engine, batch, world))
             traffic[k].append(dict(getattr(store, "traffic", {"read": 0, "written": 0})))
     out = [{"location": store.location, "traffic": traffic[k], "seconds": statistics.median(times[k][1:]),
             "losses": list(engine.losses)} for k, (engine, store) in enumerate(zip(engines, stores))]

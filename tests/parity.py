@@ -48,6 +48,14 @@ def grad_tolerance(precision: str, addends: int) -> float:
     return addends * torch.finfo(dtype).eps / 2
 
 
+def assert_grads_match(name: str, got: list[dict], ref: list[dict], precision: str, addends: int, steps: int) -> None:
+    """Each step's consolidated gradient within `grad_tolerance` of the single-process run's (the sharp check)."""
+    tol = grad_tolerance(precision, addends)
+    assert len(got) == steps
+    for step, (ours, theirs) in enumerate(zip(got, ref)):
+        err = max_rel_error(ours, theirs)
+        assert err <= tol, f"{name}: step {step} gradient {err:.2e} off the single-process one (tolerance {tol:.1e})"
+
 def assert_case_matches(name: str, per_rank: list[dict], ref_state: dict, ref_losses: list[float], what: str,
                         steps: int, rel: float = 1e-5) -> dict:
     """One case of a multi-rank launch: no rank failed, and rank 0's weights and every step's loss are within

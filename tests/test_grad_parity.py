@@ -18,7 +18,7 @@ import torch
 
 import minimega as mm
 from minimega import data
-from parity import assert_case_matches, grad_tolerance, max_rel_error, parity_config, reference_run
+from parity import assert_case_matches, assert_grads_match, grad_tolerance, max_rel_error, parity_config, reference_run
 
 MODEL = mm.GPTConfig.tiny(block_size=32)
 SEQ = 32
@@ -86,11 +86,7 @@ def test_gradient_matches_single_process(runs, name):
     for r in runs[name]:
         assert "error" not in r, f"{name}: {r.get('error')}"
     got = runs[name][0]
-    tol = grad_tolerance(config.precision, config.batch_size * SEQ)
-    assert len(got["grads"]) == GRAD_STEPS
-    for step, (ours, ref) in enumerate(zip(got["grads"], ref_grads)):      # the sharp check first
-        err = max_rel_error(ours, ref)
-        assert err <= tol, f"{name}: step {step} gradient {err:.2e} off the single-process one (tolerance {tol:.1e})"
+    assert_grads_match(name, got["grads"], ref_grads, config.precision, config.batch_size * SEQ, GRAD_STEPS)
     for other in runs[name][1:]:              # every rank consolidates the same gradient
         assert max_rel_error(other["grads"][0], got["grads"][0]) == 0.0
     assert_case_matches(name, runs[name], ref_state, ref_losses, "run", STEPS)     # the optimizer path

@@ -22,7 +22,7 @@ from minimega.engine import validate
 from minimega.model import CausalSelfAttention
 from minimega.rope import apply_rope, rope_angles
 from minimega.tensor_parallel import check_divisible
-from parity import assert_case_matches, grad_tolerance, max_rel_error, parity_config, reference_run
+from parity import assert_case_matches, assert_grads_match, max_rel_error, parity_config, reference_run
 
 MODEL = mm.GPTConfig.tiny_llama(block_size=32)
 SEQ = 32
@@ -282,11 +282,7 @@ def test_layout_matches_single_process(runs, name):
     for r in runs[name]:
         assert "error" not in r, f"{name}: {r.get('error')}"
     got = runs[name][0]
-    tol = grad_tolerance(config.precision, config.batch_size * SEQ)
-    assert len(got["grads"]) == GRAD_STEPS
-    for step, (ours, ref) in enumerate(zip(got["grads"], ref_grads)):
-        err = max_rel_error(ours, ref)
-        assert err <= tol, f"{name}: step {step} gradient {err:.2e} off the single-process one (tolerance {tol:.1e})"
+    assert_grads_match(name, got["grads"], ref_grads, config.precision, config.batch_size * SEQ, GRAD_STEPS)
     assert_case_matches(name, runs[name], ref_state, ref_losses, "run", STEPS)
     if name == SAVED:
         assert max_rel_error(got["loaded"], got["state"]) == 0.0, "tp2 checkpoint loaded under dp2 differs"
