@@ -178,7 +178,8 @@ def test_refusals_name_the_setting(change, message):
 
 def test_refusals_of_dropout_experts_and_a_mismatched_mesh():
     from minimega import moe
-    with pytest.raises(ValueError, match="cp=2 does not compose with a mixture-of-experts model"):
+    with pytest.raises(ValueError, match="TrainConfig.cp=2 is not supported with a mixture-of-experts model; use "
+                                         "dispatch='dropless'"):      # capacity routing: dropless composes
         validate(TINY, parity_config(cp=2), mm.ParallelDims(cp=2), moe.MoEConfig())
     with pytest.raises(ValueError, match=r"GPTConfig.dropout=0.1 is not supported .* use dropout=0"):
         validate(mm.GPTConfig.tiny(block_size=32, dropout=0.1), parity_config(cp=2), mm.ParallelDims(cp=2))

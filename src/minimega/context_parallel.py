@@ -31,9 +31,10 @@ attention module) before they go around the ring or through Ulysses' all-to-alls
 angle difference as on one device; with grouped-query attention each key/value head is repeated for the query
 heads that read it before the core (the ring then carries nh/tp heads of K/V, as without GQA).
 
-Composes with dp (and ZeRO over dp·cp) and tp (each tp rank runs the ring on its n_head/tp heads). Refused
-by name (`check`): pipeline parallelism, sequence parallelism, mixtures of experts, dropout (and, for
-Ulysses, an n_head that tp·cp does not divide).
+Composes with dp (and ZeRO over dp·cp), tp (each tp rank runs the ring on its n_head/tp heads) and a
+mixture of experts with dropless dispatch (routing is per token; the aux loss's means are pooled over the
+ring, see `minimega.moe`). Refused by name (`check`): pipeline parallelism, sequence parallelism, dropout (and,
+for Ulysses, an n_head that tp·cp does not divide); capacity-routed experts by `moe.check`.
 """
 from __future__ import annotations
 
@@ -240,8 +241,9 @@ def global_positions(idx: torch.Tensor, rank: int, cp: int, block_size: int) -> 
     return positions(idx.shape[1], rank, cp, idx.device)
 
 
-def check(model_config, config, dims, moe=None) -> None:
-    """What the engine builds with cp > 1; everything else is refused by name before any rank starts."""
+def check(model_config, config, dims) -> None:
+    """What the engine builds with cp > 1; everything else is refused by name before any rank starts (a mixture
+    of experts: `moe.check`)."""
     if config.cp != dims.cp:
         raise ValueError(f"TrainConfig(cp={config.cp}) does not match the mesh (cp={dims.cp}); build the mesh from "
                          f"the same numbers")
@@ -251,9 +253,6 @@ def check(model_config, config, dims, moe=None) -> None:
     if seq % (2 * dims.cp):
         raise ValueError(f"cp={dims.cp}: seq_len={seq} is not divisible by 2*cp = {2 * dims.cp} (each rank holds "
                          f"two chunks of seq_len/(2*cp) tokens); pick a seq_len that is")
-    if moe is not None:
-        raise ValueError(f"cp={dims.cp} does not compose with a mixture-of-experts model (its routing groups are "
-                         f"whole sequences); use a dense model or cp=1")
     refused = [("pp", config.pp != 1, "pp=1 (context parallelism is not built into the pipeline)"),
                ("sequence_parallel", config.sequence_parallel, "sequence_parallel=False (cp already splits the sequence)")]
     for name, bad, fix in refused:

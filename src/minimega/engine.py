@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import copy
 import functools
-from contextlib import ExitStack, nullcontext
+from contextlib import nullcontext
 
 import torch
 import torch.nn as nn
@@ -73,7 +73,7 @@ def validate(model_config: GPTConfig, config: TrainConfig, dims: ParallelDims, m
     moe_.check(moe, config, dims)
     if moe is not None and config.precision == "fp8":
         raise ValueError("precision='fp8' with a mixture of experts: the experts' linears are not converted; use bf16")
-    cp_.check(model_config, config, dims, moe)
+    cp_.check(model_config, config, dims)
     if config.nvme_path is not None:
         check_directory(config.nvme_path)              # each rank's files go in a fresh directory under it
     config.rows_per_micro_step(dims.dp)
@@ -114,14 +114,18 @@ def _tensor_parallel(model: GPT, config: TrainConfig, mesh: Mesh) -> GPT:
 
 
 def _experts(model: nn.Module, config: TrainConfig, mesh: Mesh):
-    """Step 4: keep this rank's experts; their gradients sync over edp (ZeRO-1 over edp from stage 1), or None."""
+    """Step 4: keep this rank's experts; their gradients sync over edp × cp (`mesh.expert_group`: the ranks
+    holding the same experts) divided by dp·cp, ZeRO-1 over that group from stage 1 on; or None."""
     if not moe_.is_moe(model):
         return None
     moe_.shard_experts(model, mesh.ep_group, mesh.ep_rank)
+    for layer in model.moe_layers():             # cp > 1: the aux loss's means pooled over the ring
+        layer.cp_group = mesh.cp_group
+    group = mesh.expert_group
     if config.zero_stage:         # each edp rank keeps Adam's states for 1/edp of the experts
-        return ExpertZero1(model, mesh.edp_group, mesh.edp_group.rank_of(mesh.rank), mesh.dp_size, mesh.ep_group,
+        return ExpertZero1(model, group, group.rank_of(mesh.rank), mesh.dp_cp_size, mesh.ep_group,
                            functools.partial(make_optimizer, config=config))
-    return ExpertGradSync(model, mesh.edp_group, mesh.dp_size, mesh.ep_group)
+    return ExpertGradSync(model, group, mesh.dp_cp_size, mesh.ep_group)
 
 
 class Engine:
@@ -218,9 +222,12 @@ class Engine:
         # --8<-- [end:tour_step_begin]
             micro_steps = () if self.pipeline is not None else zip(x.chunk(ga), y.chunk(ga))
             for i, (xm, ym) in enumerate(micro_steps):
-                # DDP and ZeRO-1 accumulate locally and reduce the sum once; ZeRO-2/3 reduce every micro-step.
-                sync = i == ga - 1 or self.model.reduce_every_micro_step
-                with (nullcontext() if sync else self._no_sync()):
+                # DDP and ZeRO-1 accumulate locally and reduce the sum once; ZeRO-2/3 reduce every micro-step; the
+                # experts (ZeRO-1 at most: full gradients kept) once, after the last.
+                last = i == ga - 1
+                sync = last or self.model.reduce_every_micro_step
+                experts = self.experts.no_sync() if self.experts is not None and not last else nullcontext()
+                with (nullcontext() if sync else self.model.no_sync()), experts:
                     self._event("forward_start", micro=i)
                     _, loss = self.model(xm, ym)
                     self._event("backward_start", micro=i)
@@ -241,7 +248,7 @@ class Engine:
                 self.optimizer.step()
                 fp8.update_scales(self.parts)            # delayed scaling: next step's scales (fp8 only)
             if self.experts is not None:
-                self.experts.after_step(self.mesh.dp_group)     # MoE routing biases follow the load
+                self.experts.after_step(self.mesh.grad_group)   # MoE routing biases follow the load (dp·cp)
             if watch or not self.memory_at_step:   # params, grads and optimizer states all live
                 self.memory_at_step = self.memory()
             self.optimizer.zero_grad(set_to_none=True)
@@ -274,12 +281,6 @@ class Engine:
         """(B, T) rows of this dp rank → (B, T/cp) on the device: this cp rank's chunks r and 2cp-1-r."""
         t = t.to(self.mesh.device)
         return cp_.shard_sequence(t, self.mesh.cp_rank, self.mesh.cp_size) if self.mesh.cp_size > 1 else t
-
-    def _no_sync(self):
-        stack = ExitStack()
-        for part in [self.model] + ([self.experts] if self.experts is not None else []):
-            stack.enter_context(part.no_sync())
-        return stack
 
     def _clip(self) -> float | None:
         """Clip by the global gradient norm, whatever the layout (see `grad_sync.clip_grad_norm_`)."""
@@ -315,14 +316,14 @@ class Engine:
 
     def full_grad_dict(self) -> dict[str, torch.Tensor]:
         """The fp32 gradients the optimizer step is about to apply, consolidated as `full_state_dict` is (a
-        collective); valid only inside a `before_step` callable. Not for a mixture of experts."""
-        if self.experts is not None:
-            raise ValueError("full_grad_dict: the experts' gradients are not consolidated; use a dense model")
+        collective); valid only inside a `before_step` callable. A mixture of experts' experts: gathered over ep."""
         local = {}
         for part, wrapper in self._holders():
             grads = wrapper.full_grad_dict() if self.config.zero_stage else {
                 n: p.grad if p.grad is not None else torch.zeros_like(p) for n, p in part.named_parameters()}
             local.update({k: self._full(part, k, v).float() for k, v in grads.items()})
+        if self.experts is not None:
+            local.update(self.experts.full_grad_dict())
         return self._merge_stages(local)
 
     def _holders(self):
@@ -366,7 +367,6 @@ class Engine:
             **({"pipeline": self.pipeline.bubble()} if self.pipeline is not None else {}),
             **({"moe": self.experts.counts()} if self.experts is not None else {}),
         }
-
 
     # ---- checkpoints (see minimega.checkpoint): what the layout-free state needs from the engine ------
 

@@ -113,7 +113,13 @@ class ParallelDims:
 
         'ep' cuts each dp group into runs of ep consecutive members; 'edp' (expert data parallel) joins the
         members with the same place in their run: dp group [0, 2, 4, 6], ep 2 -> ep [0, 2], [4, 6]; edp [0, 4], [2, 6].
+        'edp_cp' joins edp and cp: every rank holding the same experts (cp ranks hold other tokens of the same
+        sequences, and the same experts), dp-major like 'dp_cp'; the experts' gradients are summed over it.
         """
+        if dim == "edp_cp":
+            cp, ep = self.cp, self.ep
+            return [[r for i, r in enumerate(row) if (i // cp) % ep == j]
+                    for row in self.group_ranks("dp_cp") for j in range(ep)]
         if dim in ("ep", "edp"):
             rows, ep = self.group_ranks("dp"), self.ep
             if dim == "ep":
@@ -147,6 +153,8 @@ class Mesh:
     """Expert parallel: this rank's run of ep dp ranks (see `ParallelDims.group_ranks`); None: size one."""
     edp_group: Group | None = None
     """Expert data parallel: the dp ranks holding the same experts; None: the dp group (ep = 1)."""
+    edp_cp_group: Group | None = None
+    """edp × cp: every rank holding the same experts (the experts' gradients sum over it); None: the edp group."""
 
     @property
     def world_size(self) -> int:
@@ -167,6 +175,11 @@ class Mesh:
     def grad_group(self) -> Group:
         """The group gradients are averaged (and ZeRO shards) over: dp × cp, the dp group when cp = 1."""
         return self.dp_cp_group if self.dims.cp > 1 else self.dp_group
+
+    @property
+    def expert_group(self) -> Group:
+        """The group the experts' gradients are summed (and their ZeRO-1 shards split) over: edp × cp."""
+        return self.edp_cp_group if self.edp_cp_group is not None else self.edp_group
 
     ep_size = property(lambda self: self.dims.ep)
     ep_rank = property(lambda self: self.dp_rank % self.dims.ep)
@@ -210,7 +223,7 @@ def init_mesh(dims: ParallelDims | None = None, device: torch.device | str | Non
         solo = Group(None, [0], "world")
         return Mesh(dims, 0, "none", device, solo, Group(None, [0], "dp"), Group(None, [0], "tp"),
                     Group(None, [0], "pp"), Group(None, [0], "cp"), Group(None, [0], "dp_cp"),
-                    Group(None, [0], "ep"), Group(None, [0], "edp"))
+                    Group(None, [0], "ep"), Group(None, [0], "edp"), Group(None, [0], "edp_cp"))
     world, rank = dist.get_world_size(), dist.get_rank()
     dims.check(world)
     backend = dist.get_backend()
@@ -224,7 +237,8 @@ def init_mesh(dims: ParallelDims | None = None, device: torch.device | str | Non
         device = torch.device("cpu")
     groups = {}
     # --8<-- [start:tour_groups]
-    for dim in ("dp", "tp", "pp") + (("cp", "dp_cp") if dims.cp > 1 else ()) + (("ep", "edp") if dims.ep > 1 else ()):
+    for dim in ("dp", "tp", "pp") + (("cp", "dp_cp") if dims.cp > 1 else ()) + (("ep", "edp") if dims.ep > 1 else ()) \
+            + (("edp_cp",) if dims.cp > 1 and dims.ep > 1 else ()):
         for ranks in dims.group_ranks(dim):
             # Every rank creates every group in the same order; size-one groups need no process group.
             pg = dist.new_group(ranks) if len(ranks) > 1 else None
@@ -236,4 +250,6 @@ def init_mesh(dims: ParallelDims | None = None, device: torch.device | str | Non
     edp = groups.get("edp", Group(groups["dp"].pg, groups["dp"].ranks, "edp"))
     cp = groups.get("cp", Group(None, [rank], "cp"))
     dp_cp = groups.get("dp_cp", Group(groups["dp"].pg, groups["dp"].ranks, "dp_cp"))
-    return Mesh(dims, rank, backend, device, world_group, groups["dp"], groups["tp"], groups["pp"], cp, dp_cp, ep, edp)
+    edp_cp = groups.get("edp_cp", Group(dp_cp.pg, dp_cp.ranks, "edp_cp") if dims.ep == 1 else edp)   # ep 1: dp × cp
+    return Mesh(dims, rank, backend, device, world_group, groups["dp"], groups["tp"], groups["pp"], cp, dp_cp, ep, edp,
+                edp_cp)

@@ -24,7 +24,8 @@ Load balancing (Switch eq. 4, GShard's l_aux with the top-1 fractions): per rout
 
     aux = E · Σ_e f_e · P_e,   f_e = share of tokens whose first choice is e,  P_e = mean of p_e,
 
-averaged over the sequences; 1 when the router is uniform, up to E when it collapses onto one expert.
+averaged over the sequences; 1 when the router is uniform, up to E when it collapses onto one expert. Under
+context parallelism f_e and P_e are pooled over the cp ranks' tokens (`moe_balance.sequence_means`).
 The model's loss is cross-entropy + ``aux_loss_coef`` · Σ_layers aux (Switch uses α = 10⁻²), + ``z_loss_coef``
 · Σ_layers z with the router z-loss; ``bias_update_rate`` balances by a routing bias instead (`moe_balance`).
 
@@ -39,7 +40,7 @@ the same experts form the expert-data-parallel group (edp, dp/ep ranks). Per MoE
     Phase 3 (combine): the reverse all-to-all brings the outputs home; the gates weight them.
 
 Backward runs the same two all-to-alls on the gradients (an all-to-all with equal splits is its own
-adjoint). Gradients: the non-expert parameters are averaged over dp by DDP or ZeRO-1 as usual; the
+adjoint). Gradients: the non-expert parameters are averaged over dp by DDP or ZeRO-1/2 as usual; the
 experts' gradients already hold the contributions of every token of their ep group (the all-to-all
 brought them), so they are summed over edp and divided by dp (`ExpertGradSync`). With ``zero_stage=1``
 their Adam states are sharded over edp as well (DeepSpeed-MoE): a reduce-scatter over edp before the step,
@@ -50,8 +51,13 @@ Per rank and MoE layer, every all-to-all sends (ep-1)/ep of an (E, B_local·C, D
 backward run two each: 4 · (ep-1)/ep · E · B_local · C · D · bytes per layer and step (`alltoall_bytes`).
 
 Tensor parallelism splits attention, embeddings and head; the MoE layers stay whole on every tp rank
-(`apply_tensor_parallel`). Not built, and refused by name (`check`): sequence or pipeline parallelism,
-ZeRO-2/3, bf16/fp16 and activation checkpointing with a MoE model.
+(`apply_tensor_parallel`). Context parallelism (cp) composes with dropless dispatch: routing is per token,
+each cp rank sends its own tokens over its ep group (the ranks of its dp group with the same cp rank), the
+cp ranks hold the same experts, so their gradients sum over edp × cp and divide by dp·cp (`mesh.expert_group`);
+capacity is a budget per whole sequence, so ``dispatch='capacity'`` with cp is refused. ZeRO-2 shards the
+non-expert gradients over dp; the experts keep their own path (ZeRO-1 over edp). Not built, and refused by
+name (`check`): sequence or pipeline parallelism, ZeRO-3 (the experts' weights are not sharded), bf16/fp16
+and activation checkpointing with a MoE model.
 """
 from __future__ import annotations
 
@@ -67,6 +73,7 @@ from .comm import Group
 from .config import GPTConfig, _is_int, _is_real
 from .exchange import exchange
 from .model import GPT
+from .moe_balance import sequence_means
 from .moe_dropless import dropless_combine, run_expert_parallel, run_sliced
 
 
@@ -217,6 +224,7 @@ class MoELayer(nn.Module):
         self.router = nn.Linear(config.n_embd, moe.n_experts, bias=False)
         self.experts = Experts(moe.n_experts, config.n_embd, config.mlp_hidden)
         self.ep_group = Group(None, [0], "ep")
+        self.cp_group: Group | None = None     # the cp ring the aux loss's means are pooled over (cp > 1)
         self.register_buffer("routed", torch.zeros(moe.n_experts, dtype=torch.int64), persistent=False)
         self.register_buffer("dropped", torch.zeros(moe.n_experts, dtype=torch.int64), persistent=False)
         self.register_buffer("step_load", torch.zeros(moe.n_experts, dtype=torch.int64), persistent=False)
@@ -249,7 +257,8 @@ class MoELayer(nn.Module):
         if self.moe.z_loss_coef:
             self.z_loss = torch.logsumexp(logits, dim=-1).square().mean()
         first = F.one_hot(top_i[..., 0], E).to(probs.dtype)                   # (B, T, E)
-        aux = E * (first.mean(1) * probs.mean(1)).sum(-1).mean()              # per sequence, then mean
+        f, P = sequence_means(first, probs, self.cp_group)                    # (B, E) each, over the whole T
+        aux = E * (f * P).sum(-1).mean()                                      # per sequence, then mean
         return probs, top_i, gates, aux
     # --8<-- [end:select]
 
@@ -388,8 +397,11 @@ def check(moe: MoEConfig | None, config, dims) -> None:
     refused = [("sequence_parallel", config.sequence_parallel,
                 "sequence_parallel=False (routing groups are whole sequences; sp would cut them over tp)"),
                ("pp", config.pp != 1, "pp=1"),
-               ("zero_stage", config.zero_stage > 1,
-                "zero_stage 0 or 1 (ZeRO-1 shards the non-expert states over dp, the experts' over edp)"),
+               ("zero_stage", config.zero_stage > 2,
+                "zero_stage 0, 1 or 2 (ZeRO-3 would shard the non-expert weights only: the experts' weights stay "
+                "whole on every edp rank, their ZeRO is ZeRO-1 over edp)"),
+               ("cp", dims.cp > 1 and moe.dispatch != "dropless",
+                "dispatch='dropless' (MoEConfig; capacity is a budget per whole sequence, which cp splits) or cp=1"),
                ("precision", config.precision != "fp32", "precision='fp32'"),
                ("activation_checkpointing", config.activation_checkpointing != "none",
                 "activation_checkpointing='none' (recomputation would repeat the all-to-alls and the counts)")]

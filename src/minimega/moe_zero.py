@@ -9,7 +9,8 @@ of edp) and edp rank r keeps Adam's moments for ``[r·N/edp, (r+1)·N/edp)`` of 
         view of it); when the last one is in, its reduce-scatter over edp starts (async).
     Phase 2 (``finish_grad_sync()``): wait; this rank's shard of the buffer holds the edp sum, divided by dp
         (the experts' gradient is the sum over edp of the ep group's contributions over dp, see
-        `moe_zero.ExpertGradSync`).
+        `moe_zero.ExpertGradSync`; under cp edp × cp and dp·cp). Under ZeRO-2 the dense gradients reduce on
+        every micro-step; these accumulate in the flat buffer and reduce once, after the last.
     Phase 3 (step): the optimizer updates this rank's shard (fp32: the parameters' own storage), and an
         all-gather over edp refreshes every expert on every edp rank.
 
@@ -33,11 +34,12 @@ from .zero import FlatUnit, MasterStore
 
 
 class ExpertGradSync(GradSync):
-    """The experts' gradient sync: sum over edp, divide by dp (one bucket: all expert tensors).
+    """The experts' gradient sync: sum over edp (× cp), divide by dp (· cp) (one bucket: all expert tensors).
 
     After backward a rank's expert gradients hold Σ over its ep group's tokens of ∂L_r/∂θ (the all-to-all
     brought them); the global loss is the mean of the dp ranks' losses, so the gradient is the sum over
-    the edp replicas divided by dp (not by edp's size).
+    the edp replicas divided by dp (not by edp's size). Under cp the cp ranks hold the same experts and the
+    mean runs over dp·cp losses: the engine passes edp × cp (`mesh.expert_group`) and dp·cp.
 
     Clipping (`grad_sync.clip_grad_norm_`, ``own``): after the sync the edp replicas (and the tp ranks)
     hold equal expert gradients and the ep ranks different experts, so the squares are summed over ep only.
@@ -87,12 +89,25 @@ class ExpertGradSync(GradSync):
 
     @torch.no_grad()
     def full_state_dict(self) -> dict[str, torch.Tensor]:
-        """Every expert tensor whole (E, ...) on every rank: all-gather the ep ranks' slices (a collective)."""
+        """Every expert tensor whole (E, ...) on every rank: all-gather the ep ranks' slices (a collective); and
+        the routing biases (`moe_balance`), equal on every rank, which ZeRO's own state dict does not hold."""
+        out = self._gather_ep({name: p.detach() for name, p in expert_params(self.module)})
+        out.update({f"{n}.expert_bias": m.expert_bias.detach().float().cpu().clone()
+                    for n, m in self.module.named_modules() if isinstance(m, MoELayer) and m.moe.bias_update_rate})
+        return out
+
+    @torch.no_grad()
+    def full_grad_dict(self) -> dict[str, torch.Tensor]:
+        """Every expert gradient whole (E, ...) on every rank, after the sync (a collective)."""
+        return self._gather_ep({name: p.grad if p.grad is not None else torch.zeros_like(p)
+                                for name, p in expert_params(self.module)})
+
+    def _gather_ep(self, local: dict) -> dict[str, torch.Tensor]:
         out = {}
-        for name, p in expert_params(self.module):
+        for name, t in local.items():
             ep = self.module_ep_group(name)
-            full = torch.empty((ep.size * p.shape[0], *p.shape[1:]), dtype=p.dtype, device=p.device)
-            comm.all_gather(full, p.detach().contiguous(), ep, tag="state_dict")
+            full = torch.empty((ep.size * t.shape[0], *t.shape[1:]), dtype=t.dtype, device=t.device)
+            comm.all_gather(full, t.contiguous(), ep, tag="state_dict")
             out[name] = full.float().cpu().clone()
         return out
 
@@ -153,6 +168,14 @@ class ExpertZero1(ExpertGradSync):
         handle.wait()
         self.grad_shard.copy_(out).div_(self.dp)
         self._reducing = None
+
+    @torch.no_grad()
+    def full_grad_dict(self) -> dict[str, torch.Tensor]:
+        """Every expert gradient whole on every rank: the edp shards all-gathered, then the ep slices."""
+        unit = self.units[0]
+        flat = torch.empty_like(self.flat_grad)
+        comm.all_gather(flat, self.grad_shard.contiguous(), self.group, tag="grads")
+        return self._gather_ep(dict(zip(unit.names, unit.views(flat))))
 
     def grad_sq_norm(self, weight=None) -> torch.Tensor:
         """Σ ‖g‖² over this rank's gradient shard (float64; the padding is zero)."""

@@ -194,8 +194,8 @@ def engine_locals(engine) -> list[Local]:
         experts = {}                                   # MoE: expert tensors, held by the edp replicas
         if engine.experts is not None:
             experts = {n: m for n, m in part.named_modules() if getattr(m, "own_grad_sync", False)}
-            edp = mesh.dp_size // mesh.ep_size           # replicas: the edp group, times tp (experts stay whole)
-            edp_rep = (mesh.tp_rank * edp + mesh.dp_rank // mesh.ep_size, edp * mesh.tp_size)
+            edp = mesh.dp_size // mesh.ep_size * mesh.cp_size     # replicas: edp × cp, times tp (experts whole)
+            edp_rep = (mesh.tp_rank * edp + mesh.dp_rank // mesh.ep_size * mesh.cp_size + mesh.cp_rank, edp * mesh.tp_size)
             sharded = hasattr(engine.experts, "units")  # ZeRO-1 over edp: disjoint flat shards, replicas over tp
             for e in zero_state.local_entries(engine.experts) if sharded else ():
                 out.append(Local(e.kind, e.key, e.data, e.local_shape, e.lo, e.hi,
