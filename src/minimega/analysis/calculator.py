@@ -174,8 +174,9 @@ class MemoryConfig:
             raise ValueError("sp=True with experts: sequence parallelism would cut the routing groups (whole "
                              "sequences) over tp; use sp=False")
         if self.cp > 1:
-            raise ValueError(f"cp={self.cp} with experts: minimega's MoE layer routes whole sequences and does not "
-                             "run under context parallelism; use cp=1")
+            raise ValueError(f"cp={self.cp} with experts: the estimate models capacity routing, a budget per whole "
+                             "sequence that cp would cut (the engine trains cp with dispatch='dropless', which this "
+                             "model does not price); use cp=1")
 
 
 # --8<-- [start:memory_per_gpu]

@@ -14,7 +14,8 @@ Rules of the search (each one a constraint the stacks themselves impose):
 
 Context parallelism is searched when asked for (``cps``, ``minimega plan --cp 1 2 4 8``), with the engine's
 rules (`context_parallel.check`): cp divides the GPUs left after tp and splits seq_len into 2·cp chunks; no
-cp with pp, with experts or with sequence parallelism (cp already splits the sequence); the attention is a
+cp with pp, with experts (the model prices capacity routing, per whole sequence; the engine's dropless cp is not
+modelled) or with sequence parallelism (cp already splits the sequence); the attention is a
 fused kernel. cp·tp may span nodes (the ring's hops and the all-to-alls are priced on the link that spans
 cp·tp ranks). Each cp > 1 is searched with every variant in ``cp_attentions``: 'ring', and 'ulysses' where
 tp·cp divides the heads. ZeRO shards over dp·cp, so a ZeRO stage needs dp·cp > 1, not dp > 1.
