@@ -7,7 +7,8 @@ dp on every micro-step, the experts' go their own way (ZeRO-1 over edp) once per
 
 One launch per world size; every case compares each of its first GRAD_STEPS gradients (consolidated just
 before the optimizer step, experts gathered over ep) with the single-process gradient within n·u
-(`parity.grad_tolerance`), and its weights and losses after STEPS Adam steps within 1e-5.
+(`parity.grad_tolerance`), and its weights and losses after STEPS Adam steps within 1e-5. The checkpoints of
+cp 2 and dp 2 × cp 2 × ep 2 (ZeRO-1 over edp × cp) load on one process and train on like it.
 """
 from __future__ import annotations
 
@@ -34,9 +35,8 @@ CAPACITY = moe.MoEConfig(n_experts=4, top_k=2, capacity_factor=1.25, aux_loss_co
 CASES = {   # world size -> [(id, ParallelDims, MoEConfig, TrainConfig overrides)]
     2: [("cp2-ep1", dict(cp=2), AUX, {"gradient_accumulation_steps": 2}),
         ("dp2-ep2-zero2-ga2", dict(dp=2, ep=2), CAPACITY, {"zero_stage": 2, "gradient_accumulation_steps": 2})],
-    4: [("dp2-cp2-ep2", dict(dp=2, cp=2, ep=2), AUX, {}),
-        ("dp2-cp2-ep2-zloss-bias-zero1-ga2", dict(dp=2, cp=2, ep=2), BALANCED,
-         {"zero_stage": 1, "gradient_accumulation_steps": 2}),
+    4: [("dp2-cp2-ep2-zero1", dict(dp=2, cp=2, ep=2), AUX, {"zero_stage": 1}),
+        ("dp2-cp2-ep2-zloss-bias-ga2", dict(dp=2, cp=2, ep=2), BALANCED, {"gradient_accumulation_steps": 2}),
         ("dp4-ep2-zero2-ga2-clip", dict(dp=4, ep=2), CAPACITY,
          {"zero_stage": 2, "gradient_accumulation_steps": 2, "gradient_clipping": 0.5})],
 }
@@ -49,13 +49,16 @@ def _config(dims: dict, overrides: dict) -> mm.TrainConfig:
     return parity_config(cp=dims.get("cp", 1), ep=dims.get("ep", 1), eps=1e-6, **overrides)
 
 
-def reference(moe_config: moe.MoEConfig, config: mm.TrainConfig):
+SAVED = ("cp2-ep1", "dp2-cp2-ep2-zero1")      # saved after STEPS, loaded on one process, trained one step more
+
+
+def reference(moe_config: moe.MoEConfig, config: mm.TrainConfig, steps: int = STEPS):
     """One process, torch's AdamW: the first GRAD_STEPS gradients (after clipping), final weights, losses."""
     torch.manual_seed(config.seed)
     model = moe.MoEGPT(TINY, moe_config)
     opt = make_optimizer(model.parameters(), config)
     ga, grads, losses = config.gradient_accumulation_steps, [], []
-    for x, y in data.global_batches(STEPS, config.batch_size, SEQ, seed=config.seed):
+    for x, y in data.global_batches(steps, config.batch_size, SEQ, seed=config.seed):
         total = 0.0
         for xm, ym in zip(x.chunk(ga), y.chunk(ga)):
             _, loss = model(xm, ym)
@@ -72,7 +75,7 @@ def reference(moe_config: moe.MoEConfig, config: mm.TrainConfig):
     return grads, {k: v.detach().clone() for k, v in model.state_dict().items()}, losses
 
 
-def _ranks(cases):
+def _ranks(cases, save_dir):
     out = []
     for name, dims, moe_config, overrides in cases:
         try:
@@ -86,6 +89,8 @@ def _ranks(cases):
                 engine.train_step(batch)
             report = engine.report()
             state = engine.full_state_dict()
+            if name in SAVED:
+                engine.save(f"{save_dir}/{name}")
             out.append({"state": state if mesh.rank == 0 else None, "grads": grads if mesh.rank == 0 else None,
                         "losses": report["losses"], "moe": report["moe"]})
         except Exception:
@@ -94,9 +99,9 @@ def _ranks(cases):
 
 
 @pytest.mark.parametrize("world", sorted(CASES), ids=lambda w: f"world{w}")
-def test_moe_composes_with_cp_and_zero2(world):
+def test_moe_composes_with_cp_and_zero2(world, tmp_path):
     cases = CASES[world]
-    results = mm.launch(_ranks, world, cases, timeout=900)
+    results = mm.launch(_ranks, world, cases, str(tmp_path), timeout=900)
     for i, (name, dims, moe_config, overrides) in enumerate(cases):
         per_rank = [r[i] for r in results]
         for r in per_rank:
@@ -114,6 +119,22 @@ def test_moe_composes_with_cp_and_zero2(world):
         if moe_config.dispatch == "dropless":      # the ranks' tokens together: every (token, choice) once
             summed = torch.tensor([r["moe"]["routed"] for r in per_rank]).sum(0)
             assert summed.sum() == TINY.n_layer * STEPS * config.batch_size * SEQ * moe_config.top_k, name
+        if name in SAVED:                           # the experts' replicas over edp × cp each saved their share
+            _, ref_next, _ = reference(moe_config, config, STEPS + 1)
+            loaded, resumed = _resume_on_one_process(str(tmp_path / name), moe_config, config)
+            assert max_rel_error(loaded, got["state"]) == 0.0, name
+            assert max_rel_error(resumed, ref_next) <= 1e-5, f"{name}: resumed on one process"
+
+
+def _resume_on_one_process(directory: str, moe_config: moe.MoEConfig, config: mm.TrainConfig):
+    """Load a checkpoint on one process (cp 1, ep 1, same ZeRO stage) and train one step more."""
+    single = parity_config(eps=config.eps, zero_stage=config.zero_stage)
+    engine = mm.initialize(moe.MoEGPT(TINY, moe_config), single, mm.init_mesh(mm.ParallelDims()))
+    assert engine.load(directory) == STEPS
+    loaded = engine.full_state_dict()
+    for batch in data.global_batches(1, config.batch_size, SEQ, start=STEPS, seed=config.seed):
+        engine.train_step(batch)
+    return loaded, engine.full_state_dict()
 
 
 def test_cp_refuses_capacity_routing_by_name():
