@@ -51,13 +51,10 @@ Per rank and MoE layer, every all-to-all sends (ep-1)/ep of an (E, B_local·C, D
 backward run two each: 4 · (ep-1)/ep · E · B_local · C · D · bytes per layer and step (`alltoall_bytes`).
 
 Tensor parallelism splits attention, embeddings and head; the MoE layers stay whole on every tp rank
-(`apply_tensor_parallel`). Context parallelism (cp) composes with dropless dispatch: routing is per token,
-each cp rank sends its own tokens over its ep group (the ranks of its dp group with the same cp rank), the
-cp ranks hold the same experts, so their gradients sum over edp × cp and divide by dp·cp (`mesh.expert_group`);
-capacity is a budget per whole sequence, so ``dispatch='capacity'`` with cp is refused. ZeRO-2 shards the
-non-expert gradients over dp; the experts keep their own path (ZeRO-1 over edp). Not built, and refused by
-name (`check`): sequence or pipeline parallelism, ZeRO-3 (the experts' weights are not sharded), bf16/fp16
-and activation checkpointing with a MoE model.
+(`apply_tensor_parallel`). Context parallelism needs dropless dispatch (capacity is per whole sequence): each
+cp rank routes its own tokens over its ep group; the experts' gradients sum over edp × cp (`mesh.expert_group`).
+ZeRO-2 shards the non-expert gradients; the experts keep ZeRO-1 over edp. Refused by name (`check`): sequence
+or pipeline parallelism, ZeRO-3, bf16/fp16 and activation checkpointing with a MoE model.
 """
 from __future__ import annotations
 
