@@ -96,11 +96,13 @@ SLOW = ("tests/test_composition.py::test_case_matches_single_process", "tests/te
 def pytest_collection_modifyitems(config, items):
     """Skips what this machine cannot run, and groups the tests for `make test`'s two workers (pytest-xdist,
     ``--dist loadgroup``): a file's tests share its module fixtures, so a file runs on one worker; the labs
-    (each notebook its own process tree) spread over both."""
+    (each notebook its own process tree) spread over both; the files on the session's site build share one."""
     xdist = config.pluginmanager.hasplugin("xdist")     # `-p no:xdist` runs in this process, ungrouped
+    # The files that read the session's site build share one worker, so the site is built once, not per worker.
+    on_site = {i.nodeid.split("::")[0] for i in items if {"site_build", "site_server"} & set(i.fixturenames)}
     for item in items:
         path = item.nodeid.split("::")[0]
-        group = item.nodeid if path.endswith("test_labs.py") else path
+        group = item.nodeid if path.endswith("test_labs.py") else "site-build" if path in on_site else path
         if xdist:
             item.add_marker(pytest.mark.xdist_group(group))
         if item.nodeid.startswith(SLOW):
