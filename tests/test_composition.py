@@ -91,8 +91,8 @@ def _world(p: dict) -> int:
 def block(names: tuple) -> list[dict]:
     """Every point that varies ``names`` (the other factors at TrainConfig's defaults), world size at most 4."""
     base = {f: getattr(mm.TrainConfig(), f) for f in FACTORS if f not in names}
-    points = [{f: {**base, **dict(zip(names, values))}[f] for f in FACTORS}
-              for values in itertools.product(*(FACTORS[f] for f in names))]
+    merged = ({**base, **dict(zip(names, values))} for values in itertools.product(*(FACTORS[f] for f in names)))
+    points = [{f: m[f] for f in FACTORS} for m in merged]
     return [p for p in points if _world(p) <= 4]
 
 
