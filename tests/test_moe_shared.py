@@ -112,14 +112,20 @@ def test_bad_settings_are_refused_by_name(bad, message):
 
 
 def test_estimator_counts_shared_and_fine_grained_experts():
-    """Parameters: `moe_params` = Σ numel, the expert part = `expert_params`'; activations: the bytes autograd
-    saves in one layer, both dispatches; FLOPs: `moe_mlp_flops_per_token` = torch's count of the matmuls
-    (dropless: exactly k experts per token, no empty slot), forward and backward."""
+    """Parameters: `moe_params` = Σ numel, the expert part = `expert_params`', and the memory calculator's split;
+    activations: the bytes autograd saves in one layer, both dispatches; FLOPs: `moe_mlp_flops_per_token` =
+    torch's count of the matmuls (dropless: exactly k experts per token, no empty slot), forward and backward."""
     model = moe.MoEGPT(TINY, FINE)
     dense, experts = est.moe_params(TINY.n_layer, TINY.n_embd, TINY.vocab_size, TINY.block_size, FINE.n_experts,
                                     expert_hidden=FINE.expert_hidden, n_shared=FINE.n_shared_experts)
     assert experts == sum(p.numel() for _, p in moe.expert_params(model))
     assert dense + experts == sum(p.numel() for p in model.parameters())
+    # The memory calculator (`memory_per_gpu`; its JS twin: tests/test_site.py): E/ep experts of F on a rank, the
+    # shared MLP with the non-expert parameters.
+    mem = dict(layers=4, hidden=64, heads=4, vocab=256, seq_len=32, dp=2, ep=2, experts=8, expert_ffn=32)
+    none, one = (est.stage_param_split(est.MemoryConfig(**mem, shared_experts=s)) for s in (0, 1))
+    assert one[1] == experts / 2
+    assert one[0] - none[0] == sum(p.numel() for n, p in model.named_parameters() if ".mlp.shared." in n)
     s, b, h = 32, 2, 16
     for dispatch in ("capacity", "dropless"):
         layer = _layer(dispatch, n_shared=2, capacity_factor=1.25)
