@@ -148,7 +148,7 @@ def _cases(cases, save_dir):
     out = []
     for i, (dp, ep, config) in enumerate(cases):
         try:
-            mesh = mm.init_mesh(mm.ParallelDims(dp=dp, ep=ep))
+            mesh = mm.init_mesh(mm.ParallelDims(dp=dp, tp=config.tp, ep=ep))
             torch.manual_seed(config.seed)
             engine = mm.initialize(moe.MoEGPT(TINY, FINE), config, mesh)
             grads = []
@@ -160,8 +160,9 @@ def _cases(cases, save_dir):
             state = engine.full_state_dict()
             if i == 1:
                 engine.save(save_dir)
-            out.append({"state": state if mesh.rank == 0 else None, "losses": engine.report()["losses"],
-                        "grads": grads})
+            report = engine.report()
+            out.append({"state": state if mesh.rank == 0 else None, "losses": report["losses"],
+                        "grad_norms": report["grad_norms"], "grads": grads})
         except Exception:
             out.append({"error": traceback.format_exc()})
     return out
@@ -176,12 +177,20 @@ def _reference_grads(config: mm.TrainConfig) -> dict:
     return {n: p.grad.detach().clone() for n, p in model.named_parameters()}
 
 
+CLIP = 0.3        # below every step's norm (about 2): each step clips
+NORM_ONLY = 1e9   # the norm is computed and logged, the gradients scaled by 1.0
+
+
 def test_dp2_ep2_matches_single_process(tmp_path):
     """dp 2 × ep 2 (edp 1) with 8 fine-grained experts and a shared one: the step-1 gradients (shared MLP
     averaged over dp like attention, experts summed over ep's tokens) and the weights after STEPS steps under
-    DDP and under ZeRO-1 with clipping equal the single-process run's; the ZeRO-1 checkpoint loads at ep 1."""
-    plain, zero = parity_config(ep=2), parity_config(ep=2, zero_stage=1, gradient_clipping=0.3)
-    results = mm.launch(_cases, 2, [(2, 2, plain), (2, 2, zero)], str(tmp_path / "ckpt"), timeout=300)
+    DDP, under ZeRO-1 with clipping, and under tp 2 (the MoE layer, shared MLP included, whole on each tp rank)
+    equal the single-process run's, and so does every step's gradient norm (each parameter counted once, over
+    ep, dp and tp); the ZeRO-1 checkpoint loads at ep 1. (Clipping under tp 2 as well ends 1.1e-5 off, in
+    blocks.3.attn.proj, outside the MoE layer: Adam magnifying a near-zero gradient, see `parity_config`.)"""
+    plain = parity_config(ep=2)
+    zero, tp = parity_config(ep=2, zero_stage=1, gradient_clipping=CLIP), parity_config(tp=2, gradient_clipping=NORM_ONLY)
+    results = mm.launch(_cases, 2, [(2, 2, plain), (2, 2, zero), (1, 1, tp)], str(tmp_path / "ckpt"), timeout=300)
     ref_grads = _reference_grads(parity_config())
     got = dict(results[0][0]["grads"][0]) if "error" not in results[0][0] else {}
     for name, g in got.items():        # experts: rank r holds rows [r·E/2, (r+1)·E/2)
@@ -190,10 +199,16 @@ def test_dp2_ep2_matches_single_process(tmp_path):
     for r in results:
         assert "error" not in r[0], r[0].get("error")
     assert_grads_match("dp2-ep2", [got], [ref_grads], "fp32", plain.batch_size * TINY.block_size, 1)
-    for i, (name, config) in enumerate((("dp2-ep2", plain), ("dp2-ep2-zero1-clip", zero))):
+    for i, (name, config) in enumerate((("dp2-ep2", plain), ("dp2-ep2-zero1-clip", zero), ("tp2", tp))):
+        norms = []
         ref_state, ref_losses, _ = reference(TINY, FINE, parity_config(ep=1, gradient_clipping=config.gradient_clipping),
-                                             STEPS)
+                                             STEPS, norms=norms)
         assert_case_matches(name, [r[i] for r in results], ref_state, ref_losses, "fine-grained MoE", STEPS)
+        for r in results:
+            got_norms = r[i]["grad_norms"]
+            assert len(got_norms) == len(norms) and all(abs(a - b) <= 1e-6 * b for a, b in zip(got_norms, norms)), \
+                f"{name}: gradient norms {got_norms} != single process {norms}"
+        assert config.gradient_clipping != CLIP or min(norms) > CLIP, f"{name}: norms {norms}, the clip must bite"
     engine = mm.initialize(moe.MoEGPT(TINY, FINE), parity_config(zero_stage=1), mm.init_mesh(mm.ParallelDims()))
     assert engine.load(str(tmp_path / "ckpt")) == STEPS
     assert max_rel_error(engine.full_state_dict(), results[0][1]["state"]) == 0.0
