@@ -93,6 +93,7 @@ def moe_mlp_flops_per_token(d_model: int, n_experts: int, top_k: int, *, expert_
     F = expert_hidden or 4 * d_model
     return 6 * d_model * (n_experts + 2 * F * (top_k + n_shared))
 
+
 # ----------------------------------------------------------------------------------------------
 # Time, GPU-hours and money for a training run
 
