@@ -305,7 +305,8 @@ def _random_experts(rng: random.Random) -> dict:
     dp = rng.choice([1, 2, 4, 8, 64])
     return dict(experts=experts, top_k=rng.randint(1, min(experts, 4)), dp=dp, sp=False,
                 capacity_factor=rng.choice([0.5, 1.0, 1.25, 2.0]),
-                ep=rng.choice([e for e in (1, 2, 4, 8) if experts % e == 0 and dp % e == 0]))
+                ep=rng.choice([e for e in (1, 2, 4, 8) if experts % e == 0 and dp % e == 0]),
+                expert_ffn=rng.choice([0, 0, 64, 1408]), shared_experts=rng.choice([0, 0, 1, 2]))   # DeepSeekMoE
 
 
 def _run_js(cfgs):
@@ -341,6 +342,7 @@ def test_calculator_js_rejects_what_python_rejects():
            {**base, "position_embedding": 1}, {**base, "ep": 2}, {**base, "experts": 4, "ep": 3, "dp": 3},
            {**base, "experts": 4, "top_k": 5}, {**base, "experts": 4, "capacity_factor": 0},
            {**base, "experts": 4, "sp": True, "tp": 2}, {**base, "experts": -1},
+           {**base, "shared_experts": 1}, {**base, "experts": 4, "expert_ffn": -1}, {**base, "expert_ffn": 64},
            {**base, "cp": 2}, {**base, "cp": 3, "attention": "fused"}, {**base, "experts": 4, "cp": 2, "attention": "fused"},
            {**base, "cp": 8, "tp": 2, "attention": "fused", "cp_attention": "ulysses"},
            {**base, "cp": 2, "attention": "fused", "cp_attention": "tree"}, {**base, "offload_device": "nvme"},
