@@ -110,6 +110,7 @@ def _planner(shape: dict, gpus: int, batch: int, hw, grid: str, **options) -> di
 
 def llama3() -> dict:
     shape = preset_shape("llama3-405b")
+    # --8<-- [start:llama3_predict]
     published = dict(est.PRESETS["llama3-405b"], dropout=False, tp=8, pp=16, micro_batch=1, zero_stage=1,
                      recompute="none", sp=True)
     p8k = _published_row(PerfConfig(**published, dp=64, global_batch=2048), "h100")
@@ -120,6 +121,7 @@ def llama3() -> dict:
     v2 = dict(published, layers=128, schedule="interleaved", virtual_stages=2)
     i8k = _published_row(PerfConfig(**v2, dp=64, global_batch=2048), "h100")
     i16k = _published_row(PerfConfig(**v2, dp=128, global_batch=2048), "h100")
+    # --8<-- [end:llama3_predict]
     dry = json.loads(DRY_RUN.read_text(encoding="utf-8"))["ranks"][0]
     from ..analysis.dry_run import rank_estimate                   # imports torch: only where it is needed
     from ..analysis.layout import gpt_shape, published as published_layout
@@ -223,8 +225,10 @@ def _plain(value):
 
 def predictions() -> dict:
     """Every run's predictions, as the committed JSON holds them."""
-    return {"schema": 1, "band": BAND, "made_by": "python -m minimega.figures.capstone",
-            "runs": [_plain(run()) for run in RUNS]}
+    runs = [_plain(run()) for run in RUNS]
+    compared = [row for run in runs for row in run["rows"] if row["error"] is not None]
+    return {"schema": 1, "band": BAND, "made_by": "python -m minimega.figures.capstone", "runs": runs,
+            "summary": {"compared": len(compared), "within": sum(bool(row["within_band"]) for row in compared)}}
 
 
 def write(path: Path = DATA) -> Path:
@@ -277,11 +281,14 @@ def _cite(source: str) -> str:
 
 
 def value(run: str, path: str, fmt: str = ",.1f", lang: str = "en", data: dict | None = None) -> str:
-    """One number of the committed JSON, formatted for the page: ``value("llama3-405b", "predicted.8k.mfu", ".1%")``."""
+    """One number of the committed JSON, formatted for the page: ``value("llama3-405b", "predicted.8k.mfu", ".1%")``;
+    run ``"summary"`` reads the counts of rows compared and within the band; a string is returned as it is."""
     data = data or json.loads(DATA.read_text(encoding="utf-8"))
-    node = next(r for r in data["runs"] if r["id"] == run)
+    node = data["summary"] if run == "summary" else next(r for r in data["runs"] if r["id"] == run)
     for key in path.split("."):
         node = node[int(key)] if isinstance(node, list) else node[key]
+    if isinstance(node, str):
+        return node
     if fmt.endswith("%"):
         return _number(100 * node, lang, fmt[:-1] + "f") + "%"
     return _number(node, lang, fmt)
