@@ -89,18 +89,31 @@ SLOW = ("tests/test_composition.py::test_case_matches_single_process", "tests/te
         "tests/test_checkpoint.py::test_every_tensor_survives_a_trip_through_another_layout[dp2-tp2-zero3-fp16-dp4-",
         "tests/test_checkpoint.py::test_every_tensor_survives_a_trip_through_another_layout[dp4-",
         "tests/test_classroom_dockerfile.py::test_cmd_refuses_to_start_without_a_",
-        "tests/test_classroom_exam_api.py::test_openapi_fuzz_finds_no_server_error")
+        "tests/test_classroom_exam_api.py::test_openapi_fuzz_finds_no_server_error",
+        *(f"tests/test_llama_blocks.py::test_layout_matches_single_process[{case}]"      # the fast set keeps world 2
+          for case in ("tp2-cp2-ring", "tp2-cp2-ulysses", "dp2-tp2-zero2-sp", "tp2-selective", "cp2-ulysses")),
+        "tests/test_moe_shared.py::test_cli_trains_shared_and_fine_grained_experts")
+
+
+# Session fixtures that cost seconds to set up: the course site's build (~20 s) and a PostgreSQL server.
+SHARED_SESSION = {"site_build": "site-build", "site_server": "site-build", "postgres_server": "postgres"}
 
 
 @pytest.hookimpl(tryfirst=True)               # before pytest-xdist reads the groups
 def pytest_collection_modifyitems(config, items):
     """Skips what this machine cannot run, and groups the tests for `make test`'s two workers (pytest-xdist,
     ``--dist loadgroup``): a file's tests share its module fixtures, so a file runs on one worker; the labs
-    (each notebook its own process tree) spread over both."""
+    (each notebook its own process tree) spread over both; the files on one `SHARED_SESSION` fixture share one."""
     xdist = config.pluginmanager.hasplugin("xdist")     # `-p no:xdist` runs in this process, ungrouped
+    # The files on one costly session fixture share one worker, so it is set up once per run, not per worker.
+    shared = {}
+    for item in items:
+        for fixture, name in SHARED_SESSION.items():
+            if fixture in item.fixturenames:
+                shared.setdefault(item.nodeid.split("::")[0], name)
     for item in items:
         path = item.nodeid.split("::")[0]
-        group = item.nodeid if path.endswith("test_labs.py") else path
+        group = item.nodeid if path.endswith("test_labs.py") else shared.get(path, path)
         if xdist:
             item.add_marker(pytest.mark.xdist_group(group))
         if item.nodeid.startswith(SLOW):

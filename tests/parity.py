@@ -71,7 +71,7 @@ def assert_case_matches(name: str, per_rank: list[dict], ref_state: dict, ref_lo
 
 def reference_run(model_config: mm.GPTConfig, config: mm.TrainConfig, steps: int,
                   seq_len: int | None = None, norms: list | None = None,
-                  grads: list | None = None) -> tuple[dict, list[float]]:
+                  grads: list | None = None, build=None) -> tuple[dict, list[float]]:
     """The single-process run every layout must reproduce: same seed, same global batches, torch's optimizer.
 
     ``config.precision="bf16"`` runs the bf16 policy on one process: the model (weights, activations,
@@ -80,12 +80,13 @@ def reference_run(model_config: mm.GPTConfig, config: mm.TrainConfig, steps: int
 
     Returns the final fp32 state dict (the masters under bf16) and the per-step losses; with clipping,
     appends each step's gradient norm (before clipping) to ``norms`` when given; ``grads``, when given, gets
-    each step's gradients as the optimizer applies them (fp32, after clipping), by parameter name.
+    each step's gradients as the optimizer applies them (fp32, after clipping), by parameter name. ``build``:
+    makes the model instead of ``GPT(model_config)`` (a `moe.MoEGPT`), called right after seeding.
     """
     if config.precision not in ("fp32", "bf16"):
         raise ValueError(f"reference_run: precision={config.precision!r} has no single-process reference here")
     torch.manual_seed(config.seed)
-    model = mm.GPT(model_config)
+    model = build() if build is not None else mm.GPT(model_config)
     low = config.precision == "bf16"
     masters = [torch.nn.Parameter(p.detach().clone()) for p in model.parameters()] if low else None
     if low:

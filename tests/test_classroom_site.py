@@ -2,11 +2,9 @@
 (The browser run through the exam and the verify page is in test_exam_browser.py.)"""
 import html
 import json
-import os
 import re
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -15,24 +13,6 @@ from classroom_support import BANKS, ROOT, make_config
 from minimega.classroom.quiz import load_banks
 
 TEXT_FILES = {".html", ".js", ".json", ".xml", ".txt", ".md", ".yaml", ".yml", ".css", ".svg"}
-
-
-def build_site(out: Path) -> Path:
-    """The real site when the repo has mkdocs.yml, else a minimal material site holding course/verify."""
-    mkdocs = [sys.executable, "-m", "mkdocs", "build", "-q", "--site-dir", str(out)]
-    if (ROOT / "mkdocs.yml").exists():
-        subprocess.run(mkdocs + ["-f", str(ROOT / "mkdocs.yml")], check=True, cwd=ROOT, timeout=300,
-                       env={**os.environ, "NO_MKDOCS_2_WARNING": "1"})
-        return out
-    docs = out.parent / "docs"
-    shutil.copytree(ROOT / "course", docs)
-    (docs / "index.md").write_text("# minimega\n\n[Verify a certificate](verify/index.md)\n")
-    cfg = out.parent / "mkdocs.yml"
-    cfg.write_text(f"site_name: minimega\ndocs_dir: {docs}\ntheme:\n  name: material\n  font: false\n"
-                   "nav:\n  - Home: index.md\n  - Verify a certificate: verify/index.md\n")
-    subprocess.run(mkdocs + ["-f", str(cfg), "--strict"], check=True, timeout=300,
-                   env={**os.environ, "NO_MKDOCS_2_WARNING": "1"})
-    return out
 
 
 def secrets_of_exam() -> list[str]:
@@ -62,16 +42,9 @@ def find_leaks(site: Path) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def site(tmp_path_factory):
-    pytest.importorskip("mkdocs")
-    from minimega.classroom import keys, trust
-
-    key = keys.Ed25519PrivateKey.generate()
-    env = pytest.MonkeyPatch()
-    env.setenv(keys.ENV_KEY, keys.private_multikey(key))        # the test service signs with this key,
-    env.setenv(trust.ENV, keys.did_key(key.public_key()))       # and the site pins its did:key at build time
-    yield build_site(tmp_path_factory.mktemp("site") / "site")
-    env.undo()
+def site(site_build):
+    """The session's build of the course site (`site_support.site_build`): what `make site` publishes."""
+    return site_build.out
 
 
 def test_no_exam_answer_in_the_built_site(site, tmp_path):

@@ -35,6 +35,9 @@ BAD_VALUES = [
     (["--experts", "4", "--moe-z-loss", "-1"], "--moe-z-loss", ">= 0"),
     (["--experts", "4", "--moe-bias-rate", "nan"], "--moe-bias-rate", ">= 0"),
     (["--moe-dispatch", "dropless"], "--moe-dispatch", "--experts N"),
+    (["--experts", "4", "--shared-experts", "-1"], "--shared-experts", ">= 0"),
+    (["--experts", "4", "--expert-hidden", "0"], "--expert-hidden", ">= 1"),
+    (["--shared-experts", "1"], "--shared-experts", "--experts N"),
     (["--tp", "0"], "--tp", "positive integer"),              # refused by TrainConfig, named by its flag
     (["--zero-stage", "7"], "--zero-stage", "0, 1, 2 or 3"),
     (["--lr", "-1"], "--lr", "> 0"),

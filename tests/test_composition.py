@@ -4,16 +4,17 @@ FACTORS span the parallel layout (dp, tp, pp, cp in {1, 2} with world = dp·tp·
 stage 0-3, activation checkpointing, precision (fp32 / bf16 / fp16), gradient accumulation 1 / 2, the
 pipeline schedule, sequence parallelism, cp's attention (ring / Ulysses), and ZeRO's switches: CPU
 offload of the optimizer, ZeRO-3's prefetch on / off, its persistence threshold (0, or PERSIST elements:
-the tiny model's LayerNorm and output-projection vectors stay whole) and overlap_comm on / off.
+the tiny model's LayerNorm and output-projection vectors stay whole) and overlap_comm on / off, and the model:
+dense, or a mixture of experts (MOE) with its experts on every dp rank or split over ep=2.
 
-[Note: two blocks] Their full product has 202,752 points, about 28 s of `validate` (0.14 ms a point on
+[Note: two blocks] Their full product has 608,256 points, about 85 s of `validate` (0.14 ms a point on
 this machine), and most of it is refused by one rule three times over. So the space is classified as two
-blocks that share the mesh, the ZeRO stage and the precision, each exhaustive, the other factors left at
+blocks that share the mesh, the ZeRO stage, the precision and the model, each exhaustive, the other factors left at
 TrainConfig's defaults:
-- LAYOUT: the mesh, ZeRO, activation checkpointing, precision, accumulation, schedule, sequence
-  parallelism and cp_attention (12,672 points), ZeRO's switches at their defaults;
-- ZERO: the mesh, ZeRO, precision and ZeRO's four switches (2,112 points), the rest at defaults.
-The switches' rules read only the ZeRO stage (and the precision's rules only the stage and pp), and no
+- LAYOUT: the mesh, ZeRO, precision, the model, activation checkpointing, accumulation, schedule, sequence
+  parallelism and cp_attention (38,016 points), ZeRO's switches at their defaults;
+- ZERO: the mesh, ZeRO, precision, the model and ZeRO's four switches (6,336 points), the rest at defaults.
+The switches' rules read only the ZeRO stage (and the precision's rules only the stage, pp and the model), and no
 layout rule reads a switch, so a point of the product is accepted exactly when its LAYOUT part and its
 ZERO part are: REFUSED states its rules on whole points and applies to both blocks unchanged, and a
 fixed sample of the full product (SAMPLE points) is classified directly to check this factorisation.
@@ -22,7 +23,7 @@ Each point of both blocks is classified in pure Python, no process started: `Tra
 the ones REFUSED says.
 
 The candidates for training are the joins of an accepted LAYOUT point with each accepted ZERO point of
-the same mesh, stage and precision (the accepted points of the full product). A deterministic greedy
+the same mesh, stage, precision and model (the accepted points of the full product). A deterministic greedy
 generator picks a covering array among them: every pair of factor values some candidate holds, and every
 (dp, tp, pp, ZeRO stage, activation checkpointing) and (dp, tp, pp, ZeRO stage, precision) combination,
 in at least one case (cp is left out of these triples: its pairs cover it, and the case count stays near
@@ -42,7 +43,7 @@ import pytest
 import torch
 
 import minimega as mm
-from minimega import data
+from minimega import data, moe
 from minimega.engine import validate
 from parity import fp16_reference_run, max_rel_error, parity_config, reference_run
 
@@ -54,6 +55,7 @@ CLIP = 0.5                                       # active on every step: the nor
 PERSIST = TINY.n_embd                            # ZeRO-3 keeps tensors of <= 64 elements whole
 FP16_SCALE = 2.0 ** 10                           # fixed: 2^16 (the dynamic default) overflows the first steps
 SAMPLE = 1500
+MOE = moe.MoEConfig(n_experts=4, top_k=2, capacity_factor=1.25)   # C = 20 of 32 tokens: some are dropped
 
 FACTORS = {
     "dp": (1, 2),
@@ -71,9 +73,10 @@ FACTORS = {
     "prefetch": (True, False),
     "param_persistence_threshold": (0, PERSIST),
     "overlap_comm": (True, False),
+    "experts": ("none", "ep1", "ep2"),    # a dense GPT, or MoEGPT (MOE) with its experts replicated / split over ep=2
 }
 MESH = ("dp", "tp", "pp", "cp")
-SHARED = MESH + ("zero_stage", "precision")
+SHARED = MESH + ("zero_stage", "precision", "experts")
 LAYOUT = SHARED + ("activation_checkpointing", "gradient_accumulation_steps", "schedule", "sequence_parallel",
                    "cp_attention")
 ZERO = SHARED + ("offload_optimizer", "prefetch", "param_persistence_threshold", "overlap_comm")
@@ -88,30 +91,38 @@ def _world(p: dict) -> int:
 def block(names: tuple) -> list[dict]:
     """Every point that varies ``names`` (the other factors at TrainConfig's defaults), world size at most 4."""
     base = {f: getattr(mm.TrainConfig(), f) for f in FACTORS if f not in names}
-    points = [{f: {**base, **dict(zip(names, values))}[f] for f in FACTORS}
-              for values in itertools.product(*(FACTORS[f] for f in names))]
+    merged = ({**base, **dict(zip(names, values))} for values in itertools.product(*(FACTORS[f] for f in names)))
+    points = [{f: m[f] for f in FACTORS} for m in merged]
     return [p for p in points if _world(p) <= 4]
 
 
 def train_config(point: dict) -> mm.TrainConfig:
     """The TrainConfig of a point: micro_batches 4 and, for interleaved 1F1B, 2 virtual stages under a pipeline."""
     pipeline = point["pp"] > 1
-    settings = {f: point[f] for f in FACTORS if f not in ("dp", "tp", "pp", "cp")}
-    return parity_config(tp=point["tp"], pp=point["pp"], cp=point["cp"], **settings,
+    settings = {f: point[f] for f in FACTORS if f not in ("dp", "tp", "pp", "cp", "experts")}
+    return parity_config(tp=point["tp"], pp=point["pp"], cp=point["cp"], ep=_ep(point), **settings,
                          micro_batches=4 if pipeline else 1,
                          virtual_stages=2 if pipeline and point["schedule"] == "interleaved_1f1b" else 1,
                          loss_scale=FP16_SCALE if point["precision"] == "fp16" else 0.0,
                          gradient_clipping=CLIP)
 
 
+def _ep(point: dict) -> int:
+    return 2 if point["experts"] == "ep2" else 1
+
+
 def dims(point: dict) -> mm.ParallelDims:
-    return mm.ParallelDims(**{f: point[f] for f in MESH})
+    return mm.ParallelDims(**{f: point[f] for f in MESH}, ep=_ep(point))
+
+
+def model(point: dict) -> mm.GPT:
+    return mm.GPT(TINY) if point["experts"] == "none" else moe.MoEGPT(TINY, MOE)
 
 
 def classify(point: dict) -> str | None:
     """None when the engine accepts the point, else its refusal (raised before any rank starts)."""
     try:
-        validate(TINY, train_config(point), dims(point))
+        validate(TINY, train_config(point), dims(point), None if point["experts"] == "none" else MOE)
     except ValueError as exc:
         return str(exc)
     return None
@@ -121,17 +132,29 @@ def classify(point: dict) -> str | None:
 # must name (the one to change); value: when it applies. Everything else in the space must train.
 REFUSED = {
     "precision": lambda p: p["precision"] != "fp32" and p["zero_stage"] == 0       # fp32 masters live in ZeRO
-    or p["precision"] == "fp16" and p["pp"] > 1,                                     # no loss scaling in the pipeline
-    "sequence_parallel": lambda p: p["sequence_parallel"] and (p["tp"] == 1 or p["cp"] > 1),  # cp splits it already
+    or p["precision"] == "fp16" and p["pp"] > 1                                      # no loss scaling in the pipeline
+    or p["precision"] != "fp32" and _moe(p),
+    "sequence_parallel": lambda p: p["sequence_parallel"] and (p["tp"] == 1 or p["cp"] > 1  # cp splits it already
+                                                               or _moe(p)),          # routing groups: whole sequences
     "gradient_accumulation_steps": lambda p: p["pp"] > 1 and p["gradient_accumulation_steps"] > 1,  # use micro_batches
     "schedule": lambda p: p["pp"] == 1 and p["schedule"] != "1f1b"                   # no pipeline to schedule
     or p["schedule"] == "zb_h1" and (p["zero_stage"] == 3 or p["activation_checkpointing"] != "none"),  # B, W split
-    "cp": lambda p: p["cp"] > 1 and p["pp"] > 1,                                     # cp is not built into pp
+    "cp": lambda p: p["cp"] > 1 and (p["pp"] > 1 or _moe(p)),                       # cp is not built into pp, MoE
     "cp_attention": lambda p: p["cp"] == 1 and p["cp_attention"] != "ring",          # nothing to attend across
     "offload_optimizer": lambda p: p["offload_optimizer"] and p["zero_stage"] == 0,  # offloads ZeRO's shards
     "prefetch": lambda p: not p["prefetch"] and p["zero_stage"] != 3,                # only ZeRO-3 gathers
     "param_persistence_threshold": lambda p: p["param_persistence_threshold"] and p["zero_stage"] != 3,
+    "ep": lambda p: p["experts"] == "ep2" and p["dp"] == 1,                           # ep is carved out of dp
+    # with a mixture of experts (moe.check): no pipeline, ZeRO 0-2 (ZeRO-3 would leave the experts' weights whole),
+    # no recomputation (it would repeat the all-to-alls); cp only with dropless dispatch (MOE routes by capacity)
+    "pp": lambda p: _moe(p) and p["pp"] > 1,
+    "zero_stage": lambda p: _moe(p) and p["zero_stage"] > 2,
+    "activation_checkpointing": lambda p: _moe(p) and p["activation_checkpointing"] != "none",
 }
+
+
+def _moe(p: dict) -> bool:
+    return p["experts"] != "none"
 
 
 def expected_refusals(p: dict) -> list[str]:
@@ -187,7 +210,8 @@ def case_id(p: dict) -> str:
     return (f"dp{p['dp']}-tp{p['tp']}-pp{p['pp']}-cp{p['cp']}-z{p['zero_stage']}-ac_{p['activation_checkpointing']}-"
             f"{p['precision']}-ga{p['gradient_accumulation_steps']}-{p['schedule']}-sp{int(p['sequence_parallel'])}-"
             f"{p['cp_attention']}-off{int(p['offload_optimizer'])}-pf{int(p['prefetch'])}-"
-            f"pt{p['param_persistence_threshold']}-ov{int(p['overlap_comm'])}")
+            f"pt{p['param_persistence_threshold']}-ov{int(p['overlap_comm'])}"
+            + ("" if p["experts"] == "none" else f"-moe_{p['experts']}"))
 
 
 LAYOUT_SPACE, ZERO_SPACE = block(LAYOUT), block(ZERO)
@@ -210,8 +234,8 @@ def _check_verdict(p: dict, message: str | None) -> None:
 
 
 def test_every_point_is_accepted_or_refused_with_a_clear_message():
-    assert len(LAYOUT_SPACE) == 11 * 4 * 3 * 3 * 2 * 4 * 2 * 2 and len(ZERO_SPACE) == 11 * 4 * 3 * 2 ** 4
-    assert len(SPACE) == len(LAYOUT_SPACE) + len(ZERO_SPACE) - 11 * 4 * 3
+    assert len(LAYOUT_SPACE) == 11 * 4 * 3 * 3 * 3 * 2 * 4 * 2 * 2 and len(ZERO_SPACE) == 11 * 4 * 3 * 3 * 2 ** 4
+    assert len(SPACE) == len(LAYOUT_SPACE) + len(ZERO_SPACE) - 11 * 4 * 3 * 3
     for p in SPACE:
         _check_verdict(p, classify(p))   # anything but ValueError (a deep torch error, a TypeError) fails here
     # ZeRO-2/3 under a pipeline train (grads reduced once per step, see grad_sync): they are in the accepted set.
@@ -247,7 +271,7 @@ def _train(point: dict) -> dict:
     config = train_config(point)
     mesh = mm.init_mesh(dims(point))
     torch.manual_seed(config.seed)
-    engine = mm.initialize(mm.GPT(TINY), config, mesh)
+    engine = mm.initialize(model(point), config, mesh)
     for batch in data.batches(mesh, STEPS, config.batch_size, 32, seed=config.seed):
         engine.train_step(batch)
     return {"state": engine.full_state_dict(), "losses": engine.losses, "norms": engine.grad_norms}
@@ -281,15 +305,18 @@ _REFERENCES: dict = {}
 
 
 def _reference(point: dict):
-    """The single-process run: it depends only on the precision and the accumulation (layouts must not matter)."""
-    key = (point["precision"], point["gradient_accumulation_steps"])
+    """The single-process run: it depends only on the model, the precision and the accumulation (layouts must not
+    matter)."""
+    key = (point["precision"], point["gradient_accumulation_steps"], _moe(point))
     if key not in _REFERENCES:
         norms: list[float] = []
         config = parity_config(precision=point["precision"], gradient_accumulation_steps=key[1],
                                gradient_clipping=CLIP, zero_stage=1,        # (bf16, fp16 need ZeRO in a TrainConfig)
                                loss_scale=FP16_SCALE if key[0] == "fp16" else 0.0)
-        run = fp16_reference_run if key[0] == "fp16" else reference_run
-        state, losses = run(TINY, config, STEPS, seq_len=32, norms=norms)
+        if key[0] == "fp16":                        # (a mixture of experts trains in fp32 only)
+            state, losses = fp16_reference_run(TINY, config, STEPS, seq_len=32, norms=norms)
+        else:
+            state, losses = reference_run(TINY, config, STEPS, seq_len=32, norms=norms, build=lambda: model(point))
         _REFERENCES[key] = state, losses, norms
     return _REFERENCES[key]
 

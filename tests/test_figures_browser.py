@@ -1,4 +1,6 @@
-"""Every chapter figure, English and Dutch, and the calculator's chart, on a 1280 px screen and a 390 px phone.
+"""Every chapter figure, English and Dutch, and the calculator's chart, on a 1280 px screen and a 390 px phone
+(each figure in two of its four views, chosen so every figure meets both languages and both widths:
+`covering_cases`).
 
 Each figure is measured where a reader sees it: in its iframe on the chapter page, after the frame took
 the height the figure asked for. From plotly's SVG (getBoundingClientRect): the title, tick labels,
@@ -174,17 +176,37 @@ def _check_figure(pages, shots, url, name, width, shot):
     return frame_el
 
 
-@pytest.mark.parametrize("width", WIDTHS, ids=lambda w: f"{w}px")
-@pytest.mark.parametrize("name,slug", FIGS, ids=[n for n, _ in FIGS])
-def test_figure_fits(pages, site_server, shots, name, slug, width):
-    _check_figure(pages, shots, f"{site_server}/{slug}/", name, width, f"{name}-{width}.png")
+def covering_cases(figs, everything=False) -> list[tuple[str, str, str, int]]:
+    """(figure, slug, language, width) to check: every figure in both languages and at both widths, and every
+    language at every width, in two views per figure instead of four (alternating: English wide + Dutch phone,
+    then English phone + Dutch wide). `everything`: all four views of every figure."""
+    views = [(lang, w) for lang in ("en", "nl") for w in WIDTHS]
+    out = []
+    for i, (name, slug) in enumerate(figs):
+        picked = views if everything else [views[0], views[3]] if i % 2 == 0 else [views[1], views[2]]
+        out += [(name, slug, lang, w) for lang, w in picked]
+    return sorted(out, key=lambda c: (c[2], -c[3], c[1]))    # one view at a time: a page loads each chapter once
 
 
-# The Dutch figures have the English ones' shapes and longer words (titles wrap, legends widen), so they
-# are held to the same checks at both widths.
-@pytest.mark.parametrize("width", WIDTHS, ids=lambda w: f"{w}px")
-@pytest.mark.parametrize("name,slug", FIGS, ids=[n for n, _ in FIGS])
-def test_dutch_figure_fits(pages, site_server, shots, name, slug, width):
+# MINIMEGA_ALL_FIGURES=1 checks all four views of every figure (after a change to the figures' layout code).
+CASES = covering_cases(FIGS, everything=os.environ.get("MINIMEGA_ALL_FIGURES") == "1")
+
+
+def test_the_sample_covers_every_figure_language_and_width():
+    cases = covering_cases(FIGS)
+    assert {(n, lang) for n, _, lang, _ in cases} == {(n, lang) for n, _ in FIGS for lang in ("en", "nl")}
+    assert {(n, w) for n, _, _, w in cases} == {(n, w) for n, _ in FIGS for w in WIDTHS}
+    assert {(lang, w) for _, _, lang, w in cases} == {(lang, w) for lang in ("en", "nl") for w in WIDTHS}
+    assert len(covering_cases(FIGS, everything=True)) == 4 * len(FIGS)
+
+
+@pytest.mark.parametrize("name,slug,lang,width", CASES, ids=[f"{n}-{lang}-{w}px" for n, _, lang, w in CASES])
+def test_figure_fits(pages, site_server, shots, name, slug, lang, width):
+    if lang == "en":
+        _check_figure(pages, shots, f"{site_server}/{slug}/", name, width, f"{name}-{width}.png")
+        return
+    # The Dutch figures have the English ones' shapes and longer words (titles wrap, legends widen): the same
+    # checks, and the Dutch page embeds the Dutch figure.
     frame_el = _check_figure(pages, shots, f"{site_server}/nl/{slug}/", name, width, f"nl-{name}-{width}.png")
     src = frame_el.get_attribute("src")
     assert src.endswith(f"/figures/nl/{name}.html"), f"/nl/{slug}/ embeds {src}, not the Dutch figure"

@@ -235,7 +235,9 @@ def test_killing_the_launcher_ends_every_rank(tmp_path):
         pytest.fail(f"the ranks never started within 120 s: {ranks}")
     for sig, (_, launcher) in jobs.items():
         launcher.send_signal(sig)
-    time.sleep(5)
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and not all(_gone(p) for pids in ranks.values() for p in pids):
+        time.sleep(0.1)
     alive = {sig.name: [p for p in pids if not _gone(p)] for sig, pids in ranks.items()}
     for _, launcher in jobs.values():
         launcher.wait(30)

@@ -212,7 +212,7 @@ def test_code_blocks_carry_the_idea_and_never_scroll_sideways(site_server, brows
     page = ctx.new_page()
     shown, wide = [], []
     chapters = sorted(p.name for p in site_build.out.glob("[0-9][0-9]-*") if p.is_dir())
-    assert len(chapters) == 16
+    assert len(chapters) == 17
     for slug in chapters:
         page.goto(f"{site_server}/{slug}/")
         blocks = page.evaluate(CODE_BLOCKS)

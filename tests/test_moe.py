@@ -6,6 +6,7 @@ batches, route and drop exactly the tokens it routes and drops, and send the clo
 """
 from __future__ import annotations
 
+import copy
 import json
 import math
 import traceback
@@ -178,12 +179,28 @@ def test_clipping_counts_every_expert_once(world, ref_clipped):
         assert max(abs(a - b) / abs(b) for a, b in zip(results[0][i]["losses"], ref_losses)) <= 1e-5, name
 
 
+def copy_dense_into(moe_model: moe.MoEGPT, dense: mm.GPT) -> moe.MoEGPT:
+    """A one-expert ``moe_model`` given ``dense``'s weights (each MLP becomes expert 0): the dense-equality check."""
+    if moe_model.moe_config.n_experts != 1:
+        raise ValueError("copy_dense_into: needs n_experts=1")
+    out = copy.deepcopy(moe_model)
+    state = dict(dense.state_dict())
+    with torch.no_grad():
+        for name, t in out.state_dict().items():
+            if ".mlp.experts." in name:
+                src = name.replace(".experts.fc", ".fc.weight").replace(".experts.proj", ".proj.weight")
+                t.copy_(state[src].unsqueeze(0))
+            elif ".mlp.router." not in name:
+                t.copy_(state[name])
+    return out
+
+
 def test_one_expert_is_the_dense_model():
     """E = 1, k = 1, capacity ≥ T: the gate is softmax over one logit = 1 and every token is kept, so the MoE
     block is `model.MLP`; logits, gradients and 10 AdamW steps match the dense GPT with the same weights."""
     torch.manual_seed(3)
     dense = mm.GPT(TINY)
-    one = moe.copy_dense_into(moe.MoEGPT(TINY, moe.MoEConfig(n_experts=1, top_k=1, capacity_factor=1.0)), dense)
+    one = copy_dense_into(moe.MoEGPT(TINY, moe.MoEConfig(n_experts=1, top_k=1, capacity_factor=1.0)), dense)
     x, y = data.global_batch(0, 4, TINY.block_size)
     (ld, lossd), (lm, lossm) = dense(x, y), one(x, y)
     assert torch.equal(ld, lm)

@@ -100,6 +100,7 @@ def test_step_time_js_rejects_what_python_rejects():
            {**base, "cp": 4, "tp": 8, "attention": "fused", "cp_attention": "ulysses"},
            {**base, "cp": 2, "attention": "fused", "cp_attention": "tree"},
            {**base, "precision": "fp8", "experts": 4, "dp": 4, "global_batch": 64},
+           {**base, "experts": 4, "shared_experts": 1}, {**base, "experts": 4, "expert_ffn": 512},
            {**base, "offload_device": "nvme"}, {**base, "zero_stage": 1, "offload": "optimizer", "offload_device": "tape"}]
     for cfg, js in zip(bad, _run([{"kind": "step", "cfg": c, "hw": "h100"} for c in bad])):
         with pytest.raises(ValueError):

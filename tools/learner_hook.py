@@ -5,6 +5,10 @@
     {{ chapter_times() }}        the time-per-chapter table of the Start here page (`chapter_times`)
     {{ progress_summary() }}     the home page's quiz progress per chapter (progress.js fills it from the
                                  browser's store, in the page's language)
+    {{ capstone_table("predictions") }}, {{ capstone_table("layouts") }}
+                                 chapter 17's tables, from course/data/capstone.json (`minimega.figures.capstone`)
+    {{ capstone("llama3-405b", "predicted.8k.mfu", ".1%") }}
+                                 one number of that file, formatted in the page's language
 
 Once both editions are written (after mkdocs-static-i18n's own post-build, which builds ``nl/`` and
 merges the search index):
@@ -29,6 +33,8 @@ from mkdocs.plugins import event_priority
 
 ROOT = Path(__file__).resolve().parents[1]
 MACRO = re.compile(r'\{\{\s*(animation|chapter_times|progress_summary)\(\s*(?:"([a-z0-9-]+)")?\s*\)\s*\}\}')
+CAPSTONE = re.compile(r'\{\{\s*capstone_table\(\s*"([a-z]+)"\s*\)\s*\}\}'
+                      r'|\{\{\s*capstone\(\s*"([a-z0-9-]+)"\s*,\s*"([a-z0-9_.]+)"\s*(?:,\s*"([^"]*)"\s*)?\)\s*\}\}')
 
 WORDS_PER_MINUTE = 200        # a careful technical reading pace (the page's prose, code and formulas)
 PROBLEM_MINUTES = 5           # per worked problem, done on paper before opening the answer
@@ -168,7 +174,16 @@ def on_page_markdown(markdown: str, page, config, files) -> str:
         if m.group(1) == "progress_summary":
             return progress_summary(lang)
         return chapter_times_table(lang)
-    return MACRO.sub(replace, markdown)
+
+    def capstone(m: re.Match) -> str:
+        from minimega.figures import capstone as cap
+        try:
+            if m.group(1):
+                return cap.table_markdown(m.group(1), lang)
+            return cap.value(m.group(2), m.group(3), m.group(4) or ",.1f", lang)
+        except (KeyError, ValueError, StopIteration) as e:
+            raise PluginError(f"{page.file.src_path}: {m.group(0)} failed: {e!r}") from e
+    return CAPSTONE.sub(capstone, MACRO.sub(replace, markdown))
 
 
 # ----------------------------------------------------------------------------------------------

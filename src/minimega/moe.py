@@ -20,6 +20,12 @@ Dropless dispatch (``dispatch='dropless'``, `minimega.moe_dropless`): no capacit
 are sorted by expert, each expert runs on its contiguous rows, the outputs go back weighted by the gates;
 under ep the all-to-alls carry each rank's variable row counts (the counts are exchanged first).
 
+Fine-grained and shared experts (DeepSeekMoE, Dai et al. 2024, arXiv:2401.06066). ``expert_hidden`` sets F
+(default: the dense MLP's 4D): m·E experts of F/m, routed top m·k, cost what E of F routed top k cost but mix
+C(mE, mk) ways. ``n_shared_experts`` = S adds S always-active experts, one dense D → S·F → D MLP (``shared``)
+that every token passes with no gate: y = shared(x) + Σ_j gate_j · expert_{i_j}(x). The shared MLP is an
+ordinary dense parameter, not an expert: under ep it is whole on every rank and synced over dp like attention.
+
 Load balancing (Switch eq. 4, GShard's l_aux with the top-1 fractions): per routing group
 
     aux = E · Σ_e f_e · P_e,   f_e = share of tokens whose first choice is e,  P_e = mean of p_e,
@@ -58,9 +64,8 @@ or pipeline parallelism, ZeRO-3, bf16/fp16 and activation checkpointing with a M
 """
 from __future__ import annotations
 
-import copy
 import math
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 
 import torch
 import torch.nn as nn
@@ -69,7 +74,7 @@ import torch.nn.functional as F
 from .comm import Group
 from .config import GPTConfig, _is_int, _is_real
 from .exchange import exchange
-from .model import GPT
+from .model import GPT, MLP
 from .moe_balance import sequence_means
 from .moe_dropless import dropless_combine, run_expert_parallel, run_sliced
 
@@ -94,6 +99,11 @@ class MoEConfig:
     bias_update_rate: float = 0.0
     """Auxiliary-loss-free balancing (DeepSeek-V3): a per-expert bias on the scores picks the top-k (the gates
     stay unbiased), moved by rate · sign(mean load - load) after every step; 0: off."""
+    expert_hidden: int | None = None
+    """F, each expert's hidden width; None: the dense MLP's (``GPTConfig.mlp_hidden``, 4·D). Fine-grained
+    experts (DeepSeekMoE): split each of E experts into m of F/m and route top m·k."""
+    n_shared_experts: int = 0
+    """S always-active experts (DeepSeekMoE): one dense MLP of hidden S·F run on every token, added ungated."""
 
     def __post_init__(self):
         for name in ("n_experts", "top_k"):
@@ -106,6 +116,10 @@ class MoEConfig:
         for name in ("aux_loss_coef", "z_loss_coef", "bias_update_rate"):
             if not _is_real(getattr(self, name)) or getattr(self, name) < 0:
                 raise ValueError(f"MoEConfig.{name} must be a finite number >= 0, got {getattr(self, name)!r}")
+        if self.expert_hidden is not None and (not _is_int(self.expert_hidden) or self.expert_hidden < 1):
+            raise ValueError(f"MoEConfig.expert_hidden must be a positive integer or None, got {self.expert_hidden!r}")
+        if not _is_int(self.n_shared_experts) or self.n_shared_experts < 0:
+            raise ValueError(f"MoEConfig.n_shared_experts must be an integer >= 0, got {self.n_shared_experts!r}")
         if self.dispatch not in ("capacity", "dropless"):
             raise ValueError(f"MoEConfig.dispatch must be 'capacity' or 'dropless', got {self.dispatch!r}")
 
@@ -125,6 +139,8 @@ class MoEGPTConfig(GPTConfig):
     dispatch: str = "capacity"
     z_loss_coef: float = 0.0
     bias_update_rate: float = 0.0
+    expert_hidden: int | None = None
+    n_shared_experts: int = 0
 
     def __post_init__(self):
         super().__post_init__()
@@ -210,6 +226,7 @@ class Experts(nn.Module):
 class MoELayer(nn.Module):
     """Router + experts in place of a block's MLP; see the module docstring for routing and capacity.
 
+    ``shared``: the shared experts' dense `model.MLP` (hidden S·F), or None.
     ``ep_group``: the ranks the experts are split over (`shard_experts` sets it; size one on one process).
     Counters (this rank's tokens, training forwards only): ``routed[e]`` token-to-expert assignments made,
     ``dropped[e]`` those over capacity.
@@ -219,7 +236,10 @@ class MoELayer(nn.Module):
         super().__init__()
         self.moe = moe
         self.router = nn.Linear(config.n_embd, moe.n_experts, bias=False)
-        self.experts = Experts(moe.n_experts, config.n_embd, config.mlp_hidden)
+        hidden = moe.expert_hidden or config.mlp_hidden
+        self.experts = Experts(moe.n_experts, config.n_embd, hidden)
+        self.shared = MLP(replace(config, ffn_hidden=moe.n_shared_experts * hidden, mlp_ratio=4, dropout=0.0)) \
+            if moe.n_shared_experts else None       # a dense MLP: not an expert, nothing in it matches ".experts."
         self.ep_group = Group(None, [0], "ep")
         self.cp_group: Group | None = None     # the cp ring the aux loss's means are pooled over (cp > 1)
         self.register_buffer("routed", torch.zeros(moe.n_experts, dtype=torch.int64), persistent=False)
@@ -282,8 +302,10 @@ class MoELayer(nn.Module):
 
     # --8<-- [start:moe_forward]
     def forward(self, x: torch.Tensor) -> torch.Tensor:                       # x: (B, T, D)
-        if self.moe.dispatch == "dropless":
-            return self.forward_dropless(x)
+        y = self.forward_dropless(x) if self.moe.dispatch == "dropless" else self.forward_capacity(x)
+        return y if self.shared is None else y + self.shared(x)               # shared experts: every token, no gate
+
+    def forward_capacity(self, x: torch.Tensor) -> torch.Tensor:              # x: (B, T, D)
         B, T, D = x.shape
         E, C = self.moe.n_experts, self.moe.capacity(T)
         dispatch, combine, self.aux_loss, routed, dropped = self.route(x)
@@ -327,9 +349,9 @@ class MoELayer(nn.Module):
 class MoEGPT(GPT):
     """`model.GPT` with every block's MLP a `MoELayer`; the loss adds α · Σ_layers aux.
 
-    Parameters (bias=False): GPT's, with each block's 8D² MLP replaced by E · 8D² experts + E·D router.
-    ``torch.manual_seed(s)`` before construction fixes the initialisation (the experts are drawn after
-    the dense model, in block order: router, fc, proj).
+    Parameters (bias=False): GPT's, with each block's 8D² MLP replaced by E · 2DF experts + E·D router
+    (+ S · 2DF shared). ``torch.manual_seed(s)`` before construction fixes the initialisation (the experts
+    are drawn after the dense model, in block order: router, fc, proj, then the shared fc and proj).
     """
 
     def __init__(self, config: GPTConfig, moe: MoEConfig | None = None):
@@ -345,6 +367,9 @@ class MoEGPT(GPT):
             nn.init.normal_(block.mlp.router.weight, mean=0.0, std=0.02)
             nn.init.normal_(block.mlp.experts.fc, mean=0.0, std=0.02)
             nn.init.normal_(block.mlp.experts.proj, mean=0.0, std=0.02 / math.sqrt(2 * config.n_layer))
+            if block.mlp.shared is not None:
+                nn.init.normal_(block.mlp.shared.fc.weight, mean=0.0, std=0.02)
+                nn.init.normal_(block.mlp.shared.proj.weight, mean=0.0, std=0.02 / math.sqrt(2 * config.n_layer))
 
     def moe_layers(self) -> list[MoELayer]:
         return [m for m in self.modules() if isinstance(m, MoELayer)]
@@ -423,18 +448,3 @@ def expert_params(model: nn.Module) -> list[tuple[str, nn.Parameter]]:
     """(name, parameter) of every expert tensor, under `model.py`-style keys."""
     return [(n, p) for n, p in model.named_parameters() if ".experts." in f".{n}"]
 
-
-def copy_dense_into(moe_model: MoEGPT, dense: GPT) -> MoEGPT:
-    """A one-expert ``moe_model`` given ``dense``'s weights (each MLP becomes expert 0): the dense-equality check."""
-    if moe_model.moe_config.n_experts != 1:
-        raise ValueError("copy_dense_into: needs n_experts=1")
-    out = copy.deepcopy(moe_model)
-    state = dict(dense.state_dict())
-    with torch.no_grad():
-        for name, t in out.state_dict().items():
-            if ".mlp.experts." in name:
-                src = name.replace(".experts.fc", ".fc.weight").replace(".experts.proj", ".proj.weight")
-                t.copy_(state[src].unsqueeze(0))
-            elif ".mlp.router." not in name:
-                t.copy_(state[name])
-    return out

@@ -23,7 +23,7 @@
   var DEFAULTS = {micro_batch: 1, precision: "mixed", zero_stage: 0, tp: 1, dp: 1, pp: 1, cp: 1, sp: false,
                   recompute: "none", schedule: "1f1b", micro_batches: 1, virtual_stages: 1, offload: "none", offload_device: "cpu",
                   attention: "unfused", position_embedding: true, fp32_grads: false, pp_partition: "blocks",
-                  experts: 0, top_k: 2, capacity_factor: 1.25, ep: 1, cp_attention: "ring",
+                  experts: 0, top_k: 2, capacity_factor: 1.25, ep: 1, expert_ffn: 0, shared_experts: 0, cp_attention: "ring",
                   kv_heads: 0, ffn: 0, mlp: "gelu", tied: true, bias: true};
 
   /* Block shapes (minimega.analysis.shapes): GQA's k = kv_heads · h/a, the MLP's width f, GELU or SwiGLU. */
@@ -97,10 +97,10 @@
     return Math.max(1, Math.min(s, Math.ceil(cf * k * s / E)));
   }
 
-  function moeActivationDelta(s, b, h, E, k, cf, t, e) {   // estimate.moe_activation_delta
-    var N = s * b, C = moeCapacity(s, E, k, cf), R = b * E * C;
+  function moeActivationDelta(s, b, h, E, k, cf, t, e, f, S) {   // estimate.moe_activation_delta
+    var N = s * b, C = moeCapacity(s, E, k, cf), R = b * E * C;   // f: each expert's width, S: shared experts
     var routing = N * h + N * E + (k > 1 ? N * (k + 1) : 0) + b * E + N * E * C * (k + 2);
-    return e * (routing + 10 * R * h) + 8 * N * k - e * s * b * h * (1 + 8 / t);
+    return e * (routing + R * (2 * h + 2 * f) + 2 * N * S * f) + 8 * N * k - e * s * b * h * (1 + 8 / t);
   }
 
   function inFlightMicrobatches(p, m, schedule, v) {  // estimate.in_flight_microbatches
@@ -144,10 +144,13 @@
     if (cfg.cp > 1 && cfg.seq_len % (2 * cfg.cp) !== 0)
       throw new Error("seq_len = " + cfg.seq_len + " is not divisible by 2 × cp = " + 2 * cfg.cp);
     checkShape(cfg);
-    if (!(Number.isInteger(cfg.experts) && cfg.experts >= 0)) throw new Error("experts = " + cfg.experts + ": expected an integer >= 0");
+    ["experts", "expert_ffn", "shared_experts"].forEach(function (k) {
+      if (!(Number.isInteger(cfg[k]) && cfg[k] >= 0)) throw new Error(k + " = " + cfg[k] + ": expected an integer >= 0");
+    });
     if (!(Number.isInteger(cfg.ep) && cfg.ep >= 1)) throw new Error("ep = " + cfg.ep + ": expected an integer >= 1");
     if (cfg.experts === 0) {
-      if (cfg.ep > 1) throw new Error("ep = " + cfg.ep + " needs experts > 0");
+      if (cfg.ep > 1 || cfg.expert_ffn || cfg.shared_experts)
+        throw new Error("ep = " + cfg.ep + ", expert ffn and shared experts need experts > 0");
       return;
     }
     if (!(Number.isInteger(cfg.top_k) && cfg.top_k >= 1 && cfg.top_k <= cfg.experts))
@@ -191,7 +194,9 @@
   function blockParams(cfg) {                         // estimate.block_params
     var h = cfg.hidden, t = cfg.tp;
     if (!cfg.experts) return [blockSplitParams(cfg) / t + blockWholeParams(cfg), 0];
-    return [(4 * h * h + 3 * h) / t + 5 * h + h * cfg.experts, cfg.experts / cfg.ep * 8 * h * h];
+    var f = cfg.expert_ffn || 4 * h;                  // each expert's width; the shared ones are whole over tp
+    return [(4 * h * h + 3 * h) / t + 5 * h + h * cfg.experts + 2 * h * (cfg.shared_experts || 0) * f,
+            cfg.experts / cfg.ep * 2 * h * f];
   }
 
   function stageParamSplit(cfg) {                     // estimate.stage_param_split
@@ -230,7 +235,8 @@
     var actBytes = cfg.precision === "fp32" ? 4 : 2;
     var sp = cfg.sp && t > 1;
     var moe = cfg.experts ? moeActivationDelta(cfg.seq_len, cfg.micro_batch, h, cfg.experts, cfg.top_k,
-                                               cfg.capacity_factor, t, actBytes) : 0;
+                                               cfg.capacity_factor, t, actBytes, cfg.expert_ffn || 4 * h,
+                                               cfg.shared_experts) : 0;
     var sLocal = Math.floor(cfg.seq_len / cfg.cp);   // this rank's tokens of each sequence
     var uly = ulyssesActivationBytes(cfg);
     var perLayer = activationBytesPerLayer(sLocal, cfg.micro_batch, h, cfg.heads, t, sp,

@@ -87,7 +87,7 @@
                   recompute: "none", schedule: "1f1b", virtual_stages: 1, offload: "none", offload_device: "cpu", attention: "unfused",
                   position_embedding: true, fp32_grads: false, pp_partition: "blocks", global_batch: 1,
                   dropout: true, bucket_bytes: 25e6, stack: "megatron", overlap_comm: true,
-                  experts: 0, top_k: 2, capacity_factor: 1.25, ep: 1, cp_attention: "ring",
+                  experts: 0, top_k: 2, capacity_factor: 1.25, ep: 1, expert_ffn: 0, shared_experts: 0, cp_attention: "ring",
                   kv_heads: 0, ffn: 0, mlp: "gelu", tied: true, bias: true};
 
   function perfConfig(input) {                       // perf.PerfConfig (+ check)
@@ -102,6 +102,8 @@
     if (c.zero_stage >= 2 && c.pp > 1) throw new Error("ZeRO-2/3 do not compose with pipeline parallelism");
     if (c.precision === "fp8" && c.experts)
       throw new Error("precision fp8 with experts: minimega's fp8 linears are the dense blocks' (the experts are not converted); use bf16");
+    if (c.expert_ffn || c.shared_experts)
+      throw new Error("expert ffn, shared experts: the step-time model times 4h experts and no shared ones; leave both at 0");
     if (c.schedule === "interleaved") {
       if (c.pp === 1 || c.virtual_stages < 2) throw new Error("schedule='interleaved' needs pp > 1 and virtual_stages >= 2");
       if (c.layers % (c.pp * c.virtual_stages) !== 0) throw new Error("interleaved: layers not a multiple of pp*v");
@@ -115,7 +117,7 @@
     var out = {}, k;
     ["layers", "hidden", "heads", "vocab", "seq_len", "micro_batch", "precision", "zero_stage", "tp", "dp", "pp", "cp", "sp",
      "recompute", "schedule", "micro_batches", "virtual_stages", "offload", "offload_device", "attention", "position_embedding",
-     "fp32_grads", "pp_partition", "experts", "top_k", "capacity_factor", "ep", "cp_attention", "kv_heads", "ffn", "mlp",
+     "fp32_grads", "pp_partition", "experts", "top_k", "capacity_factor", "ep", "expert_ffn", "shared_experts", "cp_attention", "kv_heads", "ffn", "mlp",
      "tied", "bias"].forEach(function (k2) { out[k2] = c[k2]; });
     return out;
   }

@@ -144,7 +144,8 @@ def gpt_activation_bytes_per_layer(seq_len: int, micro_batch: int, hidden: int, 
 
 
 def moe_mlp_activation_bytes(seq_len: int, micro_batch: int, hidden: int, n_experts: int, top_k: int,
-                             capacity_factor: float, *, act_bytes: int = 4, dispatch: str = "capacity") -> float:
+                             capacity_factor: float, *, act_bytes: int = 4, dispatch: str = "capacity",
+                             expert_hidden: int | None = None, n_shared: int = 0) -> float:
     """Bytes one `moe.MoELayer` keeps for backward, one micro-batch, any ep (measured exactly in the tests).
 
     With N = s·b tokens, R = b·E·C slots (C = `moe_capacity`), e = `act_bytes`:
@@ -154,7 +155,11 @@ def moe_mlp_activation_bytes(seq_len: int, micro_batch: int, hidden: int, n_expe
         aux loss    the per-sequence top-1 fractions b·E
         one-hot     the (token, choice) → slot map N·k·E·C for the combine weights, the dispatch mask and the
                     combine weights N·E·C each: N·E·C·(k + 2), GShard's dense dispatch, quadratic in s
-        experts     their input R·h, the fc output and GELU output 2·R·4h, their output R·h for the combine
+        experts     their input R·h, the fc output and GELU output 2·R·F, their output R·h for the combine
+        shared      S shared experts (one MLP of hidden S·F on every token): its fc and GELU outputs 2·N·S·F
+                    (its input is the router's)
+
+    F = ``expert_hidden`` (None: 4h), S = ``n_shared`` (DeepSeekMoE's fine-grained and shared experts).
 
     The slot buffers hold b·E·C rows on every rank whatever ep is: the all-to-all moves rows, it does not
     change how many there are. Against a dense MLP's s·b·h·(1 + 8/t) (input, fc and GELU outputs) this
@@ -163,40 +168,44 @@ def moe_mlp_activation_bytes(seq_len: int, micro_batch: int, hidden: int, n_expe
     ``dispatch='dropless'``: `dropless_mlp_activation_bytes` (no slots, no one-hot term).
     """
     if dispatch == "dropless":
-        return dropless_mlp_activation_bytes(seq_len, micro_batch, hidden, n_experts, top_k, act_bytes=act_bytes)
+        return dropless_mlp_activation_bytes(seq_len, micro_batch, hidden, n_experts, top_k, act_bytes=act_bytes,
+                                             expert_hidden=expert_hidden, n_shared=n_shared)
     if dispatch != "capacity":
         raise ValueError(f"dispatch={dispatch!r}: expected 'capacity' or 'dropless'")
     s, b, h, E, k = seq_len, micro_batch, hidden, n_experts, top_k
-    N, C = s * b, moe_capacity(seq_len, n_experts, top_k, capacity_factor)
+    N, C, f = s * b, moe_capacity(seq_len, n_experts, top_k, capacity_factor), expert_hidden or 4 * hidden
     R = b * E * C
     routing = N * h + N * E + (N * (k + 1) if k > 1 else 0) + b * E + N * E * C * (k + 2)
-    return act_bytes * (routing + 10 * R * h) + 8 * N * k
+    return act_bytes * (routing + R * (2 * h + 2 * f) + 2 * N * n_shared * f) + 8 * N * k
 
 
 # --8<-- [start:dropless_activations]
 def dropless_mlp_activation_bytes(seq_len: int, micro_batch: int, hidden: int, n_experts: int, top_k: int,
-                                  *, act_bytes: int = 4) -> float:
+                                  *, act_bytes: int = 4, expert_hidden: int | None = None,
+                                  n_shared: int = 0) -> float:
     """Bytes one `moe.MoELayer` with ``dispatch='dropless'`` keeps for backward, one micro-batch, ep = 1
     (under ep a rank keeps the rows its experts received: this on average, exactly when the load is even).
 
     With N = s·b tokens and e = `act_bytes`: the router's terms as in `moe_mlp_activation_bytes`, then the
-    N·k sorted rows (the experts' input), their fc and GELU outputs 2·N·k·4h and outputs N·k·h, the gates
-    N·k, and two int64 index vectors of N·k (the gather and the inverse order). Linear in s: no N·E·C.
+    N·k sorted rows (the experts' input), their fc and GELU outputs 2·N·k·F (F = ``expert_hidden``, 4h by
+    default) and outputs N·k·h, the gates N·k, two int64 index vectors of N·k (the gather and the inverse
+    order), and the shared experts' 2·N·S·F. Linear in s: no N·E·C.
     """
     s, b, h, E, k = seq_len, micro_batch, hidden, n_experts, top_k
-    N = s * b
+    N, f = s * b, expert_hidden or 4 * hidden
     routing = N * h + N * E + (N * (k + 1) if k > 1 else 0) + b * E
-    return act_bytes * (routing + 10 * N * k * h + N * k) + 8 * 3 * N * k
+    return act_bytes * (routing + N * k * (2 * h + 2 * f) + N * k + 2 * N * n_shared * f) + 8 * 3 * N * k
 # --8<-- [end:dropless_activations]
 
 
 def moe_activation_delta(seq_len: int, micro_batch: int, hidden: int, n_experts: int, top_k: int,
                          capacity_factor: float, *, tp: int = 1, act_bytes: int = 4,
-                         dispatch: str = "capacity") -> float:
+                         dispatch: str = "capacity", expert_hidden: int | None = None, n_shared: int = 0) -> float:
     """What a block's activations gain when its MLP becomes minimega's MoE layer: `moe_mlp_activation_bytes`
     (the layer runs whole on every tp rank) less the dense MLP's input (kept whole) and fc and GELU outputs
     (split over tp). The dense MLP's dropout mask stays: the MoE output is dropped out the same way."""
     sbh = seq_len * micro_batch * hidden
     dense = act_bytes * sbh * (1 + 8 / tp)
     return moe_mlp_activation_bytes(seq_len, micro_batch, hidden, n_experts, top_k, capacity_factor,
-                                    act_bytes=act_bytes, dispatch=dispatch) - dense
+                                    act_bytes=act_bytes, dispatch=dispatch, expert_hidden=expert_hidden,
+                                    n_shared=n_shared) - dense

@@ -81,6 +81,12 @@ class MemoryConfig:
     """Slots per expert and sequence = capacity_factor · top_k · s / E, rounded up (`moe_capacity`)."""
     ep: int = 1
     """Expert parallelism, carved out of dp: E/ep experts per rank, all-to-all dispatch and combine."""
+    expert_ffn: int = 0
+    """Each expert's inner width F (with experts > 0); 0: 4·hidden. DeepSeekMoE's fine-grained experts: m·E
+    experts of F/m, top m·k (minimega's ``MoEConfig.expert_hidden``)."""
+    shared_experts: int = 0
+    """S always-active experts (DeepSeekMoE; ``MoEConfig.n_shared_experts``): one h × S·F × h MLP every token
+    passes, whole on every tp rank, its states counted with the non-expert ones (ZeRO over dp)."""
     kv_heads: int = 0
     """Key/value heads (grouped-query attention, ``shapes.kv_width``); 0: one per query head (GPT)."""
     ffn: int = 0
@@ -154,13 +160,18 @@ class MemoryConfig:
                              "leave kv_heads, ffn, mlp and bias at their defaults")
 
     def _check_experts(self) -> None:
-        if not (isinstance(self.experts, int) and not isinstance(self.experts, bool) and self.experts >= 0):
-            raise ValueError(f"experts={self.experts!r}: expected an integer >= 0 (0 for a dense MLP)")
+        for name in ("experts", "expert_ffn", "shared_experts"):
+            v = getattr(self, name)
+            if not (isinstance(v, int) and not isinstance(v, bool) and v >= 0):
+                raise ValueError(f"{name}={v!r}: expected an integer >= 0 (0 for the default)")
         if not (isinstance(self.ep, int) and not isinstance(self.ep, bool) and self.ep >= 1):
             raise ValueError(f"ep={self.ep!r}: expected an integer >= 1")
         if self.experts == 0:
             if self.ep > 1:
                 raise ValueError(f"ep={self.ep} needs experts > 0: a dense MLP has no experts to split")
+            if self.expert_ffn or self.shared_experts:
+                raise ValueError(f"expert_ffn={self.expert_ffn}, shared_experts={self.shared_experts} shape experts: "
+                                 "they need experts > 0; leave them at 0 for a dense MLP")
             return
         if not (isinstance(self.top_k, int) and 1 <= self.top_k <= self.experts):
             raise ValueError(f"top_k={self.top_k!r}: expected an integer from 1 to experts={self.experts}")
@@ -203,11 +214,14 @@ def stage_params(cfg: MemoryConfig) -> float:
 
 def block_params(cfg: MemoryConfig) -> tuple[float, float]:
     """(non-expert, expert) parameters of one block on one GPU. A MoE block has attention's (4h² + 3h)/t + 5h
-    (its LayerNorms and the projection bias whole), an h·E router, and E/ep experts of 8h² each, whole over tp."""
+    (its LayerNorms and the projection bias whole), an h·E router, S shared experts 2h·S·F and E/ep experts of
+    2h·F each (F = expert_ffn or 4h: 8h²), all whole over tp."""
     h, t = cfg.hidden, cfg.tp
     if not cfg.experts:                     # GPT: (12h² + 7h)/t + 6h; any shape: `shapes.block_split_params`
         return block_split_params(cfg) / t + block_whole_params(cfg), 0.0
-    return (4 * h * h + 3 * h) / t + 5 * h + h * cfg.experts, cfg.experts / cfg.ep * 8 * h * h
+    f = cfg.expert_ffn or 4 * h
+    return ((4 * h * h + 3 * h) / t + 5 * h + h * cfg.experts + 2 * h * cfg.shared_experts * f,
+            cfg.experts / cfg.ep * 2 * h * f)
 
 
 def stage_param_split(cfg: MemoryConfig) -> tuple[float, float]:
@@ -257,8 +271,8 @@ def memory_per_gpu(cfg: MemoryConfig) -> dict:
     act = dict(tp=t, sp=cfg.sp and t > 1, recompute=cfg.recompute, attention=cfg.attention,
                act_bytes=4 if cfg.precision == "fp32" else 2, kv_heads=cfg.kv_heads, ffn=cfg.ffn, mlp=cfg.mlp)
     shape = (cfg.seq_len // cfg.cp, cfg.micro_batch, h, cfg.heads)      # this rank's tokens of each sequence
-    moe = moe_activation_delta(*shape[:3], cfg.experts, cfg.top_k, cfg.capacity_factor, tp=t,
-                               act_bytes=act["act_bytes"]) if cfg.experts else 0.0
+    moe = moe_activation_delta(*shape[:3], cfg.experts, cfg.top_k, cfg.capacity_factor, tp=t, act_bytes=act["act_bytes"],
+                               expert_hidden=cfg.expert_ffn or None, n_shared=cfg.shared_experts) if cfg.experts else 0.0
     uly_kept, uly_working = ulysses_activation_bytes(cfg)
     per_layer = activation_bytes_per_layer(*shape, **act) + (0.0 if cfg.recompute == "full" else moe) + uly_kept
     in_flight = in_flight_microbatches(cfg.pp, cfg.micro_batches, cfg.schedule, cfg.virtual_stages) \

@@ -100,13 +100,24 @@ def check_rank(shape: dict, config: TrainConfig, dims: ParallelDims, rank: int =
     ``differs`` lists every model-state category and every group whose bytes are not equal (empty: they agree).
     ZeRO 0-3 are modelled; settings `layout` does not model are refused by name before anything is built.
     """
-    from . import layout
     unmodelled = [f"{k}={getattr(config, k)!r}" for k, off in _UNMODELLED.items() if getattr(config, k) != off]
     if unmodelled:
         raise ValueError(f"check_rank: {', '.join(unmodelled)} is not in analysis.layout's model of a rank; "
                          f"compare with {', '.join(f'{k}={v!r}' for k, v in _UNMODELLED.items())}")
     got = dry_run(GPTConfig(**shape), config, dims, rank)
-    pp_rank = got["coords"][0]
+    estimate = rank_estimate(shape, config, dims, got["coords"][0])
+    memory, comm = estimate["memory"], estimate["comm"]
+    sent = {g: sum(row["sent_bytes"] for row in ops.values()) for g, ops in got["comm"].items()}
+    differs = [k for k, v in memory.items() if got["memory_peak"][k] != v]
+    differs += [f"comm:{g}" for g in sorted(set(comm) | set(sent))
+                if abs(sent.get(g, 0.0) - comm.get(g, 0.0)) > 1e-9 * max(1.0, comm.get(g, 0.0))]   # float sums of (n-1)/n
+    return {**got, "comm_sent": sent, "estimate": estimate, "differs": differs}
+
+
+def rank_estimate(shape: dict, config: TrainConfig, dims: ParallelDims, pp_rank: int) -> dict:
+    """`layout`'s account of a rank on pipeline stage ``pp_rank``: {'memory': model-state bytes by category,
+    'comm': bytes sent per group}, from the layout's integers alone (what `check_rank` holds the dry run against)."""
+    from . import layout
     units = layout.rank_units(shape, dims.tp, dims.pp, pp_rank, config.virtual_stages)
     steps = config.micro_batches if dims.pp > 1 else config.gradient_accumulation_steps
     seq = config.seq_len or shape["block_size"]
@@ -119,11 +130,7 @@ def check_rank(shape: dict, config: TrainConfig, dims: ParallelDims, rank: int =
                             zero_stage=config.zero_stage, precision=config.precision, batch_size=config.batch_size,
                             micro_batches=config.micro_batches, gradient_accumulation_steps=config.gradient_accumulation_steps,
                             recompute=config.activation_checkpointing)
-    sent = {g: sum(row["sent_bytes"] for row in ops.values()) for g, ops in got["comm"].items()}
-    differs = [k for k, v in memory.items() if got["memory_peak"][k] != v]
-    differs += [f"comm:{g}" for g in sorted(set(comm) | set(sent))
-                if abs(sent.get(g, 0.0) - comm.get(g, 0.0)) > 1e-9 * max(1.0, comm.get(g, 0.0))]   # float sums of (n-1)/n
-    return {**got, "comm_sent": sent, "estimate": {"memory": memory, "comm": comm}, "differs": differs}
+    return {"memory": memory, "comm": comm}
 
 
 def verify_pick(model: dict, pick: dict) -> dict:

@@ -22,14 +22,18 @@ def gpt_params(n_layer: int, d_model: int, vocab: int, seq_len: int, *, tied: bo
 # --8<-- [start:moe_estimate]
 
 
-def moe_params(n_layer: int, d_model: int, vocab: int, seq_len: int, n_experts: int) -> tuple[int, int]:
+def moe_params(n_layer: int, d_model: int, vocab: int, seq_len: int, n_experts: int, *,
+               expert_hidden: int | None = None, n_shared: int = 0) -> tuple[int, int]:
     """(non-expert, expert) parameters of minimega's `MoEGPT` (no biases, untied head).
 
-    Each block's 8D² MLP becomes E experts of 8D² and a D·E router; the rest is `gpt_params`'s GPT.
+    Each block's 8D² MLP becomes E experts of 2·D·F (F = ``expert_hidden``, 4D by default: 8D²) and a D·E
+    router; the rest is `gpt_params`'s GPT. S = ``n_shared`` shared experts are one dense MLP of 2·D·S·F,
+    counted with the non-expert parameters: they are synced over dp, not split over ep.
     """
-    dense = gpt_params(n_layer, d_model, vocab, seq_len, tied=False, bias=False)
-    experts = n_layer * n_experts * 8 * d_model * d_model
-    return dense - n_layer * 8 * d_model * d_model + n_layer * d_model * n_experts, experts
+    D, F = d_model, expert_hidden or 4 * d_model
+    dense = gpt_params(n_layer, D, vocab, seq_len, tied=False, bias=False)
+    experts = n_layer * n_experts * 2 * D * F
+    return dense - n_layer * 8 * D * D + n_layer * D * n_experts + n_layer * 2 * D * n_shared * F, experts
 
 
 def moe_model_state_bytes(n_dense: float, n_expert: float, dp: int, ep: int, stage: int,
@@ -78,6 +82,16 @@ def moe_extra_flops(cfg) -> float:
         return 0.0
     tokens_layers = cfg.global_batch * cfg.seq_len * cfg.layers
     return 48 * tokens_layers * cfg.hidden ** 2 * (cfg.top_k - 1) + 6 * tokens_layers * cfg.hidden * cfg.experts
+
+
+def moe_mlp_flops_per_token(d_model: int, n_experts: int, top_k: int, *, expert_hidden: int | None = None,
+                            n_shared: int = 0) -> float:
+    """Training FLOPs (forward + backward = 3 × forward, 2 per multiply-add) one token spends in one MoE layer's
+    matmuls, useful work only: the router's D·E, its k routed experts' 2·D·F each and the S shared experts'
+    2·D·F each (every token pays them): 6·D·(E + 2F·(k + S)). k = 1, S = 0, F = 4D is the dense MLP's 48D² plus
+    the router. DeepSeekMoE's fine-grained split (E, F, k → mE, F/m, mk) leaves it unchanged but the router's."""
+    F = expert_hidden or 4 * d_model
+    return 6 * d_model * (n_experts + 2 * F * (top_k + n_shared))
 
 
 # ----------------------------------------------------------------------------------------------

@@ -100,6 +100,9 @@ class PerfConfig(est.MemoryConfig):
         if self.precision == "fp8" and self.experts:
             raise ValueError(f"precision='fp8' with experts={self.experts}: minimega's fp8 linears are the dense blocks' "
                              "(the experts are not converted); use precision='bf16' or experts=0")
+        if self.expert_ffn or self.shared_experts:
+            raise ValueError(f"expert_ffn={self.expert_ffn}, shared_experts={self.shared_experts}: the step-time model "
+                             "times 4h experts and no shared ones (memory_per_gpu counts them); leave both at 0")
         if self.zero_stage >= 2 and self.pp > 1:
             raise ValueError(f"zero_stage={self.zero_stage} with pp={self.pp}: ZeRO-2/3 do not compose with "
                              "pipeline parallelism (they would reduce every micro-batch); use zero_stage <= 1")

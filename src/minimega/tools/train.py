@@ -54,6 +54,12 @@ def add_train_parser(sub) -> None:
     p.add_argument("--moe-bias-rate", type=nonnegative_float, default=None, metavar="G",
                    help="with --experts: auxiliary-loss-free balancing, a routing bias moved by G * "
                         "sign(mean load - load) after each step (DeepSeek-V3; default: 0, off)")
+    p.add_argument("--shared-experts", type=nonnegative_int, default=None, metavar="S",
+                   help="with --experts: S always-active experts, one dense MLP of hidden S*F every token passes, "
+                        "added ungated (DeepSeekMoE; synced over dp, not split over ep; default: 0)")
+    p.add_argument("--expert-hidden", type=positive_int, default=None, metavar="F",
+                   help="with --experts: each expert's hidden width F (default: the dense MLP's 4*D); fine-grained "
+                        "experts (DeepSeekMoE): m times the experts at F/m, m times the --top-k")
     p.add_argument("--trace", default=None, metavar="DIR",
                    help="write one Chrome trace per rank (DIR/rank<r>.trace.json) and all ranks in one "
                         "(DIR/all.trace.json): open them in Perfetto or chrome://tracing; "

@@ -45,13 +45,15 @@ def _field_doc(name: str) -> str:
 
 
 def moe_config(args: argparse.Namespace):
-    """The MoEConfig the --experts/--top-k/--capacity-factor flags ask for, or None (a dense model)."""
+    """The MoEConfig the --experts/--top-k/--capacity-factor/... flags ask for, or None (a dense model)."""
     from ..moe import MoEConfig
     given = {k: v for k, v in (("n_experts", args.experts), ("top_k", args.top_k),
                                ("capacity_factor", args.capacity_factor),
                                ("dispatch", getattr(args, "moe_dispatch", None)),
                                ("z_loss_coef", getattr(args, "moe_z_loss", None)),
-                               ("bias_update_rate", getattr(args, "moe_bias_rate", None))) if v is not None}
+                               ("bias_update_rate", getattr(args, "moe_bias_rate", None)),
+                               ("n_shared_experts", getattr(args, "shared_experts", None)),
+                               ("expert_hidden", getattr(args, "expert_hidden", None))) if v is not None}
     if given and "n_experts" not in given:
         raise ValueError(f"{', '.join(MOE_FLAGS[k] for k in given)} need --experts N (they shape a mixture "
                          f"of experts)")
@@ -69,7 +71,8 @@ def build_train_config(args: argparse.Namespace, dp: int) -> TrainConfig:
 
 
 MOE_FLAGS = {"n_experts": "--experts", "top_k": "--top-k", "capacity_factor": "--capacity-factor",
-             "dispatch": "--moe-dispatch", "z_loss_coef": "--moe-z-loss", "bias_update_rate": "--moe-bias-rate"}
+             "dispatch": "--moe-dispatch", "z_loss_coef": "--moe-z-loss", "bias_update_rate": "--moe-bias-rate",
+             "n_shared_experts": "--shared-experts", "expert_hidden": "--expert-hidden"}
 
 
 def given_flags(args: argparse.Namespace) -> dict[str, str]:
@@ -78,7 +81,8 @@ def given_flags(args: argparse.Namespace) -> dict[str, str]:
               if getattr(args, f.name, None) is not None}
     moe = {"n_experts": args.experts, "top_k": args.top_k, "capacity_factor": args.capacity_factor,
            **{name: getattr(args, f"moe_{key}", None) for name, key in
-              (("dispatch", "dispatch"), ("z_loss_coef", "z_loss"), ("bias_update_rate", "bias_rate"))}}
+              (("dispatch", "dispatch"), ("z_loss_coef", "z_loss"), ("bias_update_rate", "bias_rate"))},
+           "n_shared_experts": getattr(args, "shared_experts", None), "expert_hidden": getattr(args, "expert_hidden", None)}
     fields.update({name: flag for name, flag in MOE_FLAGS.items() if moe[name] is not None})
     if args.dp is not None:
         fields["dp"] = "--dp"
