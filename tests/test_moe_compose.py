@@ -8,7 +8,8 @@ dp on every micro-step, the experts' go their own way (ZeRO-1 over edp) once per
 One launch per world size; every case compares each of its first GRAD_STEPS gradients (consolidated just
 before the optimizer step, experts gathered over ep) with the single-process gradient within n·u
 (`parity.grad_tolerance`), and its weights and losses after STEPS Adam steps within 1e-5. The checkpoints of
-cp 2 and dp 2 × cp 2 × ep 2 (ZeRO-1 over edp × cp) load on one process and train on like it.
+cp 2 and dp 2 × cp 2 × ep 2 (ZeRO-1 over edp × cp, a shared expert: a dense MLP) load on one process and
+train on like it.
 """
 from __future__ import annotations
 
@@ -30,12 +31,13 @@ SEQ = TINY.block_size
 AUX = moe.MoEConfig(n_experts=4, top_k=2, dispatch="dropless", aux_loss_coef=0.1)
 BALANCED = moe.MoEConfig(n_experts=4, top_k=2, dispatch="dropless", aux_loss_coef=0.1, z_loss_coef=0.1,
                          bias_update_rate=0.01)
+SHARED = moe.MoEConfig(n_experts=4, top_k=2, dispatch="dropless", aux_loss_coef=0.1, n_shared_experts=1)  # dense
 CAPACITY = moe.MoEConfig(n_experts=4, top_k=2, capacity_factor=1.25, aux_loss_coef=0.1)     # drops tokens
 
 CASES = {   # world size -> [(id, ParallelDims, MoEConfig, TrainConfig overrides)]
     2: [("cp2-ep1", dict(cp=2), AUX, {"gradient_accumulation_steps": 2}),
         ("dp2-ep2-zero2-ga2", dict(dp=2, ep=2), CAPACITY, {"zero_stage": 2, "gradient_accumulation_steps": 2})],
-    4: [("dp2-cp2-ep2-zero1", dict(dp=2, cp=2, ep=2), AUX, {"zero_stage": 1}),
+    4: [("dp2-cp2-ep2-shared-zero1", dict(dp=2, cp=2, ep=2), SHARED, {"zero_stage": 1}),
         ("dp2-cp2-ep2-zloss-bias-ga2", dict(dp=2, cp=2, ep=2), BALANCED, {"gradient_accumulation_steps": 2}),
         ("dp4-ep2-zero2-ga2-clip", dict(dp=4, ep=2), CAPACITY,
          {"zero_stage": 2, "gradient_accumulation_steps": 2, "gradient_clipping": 0.5})],
@@ -49,7 +51,7 @@ def _config(dims: dict, overrides: dict) -> mm.TrainConfig:
     return parity_config(cp=dims.get("cp", 1), ep=dims.get("ep", 1), eps=1e-6, **overrides)
 
 
-SAVED = ("cp2-ep1", "dp2-cp2-ep2-zero1")      # saved after STEPS, loaded on one process, trained one step more
+SAVED = ("cp2-ep1", "dp2-cp2-ep2-shared-zero1")      # saved after STEPS, loaded on one process, trained one step more
 
 
 def reference(moe_config: moe.MoEConfig, config: mm.TrainConfig, steps: int = STEPS):
