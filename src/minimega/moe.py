@@ -72,7 +72,7 @@ from .comm import Group
 from .config import GPTConfig, _is_int, _is_real
 from .exchange import exchange
 from .model import GPT, MLP
-from .moe_dropless import dropless_combine, run_expert_parallel, run_sliced
+from .moe_dropless import dropless_combine, run_expert_parallel
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -215,8 +215,12 @@ class Experts(nn.Module):
         h = F.gelu(x @ self.fc.transpose(1, 2))              # (n, N, F)
         return h @ self.proj.transpose(1, 2)                 # (n, N, D)
 
-    def one(self, e: int, x: torch.Tensor) -> torch.Tensor:  # x: (N_e, D), the rows of local expert e
-        return F.gelu(x @ self.fc[e].t()) @ self.proj[e].t()
+    def grouped(self, x: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:   # x: (N, D), sorted by expert
+        """Expert e on its ``counts[e]`` contiguous rows of ``x``, every expert in one grouped matmul per weight
+        (`F.grouped_mm`: row block e times fc[e]ᵀ, then proj[e]ᵀ; the same sums as one matmul per slice)."""
+        ends = counts.cumsum(0).to(torch.int32)                               # where each expert's rows end
+        h = F.gelu(F.grouped_mm(x, self.fc.transpose(1, 2), offs=ends))      # (N, F)
+        return F.grouped_mm(h, self.proj.transpose(1, 2), offs=ends)         # (N, D)
 
 
 class MoELayer(nn.Module):
@@ -233,6 +237,9 @@ class MoELayer(nn.Module):
         self.moe = moe
         self.router = nn.Linear(config.n_embd, moe.n_experts, bias=False)
         hidden = moe.expert_hidden or config.mlp_hidden
+        if moe.dispatch == "dropless" and (config.n_embd % 4 or hidden % 4):       # `Experts.grouped`'s kernel
+            raise ValueError(f"dispatch='dropless' runs the experts as grouped matmuls over 16-byte rows: n_embd="
+                             f"{config.n_embd} and the expert width {hidden} must be multiples of 4")
         self.experts = Experts(moe.n_experts, config.n_embd, hidden)
         self.shared = MLP(replace(config, ffn_hidden=moe.n_shared_experts * hidden, mlp_ratio=4, dropout=0.0)) \
             if moe.n_shared_experts else None       # a dense MLP: not an expert, nothing in it matches ".experts."
@@ -330,8 +337,7 @@ class MoELayer(nn.Module):
         routed = torch.bincount(top_i.reshape(-1), minlength=E)
         self._count(routed, torch.zeros_like(routed))
         if self.ep_group.size == 1:
-            def run(rows, counts):
-                return run_sliced(self.experts, rows, counts)
+            run = self.experts.grouped
         else:
             def run(rows, counts):
                 return run_expert_parallel(self.experts, rows, counts, self.ep_group)
