@@ -91,8 +91,9 @@ def test_saved_bytes_equal_the_estimator_without_the_one_hot_term(shape):
     # the capacity path at C = T keeps the same rows padded to E·C plus N·E·C·(k + 2) one-hot elements
     C = est.moe_capacity(s, E, k, 100.0)
     assert est.moe_mlp_activation_bytes(s, b, h, E, k, 100.0) - measured > 4 * s * b * E * C * (k + 2)
-    # linear in s: doubling the sequence doubles every term but the per-sequence top-1 fractions b·E
-    assert est.dropless_mlp_activation_bytes(2 * s, b, h, E, k) == 2 * measured - 4 * b * E
+    # linear in s: doubling the sequence doubles every term but the per-sequence top-1 fractions b·E and the
+    # E int32 ends of the experts' row blocks
+    assert est.dropless_mlp_activation_bytes(2 * s, b, h, E, k) == 2 * measured - 4 * b * E - 4 * E
 
 
 def _ranks(cases):
@@ -154,3 +155,11 @@ def test_expert_parallel_dropless_matches_single_process(launched, case):
         assert r["sent"]["moe_combine"] == r["sent"]["moe_dispatch_grad"] == home * row, name
         calls = TINY.n_layer * STEPS * kw["gradient_accumulation_steps"]
         assert math.isclose(r["sent"]["moe_counts"], calls * moe_config.n_experts * 8 / 2), name
+
+
+def test_dropless_refuses_rows_the_grouped_matmul_cannot_take():
+    """`Experts.grouped` runs on 16-byte rows (fp32: widths in multiples of 4): refused when the layer is built."""
+    cfg = mm.GPTConfig(n_layer=1, n_head=2, n_embd=6, block_size=8, vocab_size=32, bias=False)
+    with pytest.raises(ValueError, match="n_embd=6 and the expert width 24 must be multiples of 4"):
+        moe.MoEGPT(cfg, moe.MoEConfig(dispatch="dropless"))
+    moe.MoEGPT(cfg, moe.MoEConfig(dispatch="capacity"))          # the capacity path's batched matmul takes any width

@@ -108,9 +108,19 @@ def test_one_expert_costs_what_the_dense_mlp_costs():
     ops_d, ops_m = dict((n, f) for n, f, _ in perf.layer_ops(dense)), dict((n, f) for n, f, _ in perf.layer_ops(one))
     for d, m in (("fc1", "expert fc1"), ("gelu", "expert gelu"), ("fc2", "expert fc2")):
         assert ops_m[m] == ops_d[d]
+    # an expert of width F costs a dense MLP of width F; a shared expert, every token's, costs the dense MLP
+    narrow = dict((n, f) for n, f, _ in perf.layer_ops(perf.replace(one, expert_ffn=2048, shared_experts=1)))
+    dense_f = dict((n, f) for n, f, _ in perf.layer_ops(perf.replace(dense, ffn=2048)))
+    for d in ("fc1", "gelu", "fc2"):
+        assert narrow["expert " + d] == dense_f[d] and narrow["shared " + d] == dense_f[d]
     assert est.moe_extra_flops(one) == 6 * 2 * 1024 * 8 * 1024 * 1
     top2 = perf.replace(one, experts=8, top_k=2)
     assert est.moe_extra_flops(top2) == 48 * 2 * 1024 * 8 * 1024 ** 2 + 6 * 2 * 1024 * 8 * 1024 * 8
+    # DeepSeekMoE's shapes: the layer's own FLOPs (`moe_mlp_flops_per_token`, counted by torch in test_moe_shared.py)
+    # less the dense MLP's 48h² per token, for every token of every layer
+    fine = perf.replace(top2, experts=64, top_k=8, expert_ffn=256, shared_experts=2)
+    per_token = est.moe_mlp_flops_per_token(1024, 64, 8, expert_hidden=256, n_shared=2) - 48 * 1024 ** 2
+    assert est.moe_extra_flops(fine) == 2 * 1024 * 8 * per_token
 
 
 def test_expert_gradients_reduce_over_the_expert_data_parallel_group():

@@ -30,8 +30,7 @@ Load balancing (Switch eq. 4, GShard's l_aux with the top-1 fractions): per rout
 
     aux = E · Σ_e f_e · P_e,   f_e = share of tokens whose first choice is e,  P_e = mean of p_e,
 
-averaged over the sequences; 1 when the router is uniform, up to E when it collapses onto one expert. Under
-context parallelism f_e and P_e are pooled over the cp ranks' tokens (`moe_balance.sequence_means`).
+averaged over the sequences; 1 when the router is uniform, up to E when it collapses onto one expert.
 The model's loss is cross-entropy + ``aux_loss_coef`` · Σ_layers aux (Switch uses α = 10⁻²), + ``z_loss_coef``
 · Σ_layers z with the router z-loss; ``bias_update_rate`` balances by a routing bias instead (`moe_balance`).
 
@@ -57,10 +56,8 @@ Per rank and MoE layer, every all-to-all sends (ep-1)/ep of an (E, B_local·C, D
 backward run two each: 4 · (ep-1)/ep · E · B_local · C · D · bytes per layer and step (`alltoall_bytes`).
 
 Tensor parallelism splits attention, embeddings and head; the MoE layers stay whole on every tp rank
-(`apply_tensor_parallel`). Context parallelism needs dropless dispatch (capacity is per whole sequence): each
-cp rank routes its own tokens over its ep group; the experts' gradients sum over edp × cp (`mesh.expert_group`).
-ZeRO-2 shards the non-expert gradients; the experts keep ZeRO-1 over edp. Refused by name (`check`): sequence
-or pipeline parallelism, ZeRO-3, bf16/fp16 and activation checkpointing with a MoE model.
+(`apply_tensor_parallel`); cp with dropless dispatch only (capacity is per sequence; `moe_balance` pools f_e, P_e).
+Refused by name (`check`): sequence or pipeline parallelism, ZeRO-3, bf16/fp16 and activation checkpointing.
 """
 from __future__ import annotations
 
@@ -76,7 +73,7 @@ from .config import GPTConfig, _is_int, _is_real
 from .exchange import exchange
 from .model import GPT, MLP
 from .moe_balance import sequence_means
-from .moe_dropless import dropless_combine, run_expert_parallel, run_sliced
+from .moe_dropless import dropless_combine, run_expert_parallel
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -219,8 +216,12 @@ class Experts(nn.Module):
         h = F.gelu(x @ self.fc.transpose(1, 2))              # (n, N, F)
         return h @ self.proj.transpose(1, 2)                 # (n, N, D)
 
-    def one(self, e: int, x: torch.Tensor) -> torch.Tensor:  # x: (N_e, D), the rows of local expert e
-        return F.gelu(x @ self.fc[e].t()) @ self.proj[e].t()
+    def grouped(self, x: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:   # x: (N, D), sorted by expert
+        """Expert e on its ``counts[e]`` contiguous rows of ``x``, every expert in one grouped matmul per weight
+        (`F.grouped_mm`: row block e times fc[e]ᵀ, then proj[e]ᵀ; the same sums as one matmul per slice)."""
+        ends = counts.cumsum(0).to(torch.int32)                               # where each expert's rows end
+        h = F.gelu(F.grouped_mm(x, self.fc.transpose(1, 2), offs=ends))      # (N, F)
+        return F.grouped_mm(h, self.proj.transpose(1, 2), offs=ends)         # (N, D)
 
 
 class MoELayer(nn.Module):
@@ -237,11 +238,13 @@ class MoELayer(nn.Module):
         self.moe = moe
         self.router = nn.Linear(config.n_embd, moe.n_experts, bias=False)
         hidden = moe.expert_hidden or config.mlp_hidden
+        if moe.dispatch == "dropless" and (config.n_embd % 4 or hidden % 4):       # `Experts.grouped`'s kernel
+            raise ValueError(f"dispatch='dropless' runs the experts as grouped matmuls over 16-byte rows: n_embd="
+                             f"{config.n_embd} and the expert width {hidden} must be multiples of 4")
         self.experts = Experts(moe.n_experts, config.n_embd, hidden)
         self.shared = MLP(replace(config, ffn_hidden=moe.n_shared_experts * hidden, mlp_ratio=4, dropout=0.0)) \
             if moe.n_shared_experts else None       # a dense MLP: not an expert, nothing in it matches ".experts."
-        self.ep_group = Group(None, [0], "ep")
-        self.cp_group: Group | None = None     # the cp ring the aux loss's means are pooled over (cp > 1)
+        self.ep_group, self.cp_group = Group(None, [0], "ep"), None    # cp_group: the aux means pool over it
         self.register_buffer("routed", torch.zeros(moe.n_experts, dtype=torch.int64), persistent=False)
         self.register_buffer("dropped", torch.zeros(moe.n_experts, dtype=torch.int64), persistent=False)
         self.register_buffer("step_load", torch.zeros(moe.n_experts, dtype=torch.int64), persistent=False)
@@ -273,8 +276,7 @@ class MoELayer(nn.Module):
         gates = top_p / top_p.sum(-1, keepdim=True) if k > 1 else top_p
         if self.moe.z_loss_coef:
             self.z_loss = torch.logsumexp(logits, dim=-1).square().mean()
-        first = F.one_hot(top_i[..., 0], E).to(probs.dtype)                   # (B, T, E)
-        f, P = sequence_means(first, probs, self.cp_group)                    # (B, E) each, over the whole T
+        f, P = sequence_means(top_i[..., 0], probs, self.cp_group)            # (B, E) each, over the whole T
         aux = E * (f * P).sum(-1).mean()                                      # per sequence, then mean
         return probs, top_i, gates, aux
     # --8<-- [end:select]
@@ -336,8 +338,7 @@ class MoELayer(nn.Module):
         routed = torch.bincount(top_i.reshape(-1), minlength=E)
         self._count(routed, torch.zeros_like(routed))
         if self.ep_group.size == 1:
-            def run(rows, counts):
-                return run_sliced(self.experts, rows, counts)
+            run = self.experts.grouped
         else:
             def run(rows, counts):
                 return run_expert_parallel(self.experts, rows, counts, self.ep_group)
@@ -419,9 +420,8 @@ def check(moe: MoEConfig | None, config, dims) -> None:
     refused = [("sequence_parallel", config.sequence_parallel,
                 "sequence_parallel=False (routing groups are whole sequences; sp would cut them over tp)"),
                ("pp", config.pp != 1, "pp=1"),
-               ("zero_stage", config.zero_stage > 2,
-                "zero_stage 0, 1 or 2 (ZeRO-3 would shard the non-expert weights only: the experts' weights stay "
-                "whole on every edp rank, their ZeRO is ZeRO-1 over edp)"),
+               ("zero_stage", config.zero_stage > 2, "zero_stage 0, 1 or 2 (ZeRO-3 would shard the non-expert weights "
+                "only: the experts' stay whole on every edp rank, their ZeRO is ZeRO-1 over edp)"),
                ("cp", dims.cp > 1 and moe.dispatch != "dropless",
                 "dispatch='dropless' (MoEConfig; capacity is a budget per whole sequence, which cp splits) or cp=1"),
                ("precision", config.precision != "fp32", "precision='fp32'"),

@@ -27,6 +27,7 @@ probabilities.)
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 from . import comm
 from .comm import Group
@@ -47,9 +48,11 @@ class _SumOverGroup(torch.autograd.Function):
 
 
 # --8<-- [start:sequence_means]
-def sequence_means(first: torch.Tensor, probs: torch.Tensor, cp_group: Group | None = None):
-    """f_e and P_e of every sequence, (B, E) each: the means over T of ``first`` (one-hot first choices) and
-    ``probs``, both (B, T_local, E); under cp the sums of the cp ranks' T/cp tokens, over the whole T."""
+def sequence_means(first_choice: torch.Tensor, probs: torch.Tensor, cp_group: Group | None = None):
+    """f_e and P_e of every sequence, (B, E) each: the share of first choices ``first_choice`` (B, T_local) that
+    went to e and the mean of ``probs`` (B, T_local, E) over T; under cp the sums of the cp ranks' T/cp tokens,
+    over the whole T."""
+    first = F.one_hot(first_choice, probs.shape[-1]).to(probs.dtype)                # (B, T_local, E)
     if cp_group is None or cp_group.size == 1:
         return first.mean(1), probs.mean(1)
     sums = _SumOverGroup.apply(torch.stack([first.sum(1), probs.sum(1)]), cp_group)    # (2, B, E), whole T

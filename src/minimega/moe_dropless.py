@@ -8,6 +8,8 @@ DeepSeek's token dispatchers) works with indices instead:
         (stable: token order within an expert); ``counts[e]`` pairs go to expert e.
     Phase 2 (gather): row i of the sorted buffer is the input of pair ``order[i]``'s token, (N·k, D).
     Phase 3 (experts): expert e runs on its contiguous slice of ``counts[e]`` rows; nothing is padded or cut.
+        All local experts run as one grouped matmul per weight (`moe.Experts.grouped`, `F.grouped_mm`, the
+        kernel torchtitan's MoE calls): one launch for every expert, whatever their row counts.
     Phase 4 (scatter): the outputs go back to (token, choice) order (the inverse permutation) and each
         token sums its k outputs times their gates.
 
@@ -50,12 +52,6 @@ def dropless_combine(x: torch.Tensor, top_i: torch.Tensor, gates: torch.Tensor, 
 # --8<-- [end:sort_by_expert]
 
 
-def run_sliced(experts, rows: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
-    """Expert e of ``experts`` (local numbering) on rows [Σ_{<e} counts, Σ_{≤e} counts): one matmul pair each."""
-    parts = rows.split(counts.tolist())
-    return torch.cat([experts.one(e, part) for e, part in enumerate(parts)])
-
-
 class _AllToAllV(torch.autograd.Function):
     """All-to-all with variable splits: ``send[j]`` rows to rank j, ``recv[j]`` rows from it. Backward: the
     same exchange of the gradient with the splits swapped."""
@@ -87,7 +83,7 @@ def run_expert_parallel(experts, rows: torch.Tensor, counts: torch.Tensor, group
     got = _AllToAllV.apply(rows, group, send, recv, "moe_dispatch")             # by source, then expert
     expert = torch.arange(local, device=rows.device).repeat(ep).repeat_interleave(got_counts)
     perm = torch.argsort(expert, stable=True)                                   # regroup by local expert
-    out = run_sliced(experts, got.index_select(0, perm), got_counts.view(ep, local).sum(0))
+    out = experts.grouped(got.index_select(0, perm), got_counts.view(ep, local).sum(0))
     back = out.index_select(0, torch.argsort(perm))                             # arrival order again
     return _AllToAllV.apply(back, group, recv, send, "moe_combine")
 # --8<-- [end:dropless_ep]

@@ -102,8 +102,6 @@
     if (c.zero_stage >= 2 && c.pp > 1) throw new Error("ZeRO-2/3 do not compose with pipeline parallelism");
     if (c.precision === "fp8" && c.experts)
       throw new Error("precision fp8 with experts: minimega's fp8 linears are the dense blocks' (the experts are not converted); use bf16");
-    if (c.expert_ffn || c.shared_experts)
-      throw new Error("expert ffn, shared experts: the step-time model times 4h experts and no shared ones; leave both at 0");
     if (c.schedule === "interleaved") {
       if (c.pp === 1 || c.virtual_stages < 2) throw new Error("schedule='interleaved' needs pp > 1 and virtual_stages >= 2");
       if (c.layers % (c.pp * c.virtual_stages) !== 0) throw new Error("interleaved: layers not a multiple of pp*v");
@@ -152,14 +150,20 @@
   function moeOps(c) {                               // perf.moe_ops
     var s = c.seq_len, b = c.micro_batch, h = c.hidden, E = c.experts, e = c.precision === "fp32" ? 4 : 2;
     var N = s * b, EC = E * mem.moeCapacity(s, E, c.top_k, c.capacity_factor), R = b * EC, local = E / c.ep;
-    var mixF = 2 * N * EC * h, mixB = e * (N * EC + N * h + b * EC * h);
-    return [["router", 2 * N * h * E, e * (N * h + h * E + N * E)],
-            ["router softmax", 5 * N * E, 2 * e * N * E],
-            ["dispatch", mixF, mixB],
-            ["expert fc1", 2 * R * h * 4 * h, e * (R * h + local * 4 * h * h + 4 * R * h)],
-            ["expert gelu", 8 * R * 4 * h, 2 * e * 4 * R * h],
-            ["expert fc2", 2 * R * 4 * h * h, e * (4 * R * h + local * 4 * h * h + R * h)],
-            ["combine", mixF, mixB]];
+    var f = c.expert_ffn || 4 * h, mixF = 2 * N * EC * h, mixB = e * (N * EC + N * h + b * EC * h);
+    var ops = [["router", 2 * N * h * E, e * (N * h + h * E + N * E)],
+               ["router softmax", 5 * N * E, 2 * e * N * E],
+               ["dispatch", mixF, mixB],
+               ["expert fc1", 2 * R * h * f, e * (R * h + local * f * h + R * f)],
+               ["expert gelu", 8 * R * f, 2 * e * R * f],
+               ["expert fc2", 2 * R * f * h, e * (R * f + local * f * h + R * h)],
+               ["combine", mixF, mixB]];
+    if (c.shared_experts) {
+      var g = c.shared_experts * f;
+      ops.push(["shared fc1", 2 * N * h * g, e * (N * h + g * h + N * g)], ["shared gelu", 8 * N * g, 2 * e * N * g],
+               ["shared fc2", 2 * N * g * h, e * (N * g + g * h + N * h)], ["shared add", N * h, 3 * e * N * h]);
+    }
+    return ops;
   }
   var CORE = ["scores q·kᵀ", "softmax", "attention dropout", "scores·v", "attention (fused)"];
   var FP8_GEMMS = ["qkv", "proj", "fc1", "fc2", "gate", "up"];   // perf.FP8_GEMMS: the blocks' Linear layers
@@ -276,7 +280,8 @@
       if (c.zero_stage === 3) {
         var lt = layerTimes(c, h);
         var hh = c.hidden;
-        var layerBytes = (c.experts ? (4 * hh * hh + 3 * hh) / c.tp + hh * c.experts : mem.blockSplitParams(c) / c.tp) * e;
+        var layerBytes = (c.experts ? (4 * hh * hh + 3 * hh) / c.tp + hh * c.experts + 2 * hh * c.shared_experts * (c.expert_ffn || 4 * hh)
+                                    : mem.blockSplitParams(c) / c.tp) * e;
         var fetch = c.offload === "optimizer+params" ? collectiveTime("send_recv", layerBytes / replicas, 2, h.host) : 0;
         var gathered = c.precision === "fp8" ? mem.blockMatmulParams(c) / c.tp : layerBytes;   // E4M3: 1 byte an element
         var ag = fetch + collectiveTime("all_gather", gathered, replicas, l);
@@ -344,8 +349,8 @@
 
   function moeExtraFlops(c) {                        // perf.moe_extra_flops
     if (!c.experts) return 0;
-    var tl = c.global_batch * c.seq_len * c.layers;
-    return 48 * tl * c.hidden * c.hidden * (c.top_k - 1) + 6 * tl * c.hidden * c.experts;
+    var tl = c.global_batch * c.seq_len * c.layers, h = c.hidden, f = c.expert_ffn || 4 * h;
+    return tl * (12 * h * f * (c.top_k + (c.shared_experts || 0)) - 48 * h * h + 6 * h * c.experts);
   }
 
   function divisors(n) { var d = []; for (var i = 1; i <= n; i++) if (n % i === 0) d.push(i); return d; }

@@ -189,12 +189,13 @@ def dropless_mlp_activation_bytes(seq_len: int, micro_batch: int, hidden: int, n
     With N = s·b tokens and e = `act_bytes`: the router's terms as in `moe_mlp_activation_bytes`, then the
     N·k sorted rows (the experts' input), their fc and GELU outputs 2·N·k·F (F = ``expert_hidden``, 4h by
     default) and outputs N·k·h, the gates N·k, two int64 index vectors of N·k (the gather and the inverse
-    order), and the shared experts' 2·N·S·F. Linear in s: no N·E·C.
+    order), the E int32 ends of the experts' row blocks (the grouped matmuls' offsets), and the shared
+    experts' 2·N·S·F. Linear in s: no N·E·C.
     """
     s, b, h, E, k = seq_len, micro_batch, hidden, n_experts, top_k
     N, f = s * b, expert_hidden or 4 * hidden
     routing = N * h + N * E + (N * (k + 1) if k > 1 else 0) + b * E
-    return act_bytes * (routing + N * k * (2 * h + 2 * f) + N * k + 2 * N * n_shared * f) + 8 * 3 * N * k
+    return act_bytes * (routing + N * k * (2 * h + 2 * f) + N * k + 2 * N * n_shared * f) + 8 * 3 * N * k + 4 * E
 # --8<-- [end:dropless_activations]
 
 

@@ -76,12 +76,15 @@ def megatron_model_flops(batch: int, seq_len: int, n_layer: int, hidden: int, vo
 
 def moe_extra_flops(cfg) -> float:
     """Model FLOPs a MoE step adds to the dense formula (`estimate.megatron_model_flops`): each token's MLP runs
-    in k experts instead of one (48·B·s·L·h² per extra expert, forward and backward) and through the router
-    (6·B·s·L·h·E). Useful work only: empty capacity slots and the dense dispatch are not counted."""
+    in k experts and S shared ones of width F instead of one of 4h (12·B·s·L·h·F per expert, forward and backward,
+    less the dense 48·B·s·L·h²) and through the router (6·B·s·L·h·E). Useful work only: empty capacity slots and
+    the dense dispatch are not counted. F = 4h and S = 0: 48·B·s·L·h²·(k - 1) + 6·B·s·L·h·E."""
     if not cfg.experts:
         return 0.0
-    tokens_layers = cfg.global_batch * cfg.seq_len * cfg.layers
-    return 48 * tokens_layers * cfg.hidden ** 2 * (cfg.top_k - 1) + 6 * tokens_layers * cfg.hidden * cfg.experts
+    tokens_layers, h = cfg.global_batch * cfg.seq_len * cfg.layers, cfg.hidden
+    f = cfg.expert_ffn or 4 * h
+    per_token = 12 * h * f * (cfg.top_k + cfg.shared_experts) - 48 * h * h + 6 * h * cfg.experts
+    return tokens_layers * per_token
 
 
 def moe_mlp_flops_per_token(d_model: int, n_experts: int, top_k: int, *, expert_hidden: int | None = None,

@@ -28,7 +28,8 @@ The model, phase by phase, for the slowest pipeline stage of one step:
        before its gather, forward and backward, hidden behind compute like the gathers themselves. With
        offload_device='nvme' the states live on disk, read and written each step (``perf_offload``).
     7. Mixture of experts (``experts > 0``, minimega's `moe.MoELayer`): the MLP's ops become the router,
-       the dense dispatch and combine and the experts' GEMMs over their capacity slots (``moe_ops``); the
+       the dense dispatch and combine and the experts' GEMMs over their capacity slots, each expert h → F → h
+       (``expert_ffn``), plus the shared experts' dense MLP over every token (``shared_experts``; ``moe_ops``); the
        layer runs whole on every tp rank (one tp all-reduce per pass, not two); its four all-to-alls per
        layer and micro-batch sit on the critical path (``ep_comm``); expert gradients are all-reduced over
        the dp/ep ranks holding the same experts, bucketed like DDP's, or from zero_stage 1 on reduce-scattered
@@ -100,9 +101,6 @@ class PerfConfig(est.MemoryConfig):
         if self.precision == "fp8" and self.experts:
             raise ValueError(f"precision='fp8' with experts={self.experts}: minimega's fp8 linears are the dense blocks' "
                              "(the experts are not converted); use precision='bf16' or experts=0")
-        if self.expert_ffn or self.shared_experts:
-            raise ValueError(f"expert_ffn={self.expert_ffn}, shared_experts={self.shared_experts}: the step-time model "
-                             "times 4h experts and no shared ones (memory_per_gpu counts them); leave both at 0")
         if self.zero_stage >= 2 and self.pp > 1:
             raise ValueError(f"zero_stage={self.zero_stage} with pp={self.pp}: ZeRO-2/3 do not compose with "
                              "pipeline parallelism (they would reduce every micro-batch); use zero_stage <= 1")
@@ -373,7 +371,9 @@ def step_time(cfg: PerfConfig, hw: Hardware | str = "a100-80gb") -> dict:
         if cfg.zero_stage == 3:
             lt = layer_times(cfg, hw)
             h = cfg.hidden
-            layer_bytes = ((4 * h * h + 3 * h) / cfg.tp + h * cfg.experts if cfg.experts
+            layer_bytes = ((4 * h * h + 3 * h) / cfg.tp + h * cfg.experts + 2 * h * cfg.shared_experts * (cfg.expert_ffn
+                                                                                                   or 4 * h)
+                           if cfg.experts
                            else est.block_split_params(cfg) / cfg.tp) * e        # GPT: (12h² + 7h)/t
             fetch = collective_time("send_recv", layer_bytes / replicas, 2, hw.host) if params_up else 0.0
             gathered = est.block_matmul_params(cfg) / cfg.tp if cfg.precision == "fp8" else layer_bytes  # E4M3: 1 B

@@ -15,16 +15,26 @@ def moe_ops(cfg) -> list[tuple[str, float, float]]:
     contraction per sequence; the experts' GEMMs and GELU over the R = b·E·C slots (rows this rank's
     experts receive after the all-to-all: E/ep experts × ep·b·C rows), their weights read once per expert.
     Capacity, not top-k alone, sets the expert FLOPs: a slot is computed whether a token filled it or not.
+    Each expert is h → F → h (F = ``expert_ffn``, 4h when 0); ``shared_experts`` S add one dense h → S·F → h
+    MLP every token passes, and its output is added to the experts'.
     """
     s, b, h, E = cfg.seq_len, cfg.micro_batch, cfg.hidden, cfg.experts
     e = 4 if cfg.precision == "fp32" else 2
+    f = cfg.expert_ffn or 4 * h
     N, EC = s * b, E * moe_capacity(s, E, cfg.top_k, cfg.capacity_factor)
     R, local = b * EC, E / cfg.ep
     mix = (2 * N * EC * h, e * (N * EC + N * h + b * EC * h))          # (b, s, E·C) × (b, s, h) per sequence
-    return [("router", 2 * N * h * E, e * (N * h + h * E + N * E)),
-            ("router softmax", 5 * N * E, 2 * e * N * E),
-            ("dispatch", *mix),
-            ("expert fc1", 2 * R * h * 4 * h, e * (R * h + local * 4 * h * h + 4 * R * h)),
-            ("expert gelu", 8 * R * 4 * h, 2 * e * 4 * R * h),
-            ("expert fc2", 2 * R * 4 * h * h, e * (4 * R * h + local * 4 * h * h + R * h)),
-            ("combine", *mix)]
+    ops = [("router", 2 * N * h * E, e * (N * h + h * E + N * E)),
+           ("router softmax", 5 * N * E, 2 * e * N * E),
+           ("dispatch", *mix),
+           ("expert fc1", 2 * R * h * f, e * (R * h + local * f * h + R * f)),
+           ("expert gelu", 8 * R * f, 2 * e * R * f),
+           ("expert fc2", 2 * R * f * h, e * (R * f + local * f * h + R * h)),
+           ("combine", *mix)]
+    if cfg.shared_experts:
+        g = cfg.shared_experts * f
+        ops += [("shared fc1", 2 * N * h * g, e * (N * h + g * h + N * g)),
+                ("shared gelu", 8 * N * g, 2 * e * N * g),
+                ("shared fc2", 2 * N * g * h, e * (N * g + g * h + N * h)),
+                ("shared add", N * h, 3 * e * N * h)]
+    return ops
