@@ -62,16 +62,18 @@ def _random_config(rng):
                 overlap_comm=rng.random() < 0.7)
     if cp > 1 and heads % (tp * cp) == 0 and rng.random() < 0.5:
         cfg["cp_attention"] = "ulysses"                                       # all-to-all over heads
-    return {**cfg, **(_random_experts(rng, dp, tp) if cfg["cp"] == 1 else {})}   # no MoE under cp
+    return {**cfg, **(_random_experts(rng, dp, tp) if cfg["cp"] == 1 else {})}   # experts under cp: a test below
 
 
 def _random_experts(rng, dp, tp):
-    """A mixture of experts in about a third of the configurations (sp off then: refused with experts)."""
+    """A mixture of experts in about a third of the configurations (sp off then: refused with experts); those drawn
+    with capacity factor 2 route dropless (which has no capacity), the others by capacity."""
     experts = rng.choice([0, 0, 1, 4, 8, 64])
     if not experts:
         return {}
-    return dict(experts=experts, top_k=rng.randint(1, min(experts, 4)), sp=False,
-                capacity_factor=rng.choice([0.5, 1.0, 1.25, 2.0]),
+    cf = rng.choice([0.5, 1.0, 1.25, 2.0])
+    return dict(experts=experts, top_k=rng.randint(1, min(experts, 4)), sp=False, capacity_factor=cf,
+                moe_dispatch="dropless" if cf == 2.0 else "capacity",
                 ep=rng.choice([e for e in (1, 2, 4, 8) if experts % e == 0 and dp % e == 0]),
                 expert_ffn=rng.choice([0, 0, 256, 1024]), shared_experts=rng.choice([0, 0, 1, 2]))   # DeepSeekMoE
 
@@ -91,6 +93,22 @@ def test_step_time_js_matches_python_on_random_configs():
     cfgs = [_random_config(rng) for _ in range(240)]
     hws = [rng.choice(sorted(perf.HARDWARE)) for _ in cfgs]
     _assert_step_times_equal(cfgs, hws)
+
+
+def test_step_time_js_matches_python_with_dropless_experts_under_cp():
+    """Experts routed dropless over a cp ring (s/cp tokens each, expert states over edp × cp), each key to 1e-9."""
+    rng = random.Random(3301)
+    cfgs = []
+    while len(cfgs) < 60:
+        cfg = _random_config(rng)
+        if cfg["cp"] == 1:
+            continue
+        experts = rng.choice([4, 8, 64])
+        ep = rng.choice([e for e in (1, 2, 4, 8) if experts % e == 0 and cfg["dp"] % e == 0])
+        cfgs.append({**cfg, "experts": experts, "top_k": rng.randint(1, 4), "ep": ep, "sp": False,
+                     "moe_dispatch": "dropless", "expert_ffn": rng.choice([0, 256]), "shared_experts": rng.choice([0, 1])})
+    assert sum(c["ep"] > 1 for c in cfgs) > 10
+    _assert_step_times_equal(cfgs, [rng.choice(sorted(perf.HARDWARE)) for _ in cfgs])
 
 
 def test_step_time_js_rejects_what_python_rejects():
@@ -124,6 +142,9 @@ def test_planner_js_ranks_like_python():
         jobs.append((model, rng.choice([16, 64, 128]), rng.choice([256, 512]), rng.choice(sorted(perf.HARDWARE)), {}))
     moe = dict(layers=24, hidden=2048, heads=16, vocab=50257, seq_len=2048, experts=8, top_k=2, capacity_factor=1.25)
     jobs.append((moe, 64, 256, "h100", dict(recompute=("none", "full"), micro_batches=(1, 2))))
+    fine = dict(moe, experts=64, top_k=8, expert_ffn=1024, shared_experts=1, moe_dispatch="dropless",
+                attention="fused", seq_len=32768, precision="bf16")   # DeepSeekMoE's shape, long, cp searched
+    jobs.append((fine, 64, 64, "h100", dict(cps=(1, 2, 4), recompute=("none", "full"))))
     long = dict(layers=32, hidden=4096, heads=32, vocab=32000, seq_len=131072, precision="bf16", attention="fused",
                 position_embedding=False)
     jobs.append((long, 64, 16, "h100", dict(cps=(1, 2, 4, 8, 16))))
@@ -137,6 +158,8 @@ def test_planner_js_ranks_like_python():
         assert "error" not in js, js
         assert (js["searched"], js["fit"]) == (py["searched"], py["fit"])
         assert js["ranked"] == py["ranked"]
+        if s.get("moe_dispatch") == "dropless":              # experts over a cp ring are searched, and some fit
+            assert any("-cp" in name for name in py["ranked"]), py["ranked"][:5]
         for a, b in zip(js["top"], py["top"]):
             assert a["total"] == pytest.approx(b["total"], rel=1e-9) and a["memory_gb"] == pytest.approx(b["memory_gb"], rel=1e-9)
 

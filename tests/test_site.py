@@ -299,16 +299,18 @@ def _random_config(rng: random.Random) -> dict:
         cfg["cp_attention"] = "ulysses"                                       # all-to-all over heads
     if cfg["offload"] != "none" and rng.random() < 0.5:
         cfg["offload_device"] = "nvme"                                        # the states in files on disk
-    return {**cfg, **(_random_experts(rng) if cfg["cp"] == 1 else {})}   # no MoE under cp
+    return {**cfg, **_random_experts(rng, cfg["cp"])}
 
 
-def _random_experts(rng: random.Random) -> dict:
-    """A mixture of experts in about a third of the configurations (no sp then: `MemoryConfig` refuses it)."""
+def _random_experts(rng: random.Random, cp: int) -> dict:
+    """A mixture of experts in about a third of the configurations (no sp then: `MemoryConfig` refuses it), routed
+    by capacity or dropless (only dropless under cp)."""
     experts = rng.choice([0, 0, 1, 4, 8, 64])
     if not experts:
         return {}
     dp = rng.choice([1, 2, 4, 8, 64])
-    return dict(experts=experts, top_k=rng.randint(1, min(experts, 4)), dp=dp, sp=False,
+    dispatch = "dropless" if cp > 1 else rng.choice(["capacity", "dropless"])
+    return dict(experts=experts, top_k=rng.randint(1, min(experts, 4)), dp=dp, sp=False, moe_dispatch=dispatch,
                 capacity_factor=rng.choice([0.5, 1.0, 1.25, 2.0]),
                 ep=rng.choice([e for e in (1, 2, 4, 8) if experts % e == 0 and dp % e == 0]),
                 expert_ffn=rng.choice([0, 0, 64, 1408]), shared_experts=rng.choice([0, 0, 1, 2]))   # DeepSeekMoE
@@ -349,6 +351,7 @@ def test_calculator_js_rejects_what_python_rejects():
            {**base, "experts": 4, "sp": True, "tp": 2}, {**base, "experts": -1},
            {**base, "shared_experts": 1}, {**base, "experts": 4, "expert_ffn": -1}, {**base, "expert_ffn": 64},
            {**base, "cp": 2}, {**base, "cp": 3, "attention": "fused"}, {**base, "experts": 4, "cp": 2, "attention": "fused"},
+           {**base, "moe_dispatch": "dropless"}, {**base, "experts": 4, "moe_dispatch": "sorted"},
            {**base, "cp": 8, "tp": 2, "attention": "fused", "cp_attention": "ulysses"},
            {**base, "cp": 2, "attention": "fused", "cp_attention": "tree"}, {**base, "offload_device": "nvme"},
            {**base, "zero_stage": 1, "offload": "optimizer", "offload_device": "tape"}]

@@ -23,8 +23,8 @@
   var DEFAULTS = {micro_batch: 1, precision: "mixed", zero_stage: 0, tp: 1, dp: 1, pp: 1, cp: 1, sp: false,
                   recompute: "none", schedule: "1f1b", micro_batches: 1, virtual_stages: 1, offload: "none", offload_device: "cpu",
                   attention: "unfused", position_embedding: true, fp32_grads: false, pp_partition: "blocks",
-                  experts: 0, top_k: 2, capacity_factor: 1.25, ep: 1, expert_ffn: 0, shared_experts: 0, cp_attention: "ring",
-                  kv_heads: 0, ffn: 0, mlp: "gelu", tied: true, bias: true};
+                  experts: 0, top_k: 2, capacity_factor: 1.25, ep: 1, expert_ffn: 0, shared_experts: 0, moe_dispatch: "capacity",
+                  cp_attention: "ring", kv_heads: 0, ffn: 0, mlp: "gelu", tied: true, bias: true};
 
   /* Block shapes (minimega.analysis.shapes): GQA's k = kv_heads · h/a, the MLP's width f, GELU or SwiGLU. */
   function kvWidth(c) { return c.kv_heads ? c.kv_heads * Math.floor(c.hidden / c.heads) : c.hidden; }
@@ -97,10 +97,13 @@
     return Math.max(1, Math.min(s, Math.ceil(cf * k * s / E)));
   }
 
-  function moeActivationDelta(s, b, h, E, k, cf, t, e, f, S) {   // estimate.moe_activation_delta
-    var N = s * b, C = moeCapacity(s, E, k, cf), R = b * E * C;   // f: each expert's width, S: shared experts
-    var routing = N * h + N * E + (k > 1 ? N * (k + 1) : 0) + b * E + N * E * C * (k + 2);
-    return e * (routing + R * (2 * h + 2 * f) + 2 * N * S * f) + 8 * N * k - e * s * b * h * (1 + 8 / t);
+  function moeActivationDelta(s, b, h, E, k, cf, t, e, f, S, dispatch) {   // estimate.moe_activation_delta
+    var N = s * b, dense = e * s * b * h * (1 + 8 / t);           // f: each expert's width, S: shared experts
+    var routing = N * h + N * E + (k > 1 ? N * (k + 1) : 0) + b * E;
+    if (dispatch === "dropless")                     // estimate.dropless_mlp_activation_bytes: no slots, no one-hot
+      return e * (routing + N * k * (2 * h + 2 * f) + N * k + 2 * N * S * f) + 8 * 3 * N * k + 4 * E - dense;
+    var C = moeCapacity(s, E, k, cf), R = b * E * C;
+    return e * (routing + N * E * C * (k + 2) + R * (2 * h + 2 * f) + 2 * N * S * f) + 8 * N * k - dense;
   }
 
   function inFlightMicrobatches(p, m, schedule, v) {  // estimate.in_flight_microbatches
@@ -148,9 +151,11 @@
       if (!(Number.isInteger(cfg[k]) && cfg[k] >= 0)) throw new Error(k + " = " + cfg[k] + ": expected an integer >= 0");
     });
     if (!(Number.isInteger(cfg.ep) && cfg.ep >= 1)) throw new Error("ep = " + cfg.ep + ": expected an integer >= 1");
+    if (cfg.moe_dispatch !== "capacity" && cfg.moe_dispatch !== "dropless")
+      throw new Error("moe dispatch " + cfg.moe_dispatch + ": expected capacity or dropless");
     if (cfg.experts === 0) {
-      if (cfg.ep > 1 || cfg.expert_ffn || cfg.shared_experts)
-        throw new Error("ep = " + cfg.ep + ", expert ffn and shared experts need experts > 0");
+      if (cfg.ep > 1 || cfg.expert_ffn || cfg.shared_experts || cfg.moe_dispatch !== "capacity")
+        throw new Error("ep = " + cfg.ep + ", expert ffn, shared experts and dropless dispatch need experts > 0");
       return;
     }
     if (!(Number.isInteger(cfg.top_k) && cfg.top_k >= 1 && cfg.top_k <= cfg.experts))
@@ -160,7 +165,8 @@
     if (cfg.experts % cfg.ep !== 0 || cfg.dp % cfg.ep !== 0)
       throw new Error("ep = " + cfg.ep + " must divide experts = " + cfg.experts + " and dp = " + cfg.dp);
     if (cfg.sp && cfg.tp > 1) throw new Error("sequence parallelism with experts: use sp = false");
-    if (cfg.cp > 1) throw new Error("context parallelism with experts: use cp = 1");
+    if (cfg.cp > 1 && cfg.moe_dispatch === "capacity")
+      throw new Error("context parallelism with capacity-routed experts: use dropless dispatch or cp = 1");
   }
 
   function checkShape(cfg) {                          // estimate.MemoryConfig._check_shape
@@ -225,7 +231,7 @@
     var nvme = cfg.offload_device === "nvme" ? 12 * split[0] / replicas : 0;   // estimate.nvme_bytes_per_step: K·Ψ/N_d
     cpu -= nvme;
     if (split[1]) {                                   // experts: whole on each rank of their edp group, on the GPU;
-      var ex = modelStateBreakdown(split[1], cfg.dp / cfg.ep, Math.min(cfg.zero_stage, 1), cfg.precision,
+      var ex = modelStateBreakdown(split[1], cfg.dp / cfg.ep * cfg.cp, Math.min(cfg.zero_stage, 1), cfg.precision,
                                    cfg.fp32_grads ? 4 : null);   // Adam's states sharded over it from stage 1
       st.params += ex.params; st.grads += ex.grads; st.optimizer += ex.optimizer;
     }
@@ -234,10 +240,10 @@
     var gathered = cfg.zero_stage === 3 ? pBytes * blockParams(cfg)[0] * (1 - 1 / replicas) : 0;
     var actBytes = cfg.precision === "fp32" ? 4 : 2;
     var sp = cfg.sp && t > 1;
-    var moe = cfg.experts ? moeActivationDelta(cfg.seq_len, cfg.micro_batch, h, cfg.experts, cfg.top_k,
-                                               cfg.capacity_factor, t, actBytes, cfg.expert_ffn || 4 * h,
-                                               cfg.shared_experts) : 0;
     var sLocal = Math.floor(cfg.seq_len / cfg.cp);   // this rank's tokens of each sequence
+    var moe = cfg.experts ? moeActivationDelta(sLocal, cfg.micro_batch, h, cfg.experts, cfg.top_k,
+                                               cfg.capacity_factor, t, actBytes, cfg.expert_ffn || 4 * h,
+                                               cfg.shared_experts, cfg.moe_dispatch) : 0;
     var uly = ulyssesActivationBytes(cfg);
     var perLayer = activationBytesPerLayer(sLocal, cfg.micro_batch, h, cfg.heads, t, sp,
                                            cfg.recompute, cfg.attention, actBytes, 1, cfg) + (cfg.recompute === "full" ? 0 : moe) + uly[0];

@@ -87,8 +87,8 @@
                   recompute: "none", schedule: "1f1b", virtual_stages: 1, offload: "none", offload_device: "cpu", attention: "unfused",
                   position_embedding: true, fp32_grads: false, pp_partition: "blocks", global_batch: 1,
                   dropout: true, bucket_bytes: 25e6, stack: "megatron", overlap_comm: true,
-                  experts: 0, top_k: 2, capacity_factor: 1.25, ep: 1, expert_ffn: 0, shared_experts: 0, cp_attention: "ring",
-                  kv_heads: 0, ffn: 0, mlp: "gelu", tied: true, bias: true};
+                  experts: 0, top_k: 2, capacity_factor: 1.25, ep: 1, expert_ffn: 0, shared_experts: 0, moe_dispatch: "capacity",
+                  cp_attention: "ring", kv_heads: 0, ffn: 0, mlp: "gelu", tied: true, bias: true};
 
   function perfConfig(input) {                       // perf.PerfConfig (+ check)
     var c = {}, k;
@@ -115,7 +115,7 @@
     var out = {}, k;
     ["layers", "hidden", "heads", "vocab", "seq_len", "micro_batch", "precision", "zero_stage", "tp", "dp", "pp", "cp", "sp",
      "recompute", "schedule", "micro_batches", "virtual_stages", "offload", "offload_device", "attention", "position_embedding",
-     "fp32_grads", "pp_partition", "experts", "top_k", "capacity_factor", "ep", "expert_ffn", "shared_experts", "cp_attention", "kv_heads", "ffn", "mlp",
+     "fp32_grads", "pp_partition", "experts", "top_k", "capacity_factor", "ep", "expert_ffn", "shared_experts", "moe_dispatch", "cp_attention", "kv_heads", "ffn", "mlp",
      "tied", "bias"].forEach(function (k2) { out[k2] = c[k2]; });
     return out;
   }
@@ -148,16 +148,25 @@
   }
 
   function moeOps(c) {                               // perf.moe_ops
-    var s = c.seq_len, b = c.micro_batch, h = c.hidden, E = c.experts, e = c.precision === "fp32" ? 4 : 2;
-    var N = s * b, EC = E * mem.moeCapacity(s, E, c.top_k, c.capacity_factor), R = b * EC, local = E / c.ep;
-    var f = c.expert_ffn || 4 * h, mixF = 2 * N * EC * h, mixB = e * (N * EC + N * h + b * EC * h);
+    var s = Math.floor(c.seq_len / c.cp), b = c.micro_batch, h = c.hidden, E = c.experts, k = c.top_k;
+    var e = c.precision === "fp32" ? 4 : 2, f = c.expert_ffn || 4 * h, N = s * b, local = E / c.ep, R, dispatch, combine;
+    if (c.moe_dispatch === "dropless") {             // R = N·k routed rows: gathered, run, scattered back with the gates
+      R = N * k;
+      dispatch = ["gather", 0, 2 * e * R * h + 8 * R];
+      combine = ["scatter + combine", 2 * R * h, e * (R * h + R + N * h) + 8 * R];
+    } else {                                         // R = b·E·C capacity slots; the one-hot contractions
+      var EC = E * mem.moeCapacity(s, E, k, c.capacity_factor), mixF = 2 * N * EC * h, mixB = e * (N * EC + N * h + b * EC * h);
+      R = b * EC;
+      dispatch = ["dispatch", mixF, mixB];
+      combine = ["combine", mixF, mixB];
+    }
     var ops = [["router", 2 * N * h * E, e * (N * h + h * E + N * E)],
                ["router softmax", 5 * N * E, 2 * e * N * E],
-               ["dispatch", mixF, mixB],
+               dispatch,
                ["expert fc1", 2 * R * h * f, e * (R * h + local * f * h + R * f)],
                ["expert gelu", 8 * R * f, 2 * e * R * f],
                ["expert fc2", 2 * R * f * h, e * (R * f + local * f * h + R * h)],
-               ["combine", mixF, mixB]];
+               combine];
     if (c.shared_experts) {
       var g = c.shared_experts * f;
       ops.push(["shared fc1", 2 * N * h * g, e * (N * h + g * h + N * g)], ["shared gelu", 8 * N * g, 2 * e * N * g],
@@ -195,7 +204,9 @@
     var nAr = 2 * perPass + (c.recompute === "full" ? perPass : 0);
     var epComm = 0;
     if (c.experts && c.ep > 1) {
-      var size = c.micro_batch * c.experts * mem.moeCapacity(c.seq_len, c.experts, c.top_k, c.capacity_factor) * c.hidden * e;
+      var rows = c.moe_dispatch === "dropless" ? Math.floor(c.seq_len / c.cp) * c.micro_batch * c.top_k
+                 : c.micro_batch * c.experts * mem.moeCapacity(c.seq_len, c.experts, c.top_k, c.capacity_factor);
+      var size = rows * c.hidden * e;
       epComm = (4 + (c.recompute === "full" ? 2 : 0)) * collectiveTime("all_to_all", size, c.ep, linkFor(h, c.tp * c.ep, world(c)));
     }
     return {forward: fwd, backward: 2 * fwd, recompute: recompute, tp_comm: nAr * ar, ep_comm: epComm,
@@ -295,7 +306,7 @@
         if (c.zero_stage === 1 || c.zero_stage === 2) dpComm += collectiveTime("all_gather", nStage * e, replicas, l);
       }
     }
-    var edp = c.dp / c.ep;
+    var edp = c.dp / c.ep * c.cp;                     // the ranks holding the same experts (edp, times cp)
     if (nExpert && edp > 1) {                         // all-reduce, or ZeRO-1 over edp: reduce-scatter + all-gather
       var xl = bucketed(c.zero_stage === 0 ? "all_reduce" : "reduce_scatter", nExpert * gradB, edp, l, c.bucket_bytes);
       dpComm += p === 1 && c.overlap_comm ? Math.max(xl[1], xl[0] - lastBwd) : xl[0];
@@ -367,7 +378,8 @@
     var out = [];
     o.cps.forEach(function (cp) {
       if (cp === 1) out.push([1, "ring"]);
-      else if (n % (tp * cp) === 0 && model.seq_len % (2 * cp) === 0 && !model.experts && model.attention === "fused")
+      else if (n % (tp * cp) === 0 && model.seq_len % (2 * cp) === 0 && model.attention === "fused" &&
+               (!model.experts || model.moe_dispatch === "dropless"))
         o.cp_attentions.forEach(function (a) {
           if (a === "ring" || (model.heads % (tp * cp) === 0 && (model.kv_heads || model.heads) % (tp * cp) === 0)) out.push([cp, a]);
         });

@@ -84,6 +84,10 @@ class MemoryConfig:
     expert_ffn: int = 0
     """Each expert's inner width F (with experts > 0); 0: 4·hidden. DeepSeekMoE's fine-grained experts: m·E
     experts of F/m, top m·k (minimega's ``MoEConfig.expert_hidden``)."""
+    moe_dispatch: str = "capacity"
+    """How tokens reach the experts (``MoEConfig.dispatch``): 'capacity', GShard's slots of C per expert and
+    sequence with a one-hot dispatch (quadratic in s); 'dropless', sorted by expert, nothing dropped or padded,
+    the only one that composes with cp."""
     shared_experts: int = 0
     """S always-active experts (DeepSeekMoE; ``MoEConfig.n_shared_experts``): one h × S·F × h MLP every token
     passes, whole on every tp rank, its states counted with the non-expert ones (ZeRO over dp)."""
@@ -166,9 +170,13 @@ class MemoryConfig:
                 raise ValueError(f"{name}={v!r}: expected an integer >= 0 (0 for the default)")
         if not (isinstance(self.ep, int) and not isinstance(self.ep, bool) and self.ep >= 1):
             raise ValueError(f"ep={self.ep!r}: expected an integer >= 1")
+        if self.moe_dispatch not in ("capacity", "dropless"):
+            raise ValueError(f"moe_dispatch={self.moe_dispatch!r}: expected 'capacity' or 'dropless'")
         if self.experts == 0:
             if self.ep > 1:
                 raise ValueError(f"ep={self.ep} needs experts > 0: a dense MLP has no experts to split")
+            if self.moe_dispatch != "capacity":
+                raise ValueError(f"moe_dispatch={self.moe_dispatch!r} needs experts > 0; leave it at 'capacity'")
             if self.expert_ffn or self.shared_experts:
                 raise ValueError(f"expert_ffn={self.expert_ffn}, shared_experts={self.shared_experts} shape experts: "
                                  "they need experts > 0; leave them at 0 for a dense MLP")
@@ -184,10 +192,9 @@ class MemoryConfig:
         if self.sp and self.tp > 1:
             raise ValueError("sp=True with experts: sequence parallelism would cut the routing groups (whole "
                              "sequences) over tp; use sp=False")
-        if self.cp > 1:
-            raise ValueError(f"cp={self.cp} with experts: the estimate models capacity routing, a budget per whole "
-                             "sequence that cp would cut (the engine trains cp with dispatch='dropless', which this "
-                             "model does not price); use cp=1")
+        if self.cp > 1 and self.moe_dispatch == "capacity":
+            raise ValueError(f"cp={self.cp} with experts and moe_dispatch='capacity': capacity is a budget per whole "
+                             "sequence, which cp would cut; use moe_dispatch='dropless' (as the engine does) or cp=1")
 
 
 # --8<-- [start:memory_per_gpu]
@@ -248,7 +255,7 @@ def memory_per_gpu(cfg: MemoryConfig) -> dict:
     (`model_state_placement`; "cpu" is the host's share; with ``offload_device='nvme'`` "nvme" is the disk's,
     `disk.nvme_bytes_per_step`, taken from the host's). With experts the expert parameters and gradients are
     whole on every rank (`stage_param_split`), their optimizer states too at stage 0 and sharded over the dp/ep
-    ranks of their edp group from stage 1 on, all on the GPU, and each block's activations change by `moe_activation_delta`
+    ranks of their edp group (times cp: the cp ranks hold the same experts) from stage 1 on, all on the GPU, and each block's activations change by `moe_activation_delta`
     (minimega's MoE layer; with full recomputation only in the working set). Not counted:
     communication buckets, allocator fragmentation, the embedding/loss activations and logits.
     """
@@ -262,7 +269,7 @@ def memory_per_gpu(cfg: MemoryConfig) -> dict:
     nvme = nvme_bytes_per_step(n_dense, replicas, cfg.zero_stage)["read"] if cfg.offload_device == "nvme" else 0.0
     cpu -= nvme                             # the master and Adam's states: 12 bytes a shard element, on disk
     if n_expert:                            # experts: whole on each rank of their expert-data-parallel group,
-        edp, stage = cfg.dp // cfg.ep, min(cfg.zero_stage, 1)      # Adam's states sharded over it from stage 1
+        edp, stage = cfg.dp // cfg.ep * cfg.cp, min(cfg.zero_stage, 1)   # (edp x cp); Adam's states sharded from 1
         for k, v in model_state_breakdown(n_expert, edp, stage, cfg.precision, grad_bytes=grad_bytes).items():
             states[k] += v                  # stepped by their own optimizer on the GPU (offload or not)
     p_bytes = state_bytes_per_param(cfg.precision)[0]
@@ -272,7 +279,8 @@ def memory_per_gpu(cfg: MemoryConfig) -> dict:
                act_bytes=4 if cfg.precision == "fp32" else 2, kv_heads=cfg.kv_heads, ffn=cfg.ffn, mlp=cfg.mlp)
     shape = (cfg.seq_len // cfg.cp, cfg.micro_batch, h, cfg.heads)      # this rank's tokens of each sequence
     moe = moe_activation_delta(*shape[:3], cfg.experts, cfg.top_k, cfg.capacity_factor, tp=t, act_bytes=act["act_bytes"],
-                               expert_hidden=cfg.expert_ffn or None, n_shared=cfg.shared_experts) if cfg.experts else 0.0
+                               dispatch=cfg.moe_dispatch, expert_hidden=cfg.expert_ffn or None,
+                               n_shared=cfg.shared_experts) if cfg.experts else 0.0
     uly_kept, uly_working = ulysses_activation_bytes(cfg)
     per_layer = activation_bytes_per_layer(*shape, **act) + (0.0 if cfg.recompute == "full" else moe) + uly_kept
     in_flight = in_flight_microbatches(cfg.pp, cfg.micro_batches, cfg.schedule, cfg.virtual_stages) \

@@ -241,8 +241,10 @@ def layer_times(cfg: PerfConfig, hw: Hardware | str) -> dict:
     n_ar = 2 * per_pass + (per_pass if cfg.recompute == "full" else 0)
     ep_comm = 0.0
     if cfg.experts and cfg.ep > 1:                     # dispatch + combine, forward and backward (and the recompute)
-        size = cfg.micro_batch * cfg.experts * est.moe_capacity(cfg.seq_len, cfg.experts, cfg.top_k,
-                                                                cfg.capacity_factor) * cfg.hidden * e
+        rows = (tokens * cfg.top_k if cfg.moe_dispatch == "dropless"       # the routed rows, or the capacity slots
+                else cfg.micro_batch * cfg.experts * est.moe_capacity(cfg.seq_len, cfg.experts, cfg.top_k,
+                                                                       cfg.capacity_factor))
+        size = rows * cfg.hidden * e
         a2a = collective_time("all_to_all", size, cfg.ep, hw.link(cfg.tp * cfg.ep, cfg.n_gpus))
         ep_comm = (4 + (2 if cfg.recompute == "full" else 0)) * a2a
     cp_comm = ulysses_attention_time(cfg, hw) if cfg.cp_attention == "ulysses" else ring_attention_time(cfg, hw, core)
@@ -388,7 +390,7 @@ def step_time(cfg: PerfConfig, hw: Hardware | str = "a100-80gb") -> dict:
             dp_comm = max(last, total - last_bwd) if p == 1 and cfg.overlap_comm else total
             if cfg.zero_stage in (1, 2):
                 dp_comm += collective_time("all_gather", n_stage * e, replicas, link)
-    edp = cfg.dp // cfg.ep
+    edp = cfg.dp // cfg.ep * cfg.cp          # the ranks holding the same experts (edp, times cp)
     if n_expert and edp > 1:               # expert gradients over the expert-data-parallel group: an all-reduce,
         op = "all_reduce" if cfg.zero_stage == 0 else "reduce_scatter"      # or ZeRO-1's reduce-scatter + all-gather
         total, last = _bucketed(op, n_expert * grad_b, edp, link, cfg.bucket_bytes)

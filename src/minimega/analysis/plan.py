@@ -14,8 +14,8 @@ Rules of the search (each one a constraint the stacks themselves impose):
 
 Context parallelism is searched when asked for (``cps``, ``minimega plan --cp 1 2 4 8``), with the engine's
 rules (`context_parallel.check`): cp divides the GPUs left after tp and splits seq_len into 2·cp chunks; no
-cp with pp, with experts (the model prices capacity routing, per whole sequence; the engine's dropless cp is not
-modelled) or with sequence parallelism (cp already splits the sequence); the attention is a
+cp with pp, with capacity-routed experts (capacity is a budget per whole sequence; experts routed dropless are
+searched with cp, as the engine trains them) or with sequence parallelism (cp already splits the sequence); the attention is a
 fused kernel. cp·tp may span nodes (the ring's hops and the all-to-alls are priced on the link that spans
 cp·tp ranks). Each cp > 1 is searched with every variant in ``cp_attentions``: 'ring', and 'ulysses' where
 tp·cp divides the heads. ZeRO shards over dp·cp, so a ZeRO stage needs dp·cp > 1, not dp > 1.
@@ -52,8 +52,8 @@ def _cp_variants(model: dict, n: int, tp: int, cps, cp_attentions) -> list[tuple
     for cp in cps:
         if cp == 1:
             out.append((1, "ring"))
-        elif n % (tp * cp) == 0 and model["seq_len"] % (2 * cp) == 0 and not model.get("experts", 0) \
-                and model.get("attention", "unfused") == "fused":
+        elif n % (tp * cp) == 0 and model["seq_len"] % (2 * cp) == 0 and model.get("attention", "unfused") == "fused" \
+                and (not model.get("experts", 0) or model.get("moe_dispatch") == "dropless"):
             kv = model.get("kv_heads", 0) or model["heads"]          # Ulysses splits query and key/value heads
             heads_split = model["heads"] % (tp * cp) == 0 and kv % (tp * cp) == 0
             out += [(cp, a) for a in cp_attentions if a == "ring" or heads_split]
@@ -155,7 +155,8 @@ def plan(model: dict, n_gpus: int, global_batch: int, hw: Hardware | str = "a100
 
 
 SHAPE_KEYS = ("layers", "hidden", "heads", "vocab", "seq_len", "precision", "fp32_grads", "position_embedding",
-              "pp_partition", "attention", "experts", "top_k", "capacity_factor", "kv_heads", "ffn", "mlp", "tied", "bias")
+              "pp_partition", "attention", "experts", "top_k", "capacity_factor", "moe_dispatch", "expert_ffn",
+              "shared_experts", "kv_heads", "ffn", "mlp", "tied", "bias")
 
 
 def preset_shape(name: str) -> dict:
