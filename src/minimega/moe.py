@@ -74,6 +74,7 @@ from .exchange import exchange
 from .model import GPT, MLP
 from .moe_balance import sequence_means
 from .moe_dropless import dropless_combine, run_expert_parallel
+from .sizes import moe_alltoall_bytes, moe_capacity  # noqa: F401  (integer rules shared with the estimators)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -157,19 +158,6 @@ class MoEGPTConfig(GPTConfig):
         return MoEGPT(*self.parts())
 
 
-# --8<-- [start:moe_capacity]
-def moe_capacity(seq_len: int, n_experts: int, top_k: int, capacity_factor: float) -> int:
-    """Slots per expert in one sequence: min(T, ceil(capacity_factor · k · T / E)) (GShard, Switch)."""
-    return max(1, min(seq_len, math.ceil(capacity_factor * top_k * seq_len / n_experts)))
-
-
-def moe_alltoall_bytes(n_layer: int, rows: int, seq_len: int, d_model: int, ep: int, n_experts: int,
-                       top_k: int, capacity_factor: float, bytes_per_elem: int = 4) -> float:
-    """Bytes one rank sends in a training step's all-to-alls: 4 per MoE layer (dispatch and combine, forward
-    and backward), each (ep-1)/ep of the (E, rows · C, D) slot buffer; ``rows``: this rank's sequences."""
-    slots = n_experts * rows * moe_capacity(seq_len, n_experts, top_k, capacity_factor) * d_model
-    return 4 * n_layer * (ep - 1) / ep * slots * bytes_per_elem
-# --8<-- [end:moe_capacity]
 
 
 def alltoall_bytes(moe: MoEConfig, n_layer: int, rows: int, seq_len: int, n_embd: int, ep: int,

@@ -1,7 +1,7 @@
 """Saved activations per layer (Korthikanti et al. 2022, Table 2), recomputation's working set, and the experts'."""
 from __future__ import annotations
 
-from ..moe import moe_capacity
+from ..sizes import moe_capacity
 from .memory import RECOMPUTE
 
 

@@ -5,7 +5,7 @@ Algorithmic bytes (what each rank sends under the ring model, nccl-tests' yardst
 """
 from __future__ import annotations
 
-from ..moe import moe_alltoall_bytes  # noqa: F401  (the experts' all-to-alls: defined beside the dispatch)
+from ..sizes import moe_alltoall_bytes  # noqa: F401  (the experts' all-to-alls: the rule moe.py uses)
 from .memory import CP_ATTENTION, _check_stage_dp
 
 

@@ -51,7 +51,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, replace
 
-from ..moe import moe_capacity
+from ..sizes import moe_capacity
 from .communication import ring_time
 
 GB = 1e9

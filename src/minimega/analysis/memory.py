@@ -23,7 +23,7 @@ Sizes are bytes; the course prints GB = 1e9 bytes, as the ZeRO paper does.
 """
 from __future__ import annotations
 
-from ..zero.flat import padded_numel   # the one definition: the flat buffers pad exactly this way
+from ..sizes import padded_numel   # the one definition: the flat buffers (zero/flat.py) pad exactly this way
 
 GB = 1e9
 

@@ -5,7 +5,7 @@ one GPU, as ``layer_ops`` lists the dense block's.
 """
 from __future__ import annotations
 
-from ..moe import moe_capacity
+from ..sizes import moe_capacity
 
 
 def moe_ops(cfg) -> list[tuple[str, float, float]]:

@@ -18,11 +18,7 @@ import torch.nn as nn
 
 from .. import comm
 from ..grad_sync import dp_named_parameters
-
-
-def padded_numel(numel: int, dp: int) -> int:
-    """`numel` rounded up to a multiple of dp: the length of a flat buffer that splits evenly."""
-    return -(-int(numel) // dp) * dp
+from ..sizes import padded_numel   # the rule the estimators share (minimega/sizes.py)
 
 
 # --8<-- [start:shard_bounds]
