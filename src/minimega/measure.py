@@ -6,6 +6,7 @@ Tensors that share storage are counted once.
 """
 from __future__ import annotations
 
+import weakref
 from contextlib import contextmanager
 from typing import Iterable
 
@@ -192,6 +193,17 @@ class PeakTracker:
         return {**self.peak, "at_peak_total": dict(self.at_peak)}
 
 
+_PARAMETERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _parameters(module: torch.nn.Module) -> list[torch.Tensor]:
+    """A wrapper's parameters, listed once: the peak tracker asks after every op, and walking the module tree
+    each time was most of a tracked step (a wrapped module keeps its parameter objects for its whole life)."""
+    if module not in _PARAMETERS:
+        _PARAMETERS[module] = list(module.parameters())
+    return _PARAMETERS[module]
+
+
 def state_tensors(dp_wrappers, optimizer=None) -> dict[str, list[torch.Tensor]]:
     """The model-state tensors of one rank's device by category, for `PeakTracker` (an offloading store's
     host tensors are left out: on a CPU-only run too, they are not the device's).
@@ -220,7 +232,7 @@ def state_tensors(dp_wrappers, optimizer=None) -> dict[str, list[torch.Tensor]]:
                 out["grads"] += [m.grad for m in w.store.master]
                 states = optimizer_state_tensors(w.store.optimizer)
         else:
-            params = list(w.parameters())
+            params = _parameters(w)
             out["params"] += params
             out["grads"] += [p.grad for p in params]
             states = optimizer_state_tensors(optimizer) if optimizer is not None else []
