@@ -15,8 +15,9 @@ The estimators are pure functions of a few integers (no torch), one concern per 
 and above them the step-time model (``perf.py``, ``hardware.py``), the planner (``plan.py``) and the
 calibration on this machine (``calibrate.py``). This package gathers every estimator under one name,
 ``minimega.analysis`` (the course's ``minimega.analysis``): ``est.model_state_bytes(7.5e9, 64, 3)``.
-The core never imports analysis; analysis reads the core where they share a rule (`zero.flat.padded_numel`,
-`moe.moe_capacity`), so the prediction and the code cannot disagree on it.
+The core never imports analysis; where they share a rule (a flat buffer's padding, an expert's slots), both
+read it from the core's torch-free ``minimega/sizes.py``, so the prediction and the code cannot disagree on it,
+and importing the estimators never loads torch.
 """
 from .activations import *  # noqa: F403
 from .calculator import *  # noqa: F403
