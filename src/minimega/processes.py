@@ -62,7 +62,8 @@ def forkserver_context():
             _CONTEXT = mp.get_context("forkserver")
             # torch._dynamo too: every torch.optim.Optimizer imports it on construction, which costs each
             # rank seconds (measured 2-15 s per launch on 2 busy cores) unless the forkserver already holds it.
-            _CONTEXT.set_forkserver_preload(["torch", "torch.distributed", "torch._dynamo", "minimega.engine"])
+            _CONTEXT.set_forkserver_preload(["torch", "torch.distributed", "torch._dynamo", "minimega.engine",
+                                           "minimega.launch"])
         else:
             _CONTEXT = mp.get_context("spawn")
     if _CONTEXT.get_start_method() == "forkserver":
