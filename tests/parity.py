@@ -18,8 +18,11 @@ def parity_config(**overrides) -> mm.TrainConfig:
     in blocks.3.mlp.proj.weight at step 1) and ends 3e-5 off after 10 steps under every layout, torch's
     own DDP included. The tests therefore use seed 1 and a per-tensor norm-relative error (see
     `max_rel_error`), measured at 2e-7 to 4e-7 for DDP at dp 2 and 4.
+
+    No memory peaks (``memory_peak_steps=0``): sampling after every op made these short runs 2-3x slower, and
+    parity reads none (that the sampling changes no number: test_engine_step.py).
     """
-    return mm.TrainConfig(**{"batch_size": 8, "seed": 1, **overrides})
+    return mm.TrainConfig(**{"batch_size": 8, "seed": 1, "memory_peak_steps": 0, **overrides})
 
 
 def max_rel_error(got: dict, ref: dict) -> float:

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import minimega as mm
-from minimega import clock, comm, data
+from minimega import clock, comm, data, measure
 from minimega.comm_log import CommLog, ring_bytes
 from minimega.optimizer import Optimizers, TorchOptimizer
 from minimega.watchdog import RankStatus, _STATUS_BYTES, read_status
@@ -123,6 +123,32 @@ def test_memory_is_recorded_after_a_resume(tmp_path):
     for batch in data.batches(mesh, 1, 4, 32, start=4):
         again.train_step(batch)
     assert again.report()["memory_peak"]["total"] >= report["memory_at_step"]["params"] > 0
+
+
+@pytest.mark.parametrize("first", [0, 1, 3])
+def test_peaks_are_sampled_in_the_first_memory_peak_steps_and_when_asked(first, monkeypatch):
+    sampled, track = [], measure.PeakTracker.track
+    monkeypatch.setattr(measure.PeakTracker, "track", lambda self: (sampled.append(engine.step), track(self))[1])
+    engine = _engine(zero_stage=1, memory_peak_steps=first)
+    for i, batch in enumerate(data.batches(engine.mesh, 5, 4, 32)):
+        if i == 4:
+            engine.track_peak()
+        engine.train_step(batch)
+    assert sampled == [*range(first), 4]
+    assert engine.report()["memory_peak"]["total"] >= engine.report()["memory_at_step"]["params"] > 0
+
+
+@pytest.mark.parametrize("stage", [0, 3])
+def test_sampling_the_peak_changes_no_number(stage):
+    runs = []
+    for first in (2, 0):
+        engine = _engine(zero_stage=stage, memory_peak_steps=first, gradient_clipping=0.5)
+        for batch in data.batches(engine.mesh, 2, 4, 32):
+            engine.train_step(batch)
+        runs.append((engine.losses, engine.grad_norms, engine.full_state_dict()))
+    (losses, norms, state), (losses0, norms0, state0) = runs
+    assert losses == losses0 and norms == norms0 and state.keys() == state0.keys()
+    assert all(torch.equal(state[k], state0[k]) for k in state)
 
 
 def _long_run(steps, window):

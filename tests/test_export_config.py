@@ -60,6 +60,7 @@ SAMPLES = {
     "overlap_comm": ({}, dict(overlap_comm=False)),
     "reductions_in_flight": (dict(zero_stage=2), dict(zero_stage=2, reductions_in_flight=2)),
     "async_save": ({}, dict(async_save=True)),
+    "memory_peak_steps": ({}, dict(memory_peak_steps=0)),
     "ep": ({}, dict(ep=2)),
     "cp": ({}, dict(cp=2)),
     "cp_attention": (dict(cp=2), dict(cp=2, cp_attention="ulysses")),

@@ -164,7 +164,7 @@ def _flag(*names: str, **extra) -> dict:
 # numbers (ints welcome), and each range is the one the code that reads the field needs.
 _INT_MIN = {"tp": 1, "pp": 1, "cp": 1, "ep": 1, "micro_batches": 1, "virtual_stages": 1, "batch_size": 1,
             "gradient_accumulation_steps": 1, "checkpoint_every": 1, "seed": 0, "param_persistence_threshold": 0,
-            "loss_scale_window": 1, "hysteresis": 1, "reductions_in_flight": 1}
+            "loss_scale_window": 1, "hysteresis": 1, "reductions_in_flight": 1, "memory_peak_steps": 0}
 _REAL = {  # name: (lower bound, lower bound allowed?)
     "lr": (0.0, False), "eps": (0.0, False), "weight_decay": (0.0, True), "gradient_clipping": (0.0, True),
     "bucket_mb": (0.0, False), "loss_scale": (0.0, True), "min_loss_scale": (0.0, False)}
@@ -312,6 +312,11 @@ class TrainConfig:
     """fp16 dynamic scaling: overflows absorbed before the scale halves."""
     min_loss_scale: float = 1.0
     """fp16 dynamic scaling: the scale never drops below this."""
+
+    # Measurement.
+    memory_peak_steps: int = 2
+    """Steps from the first whose peak bytes by category are sampled after every op (``report()["memory_peak"]``;
+    later ones with ``Engine.track_peak``). 0 skips the sampling, which makes a step 2-3x slower on CPU."""
 
     # Checkpoints.
     async_save: bool = False

@@ -212,10 +212,11 @@ class Engine:
         total = torch.zeros((), device=self.mesh.device)
         self.model.train()
         # Memory is watched in steps 0 and 1 (the second is steady), whenever asked (`track_peak`), and the states
-        # at the step also in a resumed run's first; peaks are sampled (costly) only when watched.
+        # at the step also in a resumed run's first; peaks are sampled (costly) in the first `memory_peak_steps`.
         watch = self.step < 2 or self._peak_steps > 0
+        peaks = self.step < self.config.memory_peak_steps or self._peak_steps > 0
         self._peak_steps = max(0, self._peak_steps - 1)
-        peak = self._peak.track() if watch else nullcontext()
+        peak = self._peak.track() if peaks else nullcontext()
         with self.comm_log, comm.overlap(self.config.overlap_comm), peak:
             if self.pipeline is not None:
                 total = self.pipeline.forward_backward(x, y, self.step)    # sum_i loss_i / m, last stage only
@@ -341,8 +342,7 @@ class Engine:
         return {k: local[k] for k in self._keys if k in local}
 
     def track_peak(self, steps: int = 1) -> None:
-        """Sample the peak bytes by category (``report()["memory_peak"]``) during the next ``steps`` steps, as
-        steps 0 and 1 always are: after a resume, or to watch a later step."""
+        """Sample the peak bytes by category (``report()["memory_peak"]``) in the next ``steps`` steps too."""
         self._peak_steps = max(self._peak_steps, steps)
 
     def memory(self) -> dict:

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 
 from ..config import TrainConfig
-from .export_table import ExportError, default_of, get_field, refuse, split_evenly
+from .export_table import MEASUREMENT, ExportError, default_of, get_field, refuse, split_evenly
 
 
 # On Megatron-DeepSpeed's command line, not in ds_config.json (BLOOM's launch passes them as flags).
@@ -72,6 +72,8 @@ def to_deepspeed(cfg: TrainConfig, dp: int, *, megatron: bool = False) -> dict:
     if get_field(cfg, "reductions_in_flight") != default_of("reductions_in_flight"):
         raise refuse(target, "reductions_in_flight", get_field(cfg, "reductions_in_flight"), "DeepSpeed bounds its "
                       "reductions by reduce_bucket_size (bytes), not a count")
+    if get_field(cfg, "memory_peak_steps") != default_of("memory_peak_steps"):
+        raise refuse(target, "memory_peak_steps", cfg.memory_peak_steps, MEASUREMENT)
     if get_field(cfg, "async_save"):
         raise refuse(target, "async_save", True, "how a checkpoint is written (blocking or in the background) is not carried by this export")
     if cfg.bucket_mb != default_of("bucket_mb"):

@@ -5,7 +5,7 @@ import json
 import math
 
 from ..config import GPTConfig, TrainConfig
-from .export_table import ExportError, default_of, get_field, refuse, split_evenly
+from .export_table import MEASUREMENT, ExportError, default_of, get_field, refuse, split_evenly
 
 
 # Every flag to_megatron may write, with where Megatron-LM (d98e8a6) defines it. A test checks that no
@@ -120,6 +120,8 @@ def to_megatron(cfg: TrainConfig, dp: int, model: GPTConfig) -> list[str]:
     if get_field(cfg, "reductions_in_flight") != default_of("reductions_in_flight"):
         raise refuse(target, "reductions_in_flight", get_field(cfg, "reductions_in_flight"),
                       "Megatron-LM has no cap on the reductions in flight")
+    if get_field(cfg, "memory_peak_steps") != default_of("memory_peak_steps"):
+        raise refuse(target, "memory_peak_steps", cfg.memory_peak_steps, MEASUREMENT)
     if get_field(cfg, "async_save"):
         raise refuse(target, "async_save", True, "how a checkpoint is written (blocking or in the background) is not carried by this export")
     if get_field(cfg, "overlap_comm"):
@@ -242,6 +244,7 @@ def torchtitan_sections(cfg: TrainConfig, dp: int, model: GPTConfig) -> dict[str
                       "saves matmul outputs and recomputes the rest, not minimega's attention-core recompute")
     refuse_unless_default("checkpoint_every", "selective_ac_option N checkpoints layers N-1, 2N-1, …, not 0, k, 2k, …")
     refuse_unless_default("nvme_path", "torchtitan offloads to host memory only")
+    refuse_unless_default("memory_peak_steps", MEASUREMENT)
     refuse_unless_default("async_save", "how a checkpoint is written (blocking or in the background) is not carried by this export")
     refuse_unless_default("offload_optimizer", "training.enable_cpu_offload also moves parameters and gradients")
     refuse_unless_default("bucket_mb", "FSDP2 reduces one unit per call; there is no bucket size")

@@ -16,6 +16,9 @@ class ExportError(ValueError):
     """A setting the target cannot express; the message names the setting, the target and what to change."""
 
 
+MEASUREMENT = "a measurement of minimega's engine (the per-op peak sampling), not carried by this export"
+
+
 def refuse(target: str, field: str, value, why: str) -> ExportError:
     return ExportError(f"export to {target}: {field}={value!r} cannot be expressed: {why}")
 
@@ -105,6 +108,7 @@ TABLE: tuple[tuple[str, str, str, str], ...] = (
      "— FSDP2 always prefetches the next unit"),
     ("overlap_comm", "zero_optimization.overlap_comm", "--overlap-grad-reduce (+ --overlap-param-gather)",
      "— FSDP2 always overlaps"),
+    ("memory_peak_steps", *[f"— {MEASUREMENT}"] * 3),
     ("async_save", "— how a checkpoint is written (blocking or in the background) is not carried by this export", "— how a checkpoint is written (blocking or in the background) is not carried by this export", "— how a checkpoint is written (blocking or in the background) is not carried by this export"),
     ("reductions_in_flight", "— DeepSpeed bounds its reductions by reduce_bucket_size (bytes), not a count",
      "— Megatron-LM has no cap on the reductions in flight",
