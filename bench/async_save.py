@@ -29,7 +29,7 @@ import torch
 
 import minimega as mm
 from minimega import data
-from minimega.launch import current_world_size
+from minimega.run.launch import current_world_size
 
 
 def _run(engine, mesh, config, steps: int, interval: int, seq: int, save_dir: str | None) -> float:

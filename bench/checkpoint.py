@@ -25,7 +25,7 @@ import torch.distributed as dist
 
 import minimega as mm
 from minimega import comm, data
-from minimega.engine import make_optimizer
+from minimega.train.engine import make_optimizer
 
 
 def _proc(path: str, field: str) -> int:

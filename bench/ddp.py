@@ -17,7 +17,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 import minimega as mm
 from minimega import data
-from minimega.engine import make_optimizer
+from minimega.train.engine import make_optimizer
 
 
 def _time_ours(model_cfg, config, mesh, steps, seq):

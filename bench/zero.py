@@ -48,7 +48,7 @@ import torch.distributed as dist
 
 import minimega as mm
 from minimega import data
-from minimega.engine import make_optimizer
+from minimega.train.engine import make_optimizer
 
 MODELS = {"23m": dict(n_layer=13), "small": {}}          # GPTConfig.small(**...): 23.3M and 10.9M parameters
 TORCH_NAME = {0: "DDP", 1: "DDP+ZeRO-Opt", 2: "FSDP2 no-reshard", 3: "FSDP2"}

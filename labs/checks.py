@@ -19,8 +19,9 @@ import torch
 import torch.distributed as dist
 
 import minimega as mm
-from minimega import comm, data, measure
-from minimega.engine import make_optimizer
+from minimega import comm, data
+from minimega.run import measure
+from minimega.train.engine import make_optimizer
 
 SOLUTIONS_ENV = "MINIMEGA_LAB_SOLUTIONS"
 
@@ -38,7 +39,7 @@ class ExerciseError(AssertionError):
     def _render_traceback_(self) -> list[str]:
         """What Jupyter shows when a check cell fails (IPython's hook): the explanation first, once.
 
-        Not the frames of checks.py and minimega.launch the check ran through, nor the rank's exception
+        Not the frames of checks.py and minimega.run.launch the check ran through, nor the rank's exception
         chained in front of the explanation; the rank's traceback, when there is one, comes after it.
         """
         lines = [f"{type(self).__name__}: {self}"]
@@ -114,7 +115,7 @@ _MEMORY_RUNS = [("tiny", mm.GPTConfig.tiny(), "sgd"), ("tiny", mm.GPTConfig.tiny
 
 
 def measured_model_state_bytes(model_config: mm.GPTConfig, optimizer: str) -> tuple[tuple[int, ...], dict]:
-    """One real fp32 training step; the parameter sizes and the bytes `minimega.measure` counts afterwards."""
+    """One real fp32 training step; the parameter sizes and the bytes `minimega.run.measure` counts afterwards."""
     torch.manual_seed(0)
     model = mm.GPT(model_config)
     opt = make_optimizer(model.parameters(), mm.TrainConfig(optimizer=optimizer))
@@ -439,8 +440,8 @@ _CHECKPOINT_HINTS = {
 
 def check_checkpoint(fn) -> None:
     """Compare ``fn.apply(block, x)`` with the plain block (outputs, gradients, with and without dropout) and
-    count the bytes it keeps for backward against `minimega.activation_checkpoint.checkpoint`."""
-    from minimega.activation_checkpoint import _Checkpoint, saved_activation_bytes
+    count the bytes it keeps for backward against `minimega.train.activation_checkpoint.checkpoint`."""
+    from minimega.train.activation_checkpoint import _Checkpoint, saved_activation_bytes
     from minimega.model import Block
 
     problems = []
@@ -862,7 +863,7 @@ def _scales(cls, kwargs: dict, overflows: list[bool]) -> list[tuple[float, int]]
 
 
 def _scaler_hint(label: str, kwargs: dict, overflows: list[bool], got: list, want: list) -> str:
-    from minimega.precision import DynamicLossScaler
+    from minimega.train.precision import DynamicLossScaler
 
     t = next(i for i, (a, b) in enumerate(zip(got, want)) if a != b)
     seq = "".join("X" if o else "." for o in overflows[:t + 1])
@@ -893,8 +894,8 @@ def _scaler_hint(label: str, kwargs: dict, overflows: list[bool], got: list, wan
 
 
 def check_loss_scaler(cls) -> None:
-    """Drive ``cls`` and `minimega.precision.DynamicLossScaler` with the same overflows; compare after every step."""
-    from minimega.precision import DynamicLossScaler
+    """Drive ``cls`` and `minimega.train.precision.DynamicLossScaler` with the same overflows; compare after every step."""
+    from minimega.train.precision import DynamicLossScaler
 
     try:
         cls().update(False)
@@ -1224,8 +1225,8 @@ def check_collective_seconds(fn) -> None:
 # Lab 16: expert capacity.
 
 def _reference_slots(choices: list[list[int]], n_experts: int, capacity: int) -> list[list[int | None]]:
-    """`minimega.moe.assign_slots` on one sequence, as nested lists."""
-    from minimega import moe
+    """`minimega.parallel.moe.layer.assign_slots` on one sequence, as nested lists."""
+    from minimega.parallel.moe import layer as moe
     top_i = torch.tensor(choices).unsqueeze(0)                       # (1, T, k)
     T, k = top_i.shape[1:]
     choice, slot, kept = moe.assign_slots(top_i, n_experts, capacity)
@@ -1293,8 +1294,8 @@ def _token_major(choices, n_experts, capacity):
 # Lab 15: the load-balanced sequence split.
 
 def check_cp_chunks(fn) -> None:
-    """Compare ``fn(seq_len, cp_rank, cp)`` with `minimega.context_parallel.positions` on many layouts."""
-    from minimega import context_parallel
+    """Compare ``fn(seq_len, cp_rank, cp)`` with `minimega.parallel.context.positions` on many layouts."""
+    from minimega.parallel import context as context_parallel
     cases = [(16, r, 2) for r in range(2)] + [(32, r, 4) for r in range(4)] + \
             [(s, r, cp) for cp in (1, 3, 8) for s in (2 * cp, 6 * cp) for r in range(cp)]
     try:

@@ -2,7 +2,7 @@
 
 Memory categories wear `minimega.figures.palette`'s colours and legend labels, as on the course site: the orange
 of optimizer states in a lab is the orange of chapter 3's figures and the calculator. A measured category
-(`minimega.measure.CATEGORIES`) that is one part of a palette category (fp32 masters and Adam's step
+(`minimega.run.measure.CATEGORIES`) that is one part of a palette category (fp32 masters and Adam's step
 counters are optimizer states in the ZeRO paper's K) wears that category's colour with a pattern of its own.
 """
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Jobs the labs run on several ranks through `minimega.launch`.
+"""Jobs the labs run on several ranks through `minimega.run.launch`.
 
 Why a module and not a notebook cell: `launch` sends the worker to each rank *by reference*, so every
 rank imports this file and calls the function; a function defined in a cell lives in ``__main__``,
@@ -53,9 +53,9 @@ def saved_activations(model: str | mm.GPTConfig, mode: str, batch_size: int, seq
     """Bytes autograd keeps for backward in one forward of the whole GPT with ``mode`` checkpointing.
 
     Measured on this process (no group needed): every tensor saved for backward, counted once per storage,
-    parameters excluded (`minimega.activation_checkpoint.saved_activation_bytes`).
+    parameters excluded (`minimega.train.activation_checkpoint.saved_activation_bytes`).
     """
-    from minimega.activation_checkpoint import apply_activation_checkpointing, saved_activation_bytes
+    from minimega.train.activation_checkpoint import apply_activation_checkpointing, saved_activation_bytes
 
     model_config = mm.GPTConfig.preset(model) if isinstance(model, str) else model
     torch.manual_seed(0)
@@ -110,7 +110,7 @@ def train_fsdp2(model: str | mm.GPTConfig, config: mm.TrainConfig, steps: int = 
     """
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
-    from minimega.engine import make_optimizer
+    from minimega.train.engine import make_optimizer
 
     world = dist.get_world_size()
     mesh = mm.init_mesh(mm.ParallelDims(dp=world))
@@ -202,12 +202,12 @@ def offload_io(model: str | mm.GPTConfig, configs: list, steps: int = 6, seq_len
 
 def train_moe(config: mm.TrainConfig, n_experts: int = 4, top_k: int = 2, capacity_factor: float = 1.25,
               steps: int = 3, seq_len: int = 32) -> dict:
-    """Train the tiny mixture-of-experts GPT (`minimega.moe`) with ``config.ep`` expert parallelism.
+    """Train the tiny mixture-of-experts GPT (`minimega.parallel.moe.layer`) with ``config.ep`` expert parallelism.
 
     Returns ``Engine.report()`` (its ``"moe"`` entry: this rank's tokens routed to and dropped by each
     expert, per layer) plus ``"model"``, ``"moe_config"`` and ``"n_params"``.
     """
-    from minimega import moe
+    from minimega.parallel.moe import layer as moe
     world = dist.get_world_size() if dist.is_initialized() else 1
     mesh = mm.init_mesh(mm.ParallelDims(dp=world, ep=config.ep))
     model_config = mm.GPTConfig.tiny(block_size=seq_len)
@@ -239,8 +239,8 @@ def cp_activation_bytes(seq_lens: list[int], rows: int = 4, attention: str = "ri
     """Bytes autograd saves on this rank for one forward of ``rows`` sequences, per sequence length, with the
     sequence split over every rank of the job (cp = world size; one rank: the whole sequence) and attention
     across ranks by ``attention`` (`TrainConfig.cp_attention`: 'ring' or 'ulysses')."""
-    from minimega import context_parallel
-    from minimega.activation_checkpoint import saved_activation_bytes
+    from minimega.parallel import context as context_parallel
+    from minimega.train.activation_checkpoint import saved_activation_bytes
     world = dist.get_world_size() if dist.is_initialized() else 1
     mesh = mm.init_mesh(mm.ParallelDims(cp=world))
     config = mm.TrainConfig(batch_size=rows, cp=world, cp_attention=attention)   # one rank: 'ring' only (no cp)

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from minimega.launch import CPUS_ENV
+from minimega.run.launch import CPUS_ENV
 
 ROOT = Path(__file__).resolve().parents[1]
 CHROMIUM = "/usr/bin/chromium"

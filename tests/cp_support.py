@@ -5,7 +5,7 @@ import torch
 
 import minimega as mm
 from minimega import data
-from minimega.activation_checkpoint import saved_activation_bytes
+from minimega.train.activation_checkpoint import saved_activation_bytes
 from parity import parity_config
 
 TINY = mm.GPTConfig.tiny(block_size=32)

@@ -5,7 +5,7 @@ import torch
 
 import minimega as mm
 from minimega import data
-from minimega.engine import make_optimizer
+from minimega.train.engine import make_optimizer
 
 
 def parity_config(**overrides) -> mm.TrainConfig:
@@ -135,7 +135,7 @@ def fp16_reference_run(model_config: mm.GPTConfig, config: mm.TrainConfig, steps
                        seq_len: int | None = None, norms: list | None = None) -> tuple[dict, list[float]]:
     """`reference_run` for ``precision="fp16"`` with a fixed ``loss_scale`` S, on one process.
 
-    The fp16 policy as DeepSpeed (and `minimega.precision`) define it: the model (weights, activations,
+    The fp16 policy as DeepSpeed (and `minimega.train.precision`) define it: the model (weights, activations,
     gradients) in fp16; each micro-step's loss / accumulation taken to fp32 and multiplied by S before
     backward; the micro-steps' fp16 gradients summed in fp16 (autograd's own accumulation into ``.grad``);
     divided by S into fp32 master gradients; clipping and the optimizer on the fp32 masters, copied back

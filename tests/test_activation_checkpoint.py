@@ -5,7 +5,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import minimega as mm
 from minimega import data
-from minimega.activation_checkpoint import apply_activation_checkpointing, saved_activation_bytes
+from minimega.train.activation_checkpoint import apply_activation_checkpointing, saved_activation_bytes
 from minimega.estimate import gpt_activation_bytes_per_layer
 from parity import max_rel_error, parity_config, reference_run
 
@@ -48,7 +48,7 @@ def _grads_without_replay():
 
 
 def _no_replay(fn):
-    from minimega.activation_checkpoint import _Checkpoint
+    from minimega.train.activation_checkpoint import _Checkpoint
 
     class NoReplay(_Checkpoint):
         @staticmethod

@@ -2,7 +2,7 @@
 
 Pipeline grids equal `pipeline.schedules.plan`; the ZeRO phases' collectives equal the `CommLog` of a real
 2-rank run (one launch, stages 1 to 3); the ring all-reduce's chunk moves add up to the ring model's bytes;
-Megatron's f/g all-reduces to `tp_comm_elements_per_layer`; ring attention's hops to `context_parallel`.
+Megatron's f/g all-reduces to `tp_comm_elements_per_layer`; ring attention's hops to `parallel.context`.
 """
 import pytest
 import torch
@@ -10,7 +10,7 @@ import torch
 import minimega as mm
 from minimega import estimate as est
 from minimega.figures import animations as fa
-from minimega.context_parallel import chunk_ids, visibility
+from minimega.parallel.context import chunk_ids, visibility
 from minimega.pipeline import schedules
 
 
@@ -104,7 +104,7 @@ def test_megatron_fg_equals_the_tp_model():
     sent = sum(est.ring_bytes(c["op"], c["elements"], 2) for c in comms)
     assert sent == est.tp_comm_elements_per_layer(64, 8, 64, 2)
     # the regions' directions are the package's: f forward and g backward are identities
-    from minimega import tensor_parallel as tp
+    from minimega.parallel import tensor as tp
     assert "Forward: identity. Backward: all-reduce" in tp._CopyToTP.__doc__ and "`f`" in tp._CopyToTP.__doc__
     assert "Forward: all-reduce (sum) over tp. Backward: identity" in tp._ReduceFromTP.__doc__
 

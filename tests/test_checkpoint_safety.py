@@ -286,7 +286,7 @@ def test_shards_are_plain_safetensors(saved):
 
 
 def test_loss_scaler_state_round_trips_and_refuses_nonsense():
-    from minimega.precision import DynamicLossScaler, StaticLossScaler
+    from minimega.train.precision import DynamicLossScaler, StaticLossScaler
     a = DynamicLossScaler(init_scale=2.0 ** 10, window=3, hysteresis=2)
     for overflow in (True, False, False, False, True, True, False):
         a.update(overflow)

@@ -3,7 +3,7 @@
 Gloo's own all-gather and reduce-scatter run through a temporary buffer as big as the whole tensor, a new one
 per call, and glibc keeps what they free: with `comm` calling them again, 20 calls on an 8 MiB tensor raised a
 rank's peak RSS by 34-42 MiB (all-gather) and 38-62 MiB (reduce-scatter). Built from in-place broadcasts and
-reduces (`comm._gather_by_broadcasts`, `comm._reduce_scatter_by_reduces`) it rises 0.9 and 9 MiB (what gloo's
+reduces (`comm.collectives._gather_by_broadcasts`, `comm.collectives._reduce_scatter_by_reduces`) it rises 0.9 and 9 MiB (what gloo's
 reduce keeps for its chunks). Nothing is freed back to the OS on purpose here: the allocator is left as a ZeRO-3
 run leaves it, and the peak (``VmHWM``, reset after ``malloc_trim``) is what a rank would need.
 """
@@ -15,7 +15,7 @@ import torch
 
 import minimega as mm
 from minimega import comm
-from minimega.launch import current_world_size
+from minimega.run.launch import current_world_size
 
 FULL = 2 * 1024 * 1024                     # fp32 elements: an 8 MiB tensor, a mid-sized ZeRO unit
 CALLS = 20

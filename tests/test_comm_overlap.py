@@ -20,7 +20,8 @@ import pytest
 import torch
 
 import minimega as mm
-from minimega import comm, data, measure
+from minimega import comm, data
+from minimega.run import measure
 
 DELAY = 0.01                        # s per collective: large against timer noise, small against a unit's compute
 MODEL = dict(n_layer=4, n_embd=128, n_head=4, block_size=64)
@@ -40,7 +41,7 @@ PHASES = {"ddp": ("reductions",), "zero2": ("reductions",),
 
 
 class _PhaseExposed:
-    """A `comm` observer: seconds of the wire's delay left exposed per phase (`comm_wire`: the wire sleeps until
+    """A `comm` observer: seconds of the wire's delay left exposed per phase (`comm.wire`: the wire sleeps until
     ``ready_at`` when the wait starts before it), and seconds blocked in waits in all. Reductions are the
     gradient buckets' all-reduces and the units' reduce-scatters; an all-gather issued with autograd recording
     is a forward gather, one issued inside the backward (where autograd records nothing) a backward gather; the

@@ -9,7 +9,8 @@ which `comm` no longer calls, is an all-reduce of the whole input: 2 times the m
 import pytest
 
 import minimega as mm
-from minimega import estimate, measure
+from minimega import estimate
+from minimega.run import measure
 
 NUMELS = [2**12, 2**16, 2**18]                 # fp32: 16 KiB to 1 MiB
 

@@ -29,7 +29,7 @@ generator picks a covering array among them: every pair of factor values some ca
 in at least one case (cp is left out of these triples: its pairs cover it, and the case count stays near
 the 84 the triples over 7 meshes need). Each case is classified again as a whole point, trains STEPS
 steps with clipping on and is compared with the single-process model; the cases of one world size share
-one `minimega.launch`.
+one `minimega.run.launch`.
 """
 from __future__ import annotations
 
@@ -43,8 +43,9 @@ import pytest
 import torch
 
 import minimega as mm
-from minimega import data, moe
-from minimega.engine import validate
+from minimega import data
+from minimega.parallel.moe import layer as moe
+from minimega.train.engine import validate
 from parity import fp16_reference_run, max_rel_error, parity_config, reference_run
 
 pytestmark = pytest.mark.timeout(900)      # the module fixture trains every case (one launch per world size)

@@ -13,10 +13,10 @@ import pytest
 import torch
 
 import minimega as mm
-from minimega import context_parallel as cpm
+from minimega.parallel import context as cpm
 from minimega import data
 from minimega import estimate as est
-from minimega.engine import validate
+from minimega.train.engine import validate
 from cp_support import TINY, activation_bytes, single_process_activation_bytes
 from parity import assert_case_matches, max_rel_error, parity_config, reference_run
 
@@ -177,7 +177,7 @@ def test_refusals_name_the_setting(change, message):
 
 
 def test_refusals_of_dropout_experts_and_a_mismatched_mesh():
-    from minimega import moe
+    from minimega.parallel.moe import layer as moe
     with pytest.raises(ValueError, match="TrainConfig.cp=2 is not supported with a mixture-of-experts model; use "
                                          "dispatch='dropless'"):      # capacity routing: dropless composes
         validate(TINY, parity_config(cp=2), mm.ParallelDims(cp=2), moe.MoEConfig())

@@ -6,7 +6,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 import minimega as mm
 from minimega import data
-from minimega.engine import make_optimizer
+from minimega.train.engine import make_optimizer
 from parity import max_rel_error, parity_config, reference_run
 
 MODEL = mm.GPTConfig.tiny(block_size=32)

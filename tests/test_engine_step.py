@@ -4,10 +4,12 @@ import pytest
 import torch
 
 import minimega as mm
-from minimega import clock, comm, data, measure
-from minimega.comm_log import CommLog, ring_bytes
-from minimega.optimizer import Optimizers, TorchOptimizer
-from minimega.watchdog import RankStatus, _STATUS_BYTES, read_status
+from minimega import clock, comm, data
+from minimega.comm import collectives
+from minimega.run import measure
+from minimega.comm.log import CommLog, ring_bytes
+from minimega.train.optimizer import Optimizers, TorchOptimizer
+from minimega.run.watchdog import RankStatus, _STATUS_BYTES, read_status
 
 PAIR = comm.Group(None, [0, 1], "dp")          # observers only: no process group is touched below
 
@@ -19,8 +21,8 @@ class _Work:
 
 def _collective(op="all_reduce", numel=8, async_op=False):
     t = torch.ones(numel)
-    call = comm._issue(op, PAIR, t, numel, "test", (t,))
-    return comm._finish(call, [_Work()], t, async_op), call
+    call = collectives._issue(op, PAIR, t, numel, "test", (t,))
+    return collectives._finish(call, [_Work()], t, async_op), call
 
 
 def test_a_window_keeps_the_newest_items_and_hands_over_the_rest():

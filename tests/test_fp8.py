@@ -3,8 +3,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from minimega import fp8
-from minimega.fp8 import E4M3, E5M2
+from minimega.train import fp8
+from minimega.train.fp8 import E4M3, E5M2
 
 
 def test_formats_and_saturating_cast():

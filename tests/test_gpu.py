@@ -4,7 +4,9 @@ import pytest
 import torch
 
 import minimega as mm
-from minimega import comm, comm_log
+from minimega import comm
+from minimega.comm import collectives
+from minimega.comm import log as comm_log
 from parity import max_rel_error, parity_config, reference_run
 from test_data_parallel import MODEL, STEPS, _ours
 
@@ -32,11 +34,11 @@ def test_comm_log_times_gpu_collectives_with_events_not_host_clocks(monkeypatch)
     t = torch.ones(4)
     work = type("Work", (), {"wait": lambda self: None, "is_completed": lambda self: True})
     with comm.CommLog() as log:
-        call = comm._issue("all_reduce", group, t, 4)
-        comm._finish(call, [work()], t, False)             # a blocking call: the end event right away
+        call = collectives._issue("all_reduce", group, t, 4)
+        collectives._finish(call, [work()], t, False)             # a blocking call: the end event right away
         sync = call.record
-        call = comm._issue("reduce_scatter", group, t, 4)
-        handle = comm._finish(call, [work()], t, True)     # async: no end until wait()
+        call = collectives._issue("reduce_scatter", group, t, 4)
+        handle = collectives._finish(call, [work()], t, True)     # async: no end until wait()
         rec = call.record
         assert rec.cuda_events[1] is None
         _FakeEvent.clock += 5                               # 5 ms of GPU work overlap the collective
@@ -46,8 +48,8 @@ def test_comm_log_times_gpu_collectives_with_events_not_host_clocks(monkeypatch)
     assert log.summary()["by_op"]["reduce_scatter"]["seconds"] == pytest.approx(6e-3)
     monkeypatch.setattr(comm_log, "_on_gpu", lambda tensor: False)
     with comm.CommLog():
-        call = comm._issue("all_reduce", group, t, 4)
-        comm._finish(call, [work()], t, False)
+        call = collectives._issue("all_reduce", group, t, 4)
+        collectives._finish(call, [work()], t, False)
         host = call.record
     assert host.cuda_events is None and 0 <= host.seconds < 1
 
@@ -55,7 +57,7 @@ def test_comm_log_times_gpu_collectives_with_events_not_host_clocks(monkeypatch)
 @pytest.mark.gpu
 def test_auto_backend_picks_nccl_with_one_gpu_per_rank():
     world = min(2, torch.cuda.device_count())
-    from minimega.launch import resolve_backend
+    from minimega.run.launch import resolve_backend
     assert resolve_backend("auto", world) == "nccl"
 
 

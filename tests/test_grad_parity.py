@@ -6,7 +6,7 @@ moves the weights little (see issue 30). Here every layout's full gradient, cons
 single-process run's after step 1 (with gradient accumulation or pipeline micro-batches: after one
 accumulation window) and step 2, within `parity.grad_tolerance` of the dtype and the number of addends
 whose order the layout changes; then a short weight check after STEPS steps covers the optimizer path.
-All cases of the world size share one `minimega.launch`.
+All cases of the world size share one `minimega.run.launch`.
 """
 from __future__ import annotations
 
@@ -96,7 +96,7 @@ def test_fp16_gradient_is_unscaled_and_matches_fp32():
     """One rank, ZeRO-2 under fp16 with a static loss scale: the gradient the step applies is the fp32 model's
     (the scale multiplied in and divided out again), within the fp16 tolerance."""
     from minimega import comm, zero
-    from minimega.engine import make_optimizer
+    from minimega.train.engine import make_optimizer
     group = comm.Group(None, [0], "dp")           # one rank: collectives return at once, no process group
     config = mm.TrainConfig(zero_stage=2, precision="fp16", loss_scale=2.0 ** 10)
     torch.manual_seed(0)

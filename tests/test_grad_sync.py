@@ -1,4 +1,4 @@
-"""The gradient-sync protocol (`minimega.grad_sync`): right gradients, reduced once per bucket per step.
+"""The gradient-sync protocol (`minimega.parallel.grad_sync`): right gradients, reduced once per bucket per step.
 
 The layout under test is BLOOM-176B's (dp × pp with ZeRO-1) with full activation checkpointing: a
 checkpointed block runs a nested backward, which is where an end-of-backward callback used to fire once
@@ -11,7 +11,7 @@ import torch
 
 import minimega as mm
 from minimega import data
-from minimega.data_parallel import DataParallel
+from minimega.parallel.data_parallel import DataParallel
 from parity import max_rel_error, parity_config, reference_run
 
 STEPS = 4      # the gradient itself: test_grad_parity.py; these steps check the optimizer path

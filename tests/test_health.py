@@ -1,4 +1,4 @@
-"""`minimega.health` and ``minimega train --on-spike``: the monitor, skipped steps, rollback with skipped batches."""
+"""`minimega.train.health` and ``minimega train --on-spike``: the monitor, skipped steps, rollback with skipped batches."""
 import contextlib
 import io
 import json
@@ -8,7 +8,7 @@ import statistics
 import pytest
 
 from minimega import data
-from minimega.health import HealthMonitor, StepGuard, ThroughputWatch
+from minimega.train.health import HealthMonitor, StepGuard, ThroughputWatch
 from minimega.tools.cli import main
 
 

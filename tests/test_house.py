@@ -1,7 +1,7 @@
 """The shape of the package, read from its source with `ast`: layers that import only downward, no cycles
 (imports inside functions count), and no source file over 450 lines.
 
-    1 core        minimega/*.py, zero/, pipeline/, checkpoint/   the training stack a learner reads
+    1 core        minimega/*.py, comm/, parallel/, zero/, pipeline/, checkpoint/, train/, run/   the training stack
     2 analysis    minimega/analysis/                              estimators, time model, planner, calibration
     3 figures     minimega/figures/                               plots, palette, recordings
     4 classroom   minimega/classroom/                             quizzes, exam, credentials, the service
@@ -113,6 +113,14 @@ def test_the_core_imports_nothing_outside_itself(graph):
     core = {name for name in graph if layer(name) == 1}
     assert len(core) > 30
     assert {(a, b) for a in core for b in graph[a] if b not in core} == set()
+
+
+def test_the_core_shows_its_architecture_in_folders():
+    """At most 12 modules loose in minimega/; the rest of the core lives in packages named for what they do."""
+    loose = sorted(p.name for p in (SRC / "minimega").glob("*.py"))
+    assert len(loose) <= 12, loose
+    for package in ("comm", "parallel", "parallel/moe", "train", "run", "zero", "pipeline", "checkpoint"):
+        assert (SRC / "minimega" / package / "__init__.py").is_file(), package
 
 
 def test_no_source_file_over_450_lines():

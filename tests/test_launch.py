@@ -1,4 +1,4 @@
-"""minimega.launch: results in rank order, failures named by rank, no hangs, no orphans, clear refusals."""
+"""minimega.run.launch: results in rank order, failures named by rank, no hangs, no orphans, clear refusals."""
 import os
 import shutil
 import signal
@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 
 import minimega as mm
-from minimega import processes
+from minimega.run import processes
 
 
 def _rank_info(tag):
@@ -294,7 +294,7 @@ def test_an_edited_source_or_a_dead_forkserver_starts_a_fresh_one(monkeypatch):
         return real(fd)
     monkeypatch.setattr(forkserver, "read_signed", dies_once)
     assert len(mm.launch(_environment, 2, [], timeout=60)) == 2 and len(calls) > 1
-    launch_module = sys.modules["minimega.launch"]              # dying every time: one line, no EOFError
+    launch_module = sys.modules["minimega.run.launch"]              # dying every time: one line, no EOFError
     restarts = []
     monkeypatch.setattr(launch_module, "stop_forkserver", lambda: restarts.append(1))   # (spare the restarts)
     monkeypatch.setattr(forkserver, "read_signed", lambda fd: (_ for _ in ()).throw(EOFError()))
@@ -307,7 +307,7 @@ def test_an_edited_source_or_a_dead_forkserver_starts_a_fresh_one(monkeypatch):
 def test_a_peer_that_closed_the_connection_is_not_taken_for_the_first_failure():
     """Under load rank 0's "connection closed by peer" can reach the launcher before rank 1's own timeout, which
     caused it; the verdict must still come from rank 1's (the mismatched collectives), not from rank 0's echo."""
-    from minimega.launch import _raise_failure
+    from minimega.run.launch import _raise_failure
     now = time.monotonic()
     snaps = [{"rank": r, "heartbeat": now, "count": 1, "waiting": now - 3.5, "step": -1, "op": op, "group": "world",
               "alive": False, "pid": 0, "exitcode": 1, "state": ""}

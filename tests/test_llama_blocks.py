@@ -1,5 +1,5 @@
 """Llama's blocks as GPTConfig options: grouped-query attention, SwiGLU, RoPE (`model.py`, `rope.py`,
-`tensor_parallel_blocks.py`).
+`parallel/tensor_blocks.py`).
 
 Oracles: the plain model (defaults, and n_kv_head = n_head, are GPT-2's model bit for bit), an attention written
 out by hand here (explicit softmax, K/V heads repeated, RoPE as a complex-number rotation in float64), the analytic
@@ -18,10 +18,10 @@ import torch
 import minimega as mm
 from minimega import data
 from minimega.analysis import shapes
-from minimega.engine import validate
+from minimega.train.engine import validate
 from minimega.model import CausalSelfAttention
 from minimega.rope import apply_rope, rope_angles
-from minimega.tensor_parallel import check_divisible
+from minimega.parallel.tensor import check_divisible
 from parity import assert_case_matches, assert_grads_match, max_rel_error, parity_config, reference_run
 
 MODEL = mm.GPTConfig.tiny_llama(block_size=32)
@@ -201,7 +201,7 @@ def test_tp_that_splits_a_kv_head_is_refused_by_name():
 
 
 def test_mixture_of_experts_with_swiglu_is_refused_by_name():
-    from minimega.moe import MoEGPT
+    from minimega.parallel.moe.layer import MoEGPT
     with pytest.raises(ValueError, match="GPTConfig.mlp='swiglu' is not built for them"):
         MoEGPT(MODEL)
 

@@ -1,10 +1,11 @@
-"""measure.py's tensor-by-tensor counts agree with torch's own MemTracker (single process, stage 0)."""
+"""run/measure.py's tensor-by-tensor counts agree with torch's own MemTracker (single process, stage 0)."""
 import torch
 from torch.distributed._tools.mem_tracker import MemTracker
 
 import minimega as mm
-from minimega import data, measure
-from minimega.engine import make_optimizer
+from minimega import data
+from minimega.run import measure
+from minimega.train.engine import make_optimizer
 
 
 def test_model_state_bytes_equal_torch_memtracker():
@@ -38,7 +39,8 @@ def test_model_state_bytes_equal_torch_memtracker():
 
 import pytest  # noqa: E402
 
-from minimega import activation_checkpoint, estimate  # noqa: E402
+from minimega import estimate  # noqa: E402
+from minimega.train import activation_checkpoint
 from minimega.zero.stages import model_units  # noqa: E402
 
 # Odd widths so that units do not split evenly over dp: the padding is part of what is checked.

@@ -15,11 +15,12 @@ import pytest
 import torch
 
 import minimega as mm
-from minimega import data, moe
+from minimega import data
+from minimega.parallel.moe import layer as moe
 from minimega.analysis import perf
 from minimega import estimate as est
-from minimega.engine import make_optimizer, validate
-from minimega.moe_balance import update_routing_bias
+from minimega.train.engine import make_optimizer, validate
+from minimega.parallel.moe.balance import update_routing_bias
 from minimega.zero import padded_numel
 from parity import assert_case_matches, max_rel_error, parity_config
 

@@ -19,9 +19,10 @@ import pytest
 import torch
 
 import minimega as mm
-from minimega import data, moe
-from minimega.engine import make_optimizer, validate
-from minimega.moe_balance import update_routing_bias
+from minimega import data
+from minimega.parallel.moe import layer as moe
+from minimega.train.engine import make_optimizer, validate
+from minimega.parallel.moe.balance import update_routing_bias
 from parity import assert_case_matches, assert_grads_match, max_rel_error, parity_config
 
 STEPS, GRAD_STEPS = 3, 2

@@ -1,4 +1,4 @@
-"""Dropless MoE dispatch (`minimega.moe_dropless`): a dense plain-torch computation is the reference.
+"""Dropless MoE dispatch (`minimega.parallel.moe.dropless`): a dense plain-torch computation is the reference.
 
 Single process: forced routings against the loop (outputs and gradients), no token dropped whatever the
 capacity factor, the bytes autograd saves equal to the estimator. One world-2 launch: dp 2 × ep 2 with
@@ -14,9 +14,10 @@ import torch
 import torch.nn.functional as F
 
 import minimega as mm
-from minimega import data, moe
+from minimega import data
+from minimega.parallel.moe import layer as moe
 from minimega import estimate as est
-from minimega.activation_checkpoint import saved_activation_bytes
+from minimega.train.activation_checkpoint import saved_activation_bytes
 from parity import assert_case_matches, parity_config
 from test_moe import reference
 

@@ -1,7 +1,7 @@
 """Mixture of experts in the estimator and the time model, against minimega's own `MoEGPT`.
 
 The activation count is measured (``saved_tensors_hooks``) on the real layer and must match exactly; the
-model states, the all-to-all time and the FLOPs are checked against the closed forms `moe.py` already
+model states, the all-to-all time and the FLOPs are checked against the closed forms `parallel/moe/layer.py` already
 pins (`moe_model_state_bytes`, `moe_alltoall_time`) and against a dense model when one expert is forced.
 """
 import pytest
@@ -11,8 +11,8 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 import minimega as mm
 from minimega import estimate as est
 from minimega.analysis import perf
-from minimega.activation_checkpoint import saved_activation_bytes
-from minimega.moe import MoEConfig, MoEGPT
+from minimega.train.activation_checkpoint import saved_activation_bytes
+from minimega.parallel.moe.layer import MoEConfig, MoEGPT
 
 SHAPES = [(32, 2, 64, 4, 4, 2, 1.25), (64, 1, 64, 4, 8, 1, 1.0), (64, 4, 128, 4, 4, 2, 2.0),
           (128, 2, 64, 4, 16, 2, 1.25), (48, 3, 32, 2, 6, 3, 0.5)]

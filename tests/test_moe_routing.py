@@ -8,8 +8,9 @@ import pytest
 import torch
 
 import minimega as mm
-from minimega import data, moe
-from minimega.moe_balance import update_routing_bias
+from minimega import data
+from minimega.parallel.moe import layer as moe
+from minimega.parallel.moe.balance import update_routing_bias
 
 TINY = mm.GPTConfig.tiny(block_size=16, n_layer=2)
 

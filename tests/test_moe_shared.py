@@ -17,9 +17,10 @@ import torch.nn.functional as F
 from torch.utils.flop_counter import FlopCounterMode
 
 import minimega as mm
-from minimega import data, moe
+from minimega import data
+from minimega.parallel.moe import layer as moe
 from minimega import estimate as est
-from minimega.activation_checkpoint import saved_activation_bytes
+from minimega.train.activation_checkpoint import saved_activation_bytes
 from parity import assert_case_matches, assert_grads_match, max_rel_error, parity_config
 from test_moe import reference
 from test_moe_dropless import dense_reference
@@ -94,7 +95,7 @@ def test_fine_grained_and_shared_experts_match_every_expert_on_every_token(dispa
 def test_shared_experts_are_dense_parameters():
     """The shared MLP is not an expert: `expert_params` (ExpertGradSync, ZeRO-1 over edp, clipping over ep, the
     checkpoint's expert layout) never sees it, and the dp wrappers (`dp_named_parameters`) do."""
-    from minimega.grad_sync import dp_named_parameters
+    from minimega.parallel.grad_sync import dp_named_parameters
     model = moe.MoEGPT(TINY, FINE)
     experts = {n for n, _ in moe.expert_params(model)}
     dense = {n for n, _ in dp_named_parameters(model)}

@@ -8,8 +8,9 @@ import torch
 import torch.distributed as dist
 
 import minimega as mm
-from minimega import comm, data, precision, zero
-from minimega.engine import make_optimizer
+from minimega import comm, data, zero
+from minimega.train import precision
+from minimega.train.engine import make_optimizer
 
 SMALL = mm.GPTConfig.tiny(n_embd=32, block_size=16, n_layer=2)
 STEPS = 12

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from minimega import estimate as est
-from minimega.activation_checkpoint import saved_activation_bytes
+from minimega.train.activation_checkpoint import saved_activation_bytes
 from minimega.analysis import perf
 from minimega.tools.cli import main as cli_main
 

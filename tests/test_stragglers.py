@@ -4,7 +4,7 @@ import re
 import pytest
 
 from minimega.tools.cli import main
-from minimega.watchdog import Stragglers
+from minimega.run.watchdog import Stragglers
 
 
 def _snaps(step, busy):

@@ -10,8 +10,8 @@ import torch.nn.functional as F
 
 import minimega as mm
 from minimega import comm, data
-from minimega import tensor_parallel as tpm
-from minimega.activation_checkpoint import saved_activation_bytes
+from minimega.parallel import tensor as tpm
+from minimega.train.activation_checkpoint import saved_activation_bytes
 from minimega.estimate import gpt_activation_bytes_per_layer
 from minimega.tools.cli import main
 from parity import max_rel_error, parity_config, reference_run
@@ -215,7 +215,7 @@ def test_cli_refuses_before_launch_and_trains_with_tp_sp_ac(capsys):
 
 def _dropout_streams(sp):
     """tp2, dropout 0.1: attention masks differ across tp ranks; checkpointing replays them exactly."""
-    from minimega.activation_checkpoint import apply_activation_checkpointing
+    from minimega.train.activation_checkpoint import apply_activation_checkpointing
     mesh = mm.init_mesh(mm.ParallelDims(tp=2))
     cfg = mm.GPTConfig.tiny(block_size=32, dropout=0.1)
     x, y = data.global_batch(0, 4, 32, vocab_size=cfg.vocab_size)

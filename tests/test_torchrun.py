@@ -15,7 +15,7 @@ import torch.distributed as dist
 
 import minimega as mm
 from minimega import data
-from minimega.launch import local_device_index, resolve_backend
+from minimega.run.launch import local_device_index, resolve_backend
 
 MODEL = mm.GPTConfig.tiny(block_size=32)
 STEPS = 3

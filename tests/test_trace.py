@@ -1,4 +1,4 @@
-"""`minimega.trace`: the Chrome traces of ``minimega train --trace`` and ``minimega trace compare``."""
+"""`minimega.run.trace`: the Chrome traces of ``minimega train --trace`` and ``minimega trace compare``."""
 import contextlib
 import io
 import json
@@ -7,7 +7,7 @@ from collections import defaultdict
 import jsonschema
 import pytest
 
-from minimega import trace
+from minimega.run import trace
 from minimega.tools.cli import main
 
 # The Trace Event Format (Google's "Trace Event Format" document, the JSON Object Format): what chrome://tracing

@@ -14,11 +14,11 @@ import pytest
 import torch
 
 import minimega as mm
-from minimega import context_parallel as cpm
+from minimega.parallel import context as cpm
 from minimega import data
 from minimega import estimate as est
-from minimega import ulysses
-from minimega.engine import validate
+from minimega.parallel import ulysses
+from minimega.train.engine import validate
 from cp_support import TINY, activation_bytes, single_process_activation_bytes
 from parity import assert_case_matches, parity_config, reference_run
 

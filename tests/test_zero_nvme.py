@@ -147,7 +147,7 @@ def test_nvme_path_must_be_a_writable_directory(tmp_path):
         with pytest.raises(ValueError, match="nvme_path=.*ro.* is not writable"):
             rank_directory(str(tmp_path / "ro"), 0)
     assert rank_directory(str(tmp_path), 3) != rank_directory(str(tmp_path), 3)     # a fresh one per store
-    from minimega.engine import validate                           # before any rank starts (minimega train)
+    from minimega.train.engine import validate                           # before any rank starts (minimega train)
     config = mm.TrainConfig(zero_stage=1, offload_optimizer=True, nvme_path=str(tmp_path / "missing"))
     with pytest.raises(ValueError, match="nvme_path=.*missing.* does not exist"):
         validate(mm.GPTConfig.tiny(), config, mm.ParallelDims(dp=2))

@@ -175,7 +175,7 @@ def test_gradient_shards_go_down_after_their_reduce_and_their_buffers_wait_for_t
     copy event once and sums. At the step the optimizer runs after that wait; the upload is on the copy stream
     and compute waits for it."""
     from minimega import comm, zero
-    from minimega.engine import make_optimizer
+    from minimega.train.engine import make_optimizer
     group = comm.Group(None, [0], "dp")               # one rank: collectives complete at once, no process group
     # Every reduction left in flight by the backward, so that each wait can be logged.
     config = mm.TrainConfig(zero_stage=2, offload_optimizer=True, reductions_in_flight=64)

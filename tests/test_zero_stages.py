@@ -16,8 +16,9 @@ import torch
 import torch.distributed as dist
 
 import minimega as mm
-from minimega import data, measure
-from minimega.engine import make_optimizer
+from minimega import data
+from minimega.run import measure
+from minimega.train.engine import make_optimizer
 from parity import max_rel_error, parity_config, reference_run
 
 MODEL = mm.GPTConfig.tiny(block_size=32)

@@ -5,7 +5,7 @@ than early ones. To give every rank of a cp group the same work, the sequence of
 into 2·cp equal chunks, and rank r holds two of them: chunk r (an early one) and chunk 2·cp - 1 - r (its
 mirror at the end), in that order.
 
-Complete ``rank_positions``; the lab's check compares it with `minimega.context_parallel` on many layouts.
+Complete ``rank_positions``; the lab's check compares it with `minimega.parallel.context` on many layouts.
 """
 from __future__ import annotations
 

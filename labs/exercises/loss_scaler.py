@@ -3,7 +3,7 @@
 fp16 has a 5-bit exponent: gradients below ~6e-8 become zero. So the loss is multiplied by a scale S before
 backward (the gradients grow by S) and the gradients are divided by S before the step. If S is too large, some
 gradient overflows to inf: that step is skipped and S should shrink; if it has been fine for a while, S can grow.
-DeepSpeed's rule (which `minimega.precision.DynamicLossScaler` follows), called once after every step:
+DeepSpeed's rule (which `minimega.train.precision.DynamicLossScaler` follows), called once after every step:
 
     overflow:  the step is skipped (count it in ``skipped``) and the overflow is remembered (``last_overflow``).
                S is divided by ``factor`` only when the hysteresis is used up: if ``cur_hysteresis`` is 1

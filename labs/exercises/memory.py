@@ -1,7 +1,7 @@
 """Exercise (lab 01-memory): count the bytes of the model states one rank holds.
 
 Complete `model_state_bytes`, then run the check cell of the lab. The check trains real models with
-torch's optimizers and compares your numbers with the bytes `minimega.measure` counts, tensor by tensor.
+torch's optimizers and compares your numbers with the bytes `minimega.run.measure` counts, tensor by tensor.
 """
 from __future__ import annotations
 

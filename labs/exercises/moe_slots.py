@@ -5,7 +5,7 @@ tokens choose it, the extra ones are dropped (the residual connection carries th
 Which ones? GShard's priority: first every token's *first* choice, in token order, then every token's
 second choice, and so on. An expert fills its slots 0, 1, 2, ... in that order.
 
-Complete ``assign_slots``; the lab's check compares it with `minimega.moe.assign_slots` on many routings.
+Complete ``assign_slots``; the lab's check compares it with `minimega.parallel.moe.layer.assign_slots` on many routings.
 """
 from __future__ import annotations
 

@@ -23,7 +23,7 @@ import workers     # labs/workers.py: the functions each rank runs
 # `mm.launch` starts 2 ranks; each runs `workers.train`: build the tiny GPT (same seed on every rank), wrap it
 # with `mm.initialize` (DDP here), train one step with AdamW (it creates Adam's states), run one more backward (so gradients are resident,
 as at the peak of a step) and return `engine.report()`.
-# `report()["memory"]` counts the bytes of every resident tensor, by category (`minimega.measure`).
+# `report()["memory"]` counts the bytes of every resident tensor, by category (`minimega.run.measure`).
 
 # %%
 config = mm.TrainConfig(optimizer="adamw", batch_size=8)

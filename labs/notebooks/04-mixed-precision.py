@@ -116,15 +116,15 @@ print(f"fp16 with the loss scaled by 2^16: {[f'{v / 2**16:.2e}' for v in (g * 2*
 # FP8 (Micikevicius et al. 2022, arXiv:2209.05433) has two formats: E4M3 for the forward (largest 448, smallest
 # subnormal 2^-9) and E5M2 for gradients (57,344 and 2^-16). That is too little range for raw values: activations
 # with outlier channels pass 448 and are clipped, and small gradients fall below 2^-16 and become 0. So
-# `minimega.fp8` multiplies each tensor by its own scale before the cast, s = fp8 max / amax (the largest |x| in its
+# `minimega.train.fp8` multiplies each tensor by its own scale before the cast, s = fp8 max / amax (the largest |x| in its
 # history), and divides by s after. One tensor of each kind, cast through `fp8.quantize` with s = 1 and with the
 # scale `fp8.DelayedScaling` computes from the tensor's amax:
 
 # %%
 # NBVAL_CHECK_OUTPUT
-from minimega import fp8
+from minimega.train import fp8
 
-limits = {}                                        # the formats' own limits, from torch, not from minimega.fp8
+limits = {}                                        # the formats' own limits, from torch, not from minimega.train.fp8
 for dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
     info = torch.finfo(dtype)
     limits[dtype] = (info.max, info.tiny * info.eps)   # largest; smallest subnormal = smallest normal × 2^-mantissa
@@ -190,7 +190,7 @@ display(widgets.interactive(show_run, precision=["bf16", "fp16"],
 # %% [markdown]
 # ## 7. Exercise: the dynamic loss scaler
 # Complete `LossScaler.update(overflow)` in `labs/exercises/loss_scaler.py` (DeepSpeed's rule, written out in the file).
-# The check drives yours and `minimega.precision.DynamicLossScaler` with the same overflows — hand-made and random
+# The check drives yours and `minimega.train.precision.DynamicLossScaler` with the same overflows — hand-made and random
 # sequences — and compares the scale and the skip count after every step.
 
 # %%

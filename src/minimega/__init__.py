@@ -17,8 +17,8 @@ from .version import __version__
 _sys.modules[__name__ + ".estimate"] = estimate   # so `import minimega.estimate as est` works too
 
 _PUBLIC = {"GPT": ".model", "GPTConfig": ".config", "TrainConfig": ".config", "ParallelDims": ".mesh",
-           "Mesh": ".mesh", "init_mesh": ".mesh", "launch": ".launch", "WorkerError": ".launch",
-           "LaunchTimeout": ".launch", "initialize": ".engine", "Engine": ".engine"}
+           "Mesh": ".mesh", "init_mesh": ".mesh", "launch": ".run.launch", "WorkerError": ".run.launch",
+           "LaunchTimeout": ".run.launch", "initialize": ".train.engine", "Engine": ".train.engine"}
 _MODULES = ("comm", "data")
 
 __all__ = [*_PUBLIC, *_MODULES, "estimate", "__version__"]
@@ -36,7 +36,7 @@ def __getattr__(name: str):
 
 
 class _Package(_types.ModuleType):
-    """Importing the module minimega/launch.py must not turn `mm.launch`, the function, into that module."""
+    """A module must never replace the public function of the same name (`mm.launch` is the function)."""
 
     def __setattr__(self, name, value):
         if not (name in _PUBLIC and isinstance(value, _types.ModuleType)):
@@ -48,7 +48,7 @@ _sys.modules[__name__].__class__ = _Package
 if _TYPE_CHECKING:                               # for editors and type checkers: the same names, imported eagerly
     from . import comm, data  # noqa: F401
     from .config import GPTConfig, TrainConfig  # noqa: F401
-    from .engine import Engine, initialize  # noqa: F401
-    from .launch import LaunchTimeout, WorkerError, launch  # noqa: F401
+    from .train.engine import Engine, initialize  # noqa: F401
+    from .run.launch import LaunchTimeout, WorkerError, launch  # noqa: F401
     from .mesh import Mesh, ParallelDims, init_mesh  # noqa: F401
     from .model import GPT  # noqa: F401

@@ -57,11 +57,11 @@ class ParallelDims:
     tp: int = 1
     pp: int = 1
     cp: int = 1
-    """Context parallelism: each sequence is split over a ring of cp ranks (`minimega.context_parallel`);
+    """Context parallelism: each sequence is split over a ring of cp ranks (`minimega.parallel.context`);
     the parameters are replicated over dp·cp and their gradients averaged over it."""
     ep: int = 1
     """Expert parallelism: carved out of dp (not a factor of the world): each group of ep consecutive dp
-    ranks splits a mixture-of-experts layer's experts; see `minimega.moe`."""
+    ranks splits a mixture-of-experts layer's experts; see `minimega.parallel.moe.layer`."""
 
     def __post_init__(self):
         for name in ("dp", "tp", "pp", "cp", "ep"):
@@ -230,7 +230,7 @@ def init_mesh(dims: ParallelDims | None = None, device: torch.device | str | Non
     if device is not None:
         device = torch.device(device)
     elif backend == "nccl":             # LOCAL_RANK, not rank % GPUs: right on every node of a multi-node job
-        from .launch import local_device_index
+        from .run.launch import local_device_index
         device = torch.device("cuda", local_device_index(rank))
         torch.cuda.set_device(device)
     else:

@@ -3,7 +3,7 @@ them from here, so a prediction and the code cannot disagree, and `minimega plan
 service start without loading torch.
 
     padded_numel        a flat buffer's length: numel rounded up to a multiple of dp (zero/flat.py)
-    moe_capacity        an expert's slots per sequence (moe.py)
+    moe_capacity        an expert's slots per sequence (parallel/moe/layer.py)
     moe_alltoall_bytes  the bytes a rank sends in a step's all-to-alls
 """
 from __future__ import annotations

@@ -74,7 +74,7 @@ class MemoryConfig:
     """E experts in every block's MLP, as minimega's `moe.MoEGPT` builds them (no biases, a D·E router); 0: a dense
     MLP. The experts run whole on every tp rank, E/ep of them per rank, replicated over the dp/ep ranks of their
     expert-data-parallel group; from zero_stage 1 on their optimizer states are sharded over that group
-    (ZeRO-1 over edp, as minimega's `moe_zero` and DeepSpeed-MoE), their parameters and gradients stay whole."""
+    (ZeRO-1 over edp, as minimega's `moe.zero` and DeepSpeed-MoE), their parameters and gradients stay whole."""
     top_k: int = 2
     """Experts each token is sent to (with experts > 0)."""
     capacity_factor: float = 1.25

@@ -128,7 +128,7 @@ def measure_compute_now(reps: int = 5) -> dict:
 
 def calibrate(world_size: int = 2, reps: int = 5, sizes=SIZES) -> dict:
     """Measure this machine: compute (one process) and gloo collectives (`world_size` ranks)."""
-    from ..launch import launch
+    from ..run.launch import launch
     if world_size < 2:
         raise ValueError(f"world_size={world_size}: collectives need at least 2 ranks")
     compute = measure_compute_now(reps)

@@ -5,7 +5,7 @@ Algorithmic bytes (what each rank sends under the ring model, nccl-tests' yardst
 """
 from __future__ import annotations
 
-from ..sizes import moe_alltoall_bytes  # noqa: F401  (the experts' all-to-alls: the rule moe.py uses)
+from ..sizes import moe_alltoall_bytes  # noqa: F401  (the experts' all-to-alls: the rule parallel/moe/layer.py uses)
 from .memory import CP_ATTENTION, _check_stage_dp
 
 
@@ -85,7 +85,7 @@ def tp_comm_elements_per_layer(seq_len: int, micro_batch: int, hidden: int, tp: 
 # --8<-- [start:cp_estimate]
 def cp_ring_bytes(n_layer: int, rows: int, seq_len: int, d_model: int, cp: int, tp: int = 1,
                   bytes_per_elem: int = 4, recompute: bool = False) -> float:
-    """Bytes one rank sends in a training step's ring attention (`minimega.context_parallel`): per layer,
+    """Bytes one rank sends in a training step's ring attention (`minimega.parallel.context`): per layer,
     forward cp-1 K/V blocks, backward cp-1 K/V blocks and cp dK/dV blocks, each block 2 · rows · (T/cp) ·
     (D/tp) elements: (6·cp - 4) · rows · (T/cp) · (D/tp) per layer; ``recompute`` (activation checkpointing
     of every block or of every attention core) runs the forward's ring once more: (8·cp - 6). cp = 1: 0."""
@@ -97,7 +97,7 @@ def cp_ring_bytes(n_layer: int, rows: int, seq_len: int, d_model: int, cp: int, 
 
 def cp_ulysses_bytes(n_layer: int, rows: int, seq_len: int, d_model: int, cp: int, tp: int = 1,
                      bytes_per_elem: int = 4, recompute: bool = False) -> float:
-    """Bytes one rank sends in a training step's Ulysses attention (`minimega.ulysses`): per layer four
+    """Bytes one rank sends in a training step's Ulysses attention (`minimega.parallel.ulysses`): per layer four
     all-to-alls forward (q, k, v, output) and four backward, each over a rows · (T/cp) · (D/tp) buffer of
     which (cp-1)/cp leaves the rank: 8 · (cp-1)/cp · rows · (T/cp) · (D/tp) per layer; ``recompute`` runs
     the forward's four again (12). cp = 1: 0."""

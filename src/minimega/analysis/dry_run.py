@@ -21,7 +21,7 @@ import torch.distributed as dist
 
 from ..comm import CommLog
 from ..config import GPTConfig, TrainConfig
-from ..engine import initialize
+from ..train.engine import initialize
 from ..mesh import ParallelDims, init_mesh
 from ..model import GPT
 

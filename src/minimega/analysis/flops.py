@@ -42,7 +42,7 @@ def moe_model_state_bytes(n_dense: float, n_expert: float, dp: int, ep: int, sta
 
     The non-expert parameters follow ZeRO over dp (`model_state_bytes`); a rank holds E/ep of the experts,
     whole, on each of the dp/ep ranks of its edp group. From stage 1 on their optimizer states are sharded
-    over that group (ZeRO-1 over edp, `moe_zero.ExpertZero1`); their parameters and gradients stay whole.
+    over that group (ZeRO-1 over edp, `moe.zero.ExpertZero1`); their parameters and gradients stay whole.
     """
     if dp % ep:
         raise ValueError(f"ep={ep} must divide dp={dp}")

@@ -1,7 +1,7 @@
 """Model states per rank: the ZeRO paper's accounting, padded flat buffers, peak bytes during a step, checkpoints.
 
 Pure functions of a few integers; no torch. Each implements one published formula and says which, so a
-measurement (``measure.py``), a figure (``figures/plots.py``), the course's memory calculator and a quiz
+measurement (``run/measure.py``), a figure (``figures/plots.py``), the course's memory calculator and a quiz
 answer agree on one number. The other estimators live beside this file, one concern each:
 ``communication.py`` (bytes on the wire), ``activations.py`` (saved activations), ``pipeline.py`` (bubbles),
 ``flops.py`` (parameters, FLOPs, time and money), ``calculator.py`` (everything per GPU). ``minimega.analysis``
@@ -46,7 +46,7 @@ def state_bytes_per_param(precision: str = "mixed") -> tuple[int, int, int]:
     "bf16": bf16 params (2), gradients accumulated and reduced in fp32 (4, Megatron-LM's main grads,
     as minimega's bf16 policy keeps them), K = 12: 18 bytes, Megatron's bf16 row.
     "fp32": fp32 params (4) and grads (4); K = 8 for momentum and variance, no master copy.
-    "fp8": as "bf16" (18 bytes): the fp8 linears (`minimega.fp8`, Transformer Engine's recipe) keep bf16 weights
+    "fp8": as "bf16" (18 bytes): the fp8 linears (`minimega.train.fp8`, Transformer Engine's recipe) keep bf16 weights
     and cast them, the activations and the gradients to fp8 per matmul; the casts are transient, not states.
     """
     if precision in ("mixed", "fp16"):
@@ -201,7 +201,7 @@ def peak_memory_bytes(units: list[list[int]], dp: int, stage: int, *, precision:
     stage 1: the flat buffers Σ P_u·g | stage 2-3: one unit's full gradients, max_u N_u·g.
 
     Activations (tensors saved for backward) are those of `model.py` on the rank's rows in the same dtype:
-    measured by `activation_checkpoint.saved_activation_bytes`, estimated by `gpt_activation_bytes_per_layer`.
+    measured by `train.activation_checkpoint.saved_activation_bytes`, estimated by `gpt_activation_bytes_per_layer`.
     """
     _check_stage_dp(stage, dp)
     if precision not in ("fp32", "bf16") or (precision == "bf16" and stage == 0):

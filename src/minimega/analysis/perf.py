@@ -33,8 +33,8 @@ The model, phase by phase, for the slowest pipeline stage of one step:
        layer runs whole on every tp rank (one tp all-reduce per pass, not two); its four all-to-alls per
        layer and micro-batch sit on the critical path (``ep_comm``); expert gradients are all-reduced over
        the dp/ep ranks holding the same experts, bucketed like DDP's, or from zero_stage 1 on reduce-scattered
-       and the experts all-gathered there, Adam stepping 1/(dp/ep) of them (ZeRO-1 over edp, `moe_zero`).
-    8. FP8 (precision='fp8', Transformer Engine's recipe as `minimega.fp8` runs it): the blocks' linear GEMMs
+       and the experts all-gathered there, Adam stepping 1/(dp/ep) of them (ZeRO-1 over edp, `moe.zero`).
+    8. FP8 (precision='fp8', Transformer Engine's recipe as `minimega.train.fp8` runs it): the blocks' linear GEMMs
        (`FP8_GEMMS`, forward and backward) run at `Hardware.fp8_flops`; attention's core, the head and the
        element-wise ops stay bf16. ZeRO-3 gathers the linears' weights as E4M3 bytes (`zero.fp8_gather`).
 
@@ -177,7 +177,7 @@ def layer_ops(cfg: PerfConfig) -> list[tuple[str, float, float]]:
 
 ATTENTION_CORE = ("scores q·kᵀ", "softmax", "attention dropout", "scores·v", "attention (fused)")
 FP8_GEMMS = ("qkv", "proj", "fc1", "fc2", "gate", "up")
-"""The ops `minimega.fp8.convert` turns into fp8 linears: the blocks' Linear layers, nothing else."""
+"""The ops `minimega.train.fp8.convert` turns into fp8 linears: the blocks' Linear layers, nothing else."""
 
 
 def head_ops(cfg: PerfConfig) -> list[tuple[str, float, float]]:
@@ -254,7 +254,7 @@ def layer_times(cfg: PerfConfig, hw: Hardware | str) -> dict:
 
 # --8<-- [start:ring_attention_time]
 def ring_attention_time(cfg: PerfConfig, hw: Hardware | str, core: float) -> float:
-    """Exposed seconds of one layer's ring attention (`minimega.context_parallel`), one micro-batch.
+    """Exposed seconds of one layer's ring attention (`minimega.parallel.context`), one micro-batch.
 
     A hop sends one K/V block, 2·b·(s/cp)·(h/t) elements, to the next rank of the ring (α + S/β on the link
     spanning cp·tp ranks). The forward makes cp-1 hops while computing the attention core (``core`` seconds),
@@ -276,7 +276,7 @@ def ring_attention_time(cfg: PerfConfig, hw: Hardware | str, core: float) -> flo
 
 # --8<-- [start:ulysses_attention_time]
 def ulysses_attention_time(cfg: PerfConfig, hw: Hardware | str) -> float:
-    """Seconds of one layer's Ulysses all-to-alls (`minimega.ulysses`), one micro-batch.
+    """Seconds of one layer's Ulysses all-to-alls (`minimega.parallel.ulysses`), one micro-batch.
 
     Four all-to-alls forward (q, k, v and the output) and four backward, each over this rank's
     b·(s/cp)·(h/t) elements on the link spanning cp·tp ranks; recomputation runs the forward's four again.

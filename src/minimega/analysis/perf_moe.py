@@ -15,7 +15,7 @@ def moe_ops(cfg) -> list[tuple[str, float, float]]:
     contraction per sequence; the experts' GEMMs and GELU over the R = b·E·C slots (rows this rank's
     experts receive after the all-to-all: E/ep experts × ep·b·C rows), their weights read once per expert.
     Capacity, not top-k alone, sets the expert FLOPs: a slot is computed whether a token filled it or not.
-    ``moe_dispatch='dropless'`` (`moe_dropless`): no slots and no one-hot contraction; the N·k (token, choice) rows
+    ``moe_dispatch='dropless'`` (`moe.dropless`): no slots and no one-hot contraction; the N·k (token, choice) rows
     are gathered by their sorted index, the experts run on R = N·k rows (what a rank's experts receive when the
     load is even) and the outputs are scattered back and summed with the gates. N counts this rank's s/cp tokens.
     Each expert is h → F → h (F = ``expert_ffn``, 4h when 0); ``shared_experts`` S add one dense h → S·F → h

@@ -13,7 +13,7 @@ Rules of the search (each one a constraint the stacks themselves impose):
     like 1F1B and holds m micro-batches instead of p, so it never beats it.
 
 Context parallelism is searched when asked for (``cps``, ``minimega plan --cp 1 2 4 8``), with the engine's
-rules (`context_parallel.check`): cp divides the GPUs left after tp and splits seq_len into 2·cp chunks; no
+rules (`parallel.context.check`): cp divides the GPUs left after tp and splits seq_len into 2·cp chunks; no
 cp with pp, with capacity-routed experts (capacity is a budget per whole sequence; experts routed dropless are
 searched with cp, as the engine trains them) or with sequence parallelism (cp already splits the sequence); the attention is a
 fused kernel. cp·tp may span nodes (the ring's hops and the all-to-alls are priced on the link that spans

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..tensor_parallel import ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding, sharded_params
+from ..parallel.tensor import ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding, sharded_params
 from ..zero import state as zero_state
 from ..zero.state import Entry
 

@@ -151,8 +151,8 @@ def check(path: Path, manifest: dict, model_config=None) -> None:
         _bounded_config(path, manifest.get("model_config"), manifest.get("tensors"))
         try:
             saved = manifest.get("model_config", {})
-            if isinstance(saved, dict) and "n_experts" in saved:      # a mixture of experts (minimega.moe)
-                from ..moe import MoEGPTConfig as GPTConfig          # noqa: N814
+            if isinstance(saved, dict) and "n_experts" in saved:      # a mixture of experts (minimega.parallel.moe.layer)
+                from ..parallel.moe.layer import MoEGPTConfig as GPTConfig          # noqa: N814
             model_config = GPTConfig(**saved)
         except (TypeError, ValueError) as exc:
             _fail(path, "model_config", f"is not a valid GPTConfig ({exc})")

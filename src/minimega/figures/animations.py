@@ -14,7 +14,7 @@ hand: the states come from the package, and tests/test_animations.py checks them
                           bytes equal `estimate.tp_comm_elements_per_layer`
     pipeline-gpipe, pipeline-1f1b, pipeline-interleaved
                           the tick grid of `pipeline.schedules.plan` for 4 stages × 8 micro-batches
-    ring-attention        cp = 4 ranks: which K/V chunks each rank holds at each hop (`context_parallel`)
+    ring-attention        cp = 4 ranks: which K/V chunks each rank holds at each hop (`parallel.context`)
 
 `animation(name, lang)` returns the JSON-ready dict; the site hook (tools/learner_hook.py) embeds it in
 the page that calls ``{{ animation("NAME") }}``.
@@ -22,7 +22,7 @@ the page that calls ``{{ animation("NAME") }}``.
 from __future__ import annotations
 
 from minimega import estimate as est
-from minimega.context_parallel import chunk_ids, visibility
+from minimega.parallel.context import chunk_ids, visibility
 from minimega.pipeline import schedules
 
 LANGS = ("en", "nl")

@@ -1,6 +1,6 @@
 """`minimega record`: run small real jobs and keep what they measured as JSON traces for the course.
 
-Each trace comes from 2 gloo ranks training the tiny GPT for a few steps through `minimega.launch`:
+Each trace comes from 2 gloo ranks training the tiny GPT for a few steps through `minimega.run.launch`:
 
     ddp-overlap.json    DDP (dp = 2): when each gradient bucket's all-reduce was issued, against the
                         forward, backward and optimizer of every step on every rank, and its bytes
@@ -66,7 +66,7 @@ def ddp_worker(steps: int, bucket_mb: float) -> dict:
     """One rank of a dp = 2 run; returns its timeline per step, its buckets and its memory."""
     from .. import data
     from ..config import GPTConfig, TrainConfig
-    from ..engine import initialize
+    from ..train.engine import initialize
     from ..mesh import ParallelDims, init_mesh
     from ..model import GPT
 
@@ -190,10 +190,10 @@ def _saved_bytes(mesh, tp: int, sp: bool, mode: str) -> int:
     """Bytes block 0 keeps for backward on a (ACT_BATCH, T, D) input (T/tp rows of it under sequence parallelism)."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    from ..activation_checkpoint import apply_activation_checkpointing, saved_activation_bytes
+    from ..train.activation_checkpoint import apply_activation_checkpointing, saved_activation_bytes
     from ..config import GPTConfig
     from ..model import GPT
-    from ..tensor_parallel import apply_tensor_parallel
+    from ..parallel.tensor import apply_tensor_parallel
 
     cfg = GPTConfig.tiny(dropout=ACT_DROPOUT)
     torch.manual_seed(SEED)
@@ -214,7 +214,7 @@ def tp_worker(steps: int, sequence_parallel: bool, activations: bool) -> dict:
     """One rank of a tp = 2 run: its collectives by layer per step, its memory, and (optionally) saved bytes."""
     from .. import data
     from ..config import GPTConfig, TrainConfig
-    from ..engine import initialize
+    from ..train.engine import initialize
     from ..mesh import ParallelDims, init_mesh
     from ..model import GPT
 
@@ -245,7 +245,7 @@ def zero_worker(steps: int, stage: int) -> dict:
     """One rank of a dp = 2 run at ZeRO ``stage`` (0 = DDP): memory at the step, units, and (stage 3) prefetch."""
     from .. import data
     from ..config import GPTConfig, TrainConfig
-    from ..engine import initialize
+    from ..train.engine import initialize
     from ..mesh import ParallelDims, init_mesh
     from ..model import GPT
 
@@ -300,7 +300,7 @@ def pipeline_worker(steps: int, schedule: str) -> dict:
     """One rank of a pp = 2, m = PP_MICRO run: its spans per step, its row of the slot grid, its idle slots."""
     from .. import data
     from ..config import GPTConfig, TrainConfig
-    from ..engine import initialize
+    from ..train.engine import initialize
     from ..mesh import ParallelDims, init_mesh
     from ..model import GPT
 
@@ -340,7 +340,7 @@ def record(out: str | Path = DEFAULT_OUT, steps: int = 3, bucket_mb: float = 0.0
     """Run the jobs and write the traces named in ``only`` under ``out``; returns {name: path}."""
     from .. import analysis as est
     from ..config import GPTConfig
-    from ..launch import launch
+    from ..run.launch import launch
 
     unknown = sorted(set(only) - set(TRACES))
     if unknown:
@@ -414,7 +414,7 @@ def record(out: str | Path = DEFAULT_OUT, steps: int = 3, bucket_mb: float = 0.0
             "shape": shape, "p": WORLD, "m": PP_MICRO,
             "schedules": [{"schedule": sch, "ranks": rs} for sch, rs in runs.items()]}
     if "comm-wire" in only:
-        from ..measure import wire_table
+        from ..run.measure import wire_table
         rows = []
         for n in WIRE_RANKS:
             per_rank = launch(wire_table, n, list(WIRE_NUMELS), backend="gloo", timeout=timeout)

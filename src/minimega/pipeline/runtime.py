@@ -18,7 +18,7 @@ tick. Per tick:
                  the same plan, every send meets its receive and no rank waits on one that comes later.
 
 Gradient synchronisation over dp is a wrapper around each chunk (`DataParallel` or ZeRO 1-3, on the
-protocol of `minimega.grad_sync`): the backward of a chunk's last micro-batch runs synchronised (its
+protocol of `minimega.parallel.grad_sync`): the backward of a chunk's last micro-batch runs synchronised (its
 hooks start the reductions, which overlap the backwards still to run on the other chunks), the others
 inside ``no_sync()``; after the whole schedule the runtime calls every wrapper's ``finish_grad_sync()``
 (Megatron-LM's ``finalize_model_grads``), so each chunk's gradients are reduced once per step.
@@ -34,7 +34,7 @@ import torch.nn as nn
 
 from .. import clock, comm
 from ..config import TrainConfig
-from ..grad_sync import GradSync
+from ..parallel.grad_sync import GradSync
 from ..mesh import Mesh
 from ..model import GPT
 from .schedules import Action, Plan, bubble_slots, plan

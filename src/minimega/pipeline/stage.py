@@ -22,7 +22,7 @@ import torch
 import torch.nn as nn
 
 from ..model import GPT
-from ..tensor_parallel import ParallelGPT, vocab_parallel_cross_entropy
+from ..parallel.tensor import ParallelGPT, vocab_parallel_cross_entropy
 
 
 def layer_bounds(n_layer: int, chunks: int) -> list[range]:

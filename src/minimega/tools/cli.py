@@ -45,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
         return args.func(args)
     except Exception as exc:
         from ..checkpoint import CheckpointError    # imported here: the service commands never load torch
-        from ..launch import WorkerError
+        from ..run.launch import WorkerError
         if isinstance(exc, WorkerError):  # a rank failed: its message already names it and carries its traceback
             print(f"\nminimega {args.command}: {exc}", file=sys.stderr)      # below any progress bar
             return 1

@@ -9,7 +9,7 @@ import time
 from typing import Callable
 
 from .. import checkpoint
-from ..launch import LaunchTimeout, WorkerError
+from ..run.launch import LaunchTimeout, WorkerError
 
 
 FAULT_STEP_ENV = "MINIMEGA_FAULT_STEP"

@@ -36,7 +36,7 @@ def to_deepspeed(cfg: TrainConfig, dp: int, *, megatron: bool = False) -> dict:
         raise refuse(target, "cp", get_field(cfg, "cp"), "DeepSpeed's context parallelism is Ulysses (all-to-all over "
                       "heads), not minimega's ring attention (set cp=1)")
     if get_field(cfg, "ep") != 1:
-        raise refuse(target, "ep", get_field(cfg, "ep"), "the exported model is dense; minimega.moe models are not "
+        raise refuse(target, "ep", get_field(cfg, "ep"), "the exported model is dense; minimega.parallel.moe.layer models are not "
                       "exported (set ep=1)")
     if not megatron and (set_here := [n for n in _MEGATRON_SIDE if get_field(cfg, n) != default_of(n)]):
         named = ", ".join(f"{n}={get_field(cfg, n)!r}" for n in set_here)
@@ -95,7 +95,7 @@ def to_deepspeed(cfg: TrainConfig, dp: int, *, megatron: bool = False) -> dict:
         ds["bf16"] = {"enabled": True}
         if stage >= 1:
             # minimega sums and reduces bf16 gradients in fp32 (main_grad); DeepSpeed's ZeRO-1 then runs its
-            # BF16_Optimizer (engine.py _do_optimizer_sanity_check). Stage 0's BF16_Optimizer sums in fp32 already.
+            # BF16_Optimizer (train/engine.py _do_optimizer_sanity_check). Stage 0's BF16_Optimizer sums in fp32 already.
             ds["data_types"] = {"grad_accum_dtype": "fp32"}
             ds["communication_data_type"] = "fp32"
     elif cfg.precision == "fp16":

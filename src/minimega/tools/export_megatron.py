@@ -81,7 +81,7 @@ def to_megatron(cfg: TrainConfig, dp: int, model: GPTConfig) -> list[str]:
         raise refuse(target, "precision", "fp8", "minimega's fp8 recipe (delayed scaling, history 1024, margin 0) is "
                       "not mapped to --fp8-format and its friends; use bf16")
     if get_field(cfg, "ep") != 1:
-        raise refuse(target, "ep", get_field(cfg, "ep"), "the exported model is dense; minimega.moe models are not "
+        raise refuse(target, "ep", get_field(cfg, "ep"), "the exported model is dense; minimega.parallel.moe.layer models are not "
                       "exported (set ep=1)")
     a: list[tuple[str, object]] = [("--tensor-model-parallel-size", cfg.tp), ("--pipeline-model-parallel-size", cfg.pp)]
     if get_field(cfg, "cp") != 1:      # Megatron's ring (cp_comm_type p2p, the default) with the same mirrored chunks
@@ -218,7 +218,7 @@ def torchtitan_sections(cfg: TrainConfig, dp: int, model: GPTConfig) -> dict[str
         raise refuse(target, "cp", get_field(cfg, "cp"), "this exporter does not write torchtitan's context-parallel "
                       "options (set cp=1)")
     if get_field(cfg, "ep") != 1:
-        raise refuse(target, "ep", get_field(cfg, "ep"), "the exported model is dense; minimega.moe models are not "
+        raise refuse(target, "ep", get_field(cfg, "ep"), "the exported model is dense; minimega.parallel.moe.layer models are not "
                       "exported (set ep=1)")
 
     def refuse_unless_default(name, why):

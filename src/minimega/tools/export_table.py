@@ -57,8 +57,8 @@ TABLE: tuple[tuple[str, str, str, str], ...] = (
      "— torchtitan v0.2.2 has no head-split context parallelism (its rotate method 'alltoall' still passes K/V "
      "around the ring)"),
     ("ep", "— expert parallelism is set in DeepSpeed-MoE's model code (MoE(ep_size=…)), not ds_config.json",
-     "— the exported model is dense (minimega.moe models are not exported)",
-     "— the exported model is dense (minimega.moe models are not exported)"),
+     "— the exported model is dense (minimega.parallel.moe.layer models are not exported)",
+     "— the exported model is dense (minimega.parallel.moe.layer models are not exported)"),
     ("zero_stage", "zero_optimization.stage",
      "1: --use-distributed-optimizer; 2, 3: + --use-megatron-fsdp --data-parallel-sharding-strategy "
      "optim_grads|optim_grads_params",

@@ -1,5 +1,5 @@
 """The health side of ``minimega train``: the monitor on every step, the policy, rollback with skipped batches, the
-throughput watch, and metrics as JSON lines and TensorBoard scalars (`minimega.health` holds the monitors)."""
+throughput watch, and metrics as JSON lines and TensorBoard scalars (`minimega.train.health` holds the monitors)."""
 from __future__ import annotations
 
 import argparse
@@ -9,7 +9,7 @@ import math
 import sys
 
 from .. import checkpoint, data
-from ..health import POLICIES, HealthMonitor, StepGuard, ThroughputWatch
+from ..train.health import POLICIES, HealthMonitor, StepGuard, ThroughputWatch
 from .args import nonnegative_int, positive_float, positive_int
 
 

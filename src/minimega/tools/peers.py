@@ -10,7 +10,7 @@ accumulates and clips. A result holds the global mean loss per step, the consoli
 model.py's names (DeepSpeed: `safe_get_full_fp32_param`, its own gather of the master shards), and the
 bytes this rank holds per category, counted on the tensors each engine keeps (`measure.tensor_bytes`).
 
-DeepSpeed runs here on its CPU accelerator over the gloo group `minimega.launch` already set up. Two
+DeepSpeed runs here on its CPU accelerator over the gloo group `minimega.run.launch` already set up. Two
 things are left out on purpose: DeepSpeed's fused Adam (a JIT build of ~100 s; torch's AdamW is the
 reference anyway) and its shared-memory all-reduce (`deepspeed_shm_comm`, a ~70 s JIT build on a fresh
 machine, used only by `inference_all_reduce`, which training never calls).
@@ -23,7 +23,7 @@ import os
 import torch
 
 from .. import data
-from .. import measure
+from ..run import measure
 from ..config import GPTConfig, TrainConfig
 from .export_config import to_deepspeed
 
@@ -107,7 +107,7 @@ def train_deepspeed(model_config: GPTConfig, config: TrainConfig, steps: int, se
     import deepspeed
     from deepspeed.utils import safe_get_full_fp32_param
 
-    from ..engine import make_optimizer
+    from ..train.engine import make_optimizer
     from ..mesh import ParallelDims, init_mesh
     from ..model import GPT
 
@@ -151,7 +151,7 @@ def train_minimega(model_config: GPTConfig, config: TrainConfig, steps: int, seq
     """Inside a launched rank: the same run with minimega's engine."""
     import torch.distributed as dist
 
-    from ..engine import initialize
+    from ..train.engine import initialize
     from ..mesh import ParallelDims, init_mesh
     from ..model import GPT
 
@@ -177,7 +177,7 @@ def pair_worker(model_config: GPTConfig, configs: list[TrainConfig], steps: int,
 def run_pairs(model_config: GPTConfig, configs: list[TrainConfig], world_size: int = 2, steps: int = 10,
               seq_len: int | None = None, timeout: float | None = None) -> list[dict]:
     """Launch `world_size` ranks and run every config both ways; rank 0's results, one dict per config."""
-    from ..launch import launch
+    from ..run.launch import launch
 
     if reason := deepspeed_missing():
         raise RuntimeError(f"peers: {reason}")

@@ -6,7 +6,7 @@ import argparse
 import json
 import statistics
 
-from .. import trace
+from ..run import trace
 from ..analysis import perf
 from .hardware_args import add_hardware_args, hardware_from_args
 

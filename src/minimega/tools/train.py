@@ -42,7 +42,7 @@ def add_train_parser(sub) -> None:
                    help="let a restart drop the failed ranks and continue on as few as M ranks, resharding on "
                         "load (default: --nproc, i.e. always restart at full size)")
     p.add_argument("--experts", type=positive_int, default=None,
-                   help="make every MLP a mixture of N experts (minimega.moe; default: dense)")
+                   help="make every MLP a mixture of N experts (minimega.parallel.moe.layer; default: dense)")
     p.add_argument("--top-k", type=positive_int, default=None, help="with --experts: experts per token (default: 2)")
     p.add_argument("--capacity-factor", type=positive_float, default=None,
                    help="with --experts: slots per expert = factor * top_k * T / E per sequence (default: 1.25)")
@@ -81,15 +81,15 @@ def train_worker(preset: str, config: TrainConfig, steps: int, show: bool | str,
 
     ``steps`` more steps are run from wherever the job starts, unless ``ckpt["until"]`` names the step to
     end at (an elastic restart resumes part-way and runs only what is left). ``trace_dir``: write this rank's
-    Chrome trace there at the end (`minimega.trace`).
+    Chrome trace there at the end (`minimega.run.trace`).
     """
     import torch
 
     from .. import comm
     from .. import data
-    from ..engine import initialize
+    from ..train.engine import initialize
     from ..mesh import ParallelDims, init_mesh
-    from ..launch import current_world_size, report_step
+    from ..run.launch import current_world_size, report_step
     from ..model import GPT
 
     dims = dataclasses.replace(ParallelDims.infer(current_world_size(), tp=config.tp, pp=config.pp, cp=config.cp),
@@ -97,7 +97,7 @@ def train_worker(preset: str, config: TrainConfig, steps: int, show: bool | str,
     mesh = init_mesh(dims)
     torch.manual_seed(config.seed)
     if moe is not None:
-        from ..moe import MoEGPT
+        from ..parallel.moe.layer import MoEGPT
         model = MoEGPT(GPTConfig.preset(preset), moe)
     else:
         model = GPT(GPTConfig.preset(preset))
@@ -139,7 +139,7 @@ def train_worker(preset: str, config: TrainConfig, steps: int, show: bool | str,
     if progress is not None:
         progress.close()
     if trace_dir is not None:
-        from .. import trace
+        from ..run import trace
         trace.write(engine.report(), trace_dir, {"model": dataclasses.asdict(model.config), "preset": preset,
                                                  "config": dataclasses.asdict(config), "device": str(mesh.device),
                                                  "world_size": mesh.world_size, "first_step": first})
@@ -198,7 +198,7 @@ def _progress(args: argparse.Namespace) -> bool | str:
 
 def _start(args: argparse.Namespace, config: TrainConfig, nproc: int, ckpt: dict) -> list:
     """One attempt of the job: ``nproc`` fresh ranks running `train_worker`."""
-    from ..launch import launch
+    from ..run.launch import launch
     return launch(train_worker, nproc, args.preset, config, args.steps, _progress(args), ckpt,
                   args.show_schedule, moe_config(args), args.trace, backend=args.backend, timeout=args.timeout,
                   stragglers=args.straggler_factor)
@@ -206,7 +206,7 @@ def _start(args: argparse.Namespace, config: TrainConfig, nproc: int, ckpt: dict
 
 def _fits(args: argparse.Namespace, dims, nproc: int) -> bool:
     """Whether the run's layout validates on ``nproc`` ranks (dp shrinks; tp, pp, cp and ep stay)."""
-    from ..engine import validate
+    from ..train.engine import validate
     from ..mesh import ParallelDims
     try:
         smaller = dataclasses.replace(ParallelDims.infer(nproc, tp=dims.tp, pp=dims.pp, cp=dims.cp), ep=dims.ep)
@@ -224,7 +224,7 @@ def _terminated(signum, frame):
 def _check_train_args(args: argparse.Namespace):
     """Every refusal that needs no rank, before the job is announced: (dims, config, save_dir, min_nproc, the
     step to resume from), the checkpoint to resume included (`elastic.checkpoint_step`)."""
-    from ..engine import validate
+    from ..train.engine import validate
     from ..mesh import ParallelDims
 
     try:
@@ -265,7 +265,7 @@ def _model_config(args: argparse.Namespace):
     moe = moe_config(args)
     if moe is None:
         return GPTConfig.preset(args.preset)
-    from ..moe import MoEGPTConfig
+    from ..parallel.moe.layer import MoEGPTConfig
     return MoEGPTConfig(**dataclasses.asdict(GPTConfig.preset(args.preset)), **dataclasses.asdict(moe))
 
 
@@ -281,7 +281,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
     results = run_elastic(functools.partial(_start, args, config), args.nproc, ckpt, max_restarts=args.max_restarts,
                           min_nproc=min_nproc, fits=functools.partial(_fits, args, dims), model_config=_model_config(args))
     if args.trace:
-        from .. import trace
+        from ..run import trace
         print(f"minimega train: traces in {args.trace} (all ranks: {trace.merge(args.trace)}); open them in "
               "https://ui.perfetto.dev or chrome://tracing", file=sys.stderr)
     if args.show_schedule and pp > 1:

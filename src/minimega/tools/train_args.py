@@ -46,7 +46,7 @@ def _field_doc(name: str) -> str:
 
 def moe_config(args: argparse.Namespace):
     """The MoEConfig the --experts/--top-k/--capacity-factor/... flags ask for, or None (a dense model)."""
-    from ..moe import MoEConfig
+    from ..parallel.moe.layer import MoEConfig
     given = {k: v for k, v in (("n_experts", args.experts), ("top_k", args.top_k),
                                ("capacity_factor", args.capacity_factor),
                                ("dispatch", getattr(args, "moe_dispatch", None)),

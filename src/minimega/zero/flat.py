@@ -17,7 +17,7 @@ import torch
 import torch.nn as nn
 
 from .. import comm
-from ..grad_sync import dp_named_parameters
+from ..parallel.grad_sync import dp_named_parameters
 from ..sizes import padded_numel   # the rule the estimators share (minimega/sizes.py)
 
 
@@ -217,7 +217,7 @@ def model_units(module: nn.Module) -> list[tuple[str, list[tuple[str, nn.Paramet
     ``module`` may be a pipeline chunk: its blocks are keyed by their index in the full model, and the
     embed and head units exist only on the chunks that hold them.
     """
-    named = dp_named_parameters(module)             # experts sync themselves (see `minimega.moe`)
+    named = dp_named_parameters(module)             # experts sync themselves (see `minimega.parallel.moe.layer`)
     owned = {id(p) for _, p in named}
     embed = [(n, p) for n, p in named if n.startswith(("wte.", "wpe."))]
     blocks = [(f"blocks.{i}", [(f"blocks.{i}.{n}", p) for n, p in b.named_parameters() if id(p) in owned])

@@ -2,7 +2,7 @@
 
 A ZeRO-3 rank holds 1/dp of each unit and all-gathers the rest before the unit's forward and again before
 its backward: 2Ψ parameter elements per step. In bf16 that is 2 bytes each; the fp8 linears
-(`minimega.fp8`) only ever multiply the E4M3 cast of their weight, so the cast can happen *before* the
+(`minimega.train.fp8`) only ever multiply the E4M3 cast of their weight, so the cast can happen *before* the
 gather, on the shard, and halve those bytes (torchao's float8 all-gather for FSDP2 does the same):
 
     Phase 1 (unshard, per block): cast this rank's bf16 shard to E4M3 with each weight's scale, all-gather
@@ -22,7 +22,8 @@ from __future__ import annotations
 
 import torch
 
-from .. import comm, fp8
+from .. import comm
+from ..train import fp8
 from .flat import FlatUnit, model_units
 from .stages import Zero3
 

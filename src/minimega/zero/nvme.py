@@ -37,7 +37,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
-from .. import measure
+from ..run import measure
 from .offload import CPUOffloadStore, MasterStore
 
 IN_FLIGHT_UNITS = 3

@@ -32,7 +32,7 @@ from contextlib import contextmanager
 import torch
 import torch.nn as nn
 
-from .. import measure
+from ..run import measure
 
 
 class MasterStore:

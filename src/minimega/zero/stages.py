@@ -1,11 +1,11 @@
 """ZeRO stages 1-3 (Rajbhandari et al., arXiv:1910.02054), each a subclass of the one before.
 
-The model is cut into units (the embeddings, each block, the head); each unit is one flat buffer
-padded to a multiple of dp, and dp rank r owns ``[r·N/dp, (r+1)·N/dp)`` of it (`flat.py`). The
-fp32 master weights and Adam's moments exist for that shard only (`offload.py`).
+The model is cut into units (the embeddings, each block, the head); each unit is one flat buffer padded to a
+multiple of dp, and dp rank r owns ``[r·N/dp, (r+1)·N/dp)`` of it (`flat.py`). The fp32 master weights and
+Adam's moments exist for that shard only (`offload.py`).
 
-Gradients follow the protocol of `minimega.grad_sync`, one bucket per unit: a hook starts a unit's
-reduce-scatter when its last gradient is in, ``finish_grad_sync()`` (called after backward) waits.
+Gradients follow `parallel.grad_sync`'s protocol, one bucket per unit: a hook starts a unit's reduce-scatter
+when its last gradient is in, ``finish_grad_sync()`` (called after backward) waits.
 
 ``Zero1`` (optimizer states sharded):
     Phase 1 (backward): gradients accumulate in a full flat gradient buffer per unit; when a unit's
@@ -18,15 +18,13 @@ reduce-scatter when its last gradient is in, ``finish_grad_sync()`` (called afte
     offload none at all (each reduced shard goes to the host as it arrives; ZeRO-Offload). Gradient
     accumulation reduces on every micro-step (DeepSpeed's semantics); under ``no_sync()`` (the pipeline's
     micro-batches before the last) the full gradients accumulate and the last backward reduces them once.
-``Zero3(Zero2)`` (+ parameters sharded): at rest each unit holds only its shard. ``unshard()``
-    (all-gather) before the unit's forward and again before its backward, ``reshard()`` (hand its
-    buffer back) after each; the next unit's all-gather is issued before the current unit computes
-    (prefetch). Units whose parameters have at most ``param_persistence_threshold`` elements each
-    stay whole (DeepSpeed's ``stage3_param_persistence_threshold``).
+``Zero3(Zero2)`` (+ parameters sharded): at rest each unit holds only its shard. ``unshard()`` (all-gather)
+    before the unit's forward and again before its backward, ``reshard()`` (hand its buffer back) after each;
+    the next unit's all-gather is issued before the current unit computes (prefetch). Units of at most
+    ``param_persistence_threshold`` elements stay whole (DeepSpeed's ``stage3_param_persistence_threshold``).
 
-Communication per step, in elements of Ψ (the padded parameter count), per rank ×(dp-1)/dp:
-stages 1 and 2 reduce-scatter Ψ + all-gather Ψ = 2Ψ (as DDP's all-reduce); stage 3 all-gathers Ψ in
-forward and Ψ in backward and reduce-scatters Ψ = 3Ψ (1.5× DDP).
+Communication per step, in elements of Ψ (the padded parameter count), per rank ×(dp-1)/dp: stages 1 and 2
+reduce-scatter Ψ + all-gather Ψ = 2Ψ (as DDP's all-reduce); stage 3 gathers Ψ twice and reduce-scatters Ψ = 3Ψ.
 """
 from __future__ import annotations
 
@@ -35,8 +33,10 @@ import enum
 import torch
 import torch.nn as nn
 
-from .. import clock, comm, measure, precision
-from ..grad_sync import GradSync, dp_named_parameters
+from .. import clock, comm
+from ..run import measure
+from ..train import precision
+from ..parallel.grad_sync import GradSync, dp_named_parameters
 from ..model import GPT
 from .flat import BufferPool, FlatUnit, GatherSlots, gather_fp32, model_units  # noqa: F401  (model_units: imported from here too)
 from .nvme import make_store

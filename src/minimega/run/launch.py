@@ -16,7 +16,7 @@ Failure is the common case when learning, so the launcher is built around it:
   *watchdog*: every rank publishes a heartbeat and the last collective it entered (``all_reduce#12
   group dp``) in a small shared-memory record; the launcher ends the job when a heartbeat is older
   than ``timeout`` or a collective has waited longer than that, naming the rank and its collective
-  (`minimega.watchdog`);
+  (`minimega.run.watchdog`);
 - the job dies with its launcher: each rank watches the launcher through a pipe whose write end only
   the launcher holds, so SIGKILL of a script, the CLI or a notebook kernel ends every rank (EOF).
 

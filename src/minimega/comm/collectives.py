@@ -1,9 +1,9 @@
 """Collectives: the only module that calls `torch.distributed`'s communication functions.
 
-Every call goes through here and is announced to the attached observers (`comm_observers`): issued,
-waited on, done. That one interface is how the `CommLog` (``comm_log.py``: what moved where, in ring-model
-bytes), the simulated wire (``comm_wire.py``), the launcher's watchdog (``watchdog.py``) and the peak-memory
-tracker (``measure.py``) see the traffic; the collectives themselves do nothing else. Groups of one rank
+Every call goes through here and is announced to the attached observers (`comm.observers`): issued,
+waited on, done. That one interface is how the `CommLog` (``comm/log.py``: what moved where, in ring-model
+bytes), the simulated wire (``comm/wire.py``), the launcher's watchdog (``run/watchdog.py``) and the peak-memory
+tracker (``run/measure.py``) see the traffic; the collectives themselves do nothing else. Groups of one rank
 return immediately without touching torch.distributed, so the single-process reference and a 4-rank job
 run the same code.
 
@@ -12,7 +12,7 @@ afterwards. Async calls return a `Handle`; its ``wait()`` is when the rank block
 
 ``overlap(False)`` makes every async call complete before it returns (DeepSpeed's ``overlap_comm=false``;
 `TrainConfig.overlap_comm`); ``delay(seconds)`` (or ``MINIMEGA_COMM_DELAY_MS``) makes each collective occupy
-a simulated wire for that long (see ``comm_wire.py``), so tests can see overlap rather than assume it.
+a simulated wire for that long (see ``comm/wire.py``), so tests can see overlap rather than assume it.
 """
 from __future__ import annotations
 
@@ -22,9 +22,9 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
-from .comm_log import CommLog, CommRecord, ring_bytes  # noqa: F401  (the log is read as comm.CommLog)
-from .comm_observers import OBSERVERS, attach, detach, notify, observing  # noqa: F401
-from .comm_wire import WIRE, blocked_seconds, delay  # noqa: F401
+from .log import CommLog, CommRecord, ring_bytes  # noqa: F401  (the log is read as comm.CommLog)
+from .observers import OBSERVERS, attach, detach, notify, observing  # noqa: F401
+from .wire import WIRE, blocked_seconds, delay  # noqa: F401
 
 attach(WIRE)        # the simulated wire first: it sleeps before the other observers stamp their times
 

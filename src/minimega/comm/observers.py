@@ -7,7 +7,7 @@ An observer is any object with three methods, each given the `comm.Call` being m
                     for an asynchronous one)
     done(call)      it completed: the rank stops waiting and its buffers are free
 
-Four attach here: the `comm_log.CommLog` (what moved where), the simulated wire (`comm_wire`: a delay
+Four attach here: the `comm.log.CommLog` (what moved where), the simulated wire (`comm.wire`: a delay
 per collective, and the time spent blocked), the launcher's watchdog (`watchdog.RankStatus`: which
 collective a rank waits in, and since when) and the peak-memory tracker (`measure.PeakTracker`: the
 buffers in flight).

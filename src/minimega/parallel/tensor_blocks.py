@@ -1,13 +1,13 @@
 """Tensor parallelism inside a block: the attention's heads and SwiGLU's width split over the tp group
 (Megatron-LM, arXiv:1909.08053 §3). The layers themselves (column- and row-parallel linears) are
-`tensor_parallel`'s; `ParallelGPT` builds them and hands them in here.
+`tensor`'s; `ParallelGPT` builds them and hands them in here.
 
 Attention.
 Rank r of tp holds query heads [r·nh/tp, (r+1)·nh/tp) and, with grouped-query attention, key/value heads
 [r·nkv/tp, (r+1)·nkv/tp): query head i reads kv head i // (nh/nkv), so those are exactly the kv heads its query
 heads read, and the core runs on the rank's heads alone. qkv is column-parallel by those rows of each of its
-[q; k; v] blocks, proj row-parallel (`tensor_parallel.ColumnParallelLinear`, `RowParallelLinear`, built by
-`ParallelGPT` and handed in here). tp must divide n_kv_head (`tensor_parallel.check_divisible`): a kv head is
+[q; k; v] blocks, proj row-parallel (`tensor.ColumnParallelLinear`, `RowParallelLinear`, built by
+`ParallelGPT` and handed in here). tp must divide n_kv_head (`tensor.check_divisible`): a kv head is
 never split or copied across ranks here (Megatron replicates kv heads when tp > nkv; minimega refuses that).
 
 Shapes on rank r: qkv (B, T, (nh + 2·nkv)·hs/tp) → q (B, nh/tp, T, hs), k, v (B, nkv/tp, T, hs) → y (B, T, D/tp)
@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .model import CausalSelfAttention, SwiGLU
+from ..model import CausalSelfAttention, SwiGLU
 from .rng import RNGStream
 
 

@@ -8,7 +8,7 @@ always works on fp32 master weights (one shard per rank, see `minimega.zero`):
     bf16     bf16             fp32 (``main_grad``)         fp32                 none (bf16 has fp32's exponent range)
     fp16     fp16             fp16                         fp32                 dynamic (or a fixed ``loss_scale``)
     fp8      bf16             fp32 (``main_grad``)         fp32                 none; the block linears compute in fp8
-                                                                                with per-tensor scales (`minimega.fp8`)
+                                                                                with per-tensor scales (`minimega.train.fp8`)
 
 bf16 keeps 8 bits of mantissa: summing micro-steps or ranks in bf16 rounds every partial sum to ~0.4%.
 As Megatron-LM (``main_grad``) and DeepSpeed do, each backward's bf16 gradient is added into an fp32
@@ -39,7 +39,7 @@ class Policy:
     grad_dtype: torch.dtype | None = None
     """The dtype gradients are accumulated (micro-steps) and reduced (dp) in; None: ``param_dtype``."""
     fp8_linears: bool = False
-    """The transformer blocks' linears multiply in fp8 (`minimega.fp8`); ZeRO-3 gathers their weights in fp8."""
+    """The transformer blocks' linears multiply in fp8 (`minimega.train.fp8`); ZeRO-3 gathers their weights in fp8."""
 
     @property
     def accumulate_dtype(self) -> torch.dtype:

@@ -5,7 +5,7 @@
                (softmax(QKᵀ/√hs)V: little compute, much memory at long T; Korthikanti et al. 2022, arXiv:2205.05198)
 
 Recomputation must replay the same dropout masks, so `checkpoint` saves the RNG state (CPU, and the
-current CUDA device's when the inputs live there) and every tensor-parallel stream (`minimega.rng`)
+current CUDA device's when the inputs live there) and every tensor-parallel stream (`minimega.parallel.rng`)
 before the first forward and restores them, in a fork so the training streams move on untouched,
 before the replay.
 
@@ -17,8 +17,8 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from .model import GPT
-from .rng import live_streams
+from ..model import GPT
+from ..parallel.rng import live_streams
 
 MODES = ("none", "full", "selective")
 

@@ -1,6 +1,6 @@
 """Dropless dispatch: every (token, choice) is kept; tokens are sorted by expert instead of placed in slots.
 
-The capacity path (`minimega.moe`) builds one-hot (B, T, E, C) dispatch and combine tensors, C ∝ T, so
+The capacity path (`minimega.parallel.moe.layer`) builds one-hot (B, T, E, C) dispatch and combine tensors, C ∝ T, so
 they grow with s². Production MoE (MegaBlocks, Gale et al. 2022, arXiv:2211.15841; Megatron-core and
 DeepSeek's token dispatchers) works with indices instead:
 
@@ -27,8 +27,8 @@ from __future__ import annotations
 
 import torch
 
-from . import comm
-from .comm import Group
+from ... import comm
+from ...comm import Group
 
 
 # --8<-- [start:sort_by_expert]

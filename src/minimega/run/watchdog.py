@@ -1,7 +1,7 @@
 """The watchdog: every rank's heartbeat and last collective, and the launcher's verdict on who is stuck.
 
 A collective has no idea how long to wait, and a rank that is stopped (SIGSTOP, a frozen node) or
-deadlocked cannot report anything. So each rank that `minimega.launch` starts owns a small record in
+deadlocked cannot report anything. So each rank that `minimega.run.launch` starts owns a small record in
 shared memory (`RankStatus`, a memory-mapped file), and the launcher reads all of them:
 
 - a *guard thread* in each rank beats every ``HEARTBEAT_S`` and ends the rank when its launcher dies;
@@ -24,7 +24,7 @@ import struct
 import time
 from pathlib import Path
 
-from .comm_observers import attach
+from ..comm.observers import attach
 
 __all__ = ["RankStatus", "Stragglers", "read_status", "report_step", "verdict", "HEARTBEAT_S"]
 
@@ -65,7 +65,7 @@ class RankStatus:
         self.version += 1
         struct.pack_into("<q", self._map, 8, self.version)
 
-    # An observer of `minimega.comm` (see `comm_observers`): the wait clock starts when the rank blocks
+    # An observer of `minimega.comm` (see `comm.observers`): the wait clock starts when the rank blocks
     # on a collective, not when an asynchronous one is issued (a long backward after issuing is no hang).
     def issued(self, call) -> None:
         """A collective was issued: count it; name it unless the rank is blocked in another one."""
@@ -124,11 +124,11 @@ def read_status(path: Path) -> dict | None:
 
 
 STATUS: RankStatus | None = None
-"""In a rank that `minimega.launch` started: its record (`install` sets it and attaches it to `comm`)."""
+"""In a rank that `minimega.run.launch` started: its record (`install` sets it and attaches it to `comm`)."""
 
 
 def install(status: RankStatus) -> None:
-    """Make ``status`` this rank's record: told every collective (`comm_observers`) and every step."""
+    """Make ``status`` this rank's record: told every collective (`comm.observers`) and every step."""
     global STATUS
     STATUS = status
     attach(status)

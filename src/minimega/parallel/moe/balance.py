@@ -1,6 +1,6 @@
 """Load balancing: the Switch aux loss's statistics pooled over the cp ring, and DeepSeek-V3's routing bias.
 
-Pooled statistics (context parallelism). The load-balancing loss of `minimega.moe` reads two means over each
+Pooled statistics (context parallelism). The load-balancing loss of `minimega.parallel.moe.layer` reads two means over each
 sequence, f_e (first choices) and P_e (router probabilities). Under cp a rank holds T/cp tokens of every
 sequence, so `sequence_means` sums its tokens' terms, all-reduces the sums over the cp group and divides by
 the whole T: every cp rank then holds the single-process f_e and P_e. The all-reduce's backward is an
@@ -21,7 +21,7 @@ micro-batches) moves the bias:
 The counts of the dp ranks are summed first (one all-reduce of layers × E integers; under cp over dp·cp,
 each rank counting its own tokens), so every rank applies the same update as a single process on the global
 batch; tp ranks route the same tokens and sum over their own group, which holds one tp rank. (DeepSeek-V3
-biases sigmoid affinities; minimega's router is the softmax of `minimega.moe`, so the bias is added to its
+biases sigmoid affinities; minimega's router is the softmax of `minimega.parallel.moe.layer`, so the bias is added to its
 probabilities.)
 """
 from __future__ import annotations
@@ -29,8 +29,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from . import comm
-from .comm import Group
+from ... import comm
+from ...comm import Group
 
 
 class _SumOverGroup(torch.autograd.Function):

@@ -1,6 +1,6 @@
 """Data parallelism (DDP, ZeRO stage 0): every rank holds the whole model and averages gradients.
 
-How it overlaps communication with the backward pass (the protocol of `minimega.grad_sync`):
+How it overlaps communication with the backward pass (the protocol of `minimega.parallel.grad_sync`):
 
     Phase 1 (construction): parameters are grouped into buckets of about ``bucket_mb`` MiB, in
         *reverse* registration order, because backward produces the last layers' gradients first.
@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from . import clock, comm
+from .. import clock, comm
 from .grad_sync import GradSync, dp_named_parameters
 
 

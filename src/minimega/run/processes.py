@@ -1,5 +1,5 @@
 """The ranks as processes: a forkserver that has imported torch once, and how ranks are started, named,
-tied to their parent and stopped. `launch.py` decides what runs and reads what comes back."""
+tied to their parent and stopped. `run/launch.py` decides what runs and reads what comes back."""
 from __future__ import annotations
 
 import ctypes
@@ -62,8 +62,8 @@ def forkserver_context():
             _CONTEXT = mp.get_context("forkserver")
             # torch._dynamo too: every torch.optim.Optimizer imports it on construction, which costs each
             # rank seconds (measured 2-15 s per launch on 2 busy cores) unless the forkserver already holds it.
-            _CONTEXT.set_forkserver_preload(["torch", "torch.distributed", "torch._dynamo", "minimega.engine",
-                                           "minimega.launch"])
+            _CONTEXT.set_forkserver_preload(["torch", "torch.distributed", "torch._dynamo", "minimega.train.engine",
+                                           "minimega.run.launch"])
         else:
             _CONTEXT = mp.get_context("spawn")
     if _CONTEXT.get_start_method() == "forkserver":

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import torch
 
-from . import comm
-from .comm import Group
+from .. import comm
+from . import Group
 
 
 # --8<-- [start:all_to_all]

@@ -1,6 +1,6 @@
 """Ulysses attention: context parallelism by all-to-all over heads (DeepSpeed-Ulysses, arXiv:2309.14509).
 
-The layout is ring attention's (`context_parallel`): cp rank r holds chunks r and 2·cp-1-r of the 2·cp
+The layout is ring attention's (`parallel.context`): cp rank r holds chunks r and 2·cp-1-r of the 2·cp
 chunks of every sequence, and everything but attention runs on those T/cp tokens. Attention needs every
 earlier key but no other head, so Ulysses trades the sequence split for a head split around it:
 
@@ -28,8 +28,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .comm import Group
-from .exchange import exchange
+from ..comm import Group
+from ..comm.all_to_all import exchange
 
 
 # --8<-- [start:exchange]
@@ -80,7 +80,7 @@ def ulysses_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: 
 
 
 def check(model_config, config, dims) -> None:
-    """What Ulysses needs beyond ring attention's rules (`context_parallel.check`)."""
+    """What Ulysses needs beyond ring attention's rules (`parallel.context.check`)."""
     if dims.cp == 1 or config.cp_attention != "ulysses":
         return
     if model_config.n_head % (dims.tp * dims.cp):

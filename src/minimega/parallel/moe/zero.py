@@ -1,7 +1,7 @@
 """ZeRO-1 for the experts: their Adam states sharded over the expert-data-parallel group (DeepSpeed-MoE).
 
 With ``zero_stage=1`` the non-expert parameters follow `zero.Zero1` over dp. The experts are whole on the
-dp/ep ranks of their edp group (`minimega.moe`), so those ranks are where their optimizer states can be
+dp/ep ranks of their edp group (`minimega.parallel.moe.layer`), so those ranks are where their optimizer states can be
 split: every expert tensor of this rank goes into one flat buffer (`zero.FlatUnit`, padded to a multiple
 of edp) and edp rank r keeps Adam's moments for ``[r·N/edp, (r+1)·N/edp)`` of it only:
 
@@ -9,7 +9,7 @@ of edp) and edp rank r keeps Adam's moments for ``[r·N/edp, (r+1)·N/edp)`` of 
         view of it); when the last one is in, its reduce-scatter over edp starts (async).
     Phase 2 (``finish_grad_sync()``): wait; this rank's shard of the buffer holds the edp sum, divided by dp
         (the experts' gradient is the sum over edp of the ep group's contributions over dp, see
-        `moe_zero.ExpertGradSync`; under cp edp × cp and dp·cp). Under ZeRO-2 the dense gradients reduce on
+        `moe.zero.ExpertGradSync`; under cp edp × cp and dp·cp). Under ZeRO-2 the dense gradients reduce on
         every micro-step; these accumulate in the flat buffer and reduce once, after the last.
     Phase 3 (step): the optimizer updates this rank's shard (fp32: the parameters' own storage), and an
         all-gather over edp refreshes every expert on every edp rank.
@@ -25,12 +25,13 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from . import comm, measure
-from .comm import Group
-from .grad_sync import GradSync
-from .moe import MoELayer, expert_params
-from .moe_balance import update_routing_bias
-from .zero import FlatUnit, MasterStore
+from ... import comm
+from ...run import measure
+from ...comm import Group
+from ..grad_sync import GradSync
+from .layer import MoELayer, expert_params
+from .balance import update_routing_bias
+from ...zero import FlatUnit, MasterStore
 
 
 class ExpertGradSync(GradSync):
@@ -90,7 +91,7 @@ class ExpertGradSync(GradSync):
     @torch.no_grad()
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         """Every expert tensor whole (E, ...) on every rank: all-gather the ep ranks' slices (a collective); and
-        the routing biases (`moe_balance`), equal on every rank, which ZeRO's own state dict does not hold."""
+        the routing biases (`moe.balance`), equal on every rank, which ZeRO's own state dict does not hold."""
         out = self._gather_ep({name: p.detach() for name, p in expert_params(self.module)})
         out.update({f"{n}.expert_bias": m.expert_bias.detach().float().cpu().clone()
                     for n, m in self.module.named_modules() if isinstance(m, MoELayer) and m.moe.bias_update_rate})
@@ -116,7 +117,7 @@ class ExpertGradSync(GradSync):
         return layer.ep_group
 
     def after_step(self, dp_group: Group) -> None:
-        """The routing biases' update from this step's loads, summed over dp (`moe_balance`)."""
+        """The routing biases' update from this step's loads, summed over dp (`moe.balance`)."""
         update_routing_bias([m for m in self.module.modules() if isinstance(m, MoELayer)], dp_group)
 
     def counts(self) -> dict:

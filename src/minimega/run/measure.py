@@ -13,7 +13,7 @@ from typing import Iterable
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from . import comm
+from .. import comm
 
 
 def storage_id(t: torch.Tensor) -> int:
@@ -251,7 +251,7 @@ def state_tensors(dp_wrappers, optimizer=None) -> dict[str, list[torch.Tensor]]:
 # `comm.CommLog` counts the ring model applied to tensor sizes: the bytes a bandwidth-optimal algorithm
 # must send, the yardstick of the papers. What a backend sends can differ: its own algorithm and message
 # headers. Gloo's all-reduce is a ring (``gloo/allreduce.cc``: a ring reduce-scatter, then a ring all-gather,
-# in segments). Its fused reduce-scatter and all-gather are not used (`comm._in_place_only`: they go through a
+# in segments). Its fused reduce-scatter and all-gather are not used (`comm.collectives._in_place_only`: they go through a
 # temporary buffer per call); `comm` builds the all-gather from n broadcasts, the ring's bytes, and the
 # reduce-scatter from n reduces: each reduce is a ring reduce-scatter of its chunk and then a gather of the
 # pieces to its root, (1 + 1/n) times the ring model in all. (Torch's fused gloo reduce-scatter is an

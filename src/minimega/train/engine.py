@@ -6,20 +6,18 @@ seed) and wraps it, in this order (the order of `Engine.__init__`):
     1. tensor parallel   (tp > 1)  new layers split attention heads and the MLP across the tp group; without
                                    tp a copy: the caller's model is never modified
     2. context parallel  (cp > 1)  ring or Ulysses attention over the cp group, global positions
-    3. activation checkpointing    full or selective recomputation (`activation_checkpoint`)
-    4. mixture of experts (ep)     keep this rank's experts; they sync over the edp group (`moe_zero`)
+    3. activation checkpointing    full or selective recomputation (`train.activation_checkpoint`)
+    4. mixture of experts (ep)     keep this rank's experts; they sync over the edp group (`parallel.moe.zero`)
     5. pipeline split    (pp > 1)  keep this stage's chunks of blocks (TP never crosses a block, so splitting
                                    after TP keeps the vocab-parallel ends on the first and last stage)
-    6. data parallel     per chunk over the dp group (dp × cp under context parallelism: `mesh.grad_group`):
-                         DDP at zero_stage 0, ZeRO 1-3 otherwise (ZeRO also holds the precision: 16-bit working
-                         parameters over fp32 master shards), all on the one protocol of `grad_sync`
+    6. data parallel     per chunk over the dp group (dp × cp under cp: `mesh.grad_group`): DDP at zero_stage 0,
+                         ZeRO 1-3 otherwise (16-bit working parameters over fp32 master shards), on `grad_sync`
     7. the optimizer     one `optimizer.Optimizers` over whatever steps the parameters
 
 Any (dp, tp, pp, cp, ep) that `validate` accepts composes; ZeRO-1 under pp is the BLOOM-176B recipe.
-
-``Engine.train_step((x, y))`` takes this dp rank's rows of the global batch (see `minimega.data`), keeps
-this cp rank's two chunks of every sequence (cp > 1), runs the gradient-accumulation micro-steps (each
-backward followed by ``finish_grad_sync()``), clips, steps the optimizer and returns the global mean loss.
+``Engine.train_step((x, y))`` takes this dp rank's rows of the global batch (`minimega.data`), keeps this cp rank's
+two chunks of each sequence (cp > 1), runs the micro-steps (each backward followed by ``finish_grad_sync()``),
+clips, steps the optimizer and returns the global mean loss.
 """
 from __future__ import annotations
 
@@ -30,21 +28,23 @@ from contextlib import nullcontext
 import torch
 import torch.nn as nn
 
-from . import clock, comm, fp8, measure, zero
-from . import context_parallel as cp_
+from .. import clock, comm, zero
+from . import fp8
+from ..run import measure
+from ..parallel import context as cp_
 from .activation_checkpoint import apply_activation_checkpointing
-from .config import GPTConfig, TrainConfig
-from .data_parallel import DataParallel
-from .grad_sync import clip_grad_norm_
-from .mesh import Mesh, ParallelDims
-from .model import GPT
-from . import moe as moe_
-from .moe_zero import ExpertGradSync, ExpertZero1
-from .zero.nvme import check_directory
+from ..config import GPTConfig, TrainConfig
+from ..parallel.data_parallel import DataParallel
+from ..parallel.grad_sync import clip_grad_norm_
+from ..mesh import Mesh, ParallelDims
+from ..model import GPT
+from ..parallel.moe import layer as moe_
+from ..parallel.moe.zero import ExpertGradSync, ExpertZero1
+from ..zero.nvme import check_directory
 from .optimizer import Optimizers, TorchOptimizer, make_optimizer
-from .pipeline import Pipeline, check as check_pipeline
-from .rng import RNGStream
-from .tensor_parallel import full_like_param, apply_tensor_parallel, check_divisible
+from ..pipeline import Pipeline, check as check_pipeline
+from ..parallel.rng import RNGStream
+from ..parallel.tensor import full_like_param, apply_tensor_parallel, check_divisible
 
 # What this build of the engine can combine; anything else is refused before training starts.
 _SUPPORTED = {"zero_stage": {0, 1, 2, 3}, "precision": {"fp32", "bf16", "fp16", "fp8"},
@@ -420,7 +420,7 @@ class Engine:
         """Atomic sharded checkpoint of everything needed to resume (see `minimega.checkpoint`). With
         ``config.async_save`` it returns once this rank's state is copied; the files are written while the next
         steps train (`checkpoint.async_save`), and the next `save`, `load` or `wait_for_save` waits for them."""
-        from . import checkpoint
+        from .. import checkpoint
         stats: dict = {}
         self.wait_for_save()                                # at most one save in flight
         self._event("save_start")
@@ -439,7 +439,7 @@ class Engine:
 
     def load(self, directory) -> int:
         """Resume from a checkpoint saved under any layout; returns its step."""
-        from . import checkpoint
+        from .. import checkpoint
         self.wait_for_save()
         return checkpoint.load(self, directory)
 

@@ -11,7 +11,7 @@ Each record holds the op, the group, the dtype, the element count, the payload a
 
 and the wall time (on CUDA, events on the stream). The byte counts are *algorithmic*: the ring model
 applied to tensor sizes, the yardstick the papers use. What gloo really puts on the wire (its own
-algorithms, headers) is measured by `minimega.measure.wire_bytes`.
+algorithms, headers) is measured by `minimega.run.measure.wire_bytes`.
 
 A log keeps its newest ``window`` records (a long run would otherwise grow it without end) and folds
 the older ones into running totals, so `summary` and `total_sent` always cover the whole run.
@@ -24,8 +24,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .clock import Window
-from .comm_observers import attach, detach
+from ..clock import Window
+from .observers import attach, detach
 
 # --8<-- [start:ring_factor]
 _RING_FACTOR = {

@@ -10,7 +10,7 @@ seed + 2718 + tp_rank (Shoeybi et al. 2019, §B.2); `RNGStream` is that generato
         y = dropout(x)      # draws advance the stream, not the default one
 
 Activation checkpointing must replay the same masks in backward, so every live stream is listed by
-`live_streams()` and `activation_checkpoint` snapshots and restores them with the default state.
+`live_streams()` and `train.activation_checkpoint` snapshots and restores them with the default state.
 """
 from __future__ import annotations
 

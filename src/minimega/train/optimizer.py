@@ -6,15 +6,15 @@ when an fp16 overflow skipped it —, ``zero_grad()``, ``memory() -> dict``):
     DDP (zero_stage 0)      `TorchOptimizer`: torch's optimizer over the full local parameters
     ZeRO 1-3                the chunk's ZeRO wrapper (`zero.Zero1` …): it owns the fp32 master shard and its
                             optimizer states, steps them and all-gathers the parameters; one per pipeline chunk
-    experts under ZeRO      `moe_zero.ExpertZero1`: the experts' Adam states sharded over edp
+    experts under ZeRO      `moe.zero.ExpertZero1`: the experts' Adam states sharded over edp
 """
 from __future__ import annotations
 
 import torch
 import torch.nn as nn
 
-from . import measure
-from .config import TrainConfig
+from ..run import measure
+from ..config import TrainConfig
 
 
 def make_optimizer(params, config: TrainConfig) -> torch.optim.Optimizer:

@@ -8,7 +8,7 @@ Each transformer block is split over the tp group so that only its two ends comm
 
 With Llama's blocks: grouped-query attention splits the n_kv_head key/value heads over tp as well (each rank
 keeps the kv heads its n_head/tp query heads read), and SwiGLU's gate and fc (up) are both column-parallel
-behind one `f`, its proj (down) row-parallel: the same two all-reduces per block (`tensor_parallel_blocks`).
+behind one `f`, its proj (down) row-parallel: the same two all-reduces per block (`tensor_blocks`).
 
 A column-parallel layer starts with `f` (forward: identity, backward: all-reduce); a row-parallel layer
 ends with `g` (forward: all-reduce, backward: identity). That is 2 all-reduces forward and 2 backward per
@@ -29,12 +29,12 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from . import comm
-from .comm import Group
-from .config import GPTConfig
-from .model import GPT
+from .. import comm
+from ..comm import Group
+from ..config import GPTConfig
+from ..model import GPT
 from .rng import RNGStream
-from .tensor_parallel_blocks import ParallelSelfAttention, ParallelSwiGLU
+from .tensor_blocks import ParallelSelfAttention, ParallelSwiGLU
 
 SEQ_DIM = 1          # activations are (B, T, D); sequence parallelism shards T
 
@@ -365,7 +365,7 @@ class ParallelGPT(GPT):
             if sequence_parallel:
                 block.attn.resid_dropout = _StreamDropout(block.attn.resid_dropout, self.rng)
                 block.mlp.dropout = _StreamDropout(block.mlp.dropout, self.rng)
-            if not hasattr(block.mlp, "experts"):          # a mixture of experts stays whole (`minimega.moe`)
+            if not hasattr(block.mlp, "experts"):          # a mixture of experts stays whole (`minimega.parallel.moe.layer`)
                 column = {n: ColumnParallelLinear(getattr(block.mlp, n), group, sequence_parallel=sequence_parallel)
                           for n in ("gate", "fc") if hasattr(block.mlp, n)}
                 proj = RowParallelLinear(block.mlp.proj, group, sequence_parallel=sequence_parallel)

@@ -1,5 +1,5 @@
 """Context parallelism: each sequence split over a ring of cp ranks, attention computed by ring attention
-(or by Ulysses' all-to-all over heads, `minimega.ulysses`, with ``TrainConfig.cp_attention='ulysses'``).
+(or by Ulysses' all-to-all over heads, `minimega.parallel.ulysses`, with ``TrainConfig.cp_attention='ulysses'``).
 
 Layout (causal load balancing). A sequence of T tokens is cut into 2·cp chunks of c = T/(2·cp) tokens;
 cp rank r holds chunks r and 2·cp-1-r, in that order (Megatron-LM's context parallelism). Under a causal
@@ -33,7 +33,7 @@ heads that read it before the core (the ring then carries nh/tp heads of K/V, as
 
 Composes with dp (and ZeRO over dp·cp), tp (each tp rank runs the ring on its n_head/tp heads) and a
 mixture of experts with dropless dispatch (routing is per token; the aux loss's means are pooled over the
-ring, see `minimega.moe`). Refused by name (`check`): pipeline parallelism, sequence parallelism, dropout (and,
+ring, see `minimega.parallel.moe.layer`). Refused by name (`check`): pipeline parallelism, sequence parallelism, dropout (and,
 for Ulysses, an n_head that tp·cp does not divide); capacity-routed experts by `moe.check`.
 """
 from __future__ import annotations
@@ -44,9 +44,9 @@ import math
 import torch
 import torch.nn as nn
 
-from . import comm
+from .. import comm
 from . import ulysses
-from .comm import Group
+from ..comm import Group
 from .ulysses import ulysses_attention
 
 

@@ -16,7 +16,7 @@ dropping then depends on nothing but the sequence, so every layout (any dp, any 
 tokens the single-process model drops. Priority follows GShard: every token's first choice in token
 order, then every second choice.
 
-Dropless dispatch (``dispatch='dropless'``, `minimega.moe_dropless`): no capacity; the (token, choice) pairs
+Dropless dispatch (``dispatch='dropless'``, `minimega.parallel.moe.dropless`): no capacity; the (token, choice) pairs
 are sorted by expert, each expert runs on its contiguous rows, the outputs go back weighted by the gates;
 under ep the all-to-alls carry each rank's variable row counts (the counts are exchanged first).
 
@@ -32,7 +32,7 @@ Load balancing (Switch eq. 4, GShard's l_aux with the top-1 fractions): per rout
 
 averaged over the sequences; 1 when the router is uniform, up to E when it collapses onto one expert.
 The model's loss is cross-entropy + ``aux_loss_coef`` · Σ_layers aux (Switch uses α = 10⁻²), + ``z_loss_coef``
-· Σ_layers z with the router z-loss; ``bias_update_rate`` balances by a routing bias instead (`moe_balance`).
+· Σ_layers z with the router z-loss; ``bias_update_rate`` balances by a routing bias instead (`moe.balance`).
 
 Expert parallelism (ep). The E experts are split over the ep group, E/ep per rank. ep is carved out of
 dp, as in DeepSpeed-MoE (Rajbhandari et al. 2022, arXiv:2201.05596) and Megatron-core: the world stays
@@ -49,14 +49,14 @@ adjoint). Gradients: the non-expert parameters are averaged over dp by DDP or Ze
 experts' gradients already hold the contributions of every token of their ep group (the all-to-all
 brought them), so they are summed over edp and divided by dp (`ExpertGradSync`). With ``zero_stage=1``
 their Adam states are sharded over edp as well (DeepSpeed-MoE): a reduce-scatter over edp before the step,
-an all-gather after it (`moe_zero.ExpertZero1`). Gradient clipping counts each expert once: its squares
+an all-gather after it (`moe.zero.ExpertZero1`). Gradient clipping counts each expert once: its squares
 are summed over ep, and over edp only where edp holds shards (`grad_sync.clip_grad_norm_`, ``own``).
 
 Per rank and MoE layer, every all-to-all sends (ep-1)/ep of an (E, B_local·C, D) buffer; forward and
 backward run two each: 4 · (ep-1)/ep · E · B_local · C · D · bytes per layer and step (`alltoall_bytes`).
 
 Tensor parallelism splits attention, embeddings and head; the MoE layers stay whole on every tp rank
-(`apply_tensor_parallel`); cp with dropless dispatch only (capacity is per sequence; `moe_balance` pools f_e, P_e).
+(`apply_tensor_parallel`); cp with dropless dispatch only (capacity is per sequence; `moe.balance` pools f_e, P_e).
 Refused by name (`check`): sequence or pipeline parallelism, ZeRO-3, bf16/fp16 and activation checkpointing.
 """
 from __future__ import annotations
@@ -68,13 +68,13 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .comm import Group
-from .config import GPTConfig, _is_int, _is_real
-from .exchange import exchange
-from .model import GPT, MLP
-from .moe_balance import sequence_means
-from .moe_dropless import dropless_combine, run_expert_parallel
-from .sizes import moe_alltoall_bytes, moe_capacity  # noqa: F401  (integer rules shared with the estimators)
+from ...comm import Group
+from ...config import GPTConfig, _is_int, _is_real
+from ...comm.all_to_all import exchange
+from ...model import GPT, MLP
+from .balance import sequence_means
+from .dropless import dropless_combine, run_expert_parallel
+from ...sizes import moe_alltoall_bytes, moe_capacity  # noqa: F401  (integer rules shared with the estimators)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -91,7 +91,7 @@ class MoEConfig:
     """α, the weight of the load-balancing loss (Switch Transformer: 10⁻²)."""
     dispatch: str = "capacity"
     """'capacity': one-hot slots, tokens over capacity dropped (GShard); 'dropless': sorted by expert, none
-    dropped, ``capacity_factor`` unused (`minimega.moe_dropless`)."""
+    dropped, ``capacity_factor`` unused (`minimega.parallel.moe.dropless`)."""
     z_loss_coef: float = 0.0
     """Weight of the router z-loss, mean over tokens of logsumexp(router logits)² (ST-MoE); 0: off."""
     bias_update_rate: float = 0.0
@@ -319,7 +319,7 @@ class MoELayer(nn.Module):
 
     # --8<-- [start:forward_dropless]
     def forward_dropless(self, x: torch.Tensor) -> torch.Tensor:              # x: (B, T, D)
-        """Every (token, choice) kept: sorted by expert, run, scattered back (`moe_dropless`)."""
+        """Every (token, choice) kept: sorted by expert, run, scattered back (`moe.dropless`)."""
         B, T, D = x.shape
         E, k = self.moe.n_experts, self.moe.top_k
         _, top_i, gates, self.aux_loss = self.select(x)
@@ -377,11 +377,11 @@ class MoEGPT(GPT):
 
 
 def apply_tensor_parallel(model: MoEGPT, mesh) -> "nn.Module":
-    """Attention, embeddings and head split over tp as in `tensor_parallel.ParallelGPT`; the MoE layers stay
+    """Attention, embeddings and head split over tp as in `tensor.ParallelGPT`; the MoE layers stay
     whole on every tp rank. Their input (the residual stream after attention's all-reduce) is the same on
     every tp rank, so each runs the same routing, all-to-alls (within its own ep group: ep is carved out
     of dp, whose groups hold one tp rank) and experts; their gradients are tp replicas, like a LayerNorm's."""
-    from .tensor_parallel import ParallelGPT
+    from ..tensor import ParallelGPT
 
     class ParallelMoEGPT(ParallelGPT):
         forward = MoEGPT.forward
@@ -400,7 +400,7 @@ def check(moe: MoEConfig | None, config, dims) -> None:
     """What the engine builds with a MoE model (or with ep > 1); everything else is refused by name."""
     if moe is None:
         if dims.ep > 1:
-            raise ValueError(f"ep={dims.ep} needs a mixture-of-experts model (minimega.moe.MoEGPT, or "
+            raise ValueError(f"ep={dims.ep} needs a mixture-of-experts model (minimega.parallel.moe.layer.MoEGPT, or "
                              f"`minimega train --experts N`); a dense model has no experts to split")
         return
     if moe.n_experts % dims.ep:

@@ -44,15 +44,15 @@ from typing import Callable, Sequence
 import torch
 import torch.nn as nn
 
-from . import comm
-from .comm import Group
-from .tensor_parallel import sharded_params
+from .. import comm
+from ..comm import Group
+from .tensor import sharded_params
 
 
 def dp_named_parameters(module: nn.Module) -> list[tuple[str, nn.Parameter]]:
     """The parameters a dp wrapper (DDP, ZeRO) owns: all but those of submodules marked ``own_grad_sync``.
 
-    The experts of a mixture-of-experts layer (`minimega.moe.Experts`) differ between the ranks of an ep
+    The experts of a mixture-of-experts layer (`minimega.parallel.moe.layer.Experts`) differ between the ranks of an ep
     group and are reduced over their own replica group, so the dp wrappers neither broadcast nor reduce them.
     """
     own = {id(p) for m in module.modules() if getattr(m, "own_grad_sync", False) for p in m.parameters()}
@@ -203,7 +203,7 @@ def clip_grad_norm_(parts: Sequence[GradSync], mesh, max_norm: float, own: Seque
         mesh: the groups; every rank of the job calls this (the norm is a collective).
         max_norm: the clipping threshold.
         own: wrappers of parameters laid out over groups of their own (a mixture of experts' experts,
-            `moe_zero.ExpertGradSync`): each gives its local squares and ``norm_groups``, the groups over which
+            `moe.zero.ExpertGradSync`): each gives its local squares and ``norm_groups``, the groups over which
             its ranks hold different elements; its squares are summed over those groups only.
 
     Each element of the model is in one stage (pp), one tp slice or, replicated over tp, weighted 1/tp,
