@@ -58,7 +58,7 @@ BUILDERS = {
 }
 
 CHAPTERS = {
-    "01-memory": ["memory-stack"], "02-data-parallel": ["ring-all-reduce"], "03-zero": ["zero-1", "zero-2", "zero-3"],
+    "01-memory": ["memory-stack"], "02-data-parallel": ["ring-all-reduce"], "03-zero": ["zero-3", "zero-2", "zero-1"],
     "04-mixed-precision": ["loss-scaler"], "05-offload": ["offload-nvme"], "06-activation-checkpointing": ["recompute"],
     "07-tensor-parallel": ["megatron-fg"],
     "08-pipeline-parallel": ["pipeline-gpipe", "pipeline-1f1b", "pipeline-interleaved", "pipeline-zb-h1"],

@@ -93,7 +93,7 @@ def async_rollback(every: int = 4, write_steps: int = 2, fault: int = 11, resume
         events.append({"step": step, "snapshot": step % every == 0 and verdict is None, "writing": sorted(writing),
                        "on_disk": on_disk, "verdict": verdict.kind if verdict else None})
         if step % every == 0 and verdict is None:
-            writing[step] = step + write_steps
+            writing[step] = step + write_steps + 1         # written during the next `write_steps` steps
     target = on_disk
     redo = list(range(target + 1, resume_to + 1))
     timeline += redo
