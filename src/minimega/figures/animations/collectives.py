@@ -4,6 +4,7 @@ from __future__ import annotations
 from minimega import estimate as est
 from minimega.figures.animations._base import LANGS, _w, bytes_meter, meter
 from minimega.context_parallel import chunk_ids, visibility
+from minimega.figures.words import num
 
 
 # Ring all-reduce: reduce-scatter then all-gather, one chunk per rank per step
@@ -33,17 +34,17 @@ def ring_all_reduce(n: int = 4, size_bytes: float = 4 * 2**20) -> dict:
                 dst, c = mv["to"], mv["chunk"]
                 held[dst][c] = (held[dst][c] | before[mv["from"]][c]) if phase == "reduce_scatter" \
                     else set(before[mv["from"]][c])
-            kb = chunk / 2**10
+            kb = {lang: num(chunk / 2**10, ",.0f", lang) for lang in LANGS}
             if phase == "reduce_scatter":
-                cap = _w(f"Reduce-scatter, step {s + 1} of {n - 1}: every rank sends one chunk ({kb:,.0f} KiB) to "
+                cap = _w(f"Reduce-scatter, step {s + 1} of {n - 1}: every rank sends one chunk ({kb['en']} KiB) to "
                          "the next rank, which adds it to its own copy.",
-                         f"Reduce-scatter, stap {s + 1} van {n - 1}: elke rank stuurt één stuk ({kb:,.0f} KiB) naar "
+                         f"Reduce-scatter, stap {s + 1} van {n - 1}: elke rank stuurt één stuk ({kb['nl']} KiB) naar "
                          "de volgende rank, die het bij zijn eigen kopie optelt.")
             else:
                 cap = _w(f"All-gather, step {s + 1} of {n - 1}: every rank passes on a finished chunk "
-                         f"({kb:,.0f} KiB); the receiver overwrites its copy.",
+                         f"({kb['en']} KiB); the receiver overwrites its copy.",
                          f"All-gather, stap {s + 1} van {n - 1}: elke rank geeft een af stuk door "
-                         f"({kb:,.0f} KiB); de ontvanger overschrijft zijn kopie.")
+                         f"({kb['nl']} KiB); de ontvanger overschrijft zijn kopie.")
             frames.append(_ring_frame(held, n, moves, cap, phase))
             sent += chunk
             frames[-1]["meter"] = bytes_meter(sent)

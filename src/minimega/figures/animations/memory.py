@@ -68,8 +68,8 @@ def memory_stack(dp: int = 4, precision: str = "mixed") -> dict:
         for kind, key in (("param", "params"), ("grad", "grads"), ("optim", "optimizer")):
             held[kind] = [split[key]] * dp
         total = est.model_state_bytes(n, dp, stage, precision)
-        what = {1: _w("the optimizer states", "de optimizer-states"), 2: _w("+ the gradients", "+ de gradiënten"),
-                3: _w("+ the parameters", "+ de parameters")}[stage]
+        what = {1: _w("the optimizer states", "de optimizer-states"),
+                2: _w("the gradients too", "ook de gradiënten"), 3: _w("the parameters too", "ook de parameters")}[stage]
         snap(words(lambda lang: (f"ZeRO-{stage} shards {what[lang]} over N_d = {dp}: model states {size(total, lang)} "
                                  "per rank; the activations stay." if lang == "en" else
                                  f"ZeRO-{stage} shardt {what[lang]} over N_d = {dp}: modelstates {size(total, lang)} "

@@ -57,7 +57,8 @@ def moe_route(ep: int = 2, tokens: int = 4) -> dict:
     snap(_w(f"{n} tokens, {tokens} on each of {ep} ranks; rank r holds experts {per}r to {per}r + {per - 1}. "
             f"Each expert takes at most C = {C} tokens of a sequence (capacity factor {MOE['capacity_factor']}).",
             f"{n} tokens, {tokens} op elk van {ep} ranks; rank r heeft experts {per}r tot {per}r + {per - 1}. Elke "
-            f"expert neemt hoogstens C = {C} tokens van een reeks (capaciteitsfactor {MOE['capacity_factor']})."),
+            f"expert neemt hoogstens C = {C} tokens van een reeks (capaciteitsfactor "
+            f"{num(MOE['capacity_factor'], '.2f', 'nl')})."),
          lambda t: home[t], lambda t: "own", lambda t: f"t{t}", False)
     dropped = [t for t in range(n) if not fit[t]]
     snap(words(lambda lang: ("The router picks one expert per token" if lang == "en" else "De router kiest één expert "
