@@ -38,11 +38,16 @@
     var data = JSON.parse(box.dataset.frames);
     var w = JSON.parse(box.dataset.words);
     var frames = data.frames, i = 0, timer = null;
-    var reduced = window.matchMedia && window.matchMedia("(prefers-reduced-motion: reduce)").matches;
+    function reduced() {                            // asked each time: the reader may change it while reading
+      return !!(window.matchMedia && window.matchMedia("(prefers-reduced-motion: reduce)").matches);
+    }
     var steps = box.querySelector(".mm-anim-text");
 
     box.appendChild(el("p", "mm-anim-title", data.title));
     var scroller = el("div", "mm-anim-scroll");
+    scroller.tabIndex = 0;                          // a region that may scroll sideways is reachable by keyboard
+    scroller.setAttribute("role", "region");
+    scroller.setAttribute("aria-label", data.title);
     var table = el("table", "mm-anim-grid" + (data.compact ? " mm-anim-compact" : ""));
     var thead = el("thead"), hr = el("tr");
     hr.appendChild(el("th", ""));
@@ -148,7 +153,7 @@
       var width = scroller.clientWidth, target = x;
       if (right - left > width - fixed || left < x + fixed) target = left - fixed;     // sticky row labels cover `fixed`
       else if (right > x + width) target = right - width;
-      if (target !== x) scroller.scrollTo({left: Math.max(0, target), behavior: reduced ? "auto" : "smooth"});
+      if (target !== x) scroller.scrollTo({left: Math.max(0, target), behavior: reduced() ? "auto" : "smooth"});
     }
     function start() {
       if (i === frames.length - 1) go(0);
