@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 
 from minimega import estimate as est
-from minimega.figures.animations._base import _w, bytes_meter, cell, frame, meter, size, words
+from minimega.figures.animations._base import _w, bytes_meter, cell, frame, meter, words
 from minimega.figures.animations.zero import zero_units
 from minimega.figures.words import num
 

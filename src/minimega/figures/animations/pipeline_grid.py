@@ -1,8 +1,7 @@
 """Chapter 8: the tick grid of `pipeline.schedules.plan`."""
 from __future__ import annotations
 
-from minimega import estimate as est
-from minimega.figures.animations._base import LANGS, _w, bytes_meter, meter
+from minimega.figures.animations._base import LANGS, _w, meter
 from minimega.pipeline import schedules
 
 

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from minimega import estimate as est
-from minimega.figures.animations._base import LANGS, _w, bytes_meter, meter
+from minimega.figures.animations._base import LANGS, _w, bytes_meter
 
 
 # ZeRO stages 1-3 on the recorded tiny GPT, dp = 2
