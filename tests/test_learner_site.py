@@ -1,6 +1,7 @@
 """The learner's path in the built site's files (one session build, tests/site_support.py): Start here with its
 time per chapter, the glossary and further reading, the animations in both editions, search per language,
 the labs' zips and their README, and the practice banks' wording."""
+import html
 import json
 import math
 import re
@@ -10,6 +11,8 @@ from pathlib import Path
 
 import pytest
 import yaml
+
+from minimega.figures import animations as fa
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -26,10 +29,7 @@ hook = _load_hook()
 COURSE = ROOT / "course"
 CHAPTERS = sorted(p.stem for p in COURSE.glob("[0-9][0-9]-*.md") if p.name.count(".") == 1)
 LABS = [c for c in CHAPTERS if (ROOT / "labs" / f"{c}.ipynb").exists()]     # every chapter but the capstone
-ANIMATIONS = {"02-data-parallel": ["ring-all-reduce"], "03-zero": ["zero-1", "zero-2", "zero-3"],
-              "07-tensor-parallel": ["megatron-fg"], "15-long-context": ["ring-attention"],
-              "08-pipeline-parallel": ["pipeline-gpipe", "pipeline-1f1b", "pipeline-interleaved",
-                                       "pipeline-zb-h1"]}
+ANIMATIONS = fa.CHAPTERS                     # every chapter's picture, in both editions
 
 
 @pytest.fixture(scope="module")
@@ -146,8 +146,11 @@ def test_animations_are_on_their_chapters(site, lang):
     for slug, names in ANIMATIONS.items():
         page = (site / ("nl" if lang == "nl" else "") / slug / "index.html").read_text(encoding="utf-8")
         for name in names:
-            m = re.search(rf'<div class="mm-anim" id="anim-{name}" lang="{lang}"[^>]*data-frames="([^"]+)"', page)
+            m = re.search(rf'<div class="mm-anim" id="anim-{name}" lang="{lang}"[^>]*data-frames="([^"]+)">'
+                          r'<details class="mm-anim-text"><summary>[^<]+</summary><ol>(.*?)</ol>', page)
             assert m, (slug, name)
+            frames = json.loads(html.unescape(m.group(1)))["frames"]      # the text alternative: every caption
+            assert m.group(2).count("<li>") == len(frames) and html.escape(frames[-1]["caption"]) in m.group(2)
         assert 'id="picture"' in page
 
 

@@ -42,10 +42,12 @@ QUIZ_ITEM_MINUTES = 1         # per quiz question
 
 CONTROLS = {
     "en": {"play": "Play", "pause": "Pause", "back": "Step back", "forward": "Step forward", "first": "First frame",
-           "frame": "Frame", "of": "of", "keys": "Keys: ← → step, space plays or pauses, Home goes to the start."},
+           "frame": "Frame", "of": "of", "keys": "Keys: ← → step, space plays or pauses, Home goes to the start.",
+           "steps": "Every step as text"},
     "nl": {"play": "Afspelen", "pause": "Pauzeren", "back": "Stap terug", "forward": "Stap vooruit",
            "first": "Eerste beeld", "frame": "Beeld", "of": "van",
-           "keys": "Toetsen: ← → stap, spatie speelt af of pauzeert, Home gaat naar het begin."},
+           "keys": "Toetsen: ← → stap, spatie speelt af of pauzeert, Home gaat naar het begin.",
+           "steps": "Elke stap als tekst"},
 }
 
 
@@ -55,15 +57,22 @@ def _lang(page) -> str:
 
 def animation_html(name: str, lang: str) -> str:
     from minimega.figures.animations import animation
+    import minimega.tools.export_flow  # noqa: F401  (chapter 14's picture runs the exporters: the tools layer)
     try:
         data = animation(name, lang)
     except KeyError as err:
         raise PluginError(str(err)) from err
     words = json.dumps(CONTROLS[lang], ensure_ascii=False)
     payload = json.dumps(data, ensure_ascii=False, separators=(",", ":"))
+    # The text alternative: every frame's caption (and meter) in order, readable without the script.
+    items = "".join(f"<li>{html.escape(f['caption'])}"
+                    + (f" ({html.escape(data['meter_label'])}: {html.escape(f['meter']['text'])})" if f.get("meter") else "")
+                    + "</li>" for f in data["frames"])
+    steps = (f'<details class="mm-anim-text"><summary>{html.escape(CONTROLS[lang]["steps"])}: '
+             f'{html.escape(data["title"])}</summary><ol>{items}</ol></details>')
     # In an attribute, not a <script>: instant navigation re-creates a page's scripts when it swaps the page.
     return (f'<div class="mm-anim" id="anim-{name}" lang="{lang}" data-anim="{name}" data-words="{html.escape(words)}" '
-            f'data-frames="{html.escape(payload)}"><noscript>{html.escape(data["title"])}</noscript></div>')
+            f'data-frames="{html.escape(payload)}">{steps}</div>')
 
 
 # ----------------------------------------------------------------------------------------------

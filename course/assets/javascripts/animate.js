@@ -5,7 +5,12 @@
  * label, plus a caption in the page's language. Controls are native buttons (first, back, play/pause,
  * forward) and a range slider; the box itself takes the keys: ← and → step, space plays or pauses,
  * Home and End jump. The caption is a polite live region, so a screen reader hears each step's words.
- * The grid scrolls inside its own box when it is wider than the page (the pipeline grids at 390 px).
+ * The grid scrolls inside its own box when it is wider than the page (the pipeline grids at 390 px), and
+ * each step scrolls it to the frame's active cells, so a phone follows the active column.
+ * A meter under the grid runs with the frames (where memory is the point, the bytes on one rank): its words
+ * come with each frame, its bar is the value over the animation's largest. With `prefers-reduced-motion`,
+ * nothing moves by itself: no smooth scrolling, no transitions (animate.css), and Play steps only when asked.
+ * The hook puts every caption in an ordered list inside the box (the text alternative); it stays last.
  */
 (function () {
   "use strict";
@@ -33,9 +38,16 @@
     var data = JSON.parse(box.dataset.frames);
     var w = JSON.parse(box.dataset.words);
     var frames = data.frames, i = 0, timer = null;
+    function reduced() {                            // asked each time: the reader may change it while reading
+      return !!(window.matchMedia && window.matchMedia("(prefers-reduced-motion: reduce)").matches);
+    }
+    var steps = box.querySelector(".mm-anim-text");
 
     box.appendChild(el("p", "mm-anim-title", data.title));
     var scroller = el("div", "mm-anim-scroll");
+    scroller.tabIndex = 0;                          // a region that may scroll sideways is reachable by keyboard
+    scroller.setAttribute("role", "region");
+    scroller.setAttribute("aria-label", data.title);
     var table = el("table", "mm-anim-grid" + (data.compact ? " mm-anim-compact" : ""));
     var thead = el("thead"), hr = el("tr");
     hr.appendChild(el("th", ""));
@@ -64,6 +76,21 @@
     });
     box.appendChild(legend);
 
+    var meter = null, meterValue = null, bar = null, top = 0;
+    if (data.meter_label) {
+      frames.forEach(function (f) { if (f.meter) top = Math.max(top, Math.abs(f.meter.value)); });
+      meter = el("p", "mm-anim-meter");
+      meter.appendChild(el("span", "mm-anim-meter-label", data.meter_label + ": "));
+      meterValue = el("span", "mm-anim-meter-value");
+      meter.appendChild(meterValue);
+      var track = el("span", "mm-anim-bar");
+      track.setAttribute("aria-hidden", "true");
+      bar = el("span", "mm-anim-bar-fill");
+      track.appendChild(bar);
+      meter.appendChild(track);
+      box.appendChild(meter);
+    }
+
     var caption = el("p", "mm-anim-caption");
     caption.setAttribute("role", "status");
     caption.setAttribute("aria-live", "polite");
@@ -82,6 +109,7 @@
     box.appendChild(controls);
     box.appendChild(caption);
     box.appendChild(el("p", "mm-anim-keys", w.keys));
+    if (steps) box.appendChild(steps);             // the captions as a list, after the controls
     box.tabIndex = 0;
     box.setAttribute("role", "group");
     box.setAttribute("aria-label", data.title);
@@ -96,17 +124,36 @@
           td.textContent = c.t;
         });
       });
+      var shown = [];
       (f.active || []).forEach(function (rc) {
         var td = cells[rc[0]] && cells[rc[0]][rc[1]];
-        if (td) td.classList.add("mm-active");
+        if (td) { td.classList.add("mm-active"); shown.push(td); }
       });
+      follow(shown);
       caption.textContent = f.caption;
+      if (meter && f.meter) {
+        meterValue.textContent = f.meter.text;
+        bar.style.width = (top ? 100 * Math.abs(f.meter.value) / top : 0) + "%";
+        box.dataset.meter = String(f.meter.value);
+      }
       slider.value = i;
       count.textContent = w.frame + " " + (i + 1) + " " + w.of + " " + frames.length;
       box.dataset.frame = String(i);
       back.disabled = i === 0;
       fwd.disabled = i === frames.length - 1;
       if (i === frames.length - 1) stop();
+    }
+    /* Scroll the grid sideways so the active cells are in view (only when it is wider than its box). */
+    function follow(tds) {
+      if (!tds.length || scroller.scrollWidth <= scroller.clientWidth) return;
+      var x = scroller.scrollLeft, origin = scroller.getBoundingClientRect().left - x;
+      var left = Math.min.apply(null, tds.map(function (td) { return td.getBoundingClientRect().left - origin; }));
+      var right = Math.max.apply(null, tds.map(function (td) { return td.getBoundingClientRect().right - origin; }));
+      var head = table.querySelector("tbody th"), fixed = head ? head.getBoundingClientRect().width : 0;
+      var width = scroller.clientWidth, target = x;
+      if (right - left > width - fixed || left < x + fixed) target = left - fixed;     // sticky row labels cover `fixed`
+      else if (right > x + width) target = right - width;
+      if (target !== x) scroller.scrollTo({left: Math.max(0, target), behavior: reduced() ? "auto" : "smooth"});
     }
     function start() {
       if (i === frames.length - 1) go(0);
