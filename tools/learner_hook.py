@@ -143,9 +143,9 @@ def chapter_times_table(lang: str) -> str:
 
 PROGRESS_WORDS = {
     "en": {"title": "Your progress", "none": "No quiz answered yet in this browser.",
-           "reset": "Reset all progress (this language)"},
+           "reset": "Reset all progress (both languages)"},
     "nl": {"title": "Je voortgang", "none": "Nog geen quizvraag beantwoord in deze browser.",
-           "reset": "Alle voortgang wissen (deze taal)"},
+           "reset": "Alle voortgang wissen (beide talen)"},
 }
 
 
