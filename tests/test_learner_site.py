@@ -62,7 +62,7 @@ def test_time_per_chapter_is_words_problems_quiz_and_lab():
     c = times["03-zero"]                                             # one chapter recomputed by hand
     md = (COURSE / "03-zero.md").read_text(encoding="utf-8")
     shown = re.findall(r'^--8<-- "([^":]+):([a-z0-9_+]+)"$', md, flags=re.M)    # code at the margin is read too
-    assert any(path == "src/minimega/zero/stages.py" and "zero1_step_c1" in name for path, name in shown)
+    assert any(path == "src/minimega/zero/flat.py" and "shard_bounds_c1" in name for path, name in shown)
     code = []
     for path, names in shown:                  # "a+b": sections joined around a docstring
         text = (ROOT / path).read_text(encoding="utf-8")

@@ -126,33 +126,26 @@ class Zero1(GradSync, nn.Module):
 
     # --8<-- [start:zero1_reduce]
     # --8<-- [start:tour_reduce_scatter]
-    # --8<-- [start:tour_reduce_scatter_c1]
     def _start(self, i: int) -> None:
-    # --8<-- [end:tour_reduce_scatter_c1]
         """Phase 1: unit i's gradients are all in: start its reduce-scatter in a pool slot (`GradSync` made room)."""
-        # --8<-- [start:tour_reduce_scatter_c2]
         unit = self.units[i]
         k, buffer, out = self.pool.take(unit.padded) if self.pool else (None, None, None)
         full = self._reduce_input(i, buffer)
         out = full if out is None else out          # dp = 1: the sum is the gradient itself (comm copies nothing)
         self._event("reduce_scatter_issued", unit=unit.name)
         self._reducing[i] = k, out, comm.reduce_scatter(out, full, self.group, async_op=True, tag=unit.name)
-        # --8<-- [end:tour_reduce_scatter_c2]
     # --8<-- [end:tour_reduce_scatter]
 
     def _reduce_input(self, i: int, buffer: torch.Tensor | None) -> torch.Tensor:
         return self.flat_grads[i]                      # ZeRO-1 reduces the unit's own gradient buffer
 
     # --8<-- [start:tour_wait]
-    # --8<-- [start:tour_wait_c1]
     def _retire(self, i: int) -> None:
-    # --8<-- [end:tour_wait_c1]
         """Wait for unit i's reduce-scatter, keep its shard of the sum, give its pool slot back.
 
         Under offload the store takes the shard to the host at once (see `offload.py`); the slot's next
         reduction waits (on the device) until that copy has read it.
         """
-        # --8<-- [start:tour_wait_c2]
         k, out, handle = self._reducing.pop(i)
         handle.wait()
         if self.store.keeps_grads:
@@ -163,7 +156,6 @@ class Zero1(GradSync, nn.Module):
         self._staging.pop(i, None)
         if self.pool:
             self.pool.give_back(k)
-        # --8<-- [end:tour_wait_c2]
     # --8<-- [end:tour_wait]
 
     def _complete(self) -> None:
@@ -216,11 +208,8 @@ class Zero1(GradSync, nn.Module):
                 g.mul_(coef)
 
     # --8<-- [start:zero1_step]
-    # --8<-- [start:zero1_step_c1]
     def step(self) -> bool:
-    # --8<-- [end:zero1_step_c1]
         """Phase 3: update this rank's master shard, then refresh the parameters. False if skipped (fp16 overflow)."""
-        # --8<-- [start:zero1_step_c2]
         self._prepare()
         if self.scaler:
             self.scaler.update(self._overflow)
@@ -230,14 +219,11 @@ class Zero1(GradSync, nn.Module):
         self.store.step()
         self._gather_after_step()
         return True
-        # --8<-- [end:zero1_step_c2]
 
     # --8<-- [start:tour_gather]
-    # --8<-- [start:zero1_step_c3]
     def _gather_after_step(self) -> None:
         if self.pool:                                                  # dp = 1: the shards are the units
             self.pool.all_gather(self.units, self.shards, self.group)     # through the reductions' slots
-    # --8<-- [end:zero1_step_c3]
     # --8<-- [end:tour_gather]
     # --8<-- [end:zero1_step]
 
@@ -277,23 +263,18 @@ class Zero1(GradSync, nn.Module):
 
 
 # --8<-- [start:zero2_buffers]
-# --8<-- [start:zero2_buffers_c1]
 class Zero2(Zero1):
-# --8<-- [end:zero2_buffers_c1]
     """ZeRO stage 2: + gradients sharded, reduce-scattered per unit from backward hooks (overlapped).
 
     Every micro-step reduces (DeepSpeed's semantics): full gradients never outlive their unit's
     backward, so gradient accumulation sums into the shard.
     """
 
-    # --8<-- [start:zero2_buffers_c2]
     stage = 2
     reduce_every_micro_step = True
 
     def _make_grad_buffers(self) -> list:
-    # --8<-- [end:zero2_buffers_c2]
         """No buffers yet: a unit's shard is created by its first reduction and released after the step."""
-        # --8<-- [start:zero2_buffers_c3]
         self._main_views = {}                                  # main_grads live only until their unit reduces
         if self.store.keeps_grads:                             # offload: the shards accumulate on the host
             return []
@@ -301,7 +282,6 @@ class Zero2(Zero1):
 
     def grad_buffers(self) -> list[torch.Tensor]:
         return [g for g in self.grad_shards if g is not None] + list(self._staging.values())
-        # --8<-- [end:zero2_buffers_c3]
 # --8<-- [end:zero2_buffers]
 
     # --8<-- [start:zero2_hook]
@@ -453,12 +433,9 @@ class Zero3(Zero2):
 
 
 # --8<-- [start:zero3_backward]
-# --8<-- [start:zero3_backward_c1]
 class _UnshardForBackward(torch.autograd.Function):
-# --8<-- [end:zero3_backward_c1]
     """Forward: identity. Backward: gather unit k's parameters (and prefetch unit k-1's) before its backward runs."""
 
-    # --8<-- [start:zero3_backward_c2]
     @staticmethod
     def forward(ctx, x, stage: Zero3, k: int):
         ctx.stage, ctx.k = stage, k
@@ -470,5 +447,4 @@ class _UnshardForBackward(torch.autograd.Function):
         if ctx.stage.config.prefetch and ctx.k > 0:
             ctx.stage.unshard(ctx.k - 1, prefetch=True)
         return grad, None, None
-    # --8<-- [end:zero3_backward_c2]
 # --8<-- [end:zero3_backward]
