@@ -168,3 +168,17 @@ def test_plan_flags_an_mfu_above_what_published_runs_of_its_size_report(capsys):
                  "--tp", "2", "--zero-stages", "1", "--recompute", "none", "--top", "1"]) == 0
     caveats = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("caveat:")]
     assert len(caveats) == 1 and "60.7%" in caveats[0] and "38-41.5%" in caveats[0], caveats
+
+
+def test_the_web_planner_carries_the_cli_legend_in_both_languages():
+    """Every layout code the calculator pages explain under the planner's table is one `minimega plan` explains."""
+    import re
+    from pathlib import Path
+
+    from minimega.tools.plan_cli import LEGEND
+    root = Path(__file__).resolve().parents[1] / "course"
+    for page in ("calculator.md", "calculator.nl.md"):
+        codes = re.findall(r"<dt>(.*?)</dt>", (root / page).read_text(encoding="utf-8"))
+        assert len(codes) >= 7, page
+        for code in codes:
+            assert all(word in LEGEND for word in code.replace("%", "").split()), (page, code)
