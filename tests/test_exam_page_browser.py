@@ -130,7 +130,7 @@ def slow_service(tmp_path_factory):
 def test_an_early_finish_says_when_next_to_the_button_and_dutch_numbers(slow_service, chromium):
     """Finish within the minimum time: the message sits next to the button, visible, counting down (it used to go
     into the hidden result section). Then, the time passed, the Dutch result and review print Dutch numbers: a
-    decimal comma, "82,4 %", and each answer to the significant figures its question asks."""
+    decimal comma, "6,3 %", and each answer to the significant figures its question asks."""
     base, app, now = slow_service
     expect = sync_api.expect
     ctx = chromium.new_context(viewport={"width": 1280, "height": 900})
@@ -146,16 +146,11 @@ def test_an_early_finish_says_when_next_to_the_button_and_dutch_numbers(slow_ser
     expect(page.locator("fieldset.mm-exam-q").first).to_be_visible()
     (aid,) = app.state.store.conn().execute("SELECT id FROM attempts").fetchone()
     key = answer_key(app.state.store, aid)
-    wrong = set(sorted(key)[:3])                                       # 3 wrong: a percent with a decimal
-    for n, (right, bad) in sorted(key.items()):
-        given = bad if n in wrong else right
-        if "value" in given:
-            page.fill(f"#q{n}-value", repr(given["value"]).replace(".", ","))   # typed the Dutch way
-        else:
-            for i in ([given["choice"]] if "choice" in given else given["choices"]):
-                page.check(f"#q{n}-c{i}")
-        page.locator(f"#q{n} .mm-exam-save").click()
-        expect(page.locator(f"#fb{n}")).to_have_text("Vastgelegd.")
+    n, (right, _) = min((n, r) for n, r in key.items() if "value" in r[0])     # one answer, typed the Dutch way
+    page.fill(f"#q{n}-value", repr(right["value"]).replace(".", ","))
+    page.locator(f"#q{n} .mm-exam-save").click()
+    expect(page.locator(f"#fb{n}")).to_have_text("Vastgelegd.")
+    page.on("dialog", lambda d: d.accept())                            # "unanswered count as wrong": finish anyway
     page.click("#mm-exam-finish")
     status = page.locator("#mm-exam-finish-status")
     expect(status).to_be_visible()
@@ -172,7 +167,7 @@ def test_an_early_finish_says_when_next_to_the_button_and_dutch_numbers(slow_ser
     now[0] += 301
     page.click("#mm-exam-finish")
     total = len(key)
-    percent = f"{round(100 * (total - 3) / total, 1):g}".replace(".", ",")
+    percent = f"{round(100 / total, 1):g}".replace(".", ",")              # 1 of 16: 6,3 %
     expect(page.locator("#mm-exam-score")).to_contain_text(f"({percent} %)")
     expect(page.locator("#mm-exam-review h2")).to_be_visible()
     review = page.evaluate("""async (aid) => (await (await fetch(`/api/v1/attempts/${aid}/review`, {headers:
