@@ -109,3 +109,76 @@ def test_pass_reload_and_the_certificate_is_still_there(service, chromium):
     expect(page.locator("#mm-exam-mine-h")).to_have_text("Jouw certificaten")
     assert not trouble, trouble
     ctx.close()
+
+
+@pytest.fixture(scope="module")
+def slow_service(tmp_path_factory):
+    """A service with the 5-minute minimum attempt time and a clock the test moves."""
+    import time
+
+    from minimega.classroom.service import create_app
+
+    now = [time.time()]
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    app = create_app(make_config(tmp_path_factory.mktemp("exam-early"), base_url=base, min_attempt_s=300),
+                     clock=lambda: now[0])
+    with served(app, port):
+        yield base, app, now
+
+
+def test_an_early_finish_says_when_next_to_the_button_and_dutch_numbers(slow_service, chromium):
+    """Finish within the minimum time: the message sits next to the button, visible, counting down (it used to go
+    into the hidden result section). Then, the time passed, the Dutch result and review print Dutch numbers: a
+    decimal comma, "6,3 %", and each answer to the significant figures its question asks."""
+    base, app, now = slow_service
+    expect = sync_api.expect
+    ctx = chromium.new_context(viewport={"width": 1280, "height": 900})
+    page = ctx.new_page()
+    trouble = []
+    page.on("pageerror", lambda e: trouble.append(str(e)))
+    page.goto(f"{base}/nl/exam/")
+    page.fill("#mm-exam-email", "ada@example.org")
+    page.click("#mm-exam-send")
+    page.goto(page.locator("#mm-exam-dev-link").get_attribute("href"))
+    page.fill("#mm-exam-name", "Ada Lovelace")
+    page.click("#mm-exam-begin")
+    expect(page.locator("fieldset.mm-exam-q").first).to_be_visible()
+    (aid,) = app.state.store.conn().execute("SELECT id FROM attempts").fetchone()
+    key = answer_key(app.state.store, aid)
+    n, (right, _) = min((n, r) for n, r in key.items() if "value" in r[0])     # one answer, typed the Dutch way
+    page.fill(f"#q{n}-value", repr(right["value"]).replace(".", ","))
+    page.locator(f"#q{n} .mm-exam-save").click()
+    expect(page.locator(f"#fb{n}")).to_have_text("Vastgelegd.")
+    page.on("dialog", lambda d: d.accept())                            # "unanswered count as wrong": finish anyway
+    page.click("#mm-exam-finish")
+    status = page.locator("#mm-exam-finish-status")
+    expect(status).to_be_visible()
+    expect(status).to_contain_text("Te vroeg om af te ronden: dat kan over")
+    first = int(re.search(r"over (\d+) s", status.inner_text()).group(1))
+    assert 290 <= first <= 301, first
+    page.wait_for_function("first => Number((/over (\\d+) s/.exec(document.getElementById("
+                           "'mm-exam-finish-status').textContent) || [0, 999])[1]) < first", arg=first,
+                           timeout=3000)                                   # counting down
+    box = page.locator("#mm-exam-finish").bounding_box()
+    near = status.bounding_box()
+    assert abs(near["y"] - box["y"]) < box["height"]                   # on the button's line, in its paragraph
+    assert status.evaluate("e => e.parentElement === document.getElementById('mm-exam-finish').parentElement")
+    now[0] += 301
+    page.click("#mm-exam-finish")
+    total = len(key)
+    percent = f"{round(100 / total, 1):g}".replace(".", ",")              # 1 of 16: 6,3 %
+    expect(page.locator("#mm-exam-score")).to_contain_text(f"({percent} %)")
+    expect(page.locator("#mm-exam-review h2")).to_be_visible()
+    review = page.evaluate("""async (aid) => (await (await fetch(`/api/v1/attempts/${aid}/review`, {headers:
+        {Authorization: `Bearer ${localStorage.getItem("minimega.exam.session")}`}})).json()).items""", aid)
+    numeric = [q for q in review if q["type"] == "numeric"]
+    assert numeric
+    for q in numeric:                          # "Antwoord: 1,10 GB": the figures asked, a decimal comma, no point
+        shown = page.locator(f"#mm-exam-review section[data-number='{q['number']}'] p",
+                             has_text=re.compile("^Antwoord: ")).inner_text().split(": ")[1].split()[0]
+        digits = re.sub(r"^[-0]*", "", shown.replace(",", ""))
+        fits = len(digits) == q["sig"] if "," in shown else len(digits.rstrip("0")) <= q["sig"] <= len(digits)
+        assert "." not in shown and fits, (shown, q["sig"], q["answer"])
+    assert not trouble, trouble
+    ctx.close()

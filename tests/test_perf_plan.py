@@ -155,3 +155,30 @@ def test_asked_for_tp_beyond_the_domain_is_refused_by_name(capsys):
     assert main(["plan", "--layers", "8", "--hidden", "8192", "--heads", "64", "--vocab", "32000", "--seq-len", "2048",
                  "--gpus", "64", "--global-batch", "64", "--gpu", "gb200-nvl72", "--tp", "16", "--top", "2"]) == 0
     assert "-tp16-" in capsys.readouterr().out
+
+
+def test_plan_flags_an_mfu_above_what_published_runs_of_its_size_report(capsys):
+    """Llama 3 8B on 64 H100s: the model predicts 60.7 % MFU; LLaMA-2-7B on 64 H100 (picotron) reports 38 %, the
+    22B of Korthikanti et al. (2022, Table 5) 41.5 %: one caveat line. BLOOM's 36.7 % is inside its range."""
+    from minimega.analysis.published_mfu import mfu_caveat, published_mfu_range
+    lo, hi, sources = published_mfu_range(8_030_261_248)
+    assert (lo, hi) == (0.38, 0.415) and len(sources) == 2
+    assert mfu_caveat(176e9, 0.367) is None and mfu_caveat(8e9, 0.41) is None
+    assert main(["plan", "--model", "llama3-8b", "--gpus", "64", "--gpu", "h100", "--global-batch", "512",
+                 "--tp", "2", "--zero-stages", "1", "--recompute", "none", "--top", "1"]) == 0
+    caveats = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("caveat:")]
+    assert len(caveats) == 1 and "60.7%" in caveats[0] and "38-41.5%" in caveats[0], caveats
+
+
+def test_the_web_planner_carries_the_cli_legend_in_both_languages():
+    """Every layout code the calculator pages explain under the planner's table is one `minimega plan` explains."""
+    import re
+    from pathlib import Path
+
+    from minimega.tools.plan_cli import LEGEND
+    root = Path(__file__).resolve().parents[1] / "course"
+    for page in ("calculator.md", "calculator.nl.md"):
+        codes = re.findall(r"<dt>(.*?)</dt>", (root / page).read_text(encoding="utf-8"))
+        assert len(codes) >= 7, page
+        for code in codes:
+            assert all(word in LEGEND for word in code.replace("%", "").split()), (page, code)

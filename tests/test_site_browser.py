@@ -2,6 +2,7 @@
 calculator, figures, theme, and no request leaving 127.0.0.1. Screenshots land in build/screenshots/.
 """
 import re
+import time
 from pathlib import Path
 
 import pytest
@@ -194,6 +195,28 @@ def test_step_time_panel_and_planner_match_python(server, browser):
     plan = perf_plan.plan(perf_plan.preset_shape("bloom-176b"), 384, 2048, "a100-80gb", recompute=("full",))
     first = page.locator(".mm-plan-table tbody tr").first.locator("td").nth(1).inner_text()
     assert first == plan["top"][0]["layout"]
+    legend = page.locator(".mm-plan-table + .mm-plan-legend")                 # the CLI's legend, under the table
+    assert legend.is_visible() and all(code in legend.inner_text() for code in ("dpN-tpN-ppN", "zK", "bN", "sp"))
+    look = "f => { const s = getComputedStyle(document.querySelector(f)); return [s.display, s.gridTemplateColumns]; }"
+    assert page.evaluate(look, "#mm-perf form") == page.evaluate(look, "#mm-calculator form")   # styled alike
+    label = "f => getComputedStyle(document.querySelector(f + ' label')).fontSize"
+    assert page.evaluate(label, "#mm-perf form") == page.evaluate(label, "#mm-calculator form")
+    page.select_option("select[name=preset]", "llama3-8b")                      # its preset: N_d = 1
+    calc = page.locator(".mm-calc-status")
+    assert "With N_d = 1 (dp × cp = 1) every ZeRO stage holds the same bytes" in calc.inner_text()
+    page.uncheck("#mm-perf input[name=full_only]")
+    page.fill("#mm-perf input[name=gpus]", "384")
+    plan_status = page.locator(".mm-plan-status")
+    t0 = time.perf_counter()
+    page.click("#mm-perf button[type=submit]")                                  # Llama 3 8B on 384 GPUs
+    page.wait_for_function("document.querySelector('.mm-plan-status').textContent.includes('840 layouts searched')",
+                           timeout=30_000)
+    took = time.perf_counter() - t0
+    print(f"planner, Llama 3 8B on 384 GPUs in chromium: {took:.2f} s; {plan_status.inner_text()}")
+    assert took < 3.0, took
+    page.fill("#mm-calculator input[name=dp]", "2")
+    page.dispatch_event("#mm-calculator input[name=dp]", "input")
+    assert "N_d = 1" not in calc.inner_text()                                   # the hint goes with its reason
     watch.clean()
     ctx.close()
 

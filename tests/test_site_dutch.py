@@ -445,7 +445,7 @@ def test_quiz_feedback_follows_the_quiz_language(site_build, browser):
     assert page.locator("#q-03-zero-fig1-stage2 .mm-feedback").inner_text().startswith("Goed.")
     page.locator("#q-03-zero-fig1-stage1 .mm-check").click()
     empty = page.locator("#q-03-zero-fig1-stage1 .mm-feedback").inner_text()
-    assert empty == "Vul eerst een getal in, bijvoorbeeld 16,6."
+    assert empty == "Vul eerst een getal in, bijvoorbeeld 12,5 GB."              # in the item's own unit
     assert page.locator(".mm-progress").inner_text() == "9 vragen. Goed beantwoord: 2 van 9 (2 geprobeerd)."
     assert errors == [], errors
     ctx.close()

@@ -78,14 +78,42 @@ def animation_html(name: str, lang: str) -> str:
 # ----------------------------------------------------------------------------------------------
 # Time per chapter
 
-INCLUDE = re.compile(r'^--8<-- "([^":]+):([a-z0-9_]+)"$', re.M)      # at the margin: shown, not folded
+INCLUDE = re.compile(r'^--8<-- "([^":]+):([a-z0-9_+]+)"$', re.M)     # at the margin: shown, not folded
+JOINED = re.compile(r'^([ \t]*)--8<-- "([^":]+):([a-z0-9_]+(?:\+[a-z0-9_]+)+)"[ \t]*$', re.M)
+
+
+def section_lines(path: str, names: str, root: Path = ROOT) -> list[int]:
+    """0-based numbers of the lines of section ``names`` of ``path``, marker lines left out; ``a+b`` joins sections
+    (the code of a function around its docstring: markers that skip the docstring)."""
+    lines = (root / path).read_text(encoding="utf-8").splitlines()
+    out = []
+    for name in names.split("+"):
+        try:
+            start = next(i for i, line in enumerate(lines) if f"--8<-- [start:{name}]" in line)
+            end = next(i for i in range(start + 1, len(lines)) if f"--8<-- [end:{name}]" in lines[i])
+        except StopIteration:
+            raise PluginError(f'snippet section "{path}:{name}" has no start or end marker') from None
+        out += [i for i in range(start + 1, end) if "--8<--" not in lines[i]]
+    return out
 
 
 def _section(path: str, name: str, root: Path = ROOT) -> str:
     lines = (root / path).read_text(encoding="utf-8").splitlines()
-    start = next(i for i, line in enumerate(lines) if f"[start:{name}]" in line)
-    end = next(i for i, line in enumerate(lines) if f"[end:{name}]" in line)
-    return "\n".join(line for line in lines[start + 1:end] if "--8<--" not in line)
+    return "\n".join(lines[i] for i in section_lines(path, name, root))
+
+
+def join_sections(markdown: str, root: Path = ROOT) -> str:
+    """``--8<-- "file:a+b"`` as the line ranges of sections a and b (pymdownx.snippets dedents a include as one, so
+    a function's signature and its body, split around the docstring, keep their indentation)."""
+    def ranges(m: re.Match) -> str:
+        spans, idx = [], section_lines(m.group(2), m.group(3), root)
+        for i in idx:
+            if spans and spans[-1][1] == i:
+                spans[-1][1] = i + 1
+            else:
+                spans.append([i + 1, i + 1])
+        return f'{m.group(1)}--8<-- "{m.group(2)}:{",".join(f"{a}:{b}" for a, b in spans)}"'
+    return JOINED.sub(ranges, markdown)
 
 
 def _words(markdown: str, root: Path = ROOT) -> int:
@@ -152,9 +180,9 @@ def chapter_times_table(lang: str) -> str:
 
 PROGRESS_WORDS = {
     "en": {"title": "Your progress", "none": "No quiz answered yet in this browser.",
-           "reset": "Reset all progress (this language)"},
+           "reset": "Reset all progress (both languages)"},
     "nl": {"title": "Je voortgang", "none": "Nog geen quizvraag beantwoord in deze browser.",
-           "reset": "Alle voortgang wissen (deze taal)"},
+           "reset": "Alle voortgang wissen (beide talen)"},
 }
 
 
@@ -176,6 +204,7 @@ def progress_summary(lang: str, root: Path = ROOT) -> str:
 
 def on_page_markdown(markdown: str, page, config, files) -> str:
     lang = _lang(page)
+    markdown = join_sections(markdown)
 
     def replace(m: re.Match) -> str:
         if m.group(1) == "animation":

@@ -100,9 +100,12 @@ class SwiGLU(nn.Module):
 
 
 # --8<-- [start:block]
+# --8<-- [start:block_c1]
 class Block(nn.Module):
+# --8<-- [end:block_c1]
     """Pre-LN transformer block: x + attn(ln_1(x)), then x + mlp(ln_2(x))."""
 
+    # --8<-- [start:block_c2]
     def __init__(self, config: GPTConfig):
         super().__init__()
         self.ln_1 = nn.LayerNorm(config.n_embd, bias=config.bias)
@@ -113,6 +116,7 @@ class Block(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:                        # x: (B, T, D)
         x = x + self.attn(self.ln_1(x))
         return x + self.mlp(self.ln_2(x))
+    # --8<-- [end:block_c2]
 # --8<-- [end:block]
 
 

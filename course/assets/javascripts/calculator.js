@@ -283,6 +283,8 @@
              " GB). Parameters on this GPU's pipeline stage: " + params + " billion.";
          },
          stage: "stage ", chosen: "<br>(chosen)", title: "GB per GPU by ZeRO stage",
+         oneReplica: " With N_d = 1 (dp × cp = 1) every ZeRO stage holds the same bytes: ZeRO shards the states over " +
+           "the data-parallel ranks, and here there is one. Raise dp to see the stages differ.",
          decimal: "."},
     nl: {total: "totaal op de GPU", cpu: "in CPU-geheugen (offload)", cannot: "Kan niet rekenen: ", change: ". Pas die invoer aan om de tabel en de grafiek te zien.",
          status: function (total, fits, cap, params) {
@@ -290,6 +292,8 @@
              " GB). Parameters op de pipeline-stage van deze GPU: " + params + " miljard.";
          },
          stage: "stage ", chosen: "<br>(gekozen)", title: "GB per GPU per ZeRO-stage",
+         oneReplica: " Met N_d = 1 (dp × cp = 1) houdt elke ZeRO-stage evenveel bytes: ZeRO verdeelt de states over " +
+           "de data-parallelle ranks, en hier is er één. Verhoog dp om de stages te zien verschillen.",
          decimal: ","}
   };
   function words() {
@@ -382,7 +386,8 @@
       table.appendChild(tr);
     });
     var fits = res.total <= capacity * GB;
-    status.textContent = w.status(fmt(res.total), fits, capacity, (res.stage_params / 1e9).toFixed(3).replace(".", w.decimal));
+    status.textContent = w.status(fmt(res.total), fits, capacity, (res.stage_params / 1e9).toFixed(3).replace(".", w.decimal)) +
+      (cfg.dp * (cfg.cp || 1) === 1 ? w.oneReplica : "");     // why changing the stage changes nothing
     var stages = [0, 1, 2, 3], xs = stages.map(function (s) { return w.stage + s + (s === cfg.zero_stage ? w.chosen : ""); });
     var per = stages.map(function (s) {
       var c = {}, k;

@@ -1,8 +1,9 @@
-/* Quiz progress at a glance (quiz.js keeps each answer in localStorage under "minimega.quiz.v1", keyed
- * "<lang>/<bank>"). The home page's summary (tools/learner_hook.py progress_summary) shows, per chapter,
- * how many of its questions this browser answered correctly, in the page's language, with one button
- * that clears this language's progress; each chapter with a quiz gets a line under its title that
- * links to the quiz. The other language's progress is never shown or cleared.
+/* Quiz progress at a glance (quiz.js keeps each answer in localStorage under "minimega.quiz.v1", keyed by
+ * bank, one record for both languages: the English and Dutch quizzes are twins). The home page's summary
+ * (tools/learner_hook.py progress_summary) shows, per chapter, how many of its questions this browser
+ * answered correctly, in either language, with one button that clears it; each chapter with a quiz gets
+ * a line under its title that links to the quiz. Records kept per language by an older version
+ * ("<lang>/<bank>") are counted with their bank.
  */
 (function () {
   "use strict";
@@ -17,7 +18,18 @@
          total: function (r, n, c) { return r + " van " + n + " vragen goed, in " + c + (c === 1 ? " hoofdstuk." : " hoofdstukken."); },
          none: "Nog geen quizvraag beantwoord in deze browser.", go: "Naar de quiz", cleared: "Voortgang gewist."}
   };
-  function load() { try { return JSON.parse(localStorage.getItem(STORE)) || {}; } catch (e) { return {}; } }
+  function load() {
+    var all;
+    try { all = JSON.parse(localStorage.getItem(STORE)) || {}; } catch (e) { return {}; }
+    Object.keys(all).forEach(function (k) {            // "<lang>/<bank>": counted with its bank
+      var m = /^[a-z]{2}\/(.+)$/.exec(k);
+      if (!m) return;
+      var into = all[m[1]] = all[m[1]] || {};
+      Object.keys(all[k]).forEach(function (item) { if (!into[item] || (!into[item].ok && all[k][item].ok)) into[item] = all[k][item]; });
+      delete all[k];
+    });
+    return all;
+  }
   function lang(el) { var b = el.closest("[lang]"); return (b && b.lang || "en").slice(0, 2).toLowerCase(); }
   function tally(rec) {
     var r = 0, t = 0;
@@ -28,7 +40,7 @@
   function summary(box) {
     var l = lang(box), w = WORDS[l] || WORDS.en, all = load(), right = 0, n = 0, chapters = 0;
     box.querySelectorAll("li[data-bank]").forEach(function (li) {
-      var c = Number(li.dataset.count), rt = tally(all[l + "/" + li.dataset.bank]);
+      var c = Number(li.dataset.count), rt = tally(all[li.dataset.bank]);
       n += c;
       right += rt[0];
       if (rt[1]) chapters += 1;
@@ -59,7 +71,7 @@
       line.className = "mm-chapter-progress mm-progress-summary";
       article.after(line);
     }
-    var rt = tally(load()[l + "/" + quiz.dataset.bank]), n = Number(quiz.dataset.count);
+    var rt = tally(load()[quiz.dataset.bank]), n = Number(quiz.dataset.count);
     line.textContent = "";
     line.appendChild(document.createTextNode(w.chapter(rt[0], n, rt[1]) + " "));
     var a = document.createElement("a");
@@ -77,9 +89,8 @@
   document.addEventListener("click", function (ev) {
     var b = ev.target.closest && ev.target.closest(".mm-progress-reset");
     if (!b) return;
-    var box = b.closest(".mm-progress-summary"), l = lang(box), all = load();
-    Object.keys(all).forEach(function (k) { if (k.indexOf(l + "/") === 0) delete all[k]; });
-    try { localStorage.setItem(STORE, JSON.stringify(all)); } catch (e) { /* not kept */ }
+    var box = b.closest(".mm-progress-summary"), l = lang(box);
+    try { localStorage.removeItem(STORE); } catch (e) { /* not kept */ }
     update();
     box.querySelector(".mm-progress-total").textContent += " " + (WORDS[l] || WORDS.en).cleared;
   });

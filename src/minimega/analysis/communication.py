@@ -23,7 +23,9 @@ def ring_bytes(op: str, size_bytes: float, n: int) -> float:
 
 
 # --8<-- [start:ring_time]
+# --8<-- [start:ring_time_c1]
 def ring_time(op: str, size_bytes: float, n: int, alpha: float, bandwidth: float) -> float:
+# --8<-- [end:ring_time_c1]
     """Seconds for one ring collective in the α-β model (Thakur, Rabenseifner and Gropp 2005).
 
     Each of the ring's steps pays a start-up latency α and moves one chunk at `bandwidth` bytes/s:
@@ -31,10 +33,12 @@ def ring_time(op: str, size_bytes: float, n: int, alpha: float, bandwidth: float
     t = steps·α + `ring_bytes`/bandwidth. The α term grows with n and not with the message, which is
     why many small messages (one per tensor) cost more than a few large buckets.
     """
+    # --8<-- [start:ring_time_c2]
     if n <= 1:
         return 0.0
     steps = {"all_reduce": 2, "reduce_scatter": 1, "all_gather": 1}[op] * (n - 1)
     return steps * alpha + ring_bytes(op, size_bytes, n) / bandwidth
+    # --8<-- [end:ring_time_c2]
 # --8<-- [end:ring_time]
 
 
@@ -72,13 +76,17 @@ def comm_volume_psi(stage: int) -> int:
 
 
 # --8<-- [start:tp_comm]
+# --8<-- [start:tp_comm_c1]
 def tp_comm_elements_per_layer(seq_len: int, micro_batch: int, hidden: int, tp: int) -> float:
+# --8<-- [end:tp_comm_c1]
     """Elements each TP rank sends per layer per micro-batch, forward + backward (Narayanan §3.2).
 
     Two all-reduces forward and two backward, each on a (b, s, h) tensor, ring model: 8bsh(t-1)/t.
     Sequence parallelism swaps each all-reduce for an all-gather + reduce-scatter: the same volume.
     """
+    # --8<-- [start:tp_comm_c2]
     return 8 * micro_batch * seq_len * hidden * (tp - 1) / tp
+    # --8<-- [end:tp_comm_c2]
 # --8<-- [end:tp_comm]
 
 

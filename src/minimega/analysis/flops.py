@@ -54,23 +54,31 @@ def moe_model_state_bytes(n_dense: float, n_expert: float, dp: int, ep: int, sta
 
 
 # --8<-- [start:flops]
+# --8<-- [start:flops_c1]
 def flops_per_token(n_params: float, n_layer: int, n_head: int, head_dim: int, seq_len: int) -> float:
+# --8<-- [end:flops_c1]
     """Training FLOPs per token, PaLM App. B: 6N + 12·L·H·Q·T (forward 1/3, backward 2/3).
 
     N should exclude the position embedding (it does no matmul). GPT-2 124M: 855.1 MFLOP/token.
     """
+    # --8<-- [start:flops_c2]
     return 6 * n_params + 12 * n_layer * n_head * head_dim * seq_len
 
 
 def mfu(tokens_per_s: float, flops_per_tok: float, peak_flops: float) -> float:
+    # --8<-- [end:flops_c2]
     """Model FLOPs utilisation: achieved model FLOP/s over the hardware peak (PaLM App. B)."""
+    # --8<-- [start:flops_c3]
     return tokens_per_s * flops_per_tok / peak_flops
 
 
 def megatron_model_flops(batch: int, seq_len: int, n_layer: int, hidden: int, vocab: int) -> float:
+    # --8<-- [end:flops_c3]
     """Model FLOPs per iteration, Korthikanti et al. App. A: 72·B·L·s·h²·(1 + s/(6h) + V/(12hL))."""
+    # --8<-- [start:flops_c4]
     s, h, L = seq_len, hidden, n_layer
     return 72 * batch * L * s * h * h * (1 + s / (6 * h) + vocab / (12 * h * L))
+    # --8<-- [end:flops_c4]
 # --8<-- [end:flops]
 
 
@@ -118,15 +126,19 @@ def achieved_flops_per_gpu(flops_per_iteration: float, seconds_per_iteration: fl
 
 
 # --8<-- [start:training_seconds]
+# --8<-- [start:training_seconds_c1]
 def training_seconds(tokens: float, n_params: float, n_gpus: int, flops_per_gpu: float, *,
                      recompute: bool = True) -> float:
+# --8<-- [end:training_seconds_c1]
     """End-to-end training time, Narayanan et al. Eq. 4: 8·T·P / (n·X) seconds.
 
     T tokens, P parameters, n GPUs each sustaining X FLOP/s. The 8 is 2 (forward) + 4 (backward) + 2
     (the forward again, recomputed); without recomputation it is 6. Restarts, evaluation and a
     batch-size ramp-up come on top: the real run is longer than this.
     """
+    # --8<-- [start:training_seconds_c2]
     return (8 if recompute else 6) * tokens * n_params / (n_gpus * flops_per_gpu)
+    # --8<-- [end:training_seconds_c2]
 # --8<-- [end:training_seconds]
 
 

@@ -38,7 +38,9 @@ CP_ATTENTION = ("ring", "ulysses")
 
 
 # --8<-- [start:state_bytes]
+# --8<-- [start:state_bytes_c1]
 def state_bytes_per_param(precision: str = "mixed") -> tuple[int, int, int]:
+# --8<-- [end:state_bytes_c1]
     """Bytes per parameter for (parameters, gradients, optimizer states K) under Adam.
 
     "mixed" (also "fp16"): 16-bit params (2) and grads (2); K = 12 for the fp32 master
@@ -49,6 +51,7 @@ def state_bytes_per_param(precision: str = "mixed") -> tuple[int, int, int]:
     "fp8": as "bf16" (18 bytes): the fp8 linears (`minimega.train.fp8`, Transformer Engine's recipe) keep bf16 weights
     and cast them, the activations and the gradients to fp8 per matmul; the casts are transient, not states.
     """
+    # --8<-- [start:state_bytes_c2]
     if precision in ("mixed", "fp16"):
         return 2, 2, 12
     if precision in ("bf16", "fp8"):
@@ -56,6 +59,7 @@ def state_bytes_per_param(precision: str = "mixed") -> tuple[int, int, int]:
     if precision == "fp32":
         return 4, 4, 8
     raise ValueError(f"precision {precision!r}: expected one of {PRECISIONS}")
+    # --8<-- [end:state_bytes_c2]
 # --8<-- [end:state_bytes]
 
 
@@ -68,8 +72,10 @@ def _check_stage_dp(stage: int, dp: int) -> None:
 
 # --8<-- [start:model_state_bytes]
 # --8<-- [start:state_breakdown]
+# --8<-- [start:state_breakdown_c1]
 def model_state_breakdown(n_params: float, dp: int, stage: int, precision: str = "mixed", *,
                           grad_bytes: int | None = None) -> dict:
+# --8<-- [end:state_breakdown_c1]
     """Per-rank bytes of parameters, gradients and optimizer states (ZeRO paper, Fig. 1).
 
     Stage 0 (DDP) replicates all three. Each ZeRO stage shards one more of them over the dp ranks:
@@ -77,6 +83,7 @@ def model_state_breakdown(n_params: float, dp: int, stage: int, precision: str =
     parameters (P_os+g+p). `grad_bytes` overrides the gradient width: 4 for an fp16 ("mixed") model
     whose gradients accumulate in an fp32 buffer ("bf16" counts such a buffer already).
     """
+    # --8<-- [start:state_breakdown_c2]
     _check_stage_dp(stage, dp)
     p, g, k = state_bytes_per_param(precision)
     g = g if grad_bytes is None else grad_bytes
@@ -85,6 +92,7 @@ def model_state_breakdown(n_params: float, dp: int, stage: int, precision: str =
         "grads": g * n_params / (dp if stage >= 2 else 1),
         "optimizer": k * n_params / (dp if stage >= 1 else 1),
     }
+    # --8<-- [end:state_breakdown_c2]
 # --8<-- [end:state_breakdown]
 
 
@@ -259,13 +267,17 @@ def _grads_at_each_start(N: list[int], P: list[int], n: int, slots: int) -> list
 
 
 # --8<-- [start:checkpoint]
+# --8<-- [start:checkpoint_c1]
 def checkpoint_bytes(n_params: float, precision: str = "mixed", *, optimizer: bool = True) -> float:
+# --8<-- [end:checkpoint_c1]
     """Bytes of a full training checkpoint: the working weights plus, to resume, the optimizer states.
 
     Mixed precision: 2Ψ for the 16-bit weights and KΨ = 12Ψ for the fp32 master copy, momentum and
     variance. Gradients are not saved; they are rebuilt by the next backward. With
     ``optimizer=False`` only the weights (what inference needs).
     """
+    # --8<-- [start:checkpoint_c2]
     p, _, k = state_bytes_per_param(precision)
     return (p + (k if optimizer else 0)) * n_params
+    # --8<-- [end:checkpoint_c2]
 # --8<-- [end:checkpoint]

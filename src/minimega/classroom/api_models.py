@@ -109,6 +109,8 @@ class ReviewItem(QuestionOut):
     """Shown positions of the right options (choice items)."""
     answer: float | None
     """The exact value, rounded to the significant figures asked (numeric items)."""
+    sig: int | None = None
+    """The significant figures asked (numeric items): the review prints that many (1.1 asked to 3: 1.10)."""
     explain: str | None
     explains: list[str]
     """Each shown option's explanation, in shown order."""

@@ -22,7 +22,6 @@ from pathlib import Path
 
 from . import banks, trust
 from .cli_cert import ISSUER_URL_ENV, add_cert_parser  # noqa: F401  (re-exported)
-from .httpguard import install_repeat_filter, raise_open_files_limit, server_options
 from .settings import ClassroomConfig
 from .stores import secure_var_dir
 
@@ -192,7 +191,9 @@ def build_site(site_dir: Path, issuers: list[str] = ()) -> None:
 
 
 def run_serve(args) -> int:
-    import uvicorn
+    import uvicorn                         # uvicorn and the guards load when the service starts, not for --help
+
+    from .httpguard import install_repeat_filter, raise_open_files_limit, server_options
 
     from .service import create_app
 

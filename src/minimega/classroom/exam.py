@@ -404,8 +404,8 @@ class Exam:
             entry = {**q, "response": json.loads(a["response"]) if a else None,
                      "correct": bool(a["correct"]) if a else False}
             if d.item.type == "numeric":
-                entry |= {"answer": quiz.round_sig(d.item.answer, d.item.sig), "explain": d.item.explain,
-                          "key": None, "explains": []}
+                entry |= {"answer": quiz.round_sig(d.item.answer, d.item.sig), "sig": d.item.sig,
+                          "explain": d.item.explain, "key": None, "explains": []}
             else:
                 entry |= {"answer": None, "key": [s for s, i in enumerate(d.order) if d.item.choices[i].correct],
                           "explains": [d.item.choices[i].explain for i in d.order], "explain": d.item.explain or None}

@@ -12,9 +12,12 @@ from . import Group
 
 
 # --8<-- [start:all_to_all]
+# --8<-- [start:all_to_all_c1]
 class _AllToAll(torch.autograd.Function):
+# --8<-- [end:all_to_all_c1]
     """Forward: all-to-all over `group` (chunk j of dim 0 to rank j). Backward: the same all-to-all of the gradient."""
 
+    # --8<-- [start:all_to_all_c2]
     @staticmethod
     def forward(ctx, x, group, tag):             # x: (n, ...), chunk j for rank j of the group
         ctx.group, ctx.tag = group, tag
@@ -25,6 +28,7 @@ class _AllToAll(torch.autograd.Function):
     def backward(ctx, grad):                     # grad: often a strided view of the next op's output
         grad = grad.contiguous()
         return comm.all_to_all(torch.empty_like(grad), grad, ctx.group, tag=ctx.tag + "_grad"), None, None
+    # --8<-- [end:all_to_all_c2]
 # --8<-- [end:all_to_all]
 
 

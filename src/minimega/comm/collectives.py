@@ -45,8 +45,11 @@ def _in_place_only(group: "Group", tensor: torch.Tensor) -> bool:
 
 
 # --8<-- [start:in_place_calls]
+# --8<-- [start:in_place_calls_c1]
 def _gather_by_broadcasts(output: torch.Tensor, input: torch.Tensor, group: "Group") -> list:
+# --8<-- [end:in_place_calls_c1]
     """All-gather as n broadcasts: rank k's chunk goes straight into chunk k of every rank's ``output``."""
+    # --8<-- [start:in_place_calls_c2]
     chunks = output.view(group.size, -1)
     if chunks[group.rank].data_ptr() != input.data_ptr():
         chunks[group.rank].copy_(input.view(-1))
@@ -54,10 +57,13 @@ def _gather_by_broadcasts(output: torch.Tensor, input: torch.Tensor, group: "Gro
 
 
 def _reduce_scatter_by_reduces(input: torch.Tensor, group: "Group") -> list:
+    # --8<-- [end:in_place_calls_c2]
     """Reduce-scatter as n reduces: chunk k of ``input`` is summed into rank k's own copy of it."""
+    # --8<-- [start:in_place_calls_c3]
     chunks = input.view(group.size, -1)
     return [dist.reduce(chunks[k], dst=r, op=dist.ReduceOp.SUM, group=group.pg, async_op=True)
             for k, r in enumerate(group.ranks)]
+    # --8<-- [end:in_place_calls_c3]
 # --8<-- [end:in_place_calls]
 
 
@@ -171,13 +177,17 @@ def _blocking(call: Call, fn, result=None):
 
 # --8<-- [start:collectives]
 # --8<-- [start:all_reduce]
+# --8<-- [start:all_reduce_c1]
 def all_reduce(tensor: torch.Tensor, group: Group, *, async_op: bool = False, tag: str = ""):
+# --8<-- [end:all_reduce_c1]
     """Sum ``tensor`` in place over ``group``. Returns the tensor, or a `Handle` when async."""
+    # --8<-- [start:all_reduce_c2]
     if group.size == 1:
         return Handle(result=tensor) if async_op else tensor
     call = _issue("all_reduce", group, tensor, tensor.numel(), tag, (tensor,))
     work = dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=group.pg, async_op=True)
     return _finish(call, [work], tensor, async_op)
+    # --8<-- [end:all_reduce_c2]
 # --8<-- [end:all_reduce]
 
 

@@ -106,8 +106,11 @@ class CommLog:
         detach(self)
 
     # --8<-- [start:record]
+    # --8<-- [start:record_c1]
     def issued(self, call) -> None:
+    # --8<-- [end:record_c1]
         """A collective was issued: one record per call, shared by every active log."""
+        # --8<-- [start:record_c2]
         if call.record is None:
             size = call.elements * call.tensor.element_size()
             call.record = CommRecord(call.op, call.group.name, call.group.size,
@@ -118,6 +121,7 @@ class CommLog:
                 call.record.cuda_events = (_cuda_event(), None)
                 call.record.cuda_events[0].record()
         self.records.append(call.record)
+        # --8<-- [end:record_c2]
     # --8<-- [end:record]
 
     def waiting(self, call) -> None:

@@ -31,12 +31,12 @@ from pathlib import Path
 
 import torch
 
+from .traces import DEFAULT_OUT, TRACES
+
 SCHEMA = 1
 WORLD = 2
-TRACES = ("ddp-overlap", "memory", "tp-comm", "activations", "zero-memory", "zero-prefetch", "pipeline", "comm-wire")
 WIRE_RANKS = (2, 4)
 WIRE_NUMELS = tuple(2 ** k for k in (10, 12, 14, 16, 18, 20))     # fp32 elements: 4 KiB to 4 MiB
-DEFAULT_OUT = Path("course") / "data"
 BATCH, SEED = 8, 1
 ACT_BATCH, ACT_DROPOUT = 4, 0.1
 PP_MICRO = 4

@@ -56,8 +56,11 @@ def chunk_ids(cp_rank: int, cp: int) -> tuple[int, int]:
 
 
 # --8<-- [start:shard_sequence]
+# --8<-- [start:shard_sequence_c1]
 def shard_sequence(t: torch.Tensor, cp_rank: int, cp: int) -> torch.Tensor:
+# --8<-- [end:shard_sequence_c1]
     """(B, T, ...) → (B, T/cp, ...): this rank's chunks r and 2·cp-1-r of the 2·cp along T, concatenated."""
+    # --8<-- [start:shard_sequence_c2]
     if t.shape[1] % (2 * cp):
         raise ValueError(f"context parallelism: sequence length {t.shape[1]} is not divisible by 2*cp = {2 * cp}")
     chunks = t.chunk(2 * cp, dim=1)                                            # 2cp × (B, c, ...)
@@ -66,10 +69,13 @@ def shard_sequence(t: torch.Tensor, cp_rank: int, cp: int) -> torch.Tensor:
 
 
 def positions(local_len: int, cp_rank: int, cp: int, device=None) -> torch.Tensor:
+    # --8<-- [end:shard_sequence_c2]
     """Global positions of this rank's ``local_len`` = 2c tokens (what the position embedding indexes)."""
+    # --8<-- [start:shard_sequence_c3]
     c = local_len // 2
     a, b = chunk_ids(cp_rank, cp)
     return torch.cat([torch.arange(a * c, (a + 1) * c, device=device), torch.arange(b * c, (b + 1) * c, device=device)])
+    # --8<-- [end:shard_sequence_c3]
 # --8<-- [end:shard_sequence]
 
 
@@ -83,12 +89,16 @@ def unshard_sequence(parts: list[torch.Tensor], cp: int) -> torch.Tensor:
 
 
 # --8<-- [start:visibility]
+# --8<-- [start:visibility_c1]
 def visibility(q_chunk: int, k_chunk: int) -> str | None:
+# --8<-- [end:visibility_c1]
     """How a block of queries from chunk ``q_chunk`` sees keys from chunk ``k_chunk`` under a causal mask:
     'full' (every key is earlier), 'causal' (the diagonal block: mask j > i) or None (every key is later)."""
+    # --8<-- [start:visibility_c2]
     if k_chunk < q_chunk:
         return "full"
     return "causal" if k_chunk == q_chunk else None
+    # --8<-- [end:visibility_c2]
 # --8<-- [end:visibility]
 
 

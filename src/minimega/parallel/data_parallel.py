@@ -67,18 +67,25 @@ class DataParallel(GradSync, nn.Module):
         return self.module(*args, **kwargs)
 
     # --8<-- [start:ddp_hook]
+    # --8<-- [start:ddp_hook_c1]
     def _start(self, i: int) -> None:
+    # --8<-- [end:ddp_hook_c1]
         """Phase 2: bucket i's last gradient is in; flatten the bucket and launch its all-reduce."""
+        # --8<-- [start:ddp_hook_c2]
         bucket = self.buckets[i]
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in bucket.params]
         bucket.buffer = torch.cat([g.reshape(-1) for g in grads])              # (numel,) flat
         self.timeline.append({"event": "all_reduce_issued", "bucket": bucket.index, "time": self.clock.stamp()})
         bucket.handle = comm.all_reduce(bucket.buffer, self.group, async_op=True, tag=f"bucket{bucket.index}")
+        # --8<-- [end:ddp_hook_c2]
     # --8<-- [end:ddp_hook]
 
     # --8<-- [start:ddp_finish]
+    # --8<-- [start:ddp_finish_c1]
     def _complete(self) -> None:
+    # --8<-- [end:ddp_finish_c1]
         """Phase 3 (from ``finish_grad_sync()``): wait for each bucket, average, write back into ``.grad``."""
+        # --8<-- [start:ddp_finish_c2]
         for bucket in self.buckets:
             bucket.handle.wait()
             bucket.buffer.div_(self.group.size)
@@ -92,6 +99,7 @@ class DataParallel(GradSync, nn.Module):
                 offset += n
             bucket.buffer, bucket.handle = None, None
         self.timeline.append({"event": "grads_synced", "time": self.clock.stamp()})
+        # --8<-- [end:ddp_finish_c2]
     # --8<-- [end:ddp_finish]
 
     # -- clipping (see grad_sync.clip_grad_norm_) --------------------------------------------------

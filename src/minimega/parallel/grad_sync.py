@@ -119,20 +119,27 @@ class GradSync(ABC):
                 self._begin(i)
 
     # --8<-- [start:in_flight]
+    # --8<-- [start:in_flight_c1]
     def _begin(self, i: int) -> None:
+    # --8<-- [end:in_flight_c1]
         """Start bucket i's reduction; with a bound, first retire the oldest until there is room."""
+        # --8<-- [start:in_flight_c2]
         self._started.add(i)
         if self.max_in_flight is not None:
             while len(self._in_flight) >= self.max_in_flight:
                 self._retire(self._in_flight.pop(0))
         self._start(i)
         self._in_flight.append(i)
+        # --8<-- [end:in_flight_c2]
     # --8<-- [end:in_flight]
 
     # --8<-- [start:main_grad]
+    # --8<-- [start:main_grad_c1]
     @torch.no_grad()
     def _accumulate_main_grad(self, p: nn.Parameter) -> None:
+    # --8<-- [end:main_grad_c1]
         """``main_grads[p] += p.grad`` in ``main_grad_dtype``; ``p.grad`` (the parameter's dtype) is dropped."""
+        # --8<-- [start:main_grad_c2]
         if p.grad is None:
             return
         main = self.main_grads.get(p)
@@ -141,6 +148,7 @@ class GradSync(ABC):
         else:
             main.add_(p.grad)
         p.grad = None
+        # --8<-- [end:main_grad_c2]
     # --8<-- [end:main_grad]
 
     def finish_grad_sync(self) -> None:
@@ -174,22 +182,30 @@ class GradSync(ABC):
 
 
 # --8<-- [start:global_norm]
+# --8<-- [start:global_norm_c1]
 def tp_norm_weight(module: nn.Module, tp: int) -> Callable[[str], float]:
+# --8<-- [end:global_norm_c1]
     """name → its weight in the squared gradient norm: 1 for tp-sharded parameters, 1/tp for replicated ones."""
+    # --8<-- [start:global_norm_c2]
     sharded = set(sharded_params(module))
     return lambda name: 1.0 if name in sharded or tp == 1 else 1.0 / tp
 
 
 def global_norm(local_sq: torch.Tensor, groups: list[Group]) -> float:
+    # --8<-- [end:global_norm_c2]
     """sqrt of ``local_sq`` summed over each of ``groups`` (the axes holding other elements of the model)."""
+    # --8<-- [start:global_norm_c3]
     for group in groups:
         comm.all_reduce(local_sq, group, tag="grad_norm")
     return float("nan") if local_sq.is_meta else local_sq.sqrt().item()     # meta: a dry run has no values
 
 
 def clip_coefficient(norm: float, max_norm: float) -> float:
+    # --8<-- [end:global_norm_c3]
     """min(1, max_norm / (norm + 1e-6)), as torch.nn.utils.clip_grad_norm_."""
+    # --8<-- [start:global_norm_c4]
     return min(1.0, max_norm / (norm + 1e-6))
+    # --8<-- [end:global_norm_c4]
 # --8<-- [end:global_norm]
 
 

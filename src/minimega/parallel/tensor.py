@@ -76,8 +76,11 @@ def _split(x: torch.Tensor, dim: int, group: Group) -> torch.Tensor:
 
 # --8<-- [start:regions]
 # --8<-- [start:f_region]
+# --8<-- [start:f_region_c1]
 class _CopyToTP(torch.autograd.Function):
+# --8<-- [end:f_region_c1]
     """Forward: identity. Backward: all-reduce (sum) over tp. `f` in Megatron-LM."""
+    # --8<-- [start:f_region_c2]
     @staticmethod
     def forward(ctx, x, group):      # x: (B, T, D) replicated on every tp rank
         ctx.group = group
@@ -86,12 +89,16 @@ class _CopyToTP(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):         # grad: (B, T, D) partial (each rank saw D/tp of the columns)
         return comm.all_reduce(grad.clone(), ctx.group, tag="tp"), None
+    # --8<-- [end:f_region_c2]
 # --8<-- [end:f_region]
 
 
 # --8<-- [start:g_region]
+# --8<-- [start:g_region_c1]
 class _ReduceFromTP(torch.autograd.Function):
+# --8<-- [end:g_region_c1]
     """Forward: all-reduce (sum) over tp. Backward: identity. `g` in Megatron-LM."""
+    # --8<-- [start:g_region_c2]
     @staticmethod
     def forward(ctx, x, group):      # x: (B, T, D) partial sums on each tp rank
         return comm.all_reduce(x.clone(), group, tag="tp")
@@ -99,6 +106,7 @@ class _ReduceFromTP(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):         # grad: (B, T, D), replicated
         return grad, None
+    # --8<-- [end:g_region_c2]
 # --8<-- [end:g_region]
 
 

@@ -63,12 +63,15 @@ def heads_to_seq(y: torch.Tensor, group: Group, tag: str) -> torch.Tensor:
 
 
 # --8<-- [start:ulysses_attention]
+# --8<-- [start:ulysses_attention_c1]
 def ulysses_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: Group) -> torch.Tensor:
+# --8<-- [end:ulysses_attention_c1]
     """Causal attention of this rank's chunks over the whole sequence, heads split over ``group`` for it.
 
     Shapes: q, k, v (B, nh, T/cp, hs), this rank's chunks (r, 2cp-1-r) → (B, nh, T/cp, hs).
     Communication: four all-to-alls forward (q, k, v, output), four backward.
     """
+    # --8<-- [start:ulysses_attention_c2]
     if group.size == 1:
         return F.scaled_dot_product_attention(q, k, v, is_causal=True)
     if q.shape[1] % group.size:
@@ -76,6 +79,7 @@ def ulysses_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: 
     q, k, v = (seq_to_heads(t, group, tag) for t, tag in ((q, "cp_q"), (k, "cp_k"), (v, "cp_v")))
     y = F.scaled_dot_product_attention(q, k, v, is_causal=True)               # (B, nh/cp, T, hs)
     return heads_to_seq(y, group, "cp_out")
+    # --8<-- [end:ulysses_attention_c2]
 # --8<-- [end:ulysses_attention]
 
 

@@ -157,16 +157,21 @@ class Pipeline(nn.Module):
             outbox[a] = inp.grad
 
     # --8<-- [start:zb_split]
+    # --8<-- [start:zb_split_c1]
     def _input_grad(self, a: Action, inp, out, inbox, outbox) -> None:
+    # --8<-- [end:zb_split_c1]
         """zb_h1's B: only d loss / d input, sent upstream at once; the graph stays for the W pass."""
+        # --8<-- [start:zb_split_c2]
         grad = None if a.chunk == self.p * self.v - 1 else inbox.pop(Action("B", a.chunk + 1, a.micro))
         if a.chunk > 0:                               # chunk 0's input is token ids: no input gradient
             (outbox[a],) = torch.autograd.grad(out, inp, grad, retain_graph=True)
         self._owed[(a.chunk, a.micro)] = (out, grad)
 
     def _weight_grad(self, a: Action) -> None:
+        # --8<-- [end:zb_split_c2]
         """zb_h1's W: the weight gradient, accumulated into the .grad buffers the other schedules use
         (so the dp wrappers see the same hooks in the same micro order), then the graph is freed."""
+        # --8<-- [start:zb_split_c3]
         out, grad = self._owed.pop((a.chunk, a.micro))
         wrapper = self.wrapped[self._local[a.chunk]]
         params = [q for q in self.chunks[self._local[a.chunk]].parameters() if q.requires_grad]
@@ -175,6 +180,7 @@ class Pipeline(nn.Module):
             torch.autograd.backward(out, grad, inputs=params)
             if syncing and not last:
                 wrapper.finish_grad_sync()
+        # --8<-- [end:zb_split_c3]
     # --8<-- [end:zb_split]
 
     # --8<-- [start:exchange]

@@ -69,13 +69,17 @@ def gpipe(p: int, m: int, v: int, rank: int) -> list[Action]:
 
 
 # --8<-- [start:one_f_one_b]
+# --8<-- [start:one_f_one_b_c1]
 def one_f_one_b(p: int, m: int, v: int, rank: int) -> list[Action]:
+# --8<-- [end:one_f_one_b_c1]
     """PipeDream-Flush: p - rank - 1 warm-up forwards, then alternate F and B, then drain the backwards."""
+    # --8<-- [start:one_f_one_b_c2]
     warmup = min(p - rank - 1, m)
     order = [Action("F", rank, i) for i in range(warmup)]
     for i in range(m - warmup):
         order += [Action("F", rank, warmup + i), Action("B", rank, i)]
     return order + [Action("B", rank, i) for i in range(m - warmup, m)]
+    # --8<-- [end:one_f_one_b_c2]
 # --8<-- [end:one_f_one_b]
 
 

@@ -12,13 +12,15 @@ from __future__ import annotations
 
 import argparse
 import json
+from typing import TYPE_CHECKING
 
 from ..analysis import GB
-from ..analysis.dry_run import check_rank, sample_ranks
 from ..analysis.layout import REFUSED_MODELS, gpt_shape, published
 from ..config import TrainConfig
-from ..mesh import ParallelDims
 from .args import nonnegative_int, positive_int
+
+if TYPE_CHECKING:
+    from ..mesh import ParallelDims
 
 MODELS = ("bloom-176b", "mt-nlg-530b", "gpt3-175b", "llama3-405b")
 CATEGORIES = ("params", "gathered", "master", "grads", "optimizer_states", "optimizer_step_counters", "comm_buffers")
@@ -49,6 +51,7 @@ def add_dry_run_parser(subparsers) -> argparse.ArgumentParser:
 
 def layout_of(args: argparse.Namespace) -> tuple[dict, TrainConfig, ParallelDims]:
     """The model shape, TrainConfig and ParallelDims the flags name, published values filling the gaps."""
+    from ..mesh import ParallelDims              # torch: loaded when the command runs, not for --help
     try:
         preset = published(args.model)
     except ValueError as e:
@@ -72,6 +75,7 @@ def layout_of(args: argparse.Namespace) -> tuple[dict, TrainConfig, ParallelDims
 
 def run_dry_run(args: argparse.Namespace) -> int:
     """Handler for ``minimega dry-run``; prints, and returns 1 when a rank differs from the estimate."""
+    from ..analysis.dry_run import check_rank, sample_ranks
     shape, config, dims = layout_of(args)
     ranks = args.rank or sample_ranks(dims)
     if bad := [r for r in ranks if r >= dims.world_size]:

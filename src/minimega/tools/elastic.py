@@ -8,8 +8,6 @@ import sys
 import time
 from typing import Callable
 
-from .. import checkpoint
-from ..run.launch import LaunchTimeout, WorkerError
 
 
 FAULT_STEP_ENV = "MINIMEGA_FAULT_STEP"
@@ -76,6 +74,7 @@ def checkpoint_step(directory, model_config=None) -> int:
     starts (`checkpoint.checked`: the manifest, bounded, against ``model_config``; every shard a regular file
     whose header agrees): a hostile checkpoint is refused here in one line, not by a rank stuck in a read.
     The sha256 of the files is left to the ranks' load (split over them)."""
+    from .. import checkpoint                     # torch: loaded by a run, never by `minimega --help`
     return checkpoint.checked(directory, verify_files=False, model_config=model_config)[1]["step"]
 
 
@@ -98,6 +97,8 @@ def run_elastic(start: Callable[[int, dict], list], nproc: int, ckpt: dict, *, m
     ``--nnodes=MIN:MAX``: a lost node does not come back) and a smaller world `fits`; the checkpoint reshards
     onto it on load.
     """
+    from .. import checkpoint
+    from ..launch import LaunchTimeout, WorkerError
     attempt = 0
     ckpt["restarts"] = []
     saved = os.environ.get(RESTART_ENV)

@@ -8,8 +8,7 @@ import json
 import math
 import sys
 
-from .. import checkpoint, data
-from ..train.health import POLICIES, HealthMonitor, StepGuard, ThroughputWatch
+from ..health import POLICIES, HealthMonitor, StepGuard, ThroughputWatch
 from .args import nonnegative_int, positive_float, positive_int
 
 
@@ -112,6 +111,7 @@ class RunHealth:
         return True
 
     def batch_index(self, step: int) -> int:
+        from .. import data                       # torch: loaded by a run, never by `minimega --help`
         return data.batch_index(step, self.skip)
 
     # --8<-- [start:after_step]
@@ -139,6 +139,7 @@ class RunHealth:
             self._say(f"health: {verdict.describe()}; the step was {action} (batch {index})")
             return False
         self.engine.wait_for_save()                             # an async save in flight is the last good one
+        from .. import checkpoint
         latest = checkpoint.resolve_or_none(self.save_dir) if self.save_dir else None
         if latest is None:
             raise RuntimeError(f"health: {verdict.describe()}; --on-spike rollback found no checkpoint in "

@@ -112,8 +112,9 @@ def run_plan(args: argparse.Namespace) -> int:
     res = plan(_model_from_args(args), n, args.global_batch, hw, top=args.top, memory_fraction=args.memory_fraction,
                tokens=args.tokens, price_per_gpu_hour=args.price, **opts)
     verified = _verify(_model_from_args(args), res["top"][:args.verify])
+    caveat = _mfu_caveat(res["top"])
     if args.json:
-        res = {k: v for k, v in res.items() if k != "ranked"}
+        res = {k: v for k, v in res.items() if k != "ranked"} | {"mfu_caveat": caveat}
         for row, v in zip(res["top"], verified):
             row["verify"] = v
         print(json.dumps(res, indent=2, default=str))
@@ -140,8 +141,20 @@ def run_plan(args: argparse.Namespace) -> int:
         print(line)
     for i, v in enumerate(verified, 1):
         print(_verify_line(i, v))
+    if caveat:
+        print(caveat)
     print(LEGEND.format(peak=hw.peak_flops / 1e12))
     return 1 if any(v.get("differs") for v in verified) else 0
+
+
+def _mfu_caveat(rows: list[dict]) -> str | None:
+    """`published_mfu.mfu_caveat` for the fastest layout (dense models: an MoE's MFU counts active parameters)."""
+    if not rows or rows[0]["config"].get("experts"):
+        return None
+    from types import SimpleNamespace
+    from ..analysis.published_mfu import mfu_caveat
+    from ..analysis.shapes import model_params
+    return mfu_caveat(model_params(SimpleNamespace(**rows[0]["config"])), rows[0]["mfu"])
 
 
 def _verify(model: dict, rows: list[dict]) -> list[dict]:

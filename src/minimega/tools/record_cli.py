@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import argparse
 
-from ..figures.record import DEFAULT_OUT, TRACES, record
+from ..figures.traces import DEFAULT_OUT, TRACES
 
 
 def add_record_parser(subparsers) -> argparse.ArgumentParser:
@@ -23,6 +23,7 @@ def add_record_parser(subparsers) -> argparse.ArgumentParser:
 
 def run_record(args: argparse.Namespace) -> int:
     """Handler for ``minimega record``; prints one line per trace written."""
+    from ..figures.record import record         # torch: loaded when the jobs run, not for --help
     paths = record(args.out, args.steps, args.bucket_mb, tuple(args.only))
     for name, path in paths.items():
         print(f"wrote {path} ({path.stat().st_size / 1024:.1f} KiB)")

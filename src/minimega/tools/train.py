@@ -158,7 +158,8 @@ def train_worker(preset: str, config: TrainConfig, steps: int, show: bool | str,
 def memory_table(engine, config: TrainConfig) -> dict:
     """This rank's model-state bytes at the optimizer step (params, grads and states all live), measured, next to
     `minimega estimate`'s figure for the same layout: Ψ this rank's parameters (ZeRO: its units padded to a
-    multiple of dp), sharded over the gradient group (dp, times cp)."""
+    multiple of dp), sharded over the gradient group (dp, times cp), at the run's precision (bf16 keeps fp32
+    gradients, Megatron's main grads: 2 + 4 + 12 bytes per parameter, not the fp16 "mixed" 2 + 2 + 12)."""
     measured = dict(engine.memory_at_step)
     rows = {"params": measured.get("params", 0), "grads": measured.get("grads", 0),
             "optimizer": measured.get("master", 0) + measured.get("optimizer_states", 0),
@@ -171,7 +172,7 @@ def memory_table(engine, config: TrainConfig) -> dict:
         psi = sum(u.padded for w in engine.zero_stages for u in w.units)
     else:
         psi = sum(p.numel() for p in engine.module.parameters())
-    dp, precision = engine.mesh.grad_group.size, "fp32" if config.precision == "fp32" else "mixed"
+    dp, precision = engine.mesh.grad_group.size, config.precision    # the estimate of this run's own precision
     out["estimate"] = model_state_breakdown(psi, dp, config.zero_stage, precision)
     out["estimate_command"] = (f"minimega estimate --params {psi} --dp {dp} --stage {config.zero_stage} "
                                f"--precision {precision}")

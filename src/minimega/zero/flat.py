@@ -22,12 +22,16 @@ from ..sizes import padded_numel   # the rule the estimators share (minimega/siz
 
 
 # --8<-- [start:shard_bounds]
+# --8<-- [start:shard_bounds_c1]
 def shard_bounds(numel: int, world: int, rank: int) -> tuple[int, int]:
+# --8<-- [end:shard_bounds_c1]
     """``[start, end)`` of rank ``rank``'s shard of a flat buffer holding ``numel`` elements."""
+    # --8<-- [start:shard_bounds_c2]
     if not 0 <= rank < world:
         raise ValueError(f"rank {rank} is outside a group of {world}")
     size = padded_numel(numel, world) // world                 # ceil(numel / world)
     return rank * size, (rank + 1) * size
+    # --8<-- [end:shard_bounds_c2]
 # --8<-- [end:shard_bounds]
 
 

@@ -46,7 +46,7 @@
       unanswered: (n) => `${n} question(s) unanswered count as wrong. Finish anyway?`,
       notFinished: (m) => `Could not finish: ${m}`,
       passed: "Passed", failed: "Not passed",
-      score: (r) => `Score: ${r.score} of ${r.total} (${r.percent}%). ${r.pass_mark} were needed.`,
+      score: (r) => `Score: ${r.score} of ${r.total} (${number(r.percent, "en-GB")}%). ${r.pass_mark} were needed.`,
       code: (c) => `Verification code: ${c}`,
       download: "Download the credential (JSON)", printable: "Printable certificate",
       svg: "Certificate image (SVG, carries the credential)", verify: "Verify it",
@@ -57,7 +57,8 @@
       given: (a) => `Your answer: ${a}`,
       answer: (a) => `Answer: ${a}`,
       right: "Right", wrong: "Wrong",
-      num: (x) => String(x),
+      num: (x, sig) => number(x, "en-GB", sig),
+      early: (s) => s > 0 ? `Too early to finish: you can finish in ${s} s (your answers are kept).` : "You can finish now.",
     },
     nl: {
       sending: "Bezig met versturen…",
@@ -87,7 +88,7 @@
       unanswered: (n) => `${n} vraag/vragen zonder antwoord tellen als fout. Toch afronden?`,
       notFinished: (m) => `Afronden lukte niet: ${m}`,
       passed: "Geslaagd", failed: "Niet geslaagd",
-      score: (r) => `Score: ${r.score} van ${r.total} (${r.percent}%). Nodig waren er ${r.pass_mark}.`,
+      score: (r) => `Score: ${r.score} van ${r.total} (${number(r.percent, "nl-NL")} %). Nodig waren er ${r.pass_mark}.`,
       code: (c) => `Verificatiecode: ${c}`,
       download: "Download de credential (JSON)", printable: "Certificaat om af te drukken",
       svg: "Certificaat als afbeelding (SVG, met de credential erin)", verify: "Verifieer het",
@@ -98,10 +99,19 @@
       given: (a) => `Jouw antwoord: ${a}`,
       answer: (a) => `Antwoord: ${a}`,
       right: "Goed", wrong: "Fout",
-      num: (x) => String(x).replace(".", ","),
+      num: (x, sig) => number(x, "nl-NL", sig),
+      early: (s) => s > 0 ? `Te vroeg om af te ronden: dat kan over ${s} s (je antwoorden blijven bewaard).` : "Je kunt nu afronden.",
     },
   };
   function t() { return WORDS[pageLang()]; }
+
+  /* A number in the page's language (a decimal comma in Dutch), to `sig` significant figures when the question
+     asks for them (1.1 asked to 3 is shown 1.10); no thousands grouping, so it reads back as typed. */
+  function number(x, locale, sig) {
+    if (typeof x !== "number" || !Number.isFinite(x)) return String(x);
+    const digits = sig ? { minimumSignificantDigits: sig, maximumSignificantDigits: sig } : { maximumSignificantDigits: 15 };
+    return new Intl.NumberFormat(locale, { useGrouping: false, ...digits }).format(x);
+  }
   /* The site's pages in the page's language live under nl/ for Dutch (the verify page). */
   function sitePath(path) { return pageLang() === "nl" ? `/nl${path}` : path; }
 
@@ -129,7 +139,9 @@
     if (resp.status === 401 && path !== "/signin/confirm") { setSession(null); show("signin"); }
     if (!resp.ok) {
       const detail = data && data.detail;
-      throw new Error(typeof detail === "string" ? detail : `HTTP ${resp.status}`);
+      const err = new Error(typeof detail === "string" ? detail : `HTTP ${resp.status}`);
+      err.retryAfter = Number(resp.headers.get("Retry-After")) || 0;      // seconds, when the service names them
+      throw err;
     }
     return data;
   }
@@ -358,7 +370,12 @@
     let res;
     try {
       res = await call("POST", `/attempts/${attempt.attempt_id}/finish`);
-    } catch (e) { box.textContent = t().notFinished(e.message); return; }
+    } catch (e) {
+      if (e.retryAfter && /finished within/.test(e.message)) { tooEarly(e.retryAfter); return; }   // the minimum time
+      finishStatus().textContent = t().notFinished(e.message);
+      return;
+    }
+    finishStatus().textContent = "";
     const id = attempt.attempt_id;
     attempt.finished = true;
     box.replaceChildren(el("h2", res.passed ? t().passed : t().failed), el("p", t().score(res), { id: "mm-exam-score" }));
@@ -366,6 +383,30 @@
     await refreshMine();
     await review(id, true);
     box.scrollIntoView({ block: "start" });                   // the result at the top, above the review
+  }
+
+  /* Messages about finishing sit next to the button (the result section is hidden while the exam is open). */
+  function finishStatus() {
+    let box = $("mm-exam-finish-status");
+    if (!box) {
+      box = el("span", null, { id: "mm-exam-finish-status", role: "status", "aria-live": "polite" });
+      $("mm-exam-finish").after(" ", box);
+    }
+    return box;
+  }
+
+  /* "Finish" within the minimum time: say when it will work, counting down to it. */
+  let earlyTimer = null;
+  function tooEarly(seconds) {
+    const end = Date.now() + seconds * 1000;
+    clearInterval(earlyTimer);
+    const tick = () => {
+      const left = Math.max(0, Math.ceil((end - Date.now()) / 1000));
+      finishStatus().textContent = t().early(left);
+      if (!left) clearInterval(earlyTimer);
+    };
+    tick();
+    earlyTimer = setInterval(tick, 1000);
   }
 
   function credentialAnchors(code, ids) {
@@ -408,7 +449,7 @@
       item.append(el("p", q.question));
       item.append(el("p", t().given(describe(q, q.response))));
       if (q.type === "numeric") {
-        item.append(el("p", t().answer(`${t().num(q.answer)}${q.unit ? ` ${q.unit}` : ""}`)), el("p", q.explain));
+        item.append(el("p", t().answer(`${t().num(q.answer, q.sig)}${q.unit ? ` ${q.unit}` : ""}`)), el("p", q.explain));
       } else {
         const ul = el("ul");
         q.choices.forEach((text, i) => {

@@ -48,24 +48,31 @@ class _SumOverGroup(torch.autograd.Function):
 
 
 # --8<-- [start:sequence_means]
+# --8<-- [start:sequence_means_c1]
 def sequence_means(first_choice: torch.Tensor, probs: torch.Tensor, cp_group: Group | None = None):
+# --8<-- [end:sequence_means_c1]
     """f_e and P_e of every sequence, (B, E) each: the share of first choices ``first_choice`` (B, T_local) that
     went to e and the mean of ``probs`` (B, T_local, E) over T; under cp the sums of the cp ranks' T/cp tokens,
     over the whole T."""
+    # --8<-- [start:sequence_means_c2]
     first = F.one_hot(first_choice, probs.shape[-1]).to(probs.dtype)                # (B, T_local, E)
     if cp_group is None or cp_group.size == 1:
         return first.mean(1), probs.mean(1)
     sums = _SumOverGroup.apply(torch.stack([first.sum(1), probs.sum(1)]), cp_group)    # (2, B, E), whole T
     T = first.shape[1] * cp_group.size
     return sums[0] / T, sums[1] / T
+    # --8<-- [end:sequence_means_c2]
 # --8<-- [end:sequence_means]
 
 
 # --8<-- [start:update_routing_bias]
+# --8<-- [start:update_routing_bias_c1]
 @torch.no_grad()
 def update_routing_bias(layers: list, group: Group | None = None) -> None:
+# --8<-- [end:update_routing_bias_c1]
     """After a step: b += γ · sign(mean load − load) in every layer with γ > 0, the loads summed over ``group``
     (the data-parallel ranks, times cp); the step's load counters restart at zero."""
+    # --8<-- [start:update_routing_bias_c2]
     layers = [m for m in layers if m.moe.bias_update_rate]
     if not layers:
         return
@@ -76,4 +83,5 @@ def update_routing_bias(layers: list, group: Group | None = None) -> None:
     for m, c in zip(layers, load):
         m.expert_bias += (m.moe.bias_update_rate * torch.sign(c.mean() - c)).to(m.expert_bias.dtype)
         m.step_load.zero_()
+    # --8<-- [end:update_routing_bias_c2]
 # --8<-- [end:update_routing_bias]

@@ -32,23 +32,29 @@ from ...comm import Group
 
 
 # --8<-- [start:sort_by_expert]
+# --8<-- [start:sort_by_expert_c1]
 def sort_by_expert(top_i: torch.Tensor, n_experts: int):
+# --8<-- [end:sort_by_expert_c1]
     """(…, k) expert ids → order (N·k,): the flat (token, choice) ids sorted by expert, token order kept within
     an expert; counts (E,): how many pairs each expert gets (every one of them: nothing is dropped)."""
+    # --8<-- [start:sort_by_expert_c2]
     flat = top_i.reshape(-1)
     order = torch.argsort(flat, stable=True)
     return order, torch.bincount(flat, minlength=n_experts)
 
 
 def dropless_combine(x: torch.Tensor, top_i: torch.Tensor, gates: torch.Tensor, n_experts: int, run):
+    # --8<-- [end:sort_by_expert_c2]
     """y[t] = Σ_j gates[t, j] · expert_{top_i[t, j]}(x[t]) for the (N, D) tokens ``x``, with top_i and gates
     (N, k); ``run(rows, counts)`` applies each expert to its contiguous slice of the sorted rows."""
+    # --8<-- [start:sort_by_expert_c3]
     N, k = top_i.shape
     order, counts = sort_by_expert(top_i, n_experts)
     rows = x.index_select(0, order // k)                         # (N·k, D): row i is pair order[i]'s token
     out = run(rows, counts)                                      # (N·k, D), still sorted by expert
     back = out.index_select(0, torch.argsort(order))             # (N·k, D): pair p's output in row p
     return (back.view(N, k, -1) * gates.unsqueeze(-1)).sum(1)    # (N, D): the gate-weighted sum per token
+    # --8<-- [end:sort_by_expert_c3]
 # --8<-- [end:sort_by_expert]
 
 

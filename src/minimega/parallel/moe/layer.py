@@ -168,7 +168,9 @@ def alltoall_bytes(moe: MoEConfig, n_layer: int, rows: int, seq_len: int, n_embd
 
 
 # --8<-- [start:assign_slots]
+# --8<-- [start:assign_slots_c1]
 def assign_slots(top_i: torch.Tensor, n_experts: int, capacity: int):
+# --8<-- [end:assign_slots_c1]
     """Each (token, choice)'s place in its expert's queue, and whether it fits (GShard's priority).
 
     Every token's first choice is queued in token order, then every second choice, and so on; an expert
@@ -178,10 +180,12 @@ def assign_slots(top_i: torch.Tensor, n_experts: int, capacity: int):
     (choice j of token t is row j·T + t): choice is one-hot, slot the 0-based place in expert e's queue
     where choice is 1, kept = choice and slot < capacity.
     """
+    # --8<-- [start:assign_slots_c2]
     B, T, k = top_i.shape
     choice = F.one_hot(top_i, n_experts).transpose(1, 2).reshape(B, k * T, n_experts)   # (B, kT, E)
     slot = choice.cumsum(dim=1) - 1
     return choice, slot, (choice == 1) & (slot < capacity)
+    # --8<-- [end:assign_slots_c2]
 # --8<-- [end:assign_slots]
 
 
@@ -248,11 +252,14 @@ class MoELayer(nn.Module):
         return aux, (0.0 if z is None else z)
 
     # --8<-- [start:select]
+    # --8<-- [start:select_c1]
     def select(self, x: torch.Tensor):
+    # --8<-- [end:select_c1]
         """The router: probabilities (B, T, E), expert ids and gates (B, T, k), the load-balancing loss.
 
         ``bias_update_rate`` > 0: the experts are the top-k of probs + ``expert_bias`` and the gates the
         unbiased probabilities (DeepSeek-V3). ``z_loss_coef`` > 0: mean logsumexp(logits)² is kept (ST-MoE)."""
+        # --8<-- [start:select_c2]
         E, k = self.moe.n_experts, self.moe.top_k
         logits = self.router(x)                                                 # (B, T, E)
         probs = F.softmax(logits, dim=-1)
@@ -267,6 +274,7 @@ class MoELayer(nn.Module):
         f, P = sequence_means(top_i[..., 0], probs, self.cp_group)            # (B, E) each, over the whole T
         aux = E * (f * P).sum(-1).mean()                                      # per sequence, then mean
         return probs, top_i, gates, aux
+        # --8<-- [end:select_c2]
     # --8<-- [end:select]
 
     def _count(self, routed: torch.Tensor, dropped: torch.Tensor) -> None:
@@ -276,9 +284,12 @@ class MoELayer(nn.Module):
             self.step_load += routed
 
     # --8<-- [start:route]
+    # --8<-- [start:route_c1]
     def route(self, x: torch.Tensor):
+    # --8<-- [end:route_c1]
         """Top-k routing with capacity. Returns dispatch (B, T, E, C) in {0, 1}, combine (B, T, E, C) = gate
         where dispatched, the load-balancing loss, and per expert the assignments made and dropped."""
+        # --8<-- [start:route_c2]
         B, T, _ = x.shape
         E, k, C = self.moe.n_experts, self.moe.top_k, self.moe.capacity(T)
         probs, top_i, gates, aux = self.select(x)                             # (B, T, E), (B, T, k) ×2
@@ -288,6 +299,7 @@ class MoELayer(nn.Module):
         dispatch = place.sum(1)                                                # (B, T, E, C): distinct experts
         combine = torch.einsum("bktec,btk->btec", place, gates)               # (B, T, E, C)
         return dispatch, combine, aux, choice.sum((0, 1)), (choice.sum((0, 1)) - kept.sum((0, 1)))
+        # --8<-- [end:route_c2]
     # --8<-- [end:route]
 
     # --8<-- [start:moe_forward]
