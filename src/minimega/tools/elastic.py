@@ -98,7 +98,7 @@ def run_elastic(start: Callable[[int, dict], list], nproc: int, ckpt: dict, *, m
     onto it on load.
     """
     from .. import checkpoint
-    from ..launch import LaunchTimeout, WorkerError
+    from ..run.launch import LaunchTimeout, WorkerError
     attempt = 0
     ckpt["restarts"] = []
     saved = os.environ.get(RESTART_ENV)

@@ -8,7 +8,7 @@ import json
 import math
 import sys
 
-from ..health import POLICIES, HealthMonitor, StepGuard, ThroughputWatch
+from ..train.health import POLICIES, HealthMonitor, StepGuard, ThroughputWatch
 from .args import nonnegative_int, positive_float, positive_int
 
 
