@@ -5,7 +5,8 @@
     observers.py    the one interface that sees every call (issued, waited on, done)
     log.py          `CommLog`: what moved where, in ring-model bytes (an observer)
     wire.py         a simulated wire of fixed latency, so tests see overlap rather than assume it (an observer)
-    all_to_all.py   the all-to-all as autograd sees it (Ulysses over cp, the experts' dispatch over ep)
+    autograd.py     collectives as autograd sees them: `exchange`, the all-to-all whose backward is itself
+                    (Ulysses over cp, the experts' dispatch over ep)
 
 Callers write ``comm.all_reduce(t, group)``: the names below are the package's interface.
 """

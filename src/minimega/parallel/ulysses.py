@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 
 from ..comm import Group
-from ..comm.all_to_all import exchange
+from ..comm.autograd import exchange
 
 
 # --8<-- [start:exchange]

@@ -70,7 +70,7 @@ import torch.nn.functional as F
 
 from ...comm import Group
 from ...config import GPTConfig, _is_int, _is_real
-from ...comm.all_to_all import exchange
+from ...comm.autograd import exchange
 from ...model import GPT, MLP
 from .balance import sequence_means
 from .dropless import dropless_combine, run_expert_parallel

@@ -1,4 +1,4 @@
-"""The all-to-all as autograd sees it: the exchange under Ulysses (over cp) and the experts' dispatch (over ep).
+"""Collectives as autograd sees them: the all-to-all under Ulysses (over cp) and the experts' dispatch (over ep).
 
 Chunk j of dim 0 goes to rank j, and rank i's output chunk j is rank j's input chunk i: the exchange is a
 permutation of equal chunks, its own transpose, so the backward is the same all-to-all of the gradient.
