@@ -157,7 +157,7 @@ def _long_run(steps, window):
     mesh = mm.init_mesh(mm.ParallelDims(dp=2))
     torch.manual_seed(0)
     engine = mm.initialize(mm.GPT(mm.GPTConfig.tiny()), mm.TrainConfig(batch_size=4, zero_stage=3), mesh)
-    logs = [engine.comm_log.records, engine.timeline, engine.model.timeline]
+    logs = [engine.comm_log.records, engine.timeline, engine.wrapper.timeline]
     for log in logs:
         log.limit = window
     sizes = []

@@ -179,7 +179,7 @@ def _gather_bytes(_):
         for e in engine.comm_log.events():
             if e["op"] == "all_gather" and e["tag"].startswith(("blocks.", "embed", "head")):
                 gathers.setdefault(e["tag"], []).append((e["bytes"], e["dtype"]))
-        out[name] = (engine.losses, gathers, type(engine.model).__name__, _gathered_weight(engine), engine.memory())
+        out[name] = (engine.losses, gathers, type(engine.wrapper).__name__, _gathered_weight(engine), engine.memory())
     return out
 
 
@@ -188,7 +188,7 @@ def _gathered_weight(engine):
     if engine.config.precision != "fp8":
         return None
     master = engine.full_state_dict()["blocks.1.mlp.fc.weight"].to(torch.bfloat16)
-    linear, stage = engine.module.blocks[1].mlp.fc, engine.model
+    linear, stage = engine.model.blocks[1].mlp.fc, engine.wrapper
     k = stage.step_names.index("blocks.1")
     stage.unshard(k)
     got = linear.weight.detach().clone()

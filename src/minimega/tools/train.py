@@ -170,7 +170,7 @@ def memory_table(engine, config: TrainConfig) -> dict:
     if engine.zero_stages:
         psi = sum(u.padded for w in engine.zero_stages for u in w.units)
     else:
-        psi = sum(p.numel() for p in engine.module.parameters())
+        psi = sum(p.numel() for p in engine.model.parameters())
     dp, precision = engine.mesh.grad_group.size, "fp32" if config.precision == "fp32" else "mixed"
     out["estimate"] = model_state_breakdown(psi, dp, config.zero_stage, precision)
     out["estimate_command"] = (f"minimega estimate --params {psi} --dp {dp} --stage {config.zero_stage} "

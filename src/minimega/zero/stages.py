@@ -39,7 +39,7 @@ from ..train import precision
 from ..parallel.grad_sync import GradSync, dp_named_parameters
 from ..model import GPT
 from .flat import BufferPool, FlatUnit, GatherSlots, gather_fp32, model_units  # noqa: F401  (model_units: imported from here too)
-from .nvme import make_store
+from .store import make_store
 
 
 class Zero1(GradSync, nn.Module):
