@@ -265,7 +265,7 @@ class Engine:
         disjoint parts are merged over pp.
         """
         local = {}
-        for part, wrapper in self._holders():
+        for part, wrapper in self.holders():
             state = wrapper.full_state_dict() if self.config.zero_stage else part.state_dict()
             local.update({k: self._full(part, k, v).float() for k, v in state.items()})
         if self.experts is not None:          # every expert whole: gathered over ep
@@ -276,7 +276,7 @@ class Engine:
         """The fp32 gradients the optimizer step is about to apply, consolidated as `full_state_dict` is (a
         collective); valid only inside a `before_step` callable. A mixture of experts' experts: gathered over ep."""
         local = {}
-        for part, wrapper in self._holders():
+        for part, wrapper in self.holders():
             grads = wrapper.full_grad_dict() if self.config.zero_stage else {
                 n: p.grad if p.grad is not None else torch.zeros_like(p) for n, p in part.named_parameters()}
             local.update({k: self._full(part, k, v).float() for k, v in grads.items()})
@@ -284,7 +284,7 @@ class Engine:
             local.update(self.experts.full_grad_dict())
         return self._merge_stages(local)
 
-    def _holders(self):
+    def holders(self):
         """(part, its ZeRO wrapper or None) for each module holding this rank's parameters."""
         return zip(self.parts, self.zero_stages or [None] * len(self.parts))
 
