@@ -122,7 +122,7 @@ def test_fp8_training_tracks_bf16_over_50_steps():
     import minimega as mm
     small = mm.GPTConfig.tiny(n_embd=32, block_size=16, n_layer=2)
     bf16, fp8_run = _train("bf16", 50, small), _train("fp8", 50, small)
-    assert len(fp8.fp8_linears(fp8_run.module)) == 8 and not fp8.fp8_linears(bf16.module)
+    assert len(fp8.fp8_linears(fp8_run.model)) == 8 and not fp8.fp8_linears(bf16.model)
     a, b = torch.tensor(bf16.losses), torch.tensor(fp8_run.losses)
     rel = ((b - a).abs() / a)
     print(f"fp8 vs bf16 over 50 steps: max rel {rel.max():.4f}, last-10 means {a[-10:].mean():.4f} "
