@@ -57,7 +57,7 @@ def path_worker(config: mm.TrainConfig) -> tuple[dict, list[float], str]:
     for batch in data.batches(mesh, STEPS, config.batch_size, MODEL.block_size, seed=config.seed):
         engine.train_step(batch)
     stamps = [e["time"] for e in engine.report()["timeline"] if "step" in e]   # engine events, resolved
-    where = f"{mesh.device}, CUDA-event timeline: {isinstance(engine._clock, CudaClock) and stamps == sorted(stamps)}"
+    where = f"{mesh.device}, CUDA-event timeline: {isinstance(engine.clock, CudaClock) and stamps == sorted(stamps)}"
     if config.offload_optimizer:          # the host copies must run on a copy stream, into pinned memory
         stores = [z.store for z in engine.zero_stages]
         streamed = all(isinstance(s.copies, CopyStream) for s in stores)

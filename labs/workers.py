@@ -45,7 +45,7 @@ def train(model: str | mm.GPTConfig, config: mm.TrainConfig, steps: int = 3, seq
     if with_grads:
         x, y = next(data.batches(mesh, 1, config.batch_size, seq_len, start=steps, seed=config.seed,
                                  vocab_size=model_config.vocab_size))
-        engine.model(x, y)[1].backward()
+        engine.wrapper(x, y)[1].backward()
     return {"n_params": n_params, "model": model_config, **engine.report()}
 
 
@@ -252,5 +252,5 @@ def cp_activation_bytes(seq_lens: list[int], rows: int = 4, attention: str = "ri
         x, y = data.global_batch(0, rows, seq_len)
         if world > 1:
             x, y = (context_parallel.shard_sequence(t, mesh.cp_rank, world) for t in (x, y))
-        out.append(saved_activation_bytes(engine.module, x, y))
+        out.append(saved_activation_bytes(engine.model, x, y))
     return out

@@ -161,3 +161,17 @@ def chromium(playwright):
 
 from postgres_support import postgres_server  # noqa: E402,F401  (one PostgreSQL server for the whole session)
 from site_support import site_build  # noqa: E402,F401  (one build of the course site for the whole session)
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    """Every skipped test and why, in one block at the end of the run: on a CPU machine only the GPU tests may skip,
+    and any other skip is named as a gap (`make test` installs the system packages the rest need)."""
+    skipped = terminalreporter.stats.get("skipped", [])
+    if not skipped:
+        return
+    gaps = [r for r in skipped if "gpu" not in r.keywords]
+    terminalreporter.section(f"{len(skipped)} skipped ({len(gaps)} not GPU tests)")
+    for r in skipped:
+        reason = r.longrepr[2] if isinstance(r.longrepr, tuple) else str(r.longrepr)
+        terminalreporter.write_line(f"{'gpu ' if 'gpu' in r.keywords else 'GAP '} {r.nodeid}: {reason}")
+

@@ -15,7 +15,7 @@ def activation_bytes(engine, mesh, config) -> int:
     """Bytes autograd saves for one forward of this rank's part of the first batch (collective over cp)."""
     x, y = next(data.batches(mesh, 1, config.batch_size, TINY.block_size, seed=config.seed))
     x, y = engine._context_shard(x), engine._context_shard(y)
-    return saved_activation_bytes(engine.module, x, y)
+    return saved_activation_bytes(engine.model, x, y)
 
 
 def single_process_activation_bytes(rows: int) -> int:

@@ -47,7 +47,7 @@ def _zero_worker(stages):
         engine.train_step(steps[1])
         events = engine.report()["comm_events"][start:]
         out[stage] = {"events": [(e["op"], e["tag"], e["elements"]) for e in events if e["group"].startswith("dp")],
-                      "units": [{"name": u.name, "numel": u.numel, "padded": u.padded} for u in engine.model.units]}
+                      "units": [{"name": u.name, "numel": u.numel, "padded": u.padded} for u in engine.wrapper.units]}
     return out
 
 

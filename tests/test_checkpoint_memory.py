@@ -64,7 +64,7 @@ def _save_and_load(config, directory):
     torch.manual_seed(config.seed)
     fresh = mm.initialize(mm.GPT(MODEL), config, mesh)
     load_peak, read = _measured(lambda: fresh.load(directory))
-    same = all(torch.equal(a, b) for a, b in zip(engine.model.store.master, fresh.model.store.master))
+    same = all(torch.equal(a, b) for a, b in zip(engine.wrapper.store.master, fresh.wrapper.store.master))
     largest = max(p.numel() * 4 for p in mm.GPT(MODEL).parameters())
     consolidate_peak = None
     if mesh.rank == 0:                                     # one process, no group: one tensor at a time

@@ -29,7 +29,7 @@ def _state(directory, step: int) -> dict:
     engine = mm.initialize(mm.GPT(mm.GPTConfig.tiny()), mm.TrainConfig(lr=3e-3), mm.init_mesh())
     assert engine.load(directory / f"step-{step:08d}") == step
     flat = {f"param/{k}": v for k, v in engine.full_state_dict().items()}
-    names = {p: n for n, p in engine.module.named_parameters()}
+    names = {p: n for n, p in engine.model.named_parameters()}
     for p, st in engine.optimizer.state.items():
         flat.update({f"{k}/{names[p]}": v for k, v in st.items()})
     return flat

@@ -27,14 +27,14 @@ def _collective(op="all_reduce", numel=8, async_op=False):
 
 def test_a_window_keeps_the_newest_items_and_hands_over_the_rest():
     dropped = []
-    w = clock.Window(3, on_drop=dropped.extend)
+    w = clock.Recent(3, on_drop=dropped.extend)
     for i in range(20):
         w.append(i)
         assert len(w) <= 6
     assert list(w) == list(range(20 - len(w), 20)) and w.dropped == 20 - len(w) == len(dropped)
     assert dropped == list(range(w.dropped))
     with pytest.raises(ValueError, match="limit must be >= 1"):
-        clock.Window(0)
+        clock.Recent(0)
 
 
 def test_the_comm_log_keeps_a_window_and_totals_for_the_whole_run():
@@ -157,7 +157,7 @@ def _long_run(steps, window):
     mesh = mm.init_mesh(mm.ParallelDims(dp=2))
     torch.manual_seed(0)
     engine = mm.initialize(mm.GPT(mm.GPTConfig.tiny()), mm.TrainConfig(batch_size=4, zero_stage=3), mesh)
-    logs = [engine.comm_log.records, engine.timeline, engine.model.timeline]
+    logs = [engine.comm_log.records, engine.timeline, engine.wrapper.timeline]
     for log in logs:
         log.limit = window
     sizes = []

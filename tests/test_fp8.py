@@ -122,7 +122,7 @@ def test_fp8_training_tracks_bf16_over_50_steps():
     import minimega as mm
     small = mm.GPTConfig.tiny(n_embd=32, block_size=16, n_layer=2)
     bf16, fp8_run = _train("bf16", 50, small), _train("fp8", 50, small)
-    assert len(fp8.fp8_linears(fp8_run.module)) == 8 and not fp8.fp8_linears(bf16.module)
+    assert len(fp8.fp8_linears(fp8_run.model)) == 8 and not fp8.fp8_linears(bf16.model)
     a, b = torch.tensor(bf16.losses), torch.tensor(fp8_run.losses)
     rel = ((b - a).abs() / a)
     print(f"fp8 vs bf16 over 50 steps: max rel {rel.max():.4f}, last-10 means {a[-10:].mean():.4f} "
@@ -179,7 +179,7 @@ def _gather_bytes(_):
         for e in engine.comm_log.events():
             if e["op"] == "all_gather" and e["tag"].startswith(("blocks.", "embed", "head")):
                 gathers.setdefault(e["tag"], []).append((e["bytes"], e["dtype"]))
-        out[name] = (engine.losses, gathers, type(engine.model).__name__, _gathered_weight(engine), engine.memory())
+        out[name] = (engine.losses, gathers, type(engine.wrapper).__name__, _gathered_weight(engine), engine.memory())
     return out
 
 
@@ -188,7 +188,7 @@ def _gathered_weight(engine):
     if engine.config.precision != "fp8":
         return None
     master = engine.full_state_dict()["blocks.1.mlp.fc.weight"].to(torch.bfloat16)
-    linear, stage = engine.module.blocks[1].mlp.fc, engine.model
+    linear, stage = engine.model.blocks[1].mlp.fc, engine.wrapper
     k = stage.step_names.index("blocks.1")
     stage.unshard(k)
     got = linear.weight.detach().clone()

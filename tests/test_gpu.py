@@ -97,7 +97,7 @@ def test_engine_timeline_uses_cuda_events_resolved_once_in_report(monkeypatch):
     _FakeEvent.clock = 0
     for batch in data.batches(engine.mesh, 2, config.batch_size, 16, seed=0):
         engine.train_step(batch)
-    lent = engine.timeline + engine.model.timeline              # ZeRO's events share the clock
+    lent = engine.timeline + engine.wrapper.timeline              # ZeRO's events share the clock
     assert all(not isinstance(e["time"], float) for e in lent)      # nothing converted yet
     timeline = engine.report()["timeline"]
     steps = [e for e in timeline if "step" in e]

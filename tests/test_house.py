@@ -7,8 +7,8 @@
     4 classroom   minimega/classroom/                             quizzes, exam, credentials, the service
     5 tools       minimega/tools/, __main__                       the command line, export-config, peers
 
-The package's front door (`minimega/__init__.py`) sits with analysis: it names the core's public API and
-`minimega.estimate`.
+The package's front door (`minimega/__init__.py`) is core: it names the public API and imports each name on
+first use; `minimega/estimate.py` (the estimators under the course's name) is analysis.
 """
 import ast
 from pathlib import Path
@@ -54,8 +54,10 @@ def imports(name: str, path: Path, known) -> set[str]:
 
 def layer(name: str) -> int:
     parts = name.split(".")
-    if name == "minimega":
+    if name == "minimega.estimate":           # the estimators under their course name: analysis itself
         return 2
+    if len(parts) == 1:                       # the front door: public names, each imported on first use
+        return 1
     if parts[1] == "__main__":
         return 5
     return LAYERS.get(parts[1], 1)

@@ -105,8 +105,8 @@ def _curves(_):
         engine = mm.initialize(mm.GPT(SMALL), config, mesh)
         for batch in data.batches(mesh, STEPS, config.batch_size, 16, seed=config.seed):
             engine.train_step(batch)
-        skipped = engine.model.scaler.skipped if engine.model.scaler else 0
-        out[name] = (engine.losses, engine.report()["memory_at_step"], engine.model.units[0].flat.dtype, skipped)
+        skipped = engine.wrapper.scaler.skipped if engine.wrapper.scaler else 0
+        out[name] = (engine.losses, engine.report()["memory_at_step"], engine.wrapper.units[0].flat.dtype, skipped)
     return out
 
 
@@ -140,7 +140,7 @@ def _first_gradients(stages: tuple[int, ...], precision_name: str = "bf16") -> d
         config = mm.TrainConfig(zero_stage=stage, **{**GA_CONFIG, "precision": precision_name})
         torch.manual_seed(config.seed)
         engine = mm.initialize(mm.GPT(SMALL), config, mesh)
-        wrapper, seen = engine.model, {}
+        wrapper, seen = engine.wrapper, {}
         real_step = wrapper.store.step
 
         def capture():

@@ -279,7 +279,7 @@ def _train_from_a_model_of_ours(configs):
         engine = mm.initialize(model, config, mesh)
         for batch in data.batches(mesh, 2, config.batch_size, SEQ, seed=config.seed):
             engine.train_step(batch)
-        engine.model.eval()
+        engine.wrapper.eval()
         out.append(_differences(before, _fingerprint(model)))
     return out
 

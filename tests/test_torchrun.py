@@ -46,6 +46,20 @@ if dist.get_rank() == 0:
 """
 
 
+# Sized for a loaded machine: at load 8-13 on two cores an agent took minutes to import torch and reach the store,
+# and torchrun's defaults (a 60 s read timeout) ended the job with "The connection to the C10d store has failed".
+# A missing agent still ends the job: the join timeout bounds the wait (test below, with a short one).
+RDZV_CONF = "read_timeout=300,join_timeout=600"
+
+
+def _agent(script, port: int, env: dict, conf: str = RDZV_CONF) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1",
+         "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "minimega-test",
+         "--rdzv-conf", conf, "--local-addr", "127.0.0.1", "--max-restarts", "0", str(script)],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -59,13 +73,9 @@ def test_two_torchrun_agents_as_two_nodes_match_the_single_process_run(tmp_path)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([tests, *sys.path]), "GLOO_SOCKET_IFNAME": "lo",
            "OMP_NUM_THREADS": "1"}
     port = _free_port()
-    agents = [subprocess.Popen(
-        [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1",
-         "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "minimega-test",
-         "--local-addr", "127.0.0.1", "--max-restarts", "0", str(script)],
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    agents = [_agent(script, port, env) for _ in range(2)]
     try:
-        outs = [a.communicate(timeout=240) for a in agents]
+        outs = [a.communicate(timeout=600) for a in agents]
     finally:
         for a in agents:
             a.kill()
@@ -101,3 +111,19 @@ def test_the_device_is_the_local_rank():
     # and 5 % 8 = 5 on a node with 8 GPUs and 4 ranks would pick a GPU another job owns.
     assert local_device_index(5, {"LOCAL_RANK": "1"}) == 1
     assert local_device_index(3, {}) == 3
+
+
+def test_a_node_that_never_comes_ends_the_job_at_the_join_timeout(tmp_path):
+    """One agent of two: the rendezvous gives up after its join timeout (10 s here) and the agent exits non-zero,
+    naming the rendezvous; the long read timeout the agents get for a loaded machine does not make it wait longer."""
+    script = tmp_path / "agent.py"
+    script.write_text("print('never reached')\n")
+    agent = _agent(script, _free_port(), {**os.environ, "GLOO_SOCKET_IFNAME": "lo"},
+                   conf="read_timeout=300,join_timeout=10")
+    try:
+        out, err = agent.communicate(timeout=240)
+    finally:
+        agent.kill()
+    assert agent.returncode != 0 and "never reached" not in out
+    assert "RendezvousTimeoutError" in err or "timed out" in err.lower() or "timeout" in err.lower(), err[-2000:]
+

@@ -11,17 +11,14 @@ import sys as _sys
 import types as _types
 from typing import TYPE_CHECKING as _TYPE_CHECKING
 
-from . import analysis as estimate  # the estimators under the name the course and DESIGN.md use (no torch)
 from .version import __version__
-
-_sys.modules[__name__ + ".estimate"] = estimate   # so `import minimega.estimate as est` works too
 
 _PUBLIC = {"GPT": ".model", "GPTConfig": ".config", "TrainConfig": ".config", "ParallelDims": ".mesh",
            "Mesh": ".mesh", "init_mesh": ".mesh", "launch": ".run.launch", "WorkerError": ".run.launch",
            "LaunchTimeout": ".run.launch", "initialize": ".train.engine", "Engine": ".train.engine"}
-_MODULES = ("comm", "data")
+_MODULES = ("comm", "data", "estimate")   # estimate: the estimators (`minimega/estimate.py`), no torch
 
-__all__ = [*_PUBLIC, *_MODULES, "estimate", "__version__"]
+__all__ = [*_PUBLIC, *_MODULES, "__version__"]
 
 
 def __getattr__(name: str):
@@ -46,7 +43,7 @@ class _Package(_types.ModuleType):
 _sys.modules[__name__].__class__ = _Package
 
 if _TYPE_CHECKING:                               # for editors and type checkers: the same names, imported eagerly
-    from . import comm, data  # noqa: F401
+    from . import analysis as estimate, comm, data  # noqa: F401
     from .config import GPTConfig, TrainConfig  # noqa: F401
     from .train.engine import Engine, initialize  # noqa: F401
     from .run.launch import LaunchTimeout, WorkerError, launch  # noqa: F401

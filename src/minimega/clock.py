@@ -56,16 +56,16 @@ def for_device(device: torch.device) -> HostClock | CudaClock:
     return CudaClock() if torch.device(device).type == "cuda" else HostClock()
 
 
-class Window(list):
-    """A list that keeps its newest ``limit`` items: appending past 2·limit drops the oldest down to
-    ``limit`` (amortized O(1) per append), hands them to ``on_drop`` and counts them in ``dropped``.
+class Recent(list):
+    """A list that keeps only its most recent items: appending past 2·limit drops the oldest down to ``limit``
+    (amortized O(1) per append), hands them to ``on_drop`` and counts them in ``dropped``.
 
     The engine's timelines and the `CommLog` use it, so a run of any length holds a bounded window.
     """
 
     def __init__(self, limit: int = 4096, on_drop=None, items=()):
         if limit < 1:
-            raise ValueError(f"Window: limit must be >= 1, got {limit}")
+            raise ValueError(f"Recent: limit must be >= 1, got {limit}")
         super().__init__(items)
         self.limit, self.on_drop, self.dropped = limit, on_drop, 0
 

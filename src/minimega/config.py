@@ -327,9 +327,9 @@ class TrainConfig:
         if self.offload_optimizer and self.zero_stage == 0:
             raise ValueError("TrainConfig: offload_optimizer needs zero_stage >= 1 "
                              "(ZeRO-Offload moves the sharded optimizer states to the CPU)")
-        if self.precision != "fp32" and self.zero_stage == 0:
-            raise ValueError(f"TrainConfig: precision={self.precision!r} needs zero_stage >= 1 "
-                             f"(the fp32 master weights live in the ZeRO optimizer's shards)")
+        if self.precision == "fp8" and self.zero_stage == 0:
+            raise ValueError("TrainConfig: precision='fp8' needs zero_stage >= 1 (its fp32 masters and scales live "
+                             "in the ZeRO optimizer's shards); use bf16 or fp16 with DDP")
         if self.sequence_parallel and self.tp == 1:
             raise ValueError("TrainConfig: sequence_parallel needs tp > 1")
         if self.pp > 1 and self.precision == "fp16":

@@ -105,6 +105,26 @@ class ParallelDims:
     def rank_of(self, pp_rank: int, dp_rank: int, tp_rank: int, cp_rank: int = 0) -> int:
         return ((pp_rank * self.dp + dp_rank) * self.cp + cp_rank) * self.tp + tp_rank
 
+    # --8<-- [start:replicas]
+    def replicas(self, rank: int, *, tp_sharded: bool, expert: bool = False, dp_sharded: bool = False) -> tuple[int, int]:
+        """The placement map: (index, count) of ``rank`` among the ranks holding the same elements of a parameter.
+
+        Every parameter is in one pp stage. Over tp it is sliced (``tp_sharded``: each tp rank other elements) or
+        whole on every tp rank. Over the data ranks it is whole on each dp × cp rank, or on each of an expert's
+        edp × cp ranks (``expert``), or cut into disjoint shards (``dp_sharded``: ZeRO's flat shards). Checkpoints
+        let replica ``index`` of ``count`` write its share; clipping counts each element once.
+        """
+        pp_rank, dp_rank, tp_rank = self.coords(rank)
+        if dp_sharded:
+            data = (0, 1)
+        elif expert:                                      # the experts' replicas: one of each run of ep dp ranks
+            data = (dp_rank // self.ep * self.cp + self.cp_coord(rank), self.dp // self.ep * self.cp)
+        else:
+            data = (dp_rank * self.cp + self.cp_coord(rank), self.dp * self.cp)
+        tp = (0, 1) if tp_sharded else (tp_rank, self.tp)
+        return tp[0] * data[1] + data[0], tp[1] * data[1]
+    # --8<-- [end:replicas]
+
     def group_ranks(self, dim: str) -> list[list[int]]:
         """Every group along one mesh dimension ('dp', 'cp', 'tp' or 'pp'), as lists of global ranks.
 
@@ -170,6 +190,10 @@ class Mesh:
     cp_rank = property(lambda self: self.dims.cp_coord(self.rank))
     dp_cp_size = property(lambda self: self.dims.dp * self.dims.cp)
     dp_cp_rank = property(lambda self: self.dp_rank * self.dims.cp + self.cp_rank)
+
+    def replicas(self, **kind) -> tuple[int, int]:
+        """This rank's place among the holders of the same elements (`ParallelDims.replicas`)."""
+        return self.dims.replicas(self.rank, **kind)
 
     @property
     def grad_group(self) -> Group:

@@ -188,14 +188,13 @@ def engine_locals(engine) -> list[Local]:
     held whole (its TP slice), next to its torch optimizer state.
     """
     mesh, out = engine.mesh, []
-    for part, wrapper in engine._holders():
+    for part, wrapper in engine.holders():
         tp_of = sharded_params(part)
-        tp_rep = (mesh.tp_rank, mesh.tp_size)
+        tp_rep = mesh.replicas(tp_sharded=False, dp_sharded=True)    # a ZeRO shard of a parameter whole over tp
         experts = {}                                   # MoE: expert tensors, held by the edp replicas
         if engine.experts is not None:
             experts = {n: m for n, m in part.named_modules() if getattr(m, "own_grad_sync", False)}
-            edp = mesh.dp_size // mesh.ep_size * mesh.cp_size     # replicas: edp × cp, times tp (experts whole)
-            edp_rep = (mesh.tp_rank * edp + mesh.dp_rank // mesh.ep_size * mesh.cp_size + mesh.cp_rank, edp * mesh.tp_size)
+            edp_rep = mesh.replicas(tp_sharded=False, expert=True)      # edp × cp, times tp (experts are whole)
             sharded = hasattr(engine.experts, "units")  # ZeRO-1 over edp: disjoint flat shards, replicas over tp
             for e in zero_state.local_entries(engine.experts) if sharded else ():
                 out.append(Local(e.kind, e.key, e.data, e.local_shape, e.lo, e.hi,
@@ -212,15 +211,13 @@ def engine_locals(engine) -> list[Local]:
             for e in zero_state.local_entries(wrapper):
                 module = tp_of.get(e.key)
                 out.append(Local(e.kind, e.key, e.data, e.local_shape, e.lo, e.hi, module,
-                                 (0, 1) if module is not None else tp_rep))
+                                 mesh.replicas(tp_sharded=module is not None, dp_sharded=True)))
             continue
-        dp_rep = (mesh.dp_cp_rank, mesh.dp_cp_size)        # replicas: dp (times cp: the same parameters)
         for key, p in part.named_parameters():
             if key.rsplit(".", 1)[0] in experts:
                 continue
             module = tp_of.get(key)
-            rep = dp_rep if module is not None else (mesh.tp_rank * mesh.dp_cp_size + mesh.dp_cp_rank,
-                                                     mesh.dp_cp_size * mesh.tp_size)
+            rep = mesh.replicas(tp_sharded=module is not None)          # dp × cp replicas, times tp if whole
             opt = engine.optimizer.state.get(p, {})
             for kind, t in [("param", p.detach())] + sorted(opt.items()):
                 if t.dim() == 0:

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..clock import Window
+from ..clock import Recent
 from .observers import attach, detach
 
 # --8<-- [start:ring_factor]
@@ -95,7 +95,7 @@ class CommLog:
     """Records kept (the newest); older ones are folded into the totals."""
 
     def __post_init__(self):
-        self.records = Window(self.window, on_drop=self._fold, items=self.records)
+        self.records = Recent(self.window, on_drop=self._fold, items=self.records)
         self._folded: dict = defaultdict(_row)           # (op, group) -> totals of the records dropped
 
     def __enter__(self):

@@ -51,11 +51,11 @@ def _memory_pair(engine, mesh, seq: int, steps: int) -> dict:
     from .. import data
     after_step = engine.report()["memory"]
     x, y = next(data.batches(mesh, 1, BATCH, seq, seed=SEED, start=steps))
-    _, loss = engine.model(x, y)
+    _, loss = engine.wrapper(x, y)
     loss.backward()
     after_backward = engine.report()["memory"]
     engine.optimizer.zero_grad(set_to_none=True)
-    return {"rank": mesh.rank, "local_params": sum(p.numel() for p in engine.module.parameters()),
+    return {"rank": mesh.rank, "local_params": sum(p.numel() for p in engine.model.parameters()),
             "after_step": after_step, "after_backward": after_backward}
 
 
@@ -81,9 +81,9 @@ def ddp_worker(steps: int, bucket_mb: float) -> dict:
     for batch in data.batches(mesh, steps, BATCH, seq, seed=SEED):
         engine.train_step(batch)
     rep = engine.report()
-    names = {id(p): n for n, p in engine.module.named_parameters()}
+    names = {id(p): n for n, p in engine.model.named_parameters()}
     buckets = [{"index": b.index, "numel": b.numel, "params": [names[id(p)] for p in b.params]}
-               for b in engine.model.buckets]
+               for b in engine.wrapper.buckets]
     events = sorted(rep["timeline"], key=lambda e: e["time"])
     comm = [e for e in rep["comm_events"] if e["op"] == "all_reduce" and e["tag"].startswith("bucket")]
     out_steps = []
@@ -223,7 +223,7 @@ def tp_worker(steps: int, sequence_parallel: bool, activations: bool) -> dict:
     config = TrainConfig(batch_size=BATCH, seed=SEED, tp=WORLD, sequence_parallel=sequence_parallel)
     torch.manual_seed(config.seed)
     engine = initialize(GPT(model_config), config, mesh)
-    marks = _region_marks(engine.module)
+    marks = _region_marks(engine.model)
     seq = model_config.block_size
     for batch in data.batches(mesh, steps, BATCH, seq, seed=SEED):
         engine.train_step(batch)
@@ -259,9 +259,9 @@ def zero_worker(steps: int, stage: int) -> dict:
     rep = engine.report()
     at_step = {k: v for k, v in rep["memory_at_step"].items() if isinstance(v, (int, float))}
     out = {"rank": mesh.rank, "stage": stage, "memory_at_step": at_step,
-           "units": [{"name": u.name, "numel": u.numel, "padded": u.padded} for u in engine.model.units]
-           if stage else [{"name": "model", "numel": sum(p.numel() for p in engine.module.parameters()),
-                           "padded": sum(p.numel() for p in engine.module.parameters())}]}
+           "units": [{"name": u.name, "numel": u.numel, "padded": u.padded} for u in engine.wrapper.units]
+           if stage else [{"name": "model", "numel": sum(p.numel() for p in engine.model.parameters()),
+                           "padded": sum(p.numel() for p in engine.model.parameters())}]}
     if stage == 3:
         out["steps"] = _prefetch_steps(rep, steps)
     return out

@@ -183,12 +183,13 @@ class GradSync(ABC):
 
 # --8<-- [start:global_norm]
 # --8<-- [start:global_norm_c1]
-def tp_norm_weight(module: nn.Module, tp: int) -> Callable[[str], float]:
+def tp_norm_weight(module: nn.Module, mesh) -> Callable[[str], float]:
 # --8<-- [end:global_norm_c1]
-    """name → its weight in the squared gradient norm: 1 for tp-sharded parameters, 1/tp for replicated ones."""
+    """name → its weight in the squared gradient norm: 1 / its replicas over tp (`Mesh.replicas`): 1 for tp-sharded
+    parameters, 1/tp for those whole on every tp rank (the sum over tp counts them tp times)."""
     # --8<-- [start:global_norm_c2]
     sharded = set(sharded_params(module))
-    return lambda name: 1.0 if name in sharded or tp == 1 else 1.0 / tp
+    return lambda name: 1.0 / mesh.replicas(tp_sharded=name in sharded, dp_sharded=True)[1]
 
 
 def global_norm(local_sq: torch.Tensor, groups: list[Group]) -> float:
@@ -227,7 +228,7 @@ def clip_grad_norm_(parts: Sequence[GradSync], mesh, max_norm: float, own: Seque
     pp and tp always, and over dp when the gradients are sharded (DDP's replicas are equal after the all-reduce).
     """
     # --8<-- [start:tour_clip]
-    sq = sum(part.grad_sq_norm(tp_norm_weight(part.module, mesh.tp_size)) for part in parts)
+    sq = sum(part.grad_sq_norm(tp_norm_weight(part.module, mesh)) for part in parts)
     sharded = {part.grads_sharded for part in parts}
     if len(sharded) != 1:
         raise ValueError("clip_grad_norm_: parts mix dp-sharded (ZeRO) and replicated (DDP) gradients")

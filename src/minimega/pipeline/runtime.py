@@ -66,7 +66,7 @@ class Pipeline(nn.Module):
         self.split_backward = config.schedule == "zb_h1"    # B and W as separate passes
         self.eval_plan = plan(config.schedule, self.p, self.m, self.v, forward_only=True)
         self._dtype = next(self.chunks.parameters()).dtype                  # activations travel in it
-        self.events: list[dict] = clock.Window()            # the newest events (a long run stays bounded)
+        self.events: list[dict] = clock.Recent()            # the newest events (a long run stays bounded)
         self.peak_in_flight = 0                             # micro-batches between their F and their B
         self.peak_graphs = 0                                # ... between their F and the end of their backward (W)
         self._owed: dict[tuple[int, int], tuple] = {}       # zb_h1: (chunk, micro) -> (output, grad_output) awaiting W

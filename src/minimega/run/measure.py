@@ -235,9 +235,10 @@ def state_tensors(dp_wrappers, optimizer=None) -> dict[str, list[torch.Tensor]]:
                 out["grads"] += [m.grad for m in w.store.master]
                 states = optimizer_state_tensors(w.store.optimizer)
         else:
-            params = _parameters(w)
-            out["params"] += params
-            out["grads"] += [p.grad for p in params]
+            params, low = _parameters(w), getattr(w, "low_copies", [])
+            out["params"] += low or params                              # DDP in 16 bits: its copies; the
+            out["master"] += [getattr(w, "_master", {}).get(p, p.data) for p in params] if low else []   # fp32
+            out["grads"] += [p.grad for p in params] + list(getattr(w, "main_grads", {}).values())
             states = optimizer_state_tensors(optimizer) if optimizer is not None else []
         out["optimizer_states"] += [t for t in states if t.dim() > 0]
         out["optimizer_step_counters"] += [t for t in states if t.dim() == 0]

@@ -171,7 +171,7 @@ def memory_table(engine, config: TrainConfig) -> dict:
     if engine.zero_stages:
         psi = sum(u.padded for w in engine.zero_stages for u in w.units)
     else:
-        psi = sum(p.numel() for p in engine.module.parameters())
+        psi = sum(p.numel() for p in engine.model.parameters())
     dp, precision = engine.mesh.grad_group.size, config.precision    # the estimate of this run's own precision
     out["estimate"] = model_state_breakdown(psi, dp, config.zero_stage, precision)
     out["estimate_command"] = (f"minimega estimate --params {psi} --dp {dp} --stage {config.zero_stage} "

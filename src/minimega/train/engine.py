@@ -23,81 +23,36 @@ from __future__ import annotations
 
 import copy
 import functools
-from contextlib import nullcontext
+from contextlib import ExitStack
 
 import torch
 import torch.nn as nn
 
 from .. import clock, comm, zero
-from . import fp8
-from ..run import measure
+from ..config import TrainConfig
+from ..mesh import Mesh
+from ..model import GPT
 from ..parallel import context as cp_
-from .activation_checkpoint import apply_activation_checkpointing
-from ..config import GPTConfig, TrainConfig
 from ..parallel.data_parallel import DataParallel
 from ..parallel.grad_sync import clip_grad_norm_
-from ..mesh import Mesh, ParallelDims
-from ..model import GPT
-from ..parallel.moe import layer as moe_
-from ..parallel.moe.zero import ExpertGradSync, ExpertZero1
-from ..zero.nvme import check_directory
-from .optimizer import Optimizers, TorchOptimizer, make_optimizer
-from ..pipeline import Pipeline, check as check_pipeline
 from ..parallel.rng import RNGStream
-from ..parallel.tensor import full_like_param, apply_tensor_parallel, check_divisible
+from ..parallel.tensor import full_like_param, apply_tensor_parallel
+from ..pipeline import Pipeline
+from ..run import measure
+from .activation_checkpoint import apply_activation_checkpointing
+from .observers import BeforeStep, CommPerStep, MemoryWatch, StepEvents, StepObservers
+from .optimizer import Optimizers, TorchOptimizer, make_optimizer
+from .validate import validate
 
-# What this build of the engine can combine; anything else is refused before training starts.
-_SUPPORTED = {"zero_stage": {0, 1, 2, 3}, "precision": {"fp32", "bf16", "fp16", "fp8"},
-              "activation_checkpointing": {"none", "full", "selective"}}
-# Pipeline settings that mean nothing without a pipeline: refused at pp = 1 unless left at their defaults.
-_PIPELINE_ONLY = {"schedule": "1f1b", "micro_batches": 1, "virtual_stages": 1}
+
+def _moe():
+    """The mixture-of-experts layer module, imported only where a model has experts (or ep > 1 is asked)."""
+    from ..parallel.moe import layer
+    return layer
 
 
-def validate(model_config: GPTConfig, config: TrainConfig, dims: ParallelDims, moe=None) -> None:
-    """Every check that can fail, made before any rank starts (no process group needed), with the fix in the message.
-
-    Together with `TrainConfig`'s own checks this decides, for any layout, whether the engine trains it;
-    `tests/test_composition.py` enumerates the whole space through it. ``moe``: the model's
-    `moe.MoEConfig` when it is a mixture of experts (what composes with it: `moe.check`).
-    """
-    for name, allowed in _SUPPORTED.items():
-        if getattr(config, name) not in allowed:
-            raise ValueError(f"TrainConfig.{name}={getattr(config, name)!r} is not supported by this engine "
-                             f"(supported: {sorted(allowed)})")
-    if config.tp != dims.tp or config.pp != dims.pp:
-        raise ValueError(f"TrainConfig(tp={config.tp}, pp={config.pp}) does not match the mesh "
-                         f"(tp={dims.tp}, pp={dims.pp}); build the mesh from the same numbers")
-    if config.ep != dims.ep:
-        raise ValueError(f"TrainConfig(ep={config.ep}) does not match the mesh (ep={dims.ep}); build the mesh "
-                         f"from the same numbers")
-    moe_.check(moe, config, dims)
-    if moe is not None and config.precision == "fp8":
-        raise ValueError("precision='fp8' with a mixture of experts: the experts' linears are not converted; use bf16")
-    cp_.check(model_config, config, dims)
-    if config.nvme_path is not None:
-        check_directory(config.nvme_path)              # each rank's files go in a fresh directory under it
-    config.rows_per_micro_step(dims.dp)
-    if config.pp > 1:
-        check_pipeline(config.schedule, config.pp, config.micro_batches, config.virtual_stages, model_config.n_layer)
-        if config.gradient_accumulation_steps != 1:
-            raise ValueError(f"pp={config.pp}: set micro_batches (the pipeline accumulates over them), not "
-                             f"gradient_accumulation_steps={config.gradient_accumulation_steps}")
-        if (config.batch_size // dims.dp) % config.micro_batches:
-            raise ValueError(f"batch_size / dp = {config.batch_size} / {dims.dp} = "
-                             f"{config.batch_size // dims.dp} rows per dp rank do not split into "
-                             f"micro_batches={config.micro_batches}")
-    else:
-        for name, default in _PIPELINE_ONLY.items():
-            if getattr(config, name) != default:
-                raise ValueError(f"TrainConfig.{name}={getattr(config, name)!r} needs pp > 1 (there is no pipeline "
-                                 f"to schedule); leave it at {default!r} or set pp")
-    seq = config.seq_len or model_config.block_size
-    if seq > model_config.block_size:
-        raise ValueError(f"seq_len={seq} exceeds the model's block_size={model_config.block_size}")
-    check_divisible(model_config, config.tp)
-    if config.sequence_parallel and seq % config.tp:
-        raise ValueError(f"sequence_parallel: seq_len={seq} is not divisible by tp={config.tp}")
-
+def _is_moe(model: nn.Module) -> bool:
+    return getattr(model, "moe_config", None) is not None
 
 def _value(t: torch.Tensor) -> float:
     """A 0-d tensor's number; NaN for a meta tensor (`minimega dry-run` builds the engine without values)."""
@@ -108,17 +63,18 @@ def _tensor_parallel(model: GPT, config: TrainConfig, mesh: Mesh) -> GPT:
     """Step 1: new tensor-parallel layers built from ``model`` (tp > 1), else a copy: the caller's model is kept."""
     if config.tp == 1:
         return copy.deepcopy(model)
-    if moe_.is_moe(model):
-        return moe_.apply_tensor_parallel(model, mesh)
+    if _is_moe(model):
+        return _moe().apply_tensor_parallel(model, mesh)
     return apply_tensor_parallel(model, mesh, config.sequence_parallel)
 
 
 def _experts(model: nn.Module, config: TrainConfig, mesh: Mesh):
     """Step 4: keep this rank's experts; their gradients sync over edp × cp (`mesh.expert_group`: the ranks
     holding the same experts) divided by dp·cp, ZeRO-1 over that group from stage 1 on; or None."""
-    if not moe_.is_moe(model):
+    if not _is_moe(model):
         return None
-    moe_.shard_experts(model, mesh.ep_group, mesh.ep_rank)
+    from ..parallel.moe.zero import ExpertGradSync, ExpertZero1
+    _moe().shard_experts(model, mesh.ep_group, mesh.ep_rank)
     for layer in model.moe_layers():             # cp > 1: the aux loss's means pooled over the ring
         layer.cp_group = mesh.cp_group
     group = mesh.expert_group
@@ -133,45 +89,50 @@ class Engine:
 
     def __init__(self, model: GPT, config: TrainConfig, mesh: Mesh):
         validate(model.config, config, mesh.dims, getattr(model, "moe_config", None))
-        self.model_config = moe_.MoEGPTConfig.of(model) if moe_.is_moe(model) else model.config
+        self.model_config = _moe().MoEGPTConfig.of(model) if _is_moe(model) else model.config
         self._keys = list(model.state_dict())
         self.config, self.mesh = config, mesh
         # --8<-- [start:compose_order]
         model = _tensor_parallel(model, config, mesh).to(mesh.device)            # 1. (or a copy)
         if config.precision == "fp8":                                             # the blocks' linears in fp8
+            from . import fp8
             fp8.convert(model)
         cp_.apply_context_parallel(model, mesh, config.cp_attention)              # 2. cp > 1
         apply_activation_checkpointing(model, config.activation_checkpointing, config.checkpoint_every)  # 3.
         self.experts = _experts(model, config, mesh)                              # 4. MoE only
         if config.pp > 1:                                                         # 5. + 6. per chunk
             self.pipeline = Pipeline(model, config, mesh, wrap=self._data_parallel)
-            self.module = self.model = self.pipeline
+            self.model, self.wrapper = self.pipeline.chunks, self.pipeline
             self.parts, self.sync_parts = list(self.pipeline.chunks), list(self.pipeline.wrapped)
         else:                                                                     # 6.
-            self.pipeline, self.module, self.model = None, model, self._data_parallel(model)
-            self.parts, self.sync_parts = [model], [self.model]
+            self.pipeline, self.model, self.wrapper = None, model, self._data_parallel(model)
+            self.parts, self.sync_parts = [model], [self.wrapper]
         self.optimizer = Optimizers(self._optimizer_parts())                      # 7.
         # --8<-- [end:compose_order]
-        # `parts`: the modules holding this rank's parameters under model.py's names; `sync_parts`: their dp
-        # wrappers (DDP or ZeRO: see grad_sync), `zero_stages` the same when they are ZeRO's.
+        # `model`: this rank's model (its pipeline chunks under pp); `wrapper`: what trains it (DDP or ZeRO, or the
+        # pipeline); `parts`: the modules holding this rank's parameters under model.py's names; `sync_parts`:
+        # their dp wrappers (see grad_sync), `zero_stages` the same when they are ZeRO's.
         self.zero_stages = self.sync_parts if config.zero_stage else []
         self.memory_at_step: dict = {}
-        self._peak = measure.PeakTracker(self._state_tensors)
+        self.peak_tracker = measure.PeakTracker(self._state_tensors)
         self.comm_log = comm.CommLog()
         self.losses: list[float] = []
         self.grad_norms: list[float] = []
+        """The global gradient norm of each applied step (a step skipped by fp16 or a guard logs none)."""
         self.comm_per_step: list[float] = []
-        self.timeline: list[dict] = clock.Window()     # the newest events (a long run stays bounded)
-        self._clock = clock.for_device(mesh.device)      # CUDA events on a GPU, resolved in report()
+        self.timeline: list[dict] = clock.Recent()     # the newest events (a long run stays bounded)
+        self.clock = clock.for_device(mesh.device)       # CUDA events on a GPU, resolved in report()
         for wrapper in self.sync_parts:                    # their timelines share it (see report)
-            wrapper.clock = self._clock
+            wrapper.clock = self.clock
         self.before_step: list = []
         """Callables ``f(engine)`` run on every rank once the gradients are final (synchronised, unscaled,
         clipped), just before the optimizer step: `full_grad_dict` may be called there (a collective)."""
         self.step = 0
         self.step_guard = None
         """Called as ``step_guard(step, loss, grad_norm)`` before each optimizer step; False skips the step."""
-        self._peak_steps = 0                              # steps left to sample the peak in (`track_peak`)
+        self._memory = MemoryWatch()
+        self.observers = StepObservers([StepEvents(), CommPerStep(), self._memory, BeforeStep()])
+        """What watches each step (`train.observers`); append your own (``notify(engine, point, **info)``)."""
         self._saver = None                                # `checkpoint.AsyncSaver`, from the first async save
 
     def _data_parallel(self, module):
@@ -180,7 +141,8 @@ class Engine:
         if config.zero_stage:
             return zero.wrap(module, config, mesh.grad_group, mesh.dp_cp_rank, self._make_optimizer,
                              model_parallel=(mesh.tp_group, mesh.pp_group))
-        return DataParallel(module, mesh.grad_group, bucket_mb=self.config.bucket_mb)
+        return DataParallel(module, mesh.grad_group, bucket_mb=config.bucket_mb, config=config,
+                            model_parallel=(mesh.tp_group, mesh.pp_group))
 
     def _make_optimizer(self, params) -> torch.optim.Optimizer:
         return make_optimizer(params, self.config)
@@ -189,7 +151,7 @@ class Engine:
         """Step 7: what steps the parameters. ZeRO wrappers step their own shards (and the experts' ZeRO-1 its
         own); under DDP one torch optimizer steps everything this rank holds, experts included."""
         if not self.config.zero_stage:
-            return [TorchOptimizer(self.module, self.config)]
+            return [TorchOptimizer(self.model, self.config, self.sync_parts)]
         return list(self.sync_parts) + ([self.experts] if self.experts is not None else [])
 
     def _state_tensors(self) -> dict:
@@ -197,86 +159,83 @@ class Engine:
         torch_opt = None if self.config.zero_stage else self.optimizer.parts[0].optimizer
         return measure.state_tensors(self.sync_parts, torch_opt)
 
-    def _event(self, name: str, **extra) -> None:
-        self.timeline.append({"event": name, "time": self._clock.stamp(), "step": self.step, **extra})
-
     def train_step(self, batch: tuple[torch.Tensor, torch.Tensor]) -> float:
         """One optimizer step on this dp rank's rows; returns the mean loss over the global batch."""
-        # --8<-- [start:tour_step_begin]
+        # --8<-- [start:train_step]
         x, y = (self._context_shard(t) for t in batch)
+        self.wrapper.train()
+        # --8<-- [start:step_body]
+        with self.observers.step(self) as observe:          # events, comm log, memory (train/observers.py)
+            if self.pipeline is not None:                   # the micro-steps, in the schedule's order
+                total = self.pipeline.forward_backward(x, y, self.step)
+            else:
+                total = sum(self._micro_step(xm, ym, i) for i, (xm, ym) in enumerate(self._micro_batches(x, y)))
+            observe.notify(self, "optimizer_start")
+            norm = self._clip()
+            loss = functools.cache(lambda: self._loss_metric(total))     # a collective, taken once when asked
+            stepped = observe.allow_step(self, loss, norm) and self.optimizer.step()   # False: skipped
+            self._after_optimizer_step(stepped)
+            observe.notify(self, "optimizer_step_end")
+            self.optimizer.zero_grad(set_to_none=True)
+        # --8<-- [end:step_body]
+        self.losses.append(loss())
+        if stepped and norm is not None:
+            self.grad_norms.append(norm)
+        self.step += 1
+        return self.losses[-1]
+        # --8<-- [end:train_step]
+
+    # --8<-- [start:micro_step]
+    def _micro_step(self, x: torch.Tensor, y: torch.Tensor, i: int) -> torch.Tensor:
+        """Forward and backward of micro-batch i, then the end of its gradient sync; returns its loss."""
+        ga = self.config.gradient_accumulation_steps
+        with self._accumulating(last=i == ga - 1):
+            self.observers.notify(self, "forward_start", micro=i)
+            _, loss = self.wrapper(x, y)
+            self.observers.notify(self, "backward_start", micro=i)
+            self.wrapper.scale_loss(loss / ga).backward()          # fp16: times the loss scale
+            self.observers.notify(self, "backward_end", micro=i)
+            self.wrapper.finish_grad_sync()                        # the end of this backward (see grad_sync)
+            if self.experts is not None:
+                self.experts.finish_grad_sync()
+        return loss.detach()
+    # --8<-- [end:micro_step]
+
+    def _accumulating(self, last: bool) -> ExitStack:
+        """DDP and ZeRO-1 accumulate locally and reduce the sum once; ZeRO-2/3 reduce every micro-step; the experts
+        (ZeRO-1 at most: full gradients kept) once, after the last."""
+        stack = ExitStack()
+        if not (last or self.wrapper.reduce_every_micro_step):
+            stack.enter_context(self.wrapper.no_sync())
+        if self.experts is not None and not last:
+            stack.enter_context(self.experts.no_sync())
+        return stack
+
+    def _micro_batches(self, x: torch.Tensor, y: torch.Tensor):
         ga = self.config.gradient_accumulation_steps
         if x.shape[0] % ga:
             raise ValueError(f"this rank's {x.shape[0]} rows do not split into gradient_accumulation_steps={ga}")
-        sent_before = self.comm_log.total_sent()
-        self._event("step_start")
-        total = torch.zeros((), device=self.mesh.device)
-        self.model.train()
-        # Memory is watched in steps 0 and 1 (the second is steady), whenever asked (`track_peak`), and the states
-        # at the step also in a resumed run's first; peaks are sampled (costly) in the first `memory_peak_steps`.
-        watch = self.step < 2 or self._peak_steps > 0
-        peaks = self.step < self.config.memory_peak_steps or self._peak_steps > 0
-        self._peak_steps = max(0, self._peak_steps - 1)
-        peak = self._peak.track() if peaks else nullcontext()
-        with self.comm_log, comm.overlap(self.config.overlap_comm), peak:
-            if self.pipeline is not None:
-                total = self.pipeline.forward_backward(x, y, self.step)    # sum_i loss_i / m, last stage only
-        # --8<-- [end:tour_step_begin]
-            micro_steps = () if self.pipeline is not None else zip(x.chunk(ga), y.chunk(ga))
-            for i, (xm, ym) in enumerate(micro_steps):
-                # DDP and ZeRO-1 accumulate locally and reduce the sum once; ZeRO-2/3 reduce every micro-step; the
-                # experts (ZeRO-1 at most: full gradients kept) once, after the last.
-                last = i == ga - 1
-                sync = last or self.model.reduce_every_micro_step
-                experts = self.experts.no_sync() if self.experts is not None and not last else nullcontext()
-                with (nullcontext() if sync else self.model.no_sync()), experts:
-                    self._event("forward_start", micro=i)
-                    _, loss = self.model(xm, ym)
-                    self._event("backward_start", micro=i)
-                    scaled = self.model.scale_loss(loss / ga) if self.config.zero_stage else loss / ga
-                    scaled.backward()
-                    self._event("backward_end", micro=i)
-                    self.model.finish_grad_sync()         # the end of this backward (see grad_sync)
-                    if self.experts is not None:
-                        self.experts.finish_grad_sync()
-                total += loss.detach()
-            # --8<-- [start:tour_step_end]
-            self._event("optimizer_start")
-            norm = self._clip()
-            for observe in self.before_step:
-                observe(self)
-            metric = None
-            if self.step_guard is None or self._guard(metric := self._loss_metric(total, ga), norm):
-                self.optimizer.step()
-                fp8.update_scales(self.parts)            # delayed scaling: next step's scales (fp8 only)
-            if self.experts is not None:
-                self.experts.after_step(self.mesh.grad_group)   # MoE routing biases follow the load (dp·cp)
-            if watch or not self.memory_at_step:   # params, grads and optimizer states all live
-                self.memory_at_step = self.memory()
-            self.optimizer.zero_grad(set_to_none=True)
-            self._event("optimizer_step_end")
-        self.comm_per_step.append(self.comm_log.total_sent() - sent_before)
-        loss = self._loss_metric(total, ga) if metric is None else metric    # a metric: kept out of the log
-        self._event("step_end")
-        # --8<-- [end:tour_step_end]
-        self.losses.append(loss)
-        if norm is not None:
-            self.grad_norms.append(norm)
-        self.step += 1
-        return loss
+        return zip(x.chunk(ga), y.chunk(ga))
 
-    def _loss_metric(self, total: torch.Tensor, ga: int) -> float:
+    def _after_optimizer_step(self, stepped: bool) -> None:
+        """What the step itself changes besides the weights: fp8's delayed scales, the MoE routing biases."""
+        if stepped and self.config.precision == "fp8":
+            from . import fp8
+            fp8.update_scales(self.parts)            # delayed scaling: next step's scales
+        if self.experts is not None:
+            self.experts.after_step(self.mesh.grad_group)   # MoE routing biases follow the load (dp·cp)
+
+    def _loss_metric(self, total: torch.Tensor) -> float:
         """The global mean loss. Every dp·cp rank averaged the same number of tokens: the mean of their means."""
         if self.pipeline is not None:
             total = comm.all_reduce(total.clone(), self.mesh.pp_group)    # the last stage's loss, to every stage
+        ga = self.config.gradient_accumulation_steps
         return _value(comm.all_reduce_mean(total / ga, self.mesh.grad_group))
 
-    def _guard(self, loss: float, norm: float | None) -> bool:
-        """Ask `step_guard` (`health.StepGuard`) whether to apply this step; the norm is computed if not clipping.
-        Under a guard the loss metric is taken before the step, inside the communication log."""
-        if norm is None:
-            norm = clip_grad_norm_(self.sync_parts, self.mesh, float("inf"),
-                                   own=[self.experts] if self.experts is not None else [])
-        return self.step_guard(self.step, loss, norm)
+    def grad_norm(self) -> float:
+        """The global gradient norm (a collective over the groups that hold different elements; no clipping)."""
+        return clip_grad_norm_(self.sync_parts, self.mesh, float("inf"),
+                               own=[self.experts] if self.experts is not None else [])
 
     def _context_shard(self, t: torch.Tensor) -> torch.Tensor:
         """(B, T) rows of this dp rank → (B, T/cp) on the device: this cp rank's chunks r and 2cp-1-r."""
@@ -294,11 +253,11 @@ class Engine:
     def eval_step(self, batch: tuple[torch.Tensor, torch.Tensor]) -> float:
         """Mean loss over the global batch, without touching gradients or optimizer state."""
         x, y = (self._context_shard(t) for t in batch)
-        self.model.eval()
+        self.wrapper.eval()
         if self.pipeline is not None:
             loss = comm.all_reduce(self.pipeline.forward_backward(x, y, self.step, train=False), self.mesh.pp_group)
         else:
-            _, loss = self.model(x, y)
+            _, loss = self.wrapper(x, y)
         return _value(comm.all_reduce_mean(loss.detach().clone(), self.mesh.grad_group))
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
@@ -308,7 +267,7 @@ class Engine:
         disjoint parts are merged over pp.
         """
         local = {}
-        for part, wrapper in self._holders():
+        for part, wrapper in self.holders():
             state = wrapper.full_state_dict() if self.config.zero_stage else part.state_dict()
             local.update({k: self._full(part, k, v).float() for k, v in state.items()})
         if self.experts is not None:          # every expert whole: gathered over ep
@@ -319,7 +278,7 @@ class Engine:
         """The fp32 gradients the optimizer step is about to apply, consolidated as `full_state_dict` is (a
         collective); valid only inside a `before_step` callable. A mixture of experts' experts: gathered over ep."""
         local = {}
-        for part, wrapper in self._holders():
+        for part, wrapper in self.holders():
             grads = wrapper.full_grad_dict() if self.config.zero_stage else {
                 n: p.grad if p.grad is not None else torch.zeros_like(p) for n, p in part.named_parameters()}
             local.update({k: self._full(part, k, v).float() for k, v in grads.items()})
@@ -327,7 +286,7 @@ class Engine:
             local.update(self.experts.full_grad_dict())
         return self._merge_stages(local)
 
-    def _holders(self):
+    def holders(self):
         """(part, its ZeRO wrapper or None) for each module holding this rank's parameters."""
         return zip(self.parts, self.zero_stages or [None] * len(self.parts))
 
@@ -343,7 +302,7 @@ class Engine:
 
     def track_peak(self, steps: int = 1) -> None:
         """Sample the peak bytes by category (``report()["memory_peak"]``) in the next ``steps`` steps too."""
-        self._peak_steps = max(self._peak_steps, steps)
+        self._memory.asked = max(self._memory.asked, steps)
 
     def memory(self) -> dict:
         """Bytes this rank holds right now, by category."""
@@ -359,11 +318,11 @@ class Engine:
             "grad_norms": list(self.grad_norms),
             "memory": self.memory(),
             "memory_at_step": dict(self.memory_at_step),
-            "memory_peak": self._peak.report(),
+            "memory_peak": self.peak_tracker.report(),
             "comm": self.comm_log.summary(),
             "comm_per_step": list(self.comm_per_step),
             "comm_events": self.comm_log.events(),
-            "timeline": self._clock.resolve(self.timeline + self.model.timeline),
+            "timeline": self.clock.resolve(self.timeline + self.wrapper.timeline),
             **({"pipeline": self.pipeline.bubble()} if self.pipeline is not None else {}),
             **({"moe": self.experts.counts()} if self.experts is not None else {}),
         }
@@ -405,7 +364,7 @@ class Engine:
         return None
 
     def _scalers(self) -> list:
-        return [w.scaler for w in self.zero_stages if getattr(w, "scaler", None) is not None]
+        return [w.scaler for w in self.sync_parts if getattr(w, "scaler", None) is not None]
 
     def scaler_state(self) -> dict | None:
         """The fp16 loss scaler's state (identical on every rank: overflows are agreed on), or None."""
@@ -423,13 +382,13 @@ class Engine:
         from .. import checkpoint
         stats: dict = {}
         self.wait_for_save()                                # at most one save in flight
-        self._event("save_start")
+        self.observers.notify(self, "save_start")
         if self.config.async_save:
             self._saver = self._saver or checkpoint.AsyncSaver(self.mesh)
             path = self._saver.start(self, directory, keep=keep)
         else:
             path = checkpoint.save(self, directory, keep=keep, stats=stats)
-        self._event("save_end", bytes=stats.get("bytes_written", 0))
+        self.observers.notify(self, "save_end", bytes=stats.get("bytes_written", 0))
         return path
 
     def wait_for_save(self) -> None:

@@ -27,12 +27,24 @@ def make_optimizer(params, config: TrainConfig) -> torch.optim.Optimizer:
 
 
 class TorchOptimizer:
-    """DDP's part: torch's optimizer over ``module``'s parameters (every dp rank takes the same step)."""
+    """DDP's part: torch's optimizer over ``module``'s parameters (every dp rank takes the same step).
 
-    def __init__(self, module: nn.Module, config: TrainConfig):
+    ``wrappers``: the `DataParallel` wrappers training them (one per pipeline chunk). In 16 bits the parameters it
+    steps are their fp32 masters; under fp16 an overflow on any rank skips the step (each wrapper's loss scaler).
+    """
+
+    def __init__(self, module: nn.Module, config: TrainConfig, wrappers=()):
         self.module, self.optimizer = module, make_optimizer(module.parameters(), config)
+        self.wrappers = list(wrappers)
 
     def step(self) -> bool:
+        scaled = [w for w in self.wrappers if w.scaler]
+        if scaled:
+            overflow = any([w.overflow() for w in scaled])      # a list: every wrapper's collective runs
+            for w in scaled:
+                w.scaler.update(overflow)
+            if overflow:
+                return False
         self.optimizer.step()
         return True
 
@@ -40,7 +52,11 @@ class TorchOptimizer:
         self.optimizer.zero_grad(set_to_none=set_to_none)
 
     def memory(self) -> dict:
-        return measure.model_state_bytes(self.module, self.optimizer)
+        out = measure.model_state_bytes(self.module, self.optimizer)
+        low = [t for w in self.wrappers for t in getattr(w, "low_copies", ())]
+        if low:                                      # 16-bit compute: the parameters are the fp32 masters
+            out["master"], out["params"] = out["params"], measure.tensor_bytes(low)
+        return out
 
 
 class Optimizers:

@@ -3,6 +3,7 @@
     flat.py     flat padded buffers per unit, shard bounds
     stages.py   Zero1 ⊂ Zero2 ⊂ Zero3
     offload.py  where the fp32 master weights, optimizer states and (offloaded) gradient shards live, and the step
+    store.py    which store a rank's shards go to: the device, host memory or disk
     nvme.py     the disk tier: master shards and optimizer states in files, streamed through the step
     state.py    what a rank's shards hold of each parameter, for sharded checkpoints
     fp8_gather.py  Zero3Fp8: ZeRO-3 gathering the fp8 linears' weights in E4M3 (precision='fp8')
@@ -10,9 +11,8 @@
 from __future__ import annotations
 
 from .flat import FlatUnit, padded_numel, shard_bounds
-from .nvme import NVMeOffloadStore, make_store
 from .offload import CPUOffloadStore, MasterStore
-from .fp8_gather import Zero3Fp8
+from .store import make_store
 from .stages import Zero1, Zero2, Zero3, model_units
 
 STAGES = {1: Zero1, 2: Zero2, 3: Zero3}
@@ -25,9 +25,11 @@ def wrap(module, config, group, rank: int, make_optimizer, model_parallel=()):
     """
     if config.zero_stage not in STAGES:
         raise ValueError(f"zero.wrap: zero_stage must be 1, 2 or 3, got {config.zero_stage}")
-    stage = Zero3Fp8 if config.zero_stage == 3 and config.precision == "fp8" else STAGES[config.zero_stage]
+    stage = STAGES[config.zero_stage]
+    if config.zero_stage == 3 and config.precision == "fp8":           # loaded only for fp8
+        from .fp8_gather import Zero3Fp8 as stage
     return stage(module, group, rank, config, make_optimizer, model_parallel)
 
 
 __all__ = ["FlatUnit", "padded_numel", "shard_bounds", "MasterStore", "CPUOffloadStore",
-           "NVMeOffloadStore", "make_store", "Zero1", "Zero2", "Zero3", "Zero3Fp8", "model_units", "STAGES", "wrap"]
+           "make_store", "Zero1", "Zero2", "Zero3", "model_units", "STAGES", "wrap"]

@@ -44,14 +44,6 @@ IN_FLIGHT_UNITS = 3
 """Staging buffers: one unit being read, one being updated, one being written."""
 
 
-def make_store(shards: list[torch.Tensor], make_optimizer, config, rank: int = 0):
-    """The store ``config`` asks for: on the device, in host memory (``offload_optimizer``) or on disk
-    (``offload_optimizer`` and ``nvme_path``). ``rank``: this process's global rank (names its directory)."""
-    if getattr(config, "nvme_path", None):
-        return NVMeOffloadStore(shards, make_optimizer, config.nvme_path, rank)
-    return (CPUOffloadStore if config.offload_optimizer else MasterStore)(shards, make_optimizer)
-
-
 def check_directory(nvme_path: str) -> None:
     """Refuses, by name, an ``nvme_path`` that is not an existing directory this user can write into."""
     if not isinstance(nvme_path, (str, os.PathLike)) or not str(nvme_path):

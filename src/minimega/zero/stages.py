@@ -39,7 +39,7 @@ from ..train import precision
 from ..parallel.grad_sync import GradSync, dp_named_parameters
 from ..model import GPT
 from .flat import BufferPool, FlatUnit, GatherSlots, gather_fp32, model_units  # noqa: F401  (model_units: imported from here too)
-from .nvme import make_store
+from .store import make_store
 
 
 class Zero1(GradSync, nn.Module):
@@ -66,7 +66,7 @@ class Zero1(GradSync, nn.Module):
         self.scaler = precision.make_scaler(self.policy, config)
         if self.policy.accumulate_dtype != self.policy.param_dtype:       # bf16: fp32 gradients (grad_sync)
             self.main_grad_dtype = self.policy.accumulate_dtype
-        self.timeline: list[dict] = clock.Window()          # the newest events (a long run stays bounded)
+        self.timeline: list[dict] = clock.Recent()          # the newest events (a long run stays bounded)
         self.clock = clock.HostClock()           # the engine lends its own (CUDA events on a GPU)
         self._prepared, self._overflow = False, False
         with torch.no_grad():
