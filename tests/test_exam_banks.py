@@ -127,13 +127,18 @@ def _break(folder, how):
             p.write_text(yaml.safe_dump(raw, allow_unicode=True, sort_keys=False))
     elif how == "no-manifest":
         (folder / "bank.json").unlink()
+    elif how == "uncovered":                         # an anchor chapter 5's page does not have
+        for p in (en, nl):
+            p.write_text(p.read_text().replace("- why", "- no-such-section", 1))
 
 
 @pytest.mark.parametrize("how, check", [("sample-copy", "schema"), ("formula", "formula"), ("no-twins", "twins"),
                                         ("untranslated", "twins"), ("tells", "tells"), ("overlap", "overlap"),
-                                        ("no-manifest", "schema")])
+                                        ("no-manifest", "schema"), ("uncovered", "coverage")])
 def test_check_bank_names_each_fault(tmp_path, how, check):
     folder = write_private_bank(tmp_path / "bank")
     _break(folder, how)
     problems, _ = checkbank.check_bank(folder, draws=40)
     assert check in {p.check for p in problems}, problems
+    if how == "uncovered":
+        assert any("no-such-section" in p.message for p in problems if p.check == "coverage"), problems
