@@ -1,5 +1,6 @@
 """`minimega.analysis.goodput`: failure rate vs GPU count, the Young/Daly interval, the time lost per failure."""
 import json
+import re
 import math
 import random
 import shutil
@@ -98,3 +99,18 @@ def test_the_calculator_page_computes_what_the_python_computes():
         assert js.keys() == python.keys()
         for k, v in python.items():
             assert js[k] == pytest.approx(v, rel=1e-12, abs=1e-15), (k, gpus, save, restart)
+
+
+@pytest.mark.parametrize("page", ["10-checkpoints.md", "10-checkpoints.nl.md"])
+def test_chapter10_table_counts_the_write_to_durable(page):
+    """The asynchronous column of chapter 10's table (5 s copy, 60 s write) is sqrt(2 δ/M) + W/M, in both languages."""
+    from minimega.classroom.quiz import evaluate
+    text = (Path(__file__).resolve().parents[1] / "course" / page).read_text(encoding="utf-8")
+    rows = [line for line in text.splitlines() if line.startswith("| 1") and "young_daly_interval" in line]
+    assert len(rows) == 3, rows
+    for row, gpus in zip(rows, (1024, 16384, 131072)):
+        shown = re.findall(r'num\("([^"]+)"', row)
+        mtbf = 54 * 86400 / 419 * 16384 / gpus
+        assert evaluate(shown[-1]) == pytest.approx(100 * (math.sqrt(2 * 5 / mtbf) + 60 / mtbf), rel=1e-12), (page, gpus)
+        assert evaluate(shown[-2]) == pytest.approx(math.sqrt(2 * 5 * mtbf) / 60, rel=1e-12)
+        assert evaluate(shown[3]) == pytest.approx(100 * math.sqrt(2 * 60 / mtbf), rel=1e-12)     # blocking: W = 0
