@@ -16,7 +16,7 @@ from minimega.classroom.quiz import instantiate, load_banks
 
 SAMPLE = Path(__file__).resolve().parents[1] / "quizzes" / "exam"
 WORDS = ["amber", "basalt", "cobalt", "dune", "ember", "fjord", "garnet", "heath", "indigo", "juniper", "kelp",
-         "lichen", "marl", "nacre", "onyx", "pumice"]
+         "lichen", "marl", "nacre", "onyx", "pumice", "quartz"]
 
 
 def _chapter(c: int, rng: random.Random, lang: str) -> dict:
@@ -47,11 +47,13 @@ def _chapter(c: int, rng: random.Random, lang: str) -> dict:
                       "choices": [{"text": f"{'Regel' if nl else 'Rule'} {w} {i}{'ABCD'[j]}", "correct": j == key,
                                    "explain": ("Zo is het." if nl else "It holds.") if j == key else
                                               ("Zo is het niet." if nl else "It does not.")} for j in range(4)]})
+    for item in items:
+        item["covers"] = ["why"]                    # every chapter's page has a #why section
     return {"chapter": c, "title": (f"Hoofdstuk {c} ({w})" if nl else f"Chapter {c} ({w})"), "items": items}
 
 
 def write_private_bank(folder: Path, bank_id: str = "acme-private", seed: int = 7) -> Path:
-    """16 chapters x (2 templates + 4 choice items), Dutch twins in folder/nl, bank.json with `bank_id`."""
+    """Every chapter of CHAPTERS x (2 templates + 4 choice items), Dutch twins in folder/nl, bank.json with `bank_id`."""
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "nl").mkdir(exist_ok=True)
     for c in CHAPTERS:

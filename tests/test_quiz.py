@@ -215,6 +215,15 @@ REFERENCE = {
     # chapter 14: B = b * k * dp and N = dp * tp * pp, then the 1F1B bubble (p-1)/m
     "ds-accumulation": lambda nodes, t, b, k: (b * k * 8 * nodes / t) / (b * (8 * nodes / t)),
     "megatron-bubble": lambda d, t, p, b, m: 100 * (p - 1) / ((b * m * d) / (b * (d * t * p / (t * p)))),
+    # the frontier topics (issue 46) and chapter 17's blind predictions
+    "nvme-io-seconds": lambda psi, nd, stage, bw: 2 * 12 * psi * 1e9 / nd / (bw * 1e9),
+    "zb-h1-points-saved": lambda p, m: 100 * ((p - 1) / (m + p - 1) - (p - 1) / (3 * m + p - 1)),
+    "async-goodput-days": lambda gpus, days, sb, sa, w: days * (
+        math.sqrt(2 * sb / _mtbf_s(gpus)) - math.sqrt(2 * sa / _mtbf_s(gpus)) - w / _mtbf_s(gpus)),
+    "shared-expert-flop-share": lambda d, e, k, s, fh: 100 * 2 * round(fh * d) * s / (e + 2 * round(fh * d) * (k + s)),
+    "capstone-predict-bubble": lambda p, dp, gb, v: 100 * (p - 1) / (v * gb / dp + p - 1),
+    "capstone-predict-gpu-hours": lambda n, tok, t: n * t * (1e12 / (tok * 1e6)) / 3600 / 1e3,
+    "capstone-predict-fsdp-states": lambda psi, t, d: 16 * psi * 1e9 / t / d / 1e9,
 }
 
 
@@ -229,6 +238,11 @@ def _mfu_percent(l, h, s, v, b, n, peak, x):
     flops = 72 * b * l * s * h ** 2 * (1 + s / (6 * h) + v / (12 * h * l))
     seconds = float(f"{flops / (n * peak * x / 100):.3g}")
     return 100 * flops / seconds / n / peak
+
+
+def _mtbf_s(gpus):
+    """Llama 3's rate (419 unexpected interruptions in 54 days on 16,384 GPUs), scaled to `gpus`, in seconds."""
+    return 54 * 86400 / 419 * 16384 / gpus
 
 
 def test_template_answers_match_the_papers_formulas():

@@ -224,19 +224,20 @@ def test_step_time_panel_and_planner_match_python(server, browser):
 
 def test_how_often_to_save_matches_python(server, browser):
     """The calculator page's goodput table: Young's interval for Llama 3's failure rate, then for 1,024 GPUs and a
-    5 s save (an asynchronous save's copy), each number Python's; a bad input is named, not a blank."""
+    5 s save (an asynchronous save's copy), then with its 60 s write to durable, each number Python's; a bad input is named, not a blank."""
     from minimega import analysis as g
     ctx, page, watch = _page(browser, server)
     page.goto(f"{server}/calculator/")
     rows = page.locator(".mm-goodput-table tbody tr")
     page.wait_for_function("document.querySelectorAll('.mm-goodput-table tbody tr').length === 6")
 
-    def shown(gpus, save, restart):
+    def shown(gpus, save, restart, durable=0.0):
         mtbf = 3600 * g.mtbf_hours(gpus)
-        tau = g.young_daly_interval(save, mtbf)
+        tau = g.young_daly_interval(save, mtbf, durable)
         want = [f"{g.failures_per_day(gpus):,.2f}", f"{mtbf / 3600:,.2f}", f"{tau / 60:,.1f}",
-                f"{g.lost_per_failure(tau, restart) / 60:,.1f}", f"{100 * g.checkpoint_waste(tau, save, mtbf, restart):,.2f}",
-                f"{100 * g.goodput(tau, save, mtbf, restart):,.2f}"]
+                f"{g.lost_per_failure(tau, restart, durable) / 60:,.1f}",
+                f"{100 * g.checkpoint_waste(tau, save, mtbf, restart, durable):,.2f}",
+                f"{100 * g.goodput(tau, save, mtbf, restart, durable):,.2f}"]
         page.wait_for_function("v => document.querySelectorAll('.mm-goodput-table tbody tr td:last-child')[2]"
                                "?.textContent === v", arg=want[2])
         assert [rows.nth(i).locator("td").last.inner_text() for i in range(6)] == want
@@ -245,6 +246,8 @@ def test_how_often_to_save_matches_python(server, browser):
     page.fill("#mm-goodput input[name=gpus]", "1024")
     page.fill("#mm-goodput input[name=save_s]", "5")
     shown(1024, 5.0, 600.0)
+    page.fill("#mm-goodput input[name=durable_s]", "60")    # an asynchronous save: 5 s copy, 60 s to durable
+    shown(1024, 5.0, 600.0, 60.0)
     page.fill("#mm-goodput input[name=gpus]", "0")
     page.wait_for_function("document.querySelector('.mm-goodput-status').textContent.includes('gpus must be')")
     page.goto(f"{server}/nl/calculator/")                  # the Dutch page: its labels, a decimal comma

@@ -16,6 +16,7 @@ from fastapi.testclient import TestClient
 
 from classroom_support import BANKS, answer_key, make_config, sign_in
 from minimega.classroom import credential
+from minimega.classroom.banks import CHAPTERS
 from minimega.classroom.certificate import unbake_svg
 from minimega.classroom.quiz import (QuizError, draw_params, grade, instantiate, load_bank, load_banks,
                                      round_sig, twin_path)
@@ -219,7 +220,7 @@ def test_an_attempt_in_dutch_is_served_graded_and_certified_in_dutch(client):
     assert (a_en["inLanguage"], a_nl["inLanguage"]) == ("en", "nl")
     assert a_nl["name"] == docs["nl"]["name"] == "minimega: frontiermodellen trainen over veel GPU's"
     assert "Geslaagd voor het beoordeelde examen" in a_nl["description"]
-    assert "hoofdstukken 1-16" in a_nl["criteria"]["narrative"]
+    assert f"hoofdstukken 1-{max(CHAPTERS)}" in a_nl["criteria"]["narrative"]
     human = {"name", "description", "criteria", "inLanguage"}
     assert {k: v for k, v in a_nl.items() if k not in human} == {k: v for k, v in a_en.items() if k not in human}
     assert docs["nl"]["type"] == docs["en"]["type"] and docs["nl"]["issuer"] == docs["en"]["issuer"]

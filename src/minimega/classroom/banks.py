@@ -25,7 +25,7 @@ from pathlib import Path
 from . import quiz
 from .errors import ExamError
 
-CHAPTERS = tuple(range(1, 17))
+CHAPTERS = tuple(range(1, 18))
 """Chapters that must have an exam bank (and that each attempt draws from)."""
 
 SAMPLE_BANKS = Path(__file__).resolve().parents[3] / "quizzes" / "exam"

@@ -9,7 +9,10 @@ Checks, each reported with the file and the item at fault:
 - Dutch twins: every bank has a twin that repeats its structure (`quiz.merge_twin`) and translates its questions;
 - tells: the key is the longest option in at most 1 choice item in 4;
 - overlap: no item shares an id or a question (similar wording, per chapter) with the public practice banks or
-  the repository's sample bank, whose keys anyone can read.
+  the repository's sample bank, whose keys anyone can read;
+- coverage: the bank covers the exam's blueprint as the sample bank does: every item names the sections of its
+  chapter's page it asks about (``covers``, heading anchors that exist on the page), and every chapter of
+  `banks.CHAPTERS` has at least `coverage.MIN_EXAM_ITEMS` items (`coverage.problems`).
 """
 from __future__ import annotations
 
@@ -22,7 +25,7 @@ from dataclasses import asdict, dataclass
 from difflib import SequenceMatcher
 from pathlib import Path
 
-from . import banks, quiz
+from . import banks, coverage, quiz
 from .errors import ExamError
 
 SIMILAR = 0.75
@@ -104,11 +107,32 @@ def check_bank(folder: Path, *, draws: int = 200, practice: Path | None = None) 
                                 f"choice items (at most 1 in 4): {', '.join(tells[:12])}"))
     problems += _check_twins(bank_set)
     problems += _check_overlap(bank_set, practice)
+    problems += _check_coverage(bank_set)
     summary = {"bank": bank_set.label, "sha256": bank_set.sha256, "chapters": len(bank_set.banks),
                "templates": sum(it.parametric for b in bank_set.banks.values() for it in b.items),
                "choice_items": n_choice, "draws_per_template": draws + 2, "key_longest": len(tells),
-               "languages": ["en", *bank_set.translations]}
+               "languages": ["en", *bank_set.translations],
+               "sections_covered": _sections_covered(bank_set)}
     return problems, summary
+
+
+def _check_coverage(bank_set: banks.BankSet) -> list[Problem]:
+    exam = list(bank_set.banks.values())
+    if not coverage.chapter_pages():                  # an installed package without the course: anchors unknowable
+        return [Problem("coverage", f"chapter {b.chapter} {it.id}", "no 'covers'") for b in exam
+                for it in b.items if not it.covers]
+    return [Problem("coverage", str(bank_set.folder), p) for p in coverage.problems([], exam, banks.CHAPTERS)]
+
+
+def _sections_covered(bank_set: banks.BankSet) -> str:
+    """'covered/required' over every chapter's ## sections (the map itself: `coverage.coverage_map`)."""
+    pages, have, need = coverage.chapter_pages(), 0, 0
+    for chapter, bank in bank_set.banks.items():
+        if chapter in pages:
+            sections = coverage.page_sections(pages[chapter])
+            required, covered = coverage.required(sections), coverage.covered(bank, sections)
+            need, have = need + len(required), have + sum(a in covered for a in required)
+    return f"{have}/{need}"
 
 
 def _check_twins(bank_set: banks.BankSet) -> list[Problem]:
@@ -150,7 +174,7 @@ def _check_overlap(bank_set: banks.BankSet, practice: Path | None) -> list[Probl
 def add_exam_parser(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser("exam", help="check a private graded exam bank before deploying it")
     sub = p.add_subparsers(dest="exam_command", required=True)
-    c = sub.add_parser("check-bank", help="validate a graded bank: schema, formulas, Dutch twins, tells, overlap",
+    c = sub.add_parser("check-bank", help="validate a graded bank: schema, formulas, Dutch twins, tells, overlap, coverage",
                        description=re.sub(r"``(.+?)``", r"`\1`", __doc__.split("\n\n", 1)[1], flags=re.S),
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     c.add_argument("folder", type=Path, metavar="DIR")
@@ -176,7 +200,8 @@ def run_check_bank(args) -> int:
         return 1
     print(f"{args.folder}: ok. bank {summary['bank']}, {summary['chapters']} chapters, {summary['templates']} "
           f"templates x {summary['draws_per_template']} draws, {summary['choice_items']} choice items (key longest "
-          f"in {summary['key_longest']}), languages {', '.join(summary['languages'])}")
+          f"in {summary['key_longest']}), languages {', '.join(summary['languages'])}, sections asked "
+          f"{summary['sections_covered']}")
     return 0
 
 

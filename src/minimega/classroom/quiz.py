@@ -7,6 +7,7 @@ A bank is one file per chapter::
     items:
       - id: zero-stage-saves-most          # unique within the bank, stable (progress is keyed on it)
         type: single                        # single | multiple | numeric
+        covers: [notation, takeaway]        # the page's heading anchors it asks about (`coverage`)
         question: Which ZeRO stage ...?
         choices:
           - {text: Stage 3, correct: true, explain: Parameters are sharded too, so ...}
@@ -64,6 +65,7 @@ from __future__ import annotations
 import functools
 import math
 import random
+import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -72,6 +74,8 @@ from minimega import estimate as est
 from .quiz_twins import LANGUAGES, QuizError, bank_text, merge_twin, parse_bank, twin_path  # noqa: F401  (re-exported)
 
 ITEM_TYPES = ("single", "multiple", "numeric")
+ANCHOR = re.compile(r"[a-z0-9][a-z0-9-]{0,63}")
+"""A heading anchor as the pages write it: ``{ #async-save }``."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -103,6 +107,8 @@ class Item:
     """Language of the words (question, explanations, unit, the precision note and grading messages)."""
     hint: str = ""
     """Practice items: a nudge shown after a first wrong answer, before the worked answer (optional)."""
+    covers: tuple[str, ...] = ()
+    """Heading anchors of the chapter's page (``why``, ``fp8``) whose teaching the item asks about (`coverage`)."""
 
     @property
     def parametric(self) -> bool:
@@ -176,9 +182,25 @@ def _parse_item(raw: dict, where: str) -> Item:
     if kind not in ITEM_TYPES:
         raise QuizError(f"{where}: type {kind!r} is not one of {ITEM_TYPES}")
     known = {"id", "type", "question", "choices", "answer", "tolerance", "unit", "explain", "formula",
-             "sig", "params", "given", "hint"}
+             "sig", "params", "given", "hint", "covers"}
     if unknown := set(raw) - known:
         raise QuizError(f"{where}: unknown keys {sorted(unknown)}")
+    return replace(_parse_kind(raw, where, kind), covers=_covers(raw.get("covers"), where))
+
+
+def _covers(spec, where: str) -> tuple[str, ...]:
+    """``covers: [why, fp8]``: the page's heading anchors the item asks about (optional here; the banks' tests
+    and `minimega exam check-bank` require it and check each anchor against the chapter's page)."""
+    if spec is None:
+        return ()
+    if (not isinstance(spec, list) or not 1 <= len(spec) <= 8
+            or not all(isinstance(a, str) and ANCHOR.fullmatch(a) for a in spec) or len(set(spec)) != len(spec)):
+        raise QuizError(f"{where}: 'covers' lists 1 to 8 distinct heading anchors of the chapter's page, "
+                        f"e.g. [why, fp8]; got {spec!r}")
+    return tuple(spec)
+
+
+def _parse_kind(raw: dict, where: str, kind: str) -> Item:
     if kind == "numeric":
         return _numeric(raw, where)
     if any(raw.get(k) is not None for k in ("params", "sig", "given")):

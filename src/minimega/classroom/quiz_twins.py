@@ -30,7 +30,7 @@ def twin_path(path: str | Path, lang: str) -> Path:
     return folder / lang / path.name                # quizzes/X -> quizzes/nl/X
 
 
-STRUCTURE_KEYS = ("type", "answer", "tolerance", "sig", "params", "formula")
+STRUCTURE_KEYS = ("type", "answer", "tolerance", "sig", "params", "formula", "covers")
 """Item keys a twin must repeat exactly: they decide what is graded as right."""
 TEXT_KEYS = ("question", "explain", "unit", "hint")
 """Item keys a twin supplies in its own language."""
