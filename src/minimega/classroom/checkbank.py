@@ -18,7 +18,7 @@ import json
 import random
 import re
 import sys
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from difflib import SequenceMatcher
 from pathlib import Path
 
@@ -27,6 +27,8 @@ from .errors import ExamError
 
 SIMILAR = 0.75
 """Questions at least this similar (difflib ratio, normalized text) count as the same question."""
+SAMPLE_OVERLAP_MAX = 2
+"""`minimega serve` refuses a bank with more items than this that match the public sample (`sample_overlap`)."""
 MIN_TEMPLATES, MIN_CHOICE = 2, 4
 
 
@@ -39,6 +41,75 @@ class Problem:
 
 def _norm(text: str) -> str:
     return re.sub(r"\s+", " ", re.sub(r"\{[a-z_0-9]+\}", "#", str(text).lower())).strip()
+
+
+def _stem(text: str) -> str:
+    """A question's words only: lower case, placeholders and numbers as #, no punctuation, one space."""
+    text = re.sub(r"\{[a-z_0-9]+\}|\d+(?:[.,]\d+)?", "#", str(text).lower())
+    return re.sub(r"\s+", " ", re.sub(r"[^\w#]+", " ", text)).strip()
+
+
+def _fingerprints(item: quiz.Item) -> set[tuple[str, str]]:
+    """What a copy keeps whatever its comments, whitespace, id and order: a template's formula with each parameter
+    named by the values it takes (renaming a parameter hides nothing; the course's formulas over new ranges are new
+    items), the option texts as a set, and the question's words."""
+    out = {("stem", _stem(item.question))}
+    if item.formula:
+        formula = re.sub(r"\s+", "", item.formula.split("#")[0])
+        for name, values in (item.params or {}).items():
+            formula = re.sub(rf"\b{re.escape(name)}\b", "<" + ",".join(f"{v:g}" for v in values) + ">", formula)
+        out.add(("formula", formula))
+    if item.choices:
+        out.add(("options", "|".join(sorted(_stem(c.text) for c in item.choices))))
+    return out
+
+
+def sample_overlap(bank_set: banks.BankSet, sample: Path | None = None) -> list[str]:
+    """Items of `bank_set` that are the public sample's (`banks.SAMPLE_BANKS`) in disguise: the same formula, the
+    same set of options, or a question at least `SIMILAR` alike, in any chapter, under any id. One line per item,
+    naming it and the sample item it copies; empty when the bank is the sample folder itself or there is none."""
+    sample = Path(sample or banks.SAMPLE_BANKS)
+    if not sample.is_dir() or sample.resolve() == Path(bank_set.folder).resolve():
+        return []
+    theirs: dict[tuple[str, str], str] = {}
+    stems: list[tuple[str, str]] = []
+    for b in quiz.load_banks(sample):
+        for it in b.items:
+            for fp in _fingerprints(it):
+                theirs.setdefault(fp, f"{b.path.name} {it.id}")
+            stems.append((_stem(it.question), f"{b.path.name} {it.id}"))
+    out = []
+    for chapter, bank in sorted(bank_set.banks.items()):
+        for it in bank.items:
+            hit = next((theirs[fp] for fp in sorted(_fingerprints(it)) if fp in theirs), None)
+            if hit is None:
+                mine = _stem(it.question)
+                for stem, where in stems:
+                    m = SequenceMatcher(None, mine, stem)
+                    if m.real_quick_ratio() >= SIMILAR and m.quick_ratio() >= SIMILAR and m.ratio() >= SIMILAR:
+                        hit = where
+                        break
+            if hit is not None:
+                out.append(f"chapter {chapter} {it.id} (sample {hit})")
+    return out
+
+
+def refuse_disguised_sample(bank_set: banks.BankSet, *, dev: bool, allow_sample: bool) -> banks.BankSet:
+    """The bank a service may grade on: a bank with more than `SAMPLE_OVERLAP_MAX` items of the public sample is
+    refused (`ExamError` naming them) unless `dev` or `allow_sample`, and is then marked a sample, so that its
+    certificates say PUBLIC SAMPLE."""
+    if bank_set.sample:
+        return bank_set
+    copied = sample_overlap(bank_set)
+    if len(copied) <= SAMPLE_OVERLAP_MAX:
+        return bank_set
+    if not (dev or allow_sample):
+        more = f" and {len(copied) - 8} more" if len(copied) > 8 else ""
+        raise ExamError(f"{bank_set.folder}: {len(copied)} items are the public sample bank's in disguise (same "
+                        f"question, formula or options; at most {SAMPLE_OVERLAP_MAX} allowed): "
+                        f"{'; '.join(copied[:8])}{more}. Write new items, or pass {banks.ALLOW_FLAG} to grade on "
+                        "it as a PUBLIC SAMPLE")
+    return replace(bank_set, sample=True)
 
 
 def _longest_key(item: quiz.Item) -> bool:
@@ -104,6 +175,9 @@ def check_bank(folder: Path, *, draws: int = 200, practice: Path | None = None) 
                                 f"choice items (at most 1 in 4): {', '.join(tells[:12])}"))
     problems += _check_twins(bank_set)
     problems += _check_overlap(bank_set, practice)
+    reported = {p.where for p in problems if p.check == "overlap"}
+    problems += [Problem("overlap", line.split(" (")[0], f"the public sample's item in disguise: {line}")
+                 for line in sample_overlap(bank_set) if line.split(" (")[0] not in reported]
     summary = {"bank": bank_set.label, "sha256": bank_set.sha256, "chapters": len(bank_set.banks),
                "templates": sum(it.parametric for b in bank_set.banks.values() for it in b.items),
                "choice_items": n_choice, "draws_per_template": draws + 2, "key_longest": len(tells),

@@ -207,6 +207,8 @@ def run_serve(args) -> int:
         folder = banks.choose(config.banks_dir, dev=config.dev, allow_sample=config.allow_sample_bank)
         bank_set = banks.open_bank_set(folder, config.questions_per_chapter)   # refuse a service with no graded
         banks.refuse_sample(bank_set, dev=config.dev, allow_sample=config.allow_sample_bank)   # bank, or no way
+        from .checkbank import refuse_disguised_sample           # nor one that is the sample in disguise
+        bank_set = refuse_disguised_sample(bank_set, dev=config.dev, allow_sample=config.allow_sample_bank)
         mailer_for(config)           # to mail a sign-in link, before building anything
         secure_var_dir(config.var_dir)
         if not args.no_build:        # the key exists before the build so that the site can pin its DID

@@ -44,6 +44,7 @@ from .api_models import (  # noqa: F401  (re-exported)
     AnswerIn, RecordedOut, ReviewItem, ReviewOut, CredentialLinks, FinishOut, Error,
 )
 from .bare_page import bare_exam_pages, exam_path
+from .checkbank import refuse_disguised_sample
 from .exam import Exam, ExamError, clean_email, rules_text
 from .mailer import mailer_for
 from .issuer import Issuer
@@ -133,6 +134,7 @@ def create_app(config: ClassroomConfig, *, keyring: Keyring | None = None, clock
     folder = banks.choose(config.banks_dir, dev=config.dev, allow_sample=config.allow_sample_bank)
     bank_set = banks.open_bank_set(folder, config.questions_per_chapter)      # fail before touching var/
     banks.refuse_sample(bank_set, dev=config.dev, allow_sample=config.allow_sample_bank)
+    bank_set = refuse_disguised_sample(bank_set, dev=config.dev, allow_sample=config.allow_sample_bank)
     mailer = mailer if mailer is not None else mailer_for(config)
     secure_var_dir(config.var_dir)
     store = open_store(config.db_path)
