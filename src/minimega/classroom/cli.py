@@ -80,7 +80,10 @@ def add_serve_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--body-limit-bytes", type=int, default=d.body_limit_bytes)
     p.add_argument("--forwarded-allow-ips", default=None,
                    help="comma-separated proxy addresses whose X-Forwarded-For/-Proto are trusted; default: none "
-                        "(per-IP limits use the socket's address)")
+                        "(per-IP limits use the socket's address). Private addresses or networks; never one "
+                        "that covers every address")
+    p.add_argument("--trust-public-proxy", action="store_true",
+                   help="allow public proxy addresses in --forwarded-allow-ips, each named one by one (/32, /128)")
     p.add_argument("--dev", action="store_true", default=None,
                    help="development, for local use only: sign-in links are shown on the page and in the log "
                         "instead of mailed, so anyone who can reach the service can sign in as anyone "
@@ -148,11 +151,12 @@ def config_from_args(args, env=os.environ) -> ClassroomConfig:
 def uvicorn_options(args) -> dict:
     """Proxy headers are off unless --forwarded-allow-ips names the proxies (uvicorn's own default
     trusts 127.0.0.1, which lets any local client pick its address with one header)."""
-    allow = args.forwarded_allow_ips
-    if allow and "*" in [a.strip() for a in allow.split(",")]:
-        raise SystemExit("minimega serve: --forwarded-allow-ips '*' would trust X-Forwarded-For from every client, "
-                         "so any client could pick the address the per-address limits count; name the proxy's "
-                         "address or network instead (compose.yaml passes 172.16.0.0/12)")
+    from .httpguard import ProxyTrustError, trusted_proxies
+
+    try:
+        allow = ",".join(trusted_proxies(args.forwarded_allow_ips, public=args.trust_public_proxy))
+    except ProxyTrustError as err:
+        raise SystemExit(f"minimega serve: {err}") from None
     return {"host": args.host, "port": args.port, "log_level": "warning",
             "proxy_headers": bool(allow), "forwarded_allow_ips": allow or "", "server_header": False}
 

@@ -52,6 +52,43 @@ def forwarded_client(header: str, is_proxy) -> str | None:
     return None
 
 
+class ProxyTrustError(ValueError):
+    """A ``--forwarded-allow-ips`` value that would let clients pick the address the limits count."""
+
+
+def trusted_proxies(value: str | None, *, public: bool = False) -> list[str]:
+    """The proxies ``--forwarded-allow-ips`` names, each an address or network, checked: never ``*`` nor ranges
+    that together cover every address (``0.0.0.0/0``, ``::/0``, ``0.0.0.0/1,128.0.0.0/1``), and a public address
+    only when `public` (``--trust-public-proxy``) and named one by one (a /32 or /128): a public range trusts
+    whoever rents an address in it. Raises `ProxyTrustError` saying what to change."""
+    entries = [a.strip() for a in (value or "").split(",") if a.strip()]
+    nets = []
+    for entry in entries:
+        if entry == "*":
+            raise ProxyTrustError("--forwarded-allow-ips '*' would trust X-Forwarded-For from every client, so any "
+                                  "client could pick the address the per-address limits count; name the proxy's "
+                                  "address or network instead (compose.yaml passes 172.16.0.0/12)")
+        try:
+            net = ipaddress.ip_network(entry, strict=False)
+        except ValueError:
+            raise ProxyTrustError(f"--forwarded-allow-ips {entry[:60]!r}: not an address or network (a socket's "
+                                  "peer is an address; name the proxy's)") from None
+        if net.version == 6 and net.prefixlen <= 96 and net.supernet_of(ipaddress.ip_network("::ffff:0:0/96")):
+            raise ProxyTrustError(f"--forwarded-allow-ips {entry}: covers every IPv4-mapped address")
+        private = net.is_private or net.is_loopback or net.is_link_local
+        if not private and not (public and net.num_addresses == 1):
+            raise ProxyTrustError(f"--forwarded-allow-ips {entry}: a public {'address' if net.num_addresses == 1 else 'range'}; "
+                                  "trust public proxies one address at a time (a /32 or /128) with "
+                                  "--trust-public-proxy, or name the proxy's private address")
+        nets.append(net)
+    for version, everything in ((4, "0.0.0.0/0"), (6, "::/0")):
+        mine = list(ipaddress.collapse_addresses(n for n in nets if n.version == version))
+        if mine == [ipaddress.ip_network(everything)]:
+            raise ProxyTrustError(f"--forwarded-allow-ips {','.join(entries)[:120]}: together these cover every "
+                                  f"IPv{version} address, so any client could pick the address the limits count")
+    return entries
+
+
 def guarded_protocol(header_s: float, body_s: float, per_address: int, proxies=()) -> type:
     """A uvicorn ``http`` protocol class with these deadlines and this per-address cap; `proxies` (addresses or
     networks, ``--forwarded-allow-ips``) are the peers whose X-Forwarded-For names the client counted."""
