@@ -64,6 +64,8 @@ def add_serve_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--ip-signins-per-hour", type=int, default=d.ip_signins_per_hour)
     p.add_argument("--signins-per-hour-total", type=int, default=d.signins_per_hour_total)
     p.add_argument("--signins-per-domain-per-hour", type=int, default=d.signins_per_domain_per_hour)
+    p.add_argument("--signin-share-per-hour", type=int, default=d.signin_share_per_hour,
+                   help="sign-ins per hour each network keeps once the overall or a domain's cap is spent")
     p.add_argument("--min-attempt-s", type=float, default=d.min_attempt_s,
                    help=f"an attempt cannot be finished sooner (default {d.min_attempt_s:g}; stated on the page)")
     p.add_argument("--header-timeout-s", type=float, default=d.header_timeout_s,
@@ -141,6 +143,7 @@ def config_from_args(args, env=os.environ) -> ClassroomConfig:
                            ip_signins_per_hour=args.ip_signins_per_hour, fail_cooldown_s=args.fail_cooldown_s, body_limit_bytes=args.body_limit_bytes,
                            signins_per_hour_total=args.signins_per_hour_total,
                            signins_per_domain_per_hour=args.signins_per_domain_per_hour,
+                           signin_share_per_hour=args.signin_share_per_hour,
                            min_attempt_s=args.min_attempt_s, header_timeout_s=args.header_timeout_s,
                            body_timeout_s=args.body_timeout_s, limit_concurrency=args.limit_concurrency,
                            connections_per_address=args.connections_per_address,

@@ -62,6 +62,9 @@ class ClassroomConfig:
     """Sign-in mails per hour, all addresses together: what no address pool escapes."""
     signins_per_domain_per_hour: int = 300
     """Sign-in mails per hour to one email domain (mailboxes at one provider are cheap too)."""
+    signin_share_per_hour: int = 3
+    """Once the overall or a domain's cap is spent, sign-ins per hour each network still has (per domain, for the
+    domain's cap): the caps slow a flood down without locking out learners on networks that took no part."""
     header_timeout_s: float = 10
     """A request's headers must arrive within this (of the connection, or of the last response): else 408, closed."""
     body_timeout_s: float = 20
@@ -88,6 +91,8 @@ class ClassroomConfig:
                                                                           self.connections_per_address) < 1:
             raise ValueError("header_timeout_s and body_timeout_s must be > 0, limit_concurrency and "
                              "connections_per_address >= 1")
+        if min(self.signin_share_per_hour, self.signins_per_hour_total, self.signins_per_domain_per_hour) < 1:
+            raise ValueError("signin_share_per_hour, signins_per_hour_total and signins_per_domain_per_hour must be >= 1")
         if self.fail_cooldown_s < 0 or self.body_limit_bytes < 1024:
             raise ValueError("fail_cooldown_s must be >= 0 and body_limit_bytes >= 1024")
         if not self.base_url.startswith(("http://", "https://")) or self.base_url.endswith("/"):
