@@ -77,6 +77,11 @@ def add_serve_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--connections-per-address", type=int, default=d.connections_per_address,
                    help="open connections per client address; through a proxy in --forwarded-allow-ips, "
                         "requests in flight per forwarded client address (429 beyond)")
+    p.add_argument("--network-share", type=float, default=d.network_share,
+                   help="of --limit-concurrency, what one /24 or /64 may hold (default 0.25)")
+    p.add_argument("--unfinished-share", type=float, default=d.unfinished_share,
+                   help="of --limit-concurrency, what one /24 or /64 may hold in requests still arriving "
+                        "(headers or body; default 0.1)")
     p.add_argument("--fail-cooldown-s", type=float, default=d.fail_cooldown_s,
                    help="wait after a failed attempt before the next (default 3600)")
     p.add_argument("--body-limit-bytes", type=int, default=d.body_limit_bytes)
@@ -146,7 +151,8 @@ def config_from_args(args, env=os.environ) -> ClassroomConfig:
                            signin_share_per_hour=args.signin_share_per_hour,
                            min_attempt_s=args.min_attempt_s, header_timeout_s=args.header_timeout_s,
                            body_timeout_s=args.body_timeout_s, limit_concurrency=args.limit_concurrency,
-                           connections_per_address=args.connections_per_address,
+                           connections_per_address=args.connections_per_address, network_share=args.network_share,
+                           unfinished_share=args.unfinished_share,
                            dev=s["dev"], smtp_host=s["smtp_host"], smtp_port=s["smtp_port"],
                            smtp_user=s["smtp_user"], smtp_from=s["smtp_from"])
 

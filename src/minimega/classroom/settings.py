@@ -74,6 +74,12 @@ class ClassroomConfig:
     connections_per_address: int = 50
     """Open connections one client address may hold; through a proxy in ``--forwarded-allow-ips``, requests in
     flight per forwarded client address (`httpguard.guarded_protocol`)."""
+    network_share: float = 0.25
+    """Of `limit_concurrency`, what one network (IPv4 /24, IPv6 /64) may hold: connections, or through a proxy in
+    ``--forwarded-allow-ips`` requests in flight per forwarded client network (`connections_per_network`)."""
+    unfinished_share: float = 0.1
+    """Of `limit_concurrency`, what one network may hold in requests still arriving (headers, or a body): slow
+    clients' own smaller budget (`unfinished_per_network`)."""
     min_attempt_s: float = 300
     """An attempt cannot be finished sooner than this after it starts (stated on the page): a script answers 48
     questions in well under a second, a person takes far longer than 5 minutes."""
@@ -93,6 +99,9 @@ class ClassroomConfig:
                              "connections_per_address >= 1")
         if min(self.signin_share_per_hour, self.signins_per_hour_total, self.signins_per_domain_per_hour) < 1:
             raise ValueError("signin_share_per_hour, signins_per_hour_total and signins_per_domain_per_hour must be >= 1")
+        if not 0 < self.unfinished_share <= self.network_share <= 1:
+            raise ValueError(f"unfinished_share={self.unfinished_share}, network_share={self.network_share}: "
+                             "need 0 < unfinished_share <= network_share <= 1")
         if self.fail_cooldown_s < 0 or self.body_limit_bytes < 1024:
             raise ValueError("fail_cooldown_s must be >= 0 and body_limit_bytes >= 1024")
         if not self.base_url.startswith(("http://", "https://")) or self.base_url.endswith("/"):
@@ -104,6 +113,14 @@ class ClassroomConfig:
                 raise ValueError(f"db={self.db.split('://')[0]}://…: use a postgresql:// URL or a SQLite file path")
         if self.issuer_did is not None and not self.issuer_did.startswith("did:web:"):
             raise ValueError(f"issuer_did={self.issuer_did!r}: use did:web:<host>, or leave unset for did:key")
+
+    @property
+    def connections_per_network(self) -> int:
+        return max(1, int(self.limit_concurrency * self.network_share))
+
+    @property
+    def unfinished_per_network(self) -> int:
+        return max(1, int(self.limit_concurrency * self.unfinished_share))
 
     @property
     def has_site(self) -> bool:
