@@ -49,44 +49,61 @@ def _stem(text: str) -> str:
     return re.sub(r"\s+", " ", re.sub(r"[^\w#]+", " ", text)).strip()
 
 
-def _fingerprints(item: quiz.Item) -> set[tuple[str, str]]:
+def _fingerprints(question: str, formula: str | None, params: dict | None, options) -> set[tuple[str, str]]:
     """What a copy keeps whatever its comments, whitespace, id and order: a template's formula with each parameter
     named by the values it takes (renaming a parameter hides nothing; the course's formulas over new ranges are new
     items), the option texts as a set, and the question's words."""
-    out = {("stem", _stem(item.question))}
-    if item.formula:
-        formula = re.sub(r"\s+", "", item.formula.split("#")[0])
-        for name, values in (item.params or {}).items():
+    out = {("stem", _stem(question))}
+    if formula:
+        formula = re.sub(r"\s+", "", str(formula).split("#")[0])
+        for name, values in (params or {}).items():
             formula = re.sub(rf"\b{re.escape(name)}\b", "<" + ",".join(f"{v:g}" for v in values) + ">", formula)
         out.add(("formula", formula))
-    if item.choices:
-        out.add(("options", "|".join(sorted(_stem(c.text) for c in item.choices))))
+    if options:
+        out.add(("options", "|".join(sorted(_stem(text) for text in options))))
     return out
+
+
+def _sample_prints(sample: Path) -> tuple[dict, list]:
+    """The sample's fingerprints and question words, from its YAML alone: no formula runs (the sample's templates
+    search up to 100,000 values, which a service start should not pay for)."""
+    theirs, stems = {}, []
+    for path in sorted(sample.glob("*.yaml")):
+        raw = quiz.parse_bank(quiz.bank_text(path), str(path))
+        for it in raw.get("items") or []:
+            if not isinstance(it, dict) or not it.get("question"):
+                continue
+            where = f"{path.name} {it.get('id')}"
+            try:
+                params = {k: quiz._param_values(v, where) for k, v in (it.get("params") or {}).items()}
+            except quiz.QuizError:
+                params = {}
+            options = [c.get("text", "") for c in it.get("choices") or [] if isinstance(c, dict)]
+            for fp in _fingerprints(it["question"], it.get("formula"), params, options):
+                theirs.setdefault(fp, where)
+            stems.append((SequenceMatcher(None, b=_stem(it["question"]).split()), where))
+    return theirs, stems
 
 
 def sample_overlap(bank_set: banks.BankSet, sample: Path | None = None) -> list[str]:
     """Items of `bank_set` that are the public sample's (`banks.SAMPLE_BANKS`) in disguise: the same formula, the
-    same set of options, or a question at least `SIMILAR` alike, in any chapter, under any id. One line per item,
+    same set of options, or a question whose words are at least `SIMILAR` alike, in any chapter, under any id. One line per item,
     naming it and the sample item it copies; empty when the bank is the sample folder itself or there is none."""
     sample = Path(sample or banks.SAMPLE_BANKS)
     if not sample.is_dir() or sample.resolve() == Path(bank_set.folder).resolve():
         return []
-    theirs: dict[tuple[str, str], str] = {}
-    stems: list[tuple[str, str]] = []
-    for b in quiz.load_banks(sample):
-        for it in b.items:
-            for fp in _fingerprints(it):
-                theirs.setdefault(fp, f"{b.path.name} {it.id}")
-            stems.append((_stem(it.question), f"{b.path.name} {it.id}"))
+    theirs, stems = _sample_prints(sample)
     out = []
     for chapter, bank in sorted(bank_set.banks.items()):
         for it in bank.items:
-            hit = next((theirs[fp] for fp in sorted(_fingerprints(it)) if fp in theirs), None)
+            prints = _fingerprints(it.question, it.formula, it.params, [c.text for c in it.choices])
+            hit = next((theirs[fp] for fp in sorted(prints) if fp in theirs), None)
             if hit is None:
-                mine = _stem(it.question)
-                for stem, where in stems:
-                    m = SequenceMatcher(None, mine, stem)
-                    if m.real_quick_ratio() >= SIMILAR and m.quick_ratio() >= SIMILAR and m.ratio() >= SIMILAR:
+                mine = _stem(it.question).split()
+                for matcher, where in stems:             # words, each indexed once; quick bounds before the ratio
+                    matcher.set_seq1(mine)
+                    if (matcher.real_quick_ratio() >= SIMILAR and matcher.quick_ratio() >= SIMILAR
+                            and matcher.ratio() >= SIMILAR):
                         hit = where
                         break
             if hit is not None:
