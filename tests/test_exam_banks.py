@@ -124,13 +124,20 @@ def _break(folder, how):
             raw = yaml.safe_load(p.read_text())
             raw["items"][2]["question"] = practice + " " if p == en else "Vertaald: " + practice
             p.write_text(yaml.safe_dump(raw, allow_unicode=True, sort_keys=False))
+    elif how == "review-names-key":                  # the idea the review shows quotes the right option
+        import yaml
+        for p in (en, nl):
+            raw = yaml.safe_load(p.read_text())
+            pick = raw["items"][2]
+            pick["explain"] = "Because " + next(c["text"] for c in pick["choices"] if c["correct"]) + " holds."
+            p.write_text(yaml.safe_dump(raw, allow_unicode=True, sort_keys=False))
     elif how == "no-manifest":
         (folder / "bank.json").unlink()
 
 
 @pytest.mark.parametrize("how, check", [("sample-copy", "schema"), ("formula", "formula"), ("no-twins", "twins"),
                                         ("untranslated", "twins"), ("tells", "tells"), ("overlap", "overlap"),
-                                        ("no-manifest", "schema")])
+                                        ("review-names-key", "review"), ("no-manifest", "schema")])
 def test_check_bank_names_each_fault(tmp_path, how, check):
     folder = write_private_bank(tmp_path / "bank")
     _break(folder, how)

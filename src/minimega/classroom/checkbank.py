@@ -8,6 +8,7 @@ Checks, each reported with the file and the item at fault:
   non-zero answer (computed by `minimega.analysis` / `perf`), and not to one constant;
 - Dutch twins: every bank has a twin that repeats its structure (`quiz.merge_twin`) and translates its questions;
 - tells: the key is the longest option in at most 1 choice item in 4;
+- review: a choice item's ``explain`` (the idea its review shows, `exam.idea`) does not quote its right option;
 - overlap: no item shares an id or a question (similar wording, per chapter) with the public practice banks or
   the repository's sample bank, whose keys anyone can read.
 """
@@ -186,6 +187,11 @@ def check_bank(folder: Path, *, draws: int = 200, practice: Path | None = None) 
                                         "answer is learnt from a single review; make it a template (params)"))
         problems += _check_formulas(bank, draws, rng)
         n_choice += len(choice)
+        for it in choice:                  # the review shows an item's explain: it must not name the key
+            keys = [c.text for c in it.choices if c.correct and len(c.text) >= 4]
+            if it.explain and any(_stem(k) in _stem(it.explain) for k in keys):
+                problems.append(Problem("review", f"chapter {chapter} {it.id}", "its explain (the idea reviews show "
+                                        "after an attempt) quotes the right option: reword it so it does not"))
         tells += [f"chapter {chapter} {it.id}" for it in choice if _longest_key(it)]
     if n_choice and 4 * len(tells) > n_choice:
         problems.append(Problem("tells", str(folder), f"the key is the longest option in {len(tells)} of {n_choice} "
