@@ -125,6 +125,13 @@ def _break(folder, how):
             raw = yaml.safe_load(p.read_text())
             raw["items"][2]["question"] = practice + " " if p == en else "Vertaald: " + practice
             p.write_text(yaml.safe_dump(raw, allow_unicode=True, sort_keys=False))
+    elif how == "review-names-key":                  # the idea the review shows quotes the right option
+        import yaml
+        for p in (en, nl):
+            raw = yaml.safe_load(p.read_text())
+            pick = raw["items"][2]
+            pick["explain"] = "Because " + next(c["text"] for c in pick["choices"] if c["correct"]) + " holds."
+            p.write_text(yaml.safe_dump(raw, allow_unicode=True, sort_keys=False))
     elif how == "no-manifest":
         (folder / "bank.json").unlink()
     elif how == "uncovered":                         # an anchor chapter 5's page does not have
@@ -134,7 +141,8 @@ def _break(folder, how):
 
 @pytest.mark.parametrize("how, check", [("sample-copy", "schema"), ("formula", "formula"), ("no-twins", "twins"),
                                         ("untranslated", "twins"), ("tells", "tells"), ("overlap", "overlap"),
-                                        ("no-manifest", "schema"), ("uncovered", "coverage")])
+                                        ("review-names-key", "review"), ("no-manifest", "schema"),
+                                        ("uncovered", "coverage")])
 def test_check_bank_names_each_fault(tmp_path, how, check):
     folder = write_private_bank(tmp_path / "bank")
     _break(folder, how)
@@ -142,3 +150,42 @@ def test_check_bank_names_each_fault(tmp_path, how, check):
     assert check in {p.check for p in problems}, problems
     if how == "uncovered":
         assert any("no-such-section" in p.message for p in problems if p.check == "coverage"), problems
+
+
+def _near_copy(folder):
+    """The sample bank disguised: comment lines, renamed ids, items in reverse order, a private-looking id."""
+    import yaml
+    folder.mkdir()
+    for p in SAMPLE.glob("*.yaml"):
+        raw = yaml.safe_load(p.read_text())
+        for it in raw["items"]:
+            it["id"] = "totally-" + it["id"][::-1]
+        raw["items"].reverse()
+        text = yaml.safe_dump(raw, allow_unicode=True, sort_keys=False, width=60)
+        (folder / p.name.replace(".yaml", "-priv.yaml")).write_text("# our own private items\n" + text + "\n# end\n")
+    (folder / "bank.json").write_text(json.dumps({"id": "totally-private"}))
+    return folder
+
+
+def test_serve_refuses_the_sample_in_disguise_naming_the_items(tmp_path):
+    copied = _near_copy(tmp_path / "copy")
+    prod = dict(dev=False, smtp_host="127.0.0.1", banks_dir=copied, questions_per_chapter=1)
+    with pytest.raises(ExamError, match="public sample bank's in disguise") as err:
+        create_app(make_config(tmp_path / "refused", allow_sample_bank=False, **prod))
+    assert "chapter 1 totally-" in str(err.value) and "(sample 01-memory-anatomy.yaml " in str(err.value), str(err.value)
+    app = create_app(make_config(tmp_path / "allowed", allow_sample_bank=True, **prod))   # the one way past:
+    assert app.state.issuer.bank.sample                                               # certificates say PUBLIC SAMPLE
+    private = write_private_bank(tmp_path / "bank")                                   # a bank of new items starts
+    assert not create_app(make_config(tmp_path / "ok", allow_sample_bank=False, **(prod | {"banks_dir": private}))
+                          ).state.issuer.bank.sample
+    named = checkbank.sample_overlap(banks.open_bank_set(copied, 1))     # what check-bank reports too
+    assert len(named) == sum(len(b.items) for b in banks.open_bank_set(SAMPLE, 1).banks.values())   # every one
+
+
+def test_serve_refuses_a_bank_inside_the_source_tree(tmp_path):
+    with pytest.raises(ExamError, match="inside the source tree"):
+        create_app(make_config(tmp_path, dev=False, allow_sample_bank=False, smtp_host="127.0.0.1",
+                               banks_dir=SAMPLE.parent))
+    root = SAMPLE.parents[1]
+    assert "private-bank/" in (root / ".gitignore").read_text().split()
+    assert "private-bank" in (root / ".dockerignore").read_text().split()

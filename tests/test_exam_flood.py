@@ -149,7 +149,8 @@ def test_the_cap_counts_the_forwarded_client_only_behind_a_trusted_proxy(tmp_pat
     import threading
     from types import SimpleNamespace
 
-    config = SimpleNamespace(header_timeout_s=5, body_timeout_s=5, connections_per_address=2, limit_concurrency=100)
+    config = SimpleNamespace(header_timeout_s=5, body_timeout_s=5, connections_per_address=2, limit_concurrency=100,
+                             connections_per_network=50, unfinished_per_network=10)
     release, port, sockets = threading.Event(), free_port(), []
 
     def request(source, path, forwarded):
@@ -212,4 +213,5 @@ def test_forwarded_client_is_the_address_uvicorn_gives_the_app():
         assert forwarded_client(header, is_proxy) == _TrustedHosts(trusted).get_trusted_client_address(header)[0]
     assert forwarded_client("10.0.0.1, 127.0.0.1", is_proxy) is None and forwarded_client("", is_proxy) is None
     with pytest.raises(SystemExit, match=r"--forwarded-allow-ips '\*'"):
-        uvicorn_options(SimpleNamespace(forwarded_allow_ips="10.0.0.1, *", host="0.0.0.0", port=8000))
+        uvicorn_options(SimpleNamespace(forwarded_allow_ips="10.0.0.1, *", host="0.0.0.0", port=8000,
+                                        trust_public_proxy=False))

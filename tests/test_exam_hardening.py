@@ -61,3 +61,21 @@ def test_a_var_dir_others_can_read_is_refused_with_the_fix(tmp_path):
     os.chmod(tmp_path / "var", 0o755)
     with pytest.raises(StoreError, match=r"chmod 700 .*var"):
         create_app(make_config(tmp_path))
+
+
+@pytest.mark.parametrize("value", ["0.0.0.0/0", "::/0", "0.0.0.0/1,128.0.0.0/1", "10.0.0.0/8,0.0.0.0/0", "*",
+                                   "::ffff:0:0/96", "8.8.0.0/16", "8.8.8.8", "example.org"])
+def test_proxy_trust_refuses_every_address_and_public_ranges(value):
+    from minimega.classroom.httpguard import ProxyTrustError, trusted_proxies
+
+    with pytest.raises(ProxyTrustError, match="--forwarded-allow-ips"):
+        trusted_proxies(value)
+
+
+def test_proxy_trust_takes_private_networks_and_public_addresses_one_by_one():
+    from minimega.classroom.httpguard import ProxyTrustError, trusted_proxies
+
+    assert trusted_proxies("172.16.0.0/12, 127.0.0.1,fd00::/8") == ["172.16.0.0/12", "127.0.0.1", "fd00::/8"]
+    assert trusted_proxies("8.8.8.8,2606:4700::1", public=True) == ["8.8.8.8", "2606:4700::1"]
+    with pytest.raises(ProxyTrustError, match="one address at a time"):
+        trusted_proxies("8.8.4.0/24", public=True)

@@ -49,16 +49,45 @@ def test_sixty_rotating_addresses_share_their_block_budget(tmp_path):
     assert other[0] == 200                            # another /24 has its own budget
 
 
-def test_overall_and_per_domain_sign_in_caps(tmp_path):
-    app = create_app(make_config(tmp_path, signins_per_domain_per_hour=3, signins_per_hour_total=5))
+def test_overall_and_per_domain_sign_in_caps_slow_a_network_down(tmp_path):
+    app = create_app(make_config(tmp_path, signins_per_domain_per_hour=3, signins_per_hour_total=5,
+                                 signin_share_per_hour=1))
     with TestClient(app) as client:
-        said = [client.post("/api/v1/signin", json={"email": f"a{i}@mail.example"}) for i in range(4)]
-        assert [r.status_code for r in said] == [200, 200, 200, 429]
+        said = [client.post("/api/v1/signin", json={"email": f"a{i}@mail.example"}) for i in range(5)]
+        assert [r.status_code for r in said] == [200, 200, 200, 200, 429]   # the cap, then this network's share
         assert "email domain" in said[-1].json()["detail"] and "retry in" in said[-1].json()["detail"]
         assert said[-1].headers["Retry-After"].isdigit()
         more = [client.post("/api/v1/signin", json={"email": f"b{i}@other{i}.example"}) for i in range(3)]
-        assert [r.status_code for r in more] == [200, 200, 429]          # 5 in all this hour
+        assert [r.status_code for r in more] == [200, 200, 429]          # 5 in all this hour, then the share
         assert "for sign-ins: retry in" in more[-1].json()["detail"]
+    with TestClient(app, client=("198.51.100.7", 5000)) as fresh:         # a network that took no part
+        assert fresh.post("/api/v1/signin", json={"email": "new@mail.example"}).status_code == 200
+
+
+def test_a_learner_signs_in_through_a_1600_sign_in_attack_from_many_networks():
+    """About 1,600 sign-ins from 67 /24s (24 each, under the per-network 30) to one big domain and to throwaway
+    ones spend the overall cap (2000 at default; 1200 here, so that this attack spends it) and the domain's (300):
+    a learner from a fresh network, at a fresh domain or at the attacked one, still signs in."""
+    from minimega.classroom.limits import ShareCap
+
+    caps = {"all": ShareCap(RateLimiter(1200, 3600, "for sign-ins"), RateLimiter(3, 3600)),
+            "domain": ShareCap(RateLimiter(300, 3600, "for this domain"), RateLimiter(3, 3600))}
+
+    def signin(network, domain, now):
+        try:
+            caps["domain"].hit(domain, network, now)
+            caps["all"].hit("all", network, now)
+            return True
+        except ExamError:
+            return False
+
+    sent = [signin(f"10.{n // 256}.{n % 256}.0/24", "mail.example" if i % 3 == 0 else f"throw{n}-{i}.example",
+                   n + i / 100) for n in range(67) for i in range(24)]
+    full = {name: len(cap.cap.events[key]) == cap.cap.limit for (name, cap), key in zip(caps.items(), ["all", "mail.example"])}
+    assert len(sent) == 1608 and full == {"all": True, "domain": True}, full     # the attack spent both caps
+    assert signin("203.0.113.0/24", "fresh.example", 100)         # a fresh network and domain
+    assert signin("198.51.100.0/24", "mail.example", 100)         # a fresh network at the attacked domain
+    assert not signin("10.0.66.0/24", "fresh2.example", 100)       # an attacking network has spent its share
 
 
 def test_an_attempt_cannot_be_finished_before_the_minimum_time(tmp_path):

@@ -337,8 +337,8 @@ REVIEW = {"score": 2, "total": 2, "items": [
     {"number": 1, "chapter": 3, "type": "numeric", "question": "Hoeveel GB?", "unit": "GB", "correct": True,
      "response": {"value": 16.6}, "answer": 16.6, "explain": "2 Psi + ..."},
     {"number": 2, "chapter": 1, "type": "multiple", "question": "Welke states?", "correct": True,
-     "response": {"choices": [0, 1]}, "choices": ["Parameters", "Gradiënten"], "key": [0, 1],
-     "explains": ["Twee bytes.", "Twee bytes."]}]}
+     "response": {"choices": [0, 1]}, "choices": ["Parameters", "Gradiënten"], "key": None, "explains": [],
+     "explain": "Modeltoestanden schalen met het aantal parameters."}]}
 
 
 def _stub_api(page, seen):
@@ -362,7 +362,7 @@ def _stub_api(page, seen):
 # Every word exam.js writes on an English page; none may show on the Dutch one.
 ENGLISH_EXAM_WORDS = ["attempts left today", "Question ", "Chapter ", "Your answer", "Choose all that apply",
                       "Save answer", "Recorded.", "answered;", "Passed", "were needed", "Verification code",
-                      "Download the credential", "Printable certificate", "Verify it", "Review:", "Right:", "Wrong:",
+                      "Download the credential", "Printable certificate", "Verify it", "Review:", "Right.", "Wrong.",
                       "Sign in", "Start the exam", "Sign out", "Finish and see my score"]
 
 
@@ -400,7 +400,7 @@ def test_a_dutch_user_takes_the_exam_in_dutch(site_build, browser, tmp_path):
     page.wait_for_selector(".mm-exam-review-item")
     assert page.locator("#mm-exam-verify").get_attribute("href") == "/nl/verify/?c=ABC123"
     text = page.locator("#mm-exam").inner_text() + page.locator("#mm-exam-signin").inner_html()
-    assert "Geslaagd" in text and "Nabespreking: 2 van 2" in text and "Goed: Parameters." in text
+    assert "Geslaagd" in text and "Nabespreking: 2 van 2" in text and "Goed. Modeltoestanden schalen met het aantal parameters." in text
     assert "Jouw antwoord: 16,6 GB" in text and "Antwoord: 16,6 GB" in text
     english = [w for w in ENGLISH_EXAM_WORDS if w in text]
     assert not english, f"English on the Dutch exam page: {english}"

@@ -106,14 +106,15 @@ class ReviewItem(QuestionOut):
     response: dict | None
     correct: bool
     key: list[int] | None
-    """Shown positions of the right options (choice items)."""
+    """Always None: a choice item's key is never in a review (kept in the schema for old clients)."""
     answer: float | None
     """The exact value, rounded to the significant figures asked (numeric items)."""
     sig: int | None = None
     """The significant figures asked (numeric items): the review prints that many (1.1 asked to 3: 1.10)."""
     explain: str | None
+    """Numeric items: the worked answer; choice items: the idea the item tests (never naming the key)."""
     explains: list[str]
-    """Each shown option's explanation, in shown order."""
+    """Always empty: per-option explanations would name the key."""
 
 
 class ReviewOut(BaseModel):

@@ -149,14 +149,21 @@ def open_bank_set(folder: str | Path, per_chapter: int) -> BankSet:
 def choose(folder: Path | None, *, dev: bool, allow_sample: bool) -> Path:
     """The bank folder a service may grade on, or `ExamError` saying in one line which flag to pass.
 
-    `folder` None means none was given: development falls back to the sample bank, a deployment must name one."""
+    `folder` None means none was given: development falls back to the sample bank, a deployment must name one.
+    A private bank inside the source tree is refused: it would be committed, or baked into an image."""
     if folder is None:
         if dev or allow_sample:
             return SAMPLE_BANKS
         raise ExamError(f"no graded exam bank: pass {BANKS_FLAG} DIR (or set {BANKS_ENV}), a private bank checked "
                         f"with `minimega exam check-bank DIR`; the repository's quizzes/exam is the public sample "
                         f"bank, served only with --dev or {ALLOW_FLAG}")
-    return Path(folder)
+    folder = Path(folder)
+    tree = SAMPLE_BANKS.parents[1]
+    if (not (dev or allow_sample) and (tree / "pyproject.toml").is_file() and folder.resolve() != SAMPLE_BANKS
+            and folder.resolve().is_relative_to(tree.resolve())):
+        raise ExamError(f"{folder}: a graded bank inside the source tree ({tree}) ends up in commits and images; "
+                        "keep it outside (mount it read-only, OPERATING.md)")
+    return folder
 
 
 def refuse_sample(bank_set: BankSet, *, dev: bool, allow_sample: bool) -> None:

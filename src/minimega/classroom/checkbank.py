@@ -8,6 +8,7 @@ Checks, each reported with the file and the item at fault:
   non-zero answer (computed by `minimega.analysis` / `perf`), and not to one constant;
 - Dutch twins: every bank has a twin that repeats its structure (`quiz.merge_twin`) and translates its questions;
 - tells: the key is the longest option in at most 1 choice item in 4;
+- review: a choice item's ``explain`` (the idea its review shows, `exam.idea`) does not quote its right option;
 - overlap: no item shares an id or a question (similar wording, per chapter) with the public practice banks or
   the repository's sample bank, whose keys anyone can read;
 - coverage: the bank covers the exam's blueprint as the sample bank does: every item names the sections of its
@@ -21,7 +22,7 @@ import json
 import random
 import re
 import sys
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from difflib import SequenceMatcher
 from pathlib import Path
 
@@ -30,6 +31,8 @@ from .errors import ExamError
 
 SIMILAR = 0.75
 """Questions at least this similar (difflib ratio, normalized text) count as the same question."""
+SAMPLE_OVERLAP_MAX = 2
+"""`minimega serve` refuses a bank with more items than this that match the public sample (`sample_overlap`)."""
 MIN_TEMPLATES, MIN_CHOICE = 2, 4
 
 
@@ -42,6 +45,92 @@ class Problem:
 
 def _norm(text: str) -> str:
     return re.sub(r"\s+", " ", re.sub(r"\{[a-z_0-9]+\}", "#", str(text).lower())).strip()
+
+
+def _stem(text: str) -> str:
+    """A question's words only: lower case, placeholders and numbers as #, no punctuation, one space."""
+    text = re.sub(r"\{[a-z_0-9]+\}|\d+(?:[.,]\d+)?", "#", str(text).lower())
+    return re.sub(r"\s+", " ", re.sub(r"[^\w#]+", " ", text)).strip()
+
+
+def _fingerprints(question: str, formula: str | None, params: dict | None, options) -> set[tuple[str, str]]:
+    """What a copy keeps whatever its comments, whitespace, id and order: a template's formula with each parameter
+    named by the values it takes (renaming a parameter hides nothing; the course's formulas over new ranges are new
+    items), the option texts as a set, and the question's words."""
+    out = {("stem", _stem(question))}
+    if formula:
+        formula = re.sub(r"\s+", "", str(formula).split("#")[0])
+        for name, values in (params or {}).items():
+            formula = re.sub(rf"\b{re.escape(name)}\b", "<" + ",".join(f"{v:g}" for v in values) + ">", formula)
+        out.add(("formula", formula))
+    if options:
+        out.add(("options", "|".join(sorted(_stem(text) for text in options))))
+    return out
+
+
+def _sample_prints(sample: Path) -> tuple[dict, list]:
+    """The sample's fingerprints and question words, from its YAML alone: no formula runs (the sample's templates
+    search up to 100,000 values, which a service start should not pay for)."""
+    theirs, stems = {}, []
+    for path in sorted(sample.glob("*.yaml")):
+        raw = quiz.parse_bank(quiz.bank_text(path), str(path))
+        for it in raw.get("items") or []:
+            if not isinstance(it, dict) or not it.get("question"):
+                continue
+            where = f"{path.name} {it.get('id')}"
+            try:
+                params = {k: quiz._param_values(v, where) for k, v in (it.get("params") or {}).items()}
+            except quiz.QuizError:
+                params = {}
+            options = [c.get("text", "") for c in it.get("choices") or [] if isinstance(c, dict)]
+            for fp in _fingerprints(it["question"], it.get("formula"), params, options):
+                theirs.setdefault(fp, where)
+            stems.append((SequenceMatcher(None, b=_stem(it["question"]).split()), where))
+    return theirs, stems
+
+
+def sample_overlap(bank_set: banks.BankSet, sample: Path | None = None) -> list[str]:
+    """Items of `bank_set` that are the public sample's (`banks.SAMPLE_BANKS`) in disguise: the same formula, the
+    same set of options, or a question whose words are at least `SIMILAR` alike, in any chapter, under any id. One line per item,
+    naming it and the sample item it copies; empty when the bank is the sample folder itself or there is none."""
+    sample = Path(sample or banks.SAMPLE_BANKS)
+    if not sample.is_dir() or sample.resolve() == Path(bank_set.folder).resolve():
+        return []
+    theirs, stems = _sample_prints(sample)
+    out = []
+    for chapter, bank in sorted(bank_set.banks.items()):
+        for it in bank.items:
+            prints = _fingerprints(it.question, it.formula, it.params, [c.text for c in it.choices])
+            hit = next((theirs[fp] for fp in sorted(prints) if fp in theirs), None)
+            if hit is None:
+                mine = _stem(it.question).split()
+                for matcher, where in stems:             # words, each indexed once; quick bounds before the ratio
+                    matcher.set_seq1(mine)
+                    if (matcher.real_quick_ratio() >= SIMILAR and matcher.quick_ratio() >= SIMILAR
+                            and matcher.ratio() >= SIMILAR):
+                        hit = where
+                        break
+            if hit is not None:
+                out.append(f"chapter {chapter} {it.id} (sample {hit})")
+    return out
+
+
+def refuse_disguised_sample(bank_set: banks.BankSet, *, dev: bool, allow_sample: bool) -> banks.BankSet:
+    """The bank a service may grade on: a bank with more than `SAMPLE_OVERLAP_MAX` items of the public sample is
+    refused (`ExamError` naming them) unless `dev` or `allow_sample`, and is then marked a sample, so that its
+    certificates say PUBLIC SAMPLE."""
+    if bank_set.sample:
+        return bank_set
+    copied = sample_overlap(bank_set)
+    if len(copied) <= SAMPLE_OVERLAP_MAX:
+        return bank_set
+    if not (dev or allow_sample):
+        more = f" and {len(copied) - 8} more" if len(copied) > 8 else ""
+        raise ExamError(f"{bank_set.folder}: {len(copied)} items are the public sample bank's in disguise (same "
+                        f"question, formula or options; at most {SAMPLE_OVERLAP_MAX} allowed): "
+                        f"{'; '.join(copied[:8])}{more}. Write new items, or pass {banks.ALLOW_FLAG} to grade on "
+                        "it as a PUBLIC SAMPLE")
+    return replace(bank_set, sample=True)
 
 
 def _longest_key(item: quiz.Item) -> bool:
@@ -101,6 +190,11 @@ def check_bank(folder: Path, *, draws: int = 200, practice: Path | None = None) 
                                         "answer is learnt from a single review; make it a template (params)"))
         problems += _check_formulas(bank, draws, rng)
         n_choice += len(choice)
+        for it in choice:                  # the review shows an item's explain: it must not name the key
+            keys = [c.text for c in it.choices if c.correct and len(c.text) >= 4]
+            if it.explain and any(_stem(k) in _stem(it.explain) for k in keys):
+                problems.append(Problem("review", f"chapter {chapter} {it.id}", "its explain (the idea reviews show "
+                                        "after an attempt) quotes the right option: reword it so it does not"))
         tells += [f"chapter {chapter} {it.id}" for it in choice if _longest_key(it)]
     if n_choice and 4 * len(tells) > n_choice:
         problems.append(Problem("tells", str(folder), f"the key is the longest option in {len(tells)} of {n_choice} "
@@ -108,6 +202,9 @@ def check_bank(folder: Path, *, draws: int = 200, practice: Path | None = None) 
     problems += _check_twins(bank_set)
     problems += _check_overlap(bank_set, practice)
     problems += _check_coverage(bank_set)
+    reported = {p.where for p in problems if p.check == "overlap"}
+    problems += [Problem("overlap", line.split(" (")[0], f"the public sample's item in disguise: {line}")
+                 for line in sample_overlap(bank_set) if line.split(" (")[0] not in reported]
     summary = {"bank": bank_set.label, "sha256": bank_set.sha256, "chapters": len(bank_set.banks),
                "templates": sum(it.parametric for b in bank_set.banks.values() for it in b.items),
                "choice_items": n_choice, "draws_per_template": draws + 2, "key_longest": len(tells),

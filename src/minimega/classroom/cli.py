@@ -63,6 +63,8 @@ def add_serve_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--ip-signins-per-hour", type=int, default=d.ip_signins_per_hour)
     p.add_argument("--signins-per-hour-total", type=int, default=d.signins_per_hour_total)
     p.add_argument("--signins-per-domain-per-hour", type=int, default=d.signins_per_domain_per_hour)
+    p.add_argument("--signin-share-per-hour", type=int, default=d.signin_share_per_hour,
+                   help="sign-ins per hour each network keeps once the overall or a domain's cap is spent")
     p.add_argument("--min-attempt-s", type=float, default=d.min_attempt_s,
                    help=f"an attempt cannot be finished sooner (default {d.min_attempt_s:g}; stated on the page)")
     p.add_argument("--header-timeout-s", type=float, default=d.header_timeout_s,
@@ -74,12 +76,20 @@ def add_serve_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--connections-per-address", type=int, default=d.connections_per_address,
                    help="open connections per client address; through a proxy in --forwarded-allow-ips, "
                         "requests in flight per forwarded client address (429 beyond)")
+    p.add_argument("--network-share", type=float, default=d.network_share,
+                   help="of --limit-concurrency, what one /24 or /64 may hold (default 0.25)")
+    p.add_argument("--unfinished-share", type=float, default=d.unfinished_share,
+                   help="of --limit-concurrency, what one /24 or /64 may hold in requests still arriving "
+                        "(headers or body; default 0.1)")
     p.add_argument("--fail-cooldown-s", type=float, default=d.fail_cooldown_s,
                    help="wait after a failed attempt before the next (default 3600)")
     p.add_argument("--body-limit-bytes", type=int, default=d.body_limit_bytes)
     p.add_argument("--forwarded-allow-ips", default=None,
                    help="comma-separated proxy addresses whose X-Forwarded-For/-Proto are trusted; default: none "
-                        "(per-IP limits use the socket's address)")
+                        "(per-IP limits use the socket's address). Private addresses or networks; never one "
+                        "that covers every address")
+    p.add_argument("--trust-public-proxy", action="store_true",
+                   help="allow public proxy addresses in --forwarded-allow-ips, each named one by one (/32, /128)")
     p.add_argument("--dev", action="store_true", default=None,
                    help="development, for local use only: sign-in links are shown on the page and in the log "
                         "instead of mailed, so anyone who can reach the service can sign in as anyone "
@@ -137,9 +147,11 @@ def config_from_args(args, env=os.environ) -> ClassroomConfig:
                            ip_signins_per_hour=args.ip_signins_per_hour, fail_cooldown_s=args.fail_cooldown_s, body_limit_bytes=args.body_limit_bytes,
                            signins_per_hour_total=args.signins_per_hour_total,
                            signins_per_domain_per_hour=args.signins_per_domain_per_hour,
+                           signin_share_per_hour=args.signin_share_per_hour,
                            min_attempt_s=args.min_attempt_s, header_timeout_s=args.header_timeout_s,
                            body_timeout_s=args.body_timeout_s, limit_concurrency=args.limit_concurrency,
-                           connections_per_address=args.connections_per_address,
+                           connections_per_address=args.connections_per_address, network_share=args.network_share,
+                           unfinished_share=args.unfinished_share,
                            dev=s["dev"], smtp_host=s["smtp_host"], smtp_port=s["smtp_port"],
                            smtp_user=s["smtp_user"], smtp_from=s["smtp_from"])
 
@@ -147,11 +159,12 @@ def config_from_args(args, env=os.environ) -> ClassroomConfig:
 def uvicorn_options(args) -> dict:
     """Proxy headers are off unless --forwarded-allow-ips names the proxies (uvicorn's own default
     trusts 127.0.0.1, which lets any local client pick its address with one header)."""
-    allow = args.forwarded_allow_ips
-    if allow and "*" in [a.strip() for a in allow.split(",")]:
-        raise SystemExit("minimega serve: --forwarded-allow-ips '*' would trust X-Forwarded-For from every client, "
-                         "so any client could pick the address the per-address limits count; name the proxy's "
-                         "address or network instead (compose.yaml passes 172.16.0.0/12)")
+    from .httpguard import ProxyTrustError, trusted_proxies
+
+    try:
+        allow = ",".join(trusted_proxies(args.forwarded_allow_ips, public=args.trust_public_proxy))
+    except ProxyTrustError as err:
+        raise SystemExit(f"minimega serve: {err}") from None
     return {"host": args.host, "port": args.port, "log_level": "warning",
             "proxy_headers": bool(allow), "forwarded_allow_ips": allow or "", "server_header": False}
 
@@ -208,6 +221,8 @@ def run_serve(args) -> int:
         folder = banks.choose(config.banks_dir, dev=config.dev, allow_sample=config.allow_sample_bank)
         bank_set = banks.open_bank_set(folder, config.questions_per_chapter)   # refuse a service with no graded
         banks.refuse_sample(bank_set, dev=config.dev, allow_sample=config.allow_sample_bank)   # bank, or no way
+        from .checkbank import refuse_disguised_sample           # nor one that is the sample in disguise
+        bank_set = refuse_disguised_sample(bank_set, dev=config.dev, allow_sample=config.allow_sample_bank)
         mailer_for(config)           # to mail a sign-in link, before building anything
         secure_var_dir(config.var_dir)
         if not args.no_build:        # the key exists before the build so that the site can pin its DID

@@ -13,8 +13,10 @@ Flow (each step one `Exam` method, each state change one database transaction):
 2. `answer`: validate, grade and store one answer (the row's primary key locks it: a second answer
    is refused); the reply says only that it was recorded.
 3. `finish`: score once; at ``score >= pass_fraction * total`` issue the certificate.
-4. `review`: once finished (or expired), every item of that attempt with the learner's answer,
-   the key, the worked value and every option's explanation.
+4. `review`: once finished (or expired), every item of that attempt with the learner's answer and whether it was
+   right; a numeric item's worked value (its numbers were drawn for this attempt alone), a choice item's idea
+   (`idea`) but never its key nor per-option explanations: a choice item is reused across attempts, so a review
+   that named its key would hand it to every later attempt (the harvest attack, tests/test_exam_harvest.py).
 
 Options are shown shuffled; the learner answers in shown positions and `choice_order` maps them back
 to bank indices.
@@ -82,6 +84,16 @@ def draw(banks: dict[int, quiz.Bank], per_chapter: int, rng: random.Random) -> l
             rng.shuffle(order)
             out.append((chapter, item.id, order, quiz.draw_params(item, rng) if item.parametric else None))
     return out
+
+
+def idea(item: quiz.Item, bank: quiz.Bank, lang: str = "en") -> str:
+    """What a choice item's review explains: the item's own ``explain`` (the idea it tests, written not to name
+    the key; `checkbank` refuses one that quotes it), else a pointer to its chapter."""
+    if item.explain:
+        return item.explain
+    if lang == "nl":
+        return f"Deze vraag toetst hoofdstuk {bank.chapter}, {bank.title}: lees dat nog eens na."
+    return f"This question tests chapter {bank.chapter}, {bank.title}: revisit it."
 
 
 def public_question(d: Drawn, bank: quiz.Bank) -> dict:
@@ -391,7 +403,8 @@ class Exam:
                 "credential": self.issuer.issue(attempt_id) if passed else None}
 
     def review(self, attempt_id: str, session: str | None) -> dict:
-        """After the attempt ends: every question with the answer given, the key and the explanations."""
+        """After the attempt ends: every question with the answer given and whether it was right; numeric items
+        with their worked value, choice items with the idea they test (no key)."""
         row = self._own_attempt(attempt_id, session)
         if row["finished_at"] is None and self.clock() <= row["expires_at"]:
             raise ExamError("the review opens when this attempt is finished", 409)
@@ -406,9 +419,9 @@ class Exam:
             if d.item.type == "numeric":
                 entry |= {"answer": quiz.round_sig(d.item.answer, d.item.sig), "sig": d.item.sig,
                           "explain": d.item.explain, "key": None, "explains": []}
-            else:
-                entry |= {"answer": None, "key": [s for s, i in enumerate(d.order) if d.item.choices[i].correct],
-                          "explains": [d.item.choices[i].explain for i in d.order], "explain": d.item.explain or None}
+            else:                       # right or wrong and the idea, never which option is the key
+                entry |= {"answer": None, "key": None, "explains": [],
+                          "explain": idea(d.item, self.banks_by_lang[lang][d.chapter], lang)}
             items.append(entry)
         return {"attempt_id": attempt_id, "lang": lang, "score": row["score"], "total": row["total"],
                 "passed": bool(row["passed"]), "finished": row["finished_at"] is not None, "items": items}

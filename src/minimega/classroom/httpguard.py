@@ -26,6 +26,8 @@ from urllib.parse import urlsplit
 import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
+from .limits import block_of
+
 LOG = logging.getLogger("minimega.classroom.guard")
 def _reply(detail: str) -> bytes:
     body = detail.encode()
@@ -52,10 +54,65 @@ def forwarded_client(header: str, is_proxy) -> str | None:
     return None
 
 
-def guarded_protocol(header_s: float, body_s: float, per_address: int, proxies=()) -> type:
-    """A uvicorn ``http`` protocol class with these deadlines and this per-address cap; `proxies` (addresses or
-    networks, ``--forwarded-allow-ips``) are the peers whose X-Forwarded-For names the client counted."""
+class ProxyTrustError(ValueError):
+    """A ``--forwarded-allow-ips`` value that would let clients pick the address the limits count."""
+
+
+def trusted_proxies(value: str | None, *, public: bool = False) -> list[str]:
+    """The proxies ``--forwarded-allow-ips`` names, each an address or network, checked: never ``*`` nor ranges
+    that together cover every address (``0.0.0.0/0``, ``::/0``, ``0.0.0.0/1,128.0.0.0/1``), and a public address
+    only when `public` (``--trust-public-proxy``) and named one by one (a /32 or /128): a public range trusts
+    whoever rents an address in it. Raises `ProxyTrustError` saying what to change."""
+    entries = [a.strip() for a in (value or "").split(",") if a.strip()]
+    nets = []
+    for entry in entries:
+        if entry == "*":
+            raise ProxyTrustError("--forwarded-allow-ips '*' would trust X-Forwarded-For from every client, so any "
+                                  "client could pick the address the per-address limits count; name the proxy's "
+                                  "address or network instead (compose.yaml passes 172.16.0.0/12)")
+        try:
+            net = ipaddress.ip_network(entry, strict=False)
+        except ValueError:
+            raise ProxyTrustError(f"--forwarded-allow-ips {entry[:60]!r}: not an address or network (a socket's "
+                                  "peer is an address; name the proxy's)") from None
+        if net.version == 6 and net.prefixlen <= 96 and net.supernet_of(ipaddress.ip_network("::ffff:0:0/96")):
+            raise ProxyTrustError(f"--forwarded-allow-ips {entry}: covers every IPv4-mapped address")
+        private = net.is_private or net.is_loopback or net.is_link_local
+        if not private and not (public and net.num_addresses == 1):
+            raise ProxyTrustError(f"--forwarded-allow-ips {entry}: a public {'address' if net.num_addresses == 1 else 'range'}; "
+                                  "trust public proxies one address at a time (a /32 or /128) with "
+                                  "--trust-public-proxy, or name the proxy's private address")
+        nets.append(net)
+    for version, everything in ((4, "0.0.0.0/0"), (6, "::/0")):
+        mine = list(ipaddress.collapse_addresses(n for n in nets if n.version == version))
+        if mine == [ipaddress.ip_network(everything)]:
+            raise ProxyTrustError(f"--forwarded-allow-ips {','.join(entries)[:120]}: together these cover every "
+                                  f"IPv{version} address, so any client could pick the address the limits count")
+    return entries
+
+
+def guarded_protocol(header_s: float, body_s: float, per_address: int, proxies=(), per_network: int | None = None,
+                     unfinished_per_network: int | None = None) -> type:
+    """A uvicorn ``http`` protocol class with these deadlines and caps; `proxies` (addresses or networks,
+    ``--forwarded-allow-ips``) are the peers whose X-Forwarded-For names the client counted.
+
+    Caps, each counted per sender (the socket's peer, or the forwarded client behind a trusted proxy):
+    `per_address` connections (requests in flight through a proxy) per address; `per_network` per network (IPv4 /24,
+    IPv6 /64, `limits.block_of`), so that one rented block cannot fill ``limit_concurrency``; and
+    `unfinished_per_network`, a smaller budget for requests whose headers or body are still arriving, so slow
+    clients never take the slots that finished requests need. None: no network cap."""
     held: Counter = Counter()
+    nets: Counter = Counter()
+    """Connections (or requests through a proxy) per network."""
+    unfinished: Counter = Counter()
+    """Connections in their header or body phase (through a proxy: requests whose body is still arriving)."""
+    per_network = per_network or 1 << 62
+    unfinished_per_network = unfinished_per_network or 1 << 62
+
+    def drop(counter: Counter, key) -> None:
+        counter[key] -= 1
+        if counter[key] <= 0:
+            del counter[key]
     networks = []
     for entry in proxies:
         try:
@@ -79,28 +136,46 @@ def guarded_protocol(header_s: float, body_s: float, per_address: int, proxies=(
                 address = forwarded_client(xff, is_proxy)
             if address is None:                           # the proxy's own request: not a client's
                 return await app(scope, receive, send)
-            if held[address] >= per_address:
-                LOG.warning("429: %s already has %d requests in flight through the proxy (the per-address cap)",
-                            address, per_address)
-                body = (f"{address} already has {per_address} requests in flight through the proxy (the "
-                        "per-address cap); retry in 5 s").encode()
+            network = block_of(address)
+            headers = dict(scope["headers"])
+            has_body = headers.get(b"content-length", b"0") not in (b"", b"0") or b"transfer-encoding" in headers
+            over = ("per-address" if held[address] >= per_address else "per-network" if nets[network] >= per_network
+                    else "unfinished" if has_body and unfinished[network] >= unfinished_per_network else None)
+            if over is not None:
+                LOG.warning("429: %s is at its %s cap of requests in flight through the proxy", network, over)
+                body = (f"{address} ({network}) is at its {over} cap of requests in flight through the proxy; "
+                        "retry in 5 s").encode()
                 await send({"type": "http.response.start", "status": 429, "headers": [
                     (b"content-type", b"text/plain; charset=utf-8"), (b"retry-after", b"5"),
                     (b"content-length", str(len(body)).encode())]})
                 return await send({"type": "http.response.body", "body": body})
             held[address] += 1
+            nets[network] += 1
+            arriving = has_body
+            if arriving:
+                unfinished[network] += 1
+
+            async def counted_receive():
+                nonlocal arriving
+                message = await receive()
+                if arriving and not message.get("more_body", False):
+                    arriving = False
+                    drop(unfinished, network)
+                return message
             try:
-                return await app(scope, receive, send)
+                return await app(scope, counted_receive, send)
             finally:
-                held[address] -= 1
-                if held[address] <= 0:
-                    del held[address]
+                drop(held, address)
+                drop(nets, network)
+                if arriving:
+                    drop(unfinished, network)
         return guarded_app
 
     class Guarded(H11Protocol):
         _timer = None
         _phase = None
         _counted = None
+        _arriving = False
 
         def connection_made(self, transport):
             super().connection_made(transport)
@@ -108,23 +183,37 @@ def guarded_protocol(header_s: float, body_s: float, per_address: int, proxies=(
             if is_proxy(address):                         # every client's connection: count its requests instead
                 self.app = capped(self.app)
             else:
-                if held[address] >= per_address:
-                    LOG.warning("connection refused: %s already holds %d connections (the per-address cap)",
-                                address, per_address)
+                network = block_of(address)
+                over = ("per-address" if held[address] >= per_address else
+                        "per-network" if nets[network] >= per_network else
+                        "unfinished" if unfinished[network] >= unfinished_per_network else None)
+                if over is not None:
+                    LOG.warning("connection refused: %s (%s) is at its %s cap of connections", address, network, over)
                     transport.abort()
                     return
                 held[address] += 1
-                self._counted = address
+                nets[network] += 1
+                self._counted = (address, network)
             self._arm()
 
         def connection_lost(self, exc):
             self._cancel()
+            self._unfinished(False)
             if self._counted is not None:
-                held[self._counted] -= 1
-                if held[self._counted] <= 0:
-                    del held[self._counted]
+                drop(held, self._counted[0])
+                drop(nets, self._counted[1])
                 self._counted = None
             super().connection_lost(exc)
+
+        def _unfinished(self, now: bool):
+            """Count this connection in its network's unfinished budget while a request is arriving."""
+            if self._counted is None or now == self._arriving:
+                return
+            self._arriving = now
+            if now:
+                unfinished[self._counted[1]] += 1
+            else:
+                drop(unfinished, self._counted[1])
 
         def data_received(self, data):
             super().data_received(data)
@@ -146,6 +235,7 @@ def guarded_protocol(header_s: float, body_s: float, per_address: int, proxies=(
                 return self._cancel()
             their = self.conn.their_state
             phase = "header" if their is h11.IDLE else "body" if their is h11.SEND_BODY else None
+            self._unfinished(phase is not None)
             if phase == self._phase:
                 return
             self._cancel()
@@ -167,7 +257,7 @@ def guarded_protocol(header_s: float, body_s: float, per_address: int, proxies=(
             self.transport.write(_reply(f"request {phase} not received within {limit:g} s"))
             self.transport.close()
 
-    Guarded.held = held
+    Guarded.held, Guarded.nets, Guarded.unfinished = held, nets, unfinished
     return Guarded
 
 
@@ -231,7 +321,8 @@ def server_options(config, forwarded_allow_ips: str | None = None) -> dict:
     """uvicorn options for `config`'s deadlines and caps (the service's and the tests' one source)."""
     proxies = [a.strip() for a in (forwarded_allow_ips or "").split(",") if a.strip() and a.strip() != "*"]
     return {"http": guarded_protocol(config.header_timeout_s, config.body_timeout_s,
-                                     config.connections_per_address, proxies),
+                                     config.connections_per_address, proxies, config.connections_per_network,
+                                     config.unfinished_per_network),
             "limit_concurrency": config.limit_concurrency, "timeout_keep_alive": 5,
             "h11_max_incomplete_event_size": 16 * 1024}
 

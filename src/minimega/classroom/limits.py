@@ -3,8 +3,10 @@
 An attacker rarely has one address: a cloud account rents a /24 of IPv4 or a whole IPv6 /64 (2^64 addresses)
 for the price of one. So every per-address budget is counted per *block* (`block_of`): IPv4 /24, IPv6 /64 (an
 IPv4-mapped IPv6 address counts as its IPv4 /24). Sign-ins also have an overall cap per hour and a cap per email
-domain per hour, which no pool of addresses or mailboxes at one provider escapes. Every refusal says when to
-retry (in its text and in ``Retry-After``).
+domain per hour, which no pool of addresses or mailboxes at one provider escapes; both are shares (`ShareCap`):
+once a cap is spent, each network still has a small budget of its own (per domain, for the domain's cap), so an
+attack that spends a cap slows the attacker's networks down and never locks out a learner from another network.
+Every refusal says when to retry (in its text and in ``Retry-After``).
 
 `RateLimiter` counts in memory (one SQLite instance); `SharedRateLimiter` in the store, so that every instance
 on one PostgreSQL database counts the same events.
@@ -82,3 +84,22 @@ def limiter(store, bucket: str, limit: int, window_s: float, what: str = "from t
     if store.shared:
         return SharedRateLimiter(store, bucket, limit, window_s, what=what)
     return RateLimiter(limit, window_s, what=what)
+
+
+class ShareCap:
+    """A cap shared by everyone (overall, or per email domain) that slows down instead of locking out: while the
+    cap has room, every event counts against it; once it is spent, a sender's network may still spend `share`
+    events per window of its own (keyed on the cap's key and the network), so a flood from many networks spends
+    the cap but a network that has not taken part still gets its share."""
+
+    def __init__(self, cap, share):
+        self.cap, self.share = cap, share
+
+    def hit(self, key: str, network: str, now: float | None = None) -> None:
+        try:
+            self.cap.hit(key, now)
+        except ExamError as spent:
+            try:
+                self.share.hit(f"{key}|{network}", now)
+            except ExamError:
+                raise spent from None

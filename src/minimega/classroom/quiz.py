@@ -304,9 +304,17 @@ def formula_namespace() -> dict:
 
 
 def evaluate(expr: str, values: dict | None = None) -> float:
-    """Evaluate a formula (from a bank in this repository, never from a request) in `formula_namespace`."""
+    """Evaluate a formula (from a bank in this repository, never from a request) in `formula_namespace`.
+
+    Remembered per (formula, values): the service re-instantiates an attempt's templates on every answer, review
+    and resume, and a formula that searches (``min(n for n in range(…) if …)``) costs milliseconds each time."""
+    return _evaluate(expr, tuple(sorted((values or {}).items())))
+
+
+@functools.lru_cache(maxsize=65536)
+def _evaluate(expr: str, values: tuple) -> float:
     # the namespace is the globals, so generator expressions inside a formula can see it too
-    return float(_eval(expr, values))
+    return float(_eval(expr, dict(values)))
 
 
 def _eval(expr: str, values: dict | None = None):

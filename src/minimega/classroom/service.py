@@ -39,17 +39,18 @@ from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Resp
 from fastapi.staticfiles import StaticFiles
 
 from . import banks, certificate
-from .api_models import (  # noqa: F401  (re-exported)
+
     ERRORS, Strict, SigninIn, SigninOut, ConfirmIn, SessionOut, MeOut, StartIn, QuestionOut, AttemptOut,
     AnswerIn, RecordedOut, ReviewItem, ReviewOut, CredentialLinks, FinishOut, Error,
 )
 from .bare_page import bare_exam_pages, exam_path
+from .checkbank import refuse_disguised_sample
 from .exam import Exam, ExamError, clean_email, rules_text
 from .mailer import mailer_for
 from .issuer import Issuer
 from .httpguard import SecurityHeaders
 from .keys import Keyring
-from .limits import block_of, limiter
+from .limits import ShareCap, block_of, limiter
 from .settings import ClassroomConfig
 from .stores import open_store, secure_var_dir
 from .verification_code import CodeError, normalize
@@ -133,6 +134,7 @@ def create_app(config: ClassroomConfig, *, keyring: Keyring | None = None, clock
     folder = banks.choose(config.banks_dir, dev=config.dev, allow_sample=config.allow_sample_bank)
     bank_set = banks.open_bank_set(folder, config.questions_per_chapter)      # fail before touching var/
     banks.refuse_sample(bank_set, dev=config.dev, allow_sample=config.allow_sample_bank)
+    bank_set = refuse_disguised_sample(bank_set, dev=config.dev, allow_sample=config.allow_sample_bank)
     mailer = mailer if mailer is not None else mailer_for(config)
     secure_var_dir(config.var_dir)
     store = open_store(config.db_path)
@@ -145,9 +147,11 @@ def create_app(config: ClassroomConfig, *, keyring: Keyring | None = None, clock
     signin_limit = limiter(store, "signin", config.ip_signins_per_hour, 3600)
     start_limit = limiter(store, "start", config.ip_attempts_per_hour, 3600)
     api_limit = limiter(store, "api", config.ip_requests_per_minute, 60)
-    signin_all = limiter(store, "signin-all", config.signins_per_hour_total, 3600, what="for sign-ins")
-    signin_domain = limiter(store, "signin-domain", config.signins_per_domain_per_hour, 3600,
-                            what="for sign-ins from this email domain")
+    signin_all = ShareCap(limiter(store, "signin-all", config.signins_per_hour_total, 3600, what="for sign-ins"),
+                          limiter(store, "signin-all-share", config.signin_share_per_hour, 3600))
+    signin_domain = ShareCap(limiter(store, "signin-domain", config.signins_per_domain_per_hour, 3600,
+                                     what="for sign-ins from this email domain"),
+                             limiter(store, "signin-domain-share", config.signin_share_per_hour, 3600))
 
     app = FastAPI(title="minimega exam", version=config.course_version,
                   description="Graded exam and verifiable Open Badges 3.0 certificates.")
@@ -203,8 +207,8 @@ def create_app(config: ClassroomConfig, *, keyring: Keyring | None = None, clock
     def signin(body: SigninIn, request: Request):
         signin_limit.hit(net(request))
         email = clean_email(body.email)
-        signin_domain.hit(email.rsplit("@", 1)[1].lower())
-        signin_all.hit("all")
+        signin_domain.hit(email.rsplit("@", 1)[1].lower(), net(request))
+        signin_all.hit("all", net(request))
         return exam.request_signin(email, lang=body.lang)
 
     @app.post("/api/v1/signin/confirm", response_model=SessionOut, responses=ERRORS)

@@ -62,6 +62,9 @@ class ClassroomConfig:
     """Sign-in mails per hour, all addresses together: what no address pool escapes."""
     signins_per_domain_per_hour: int = 300
     """Sign-in mails per hour to one email domain (mailboxes at one provider are cheap too)."""
+    signin_share_per_hour: int = 3
+    """Once the overall or a domain's cap is spent, sign-ins per hour each network still has (per domain, for the
+    domain's cap): the caps slow a flood down without locking out learners on networks that took no part."""
     header_timeout_s: float = 10
     """A request's headers must arrive within this (of the connection, or of the last response): else 408, closed."""
     body_timeout_s: float = 20
@@ -71,6 +74,12 @@ class ClassroomConfig:
     connections_per_address: int = 50
     """Open connections one client address may hold; through a proxy in ``--forwarded-allow-ips``, requests in
     flight per forwarded client address (`httpguard.guarded_protocol`)."""
+    network_share: float = 0.25
+    """Of `limit_concurrency`, what one network (IPv4 /24, IPv6 /64) may hold: connections, or through a proxy in
+    ``--forwarded-allow-ips`` requests in flight per forwarded client network (`connections_per_network`)."""
+    unfinished_share: float = 0.1
+    """Of `limit_concurrency`, what one network may hold in requests still arriving (headers, or a body): slow
+    clients' own smaller budget (`unfinished_per_network`)."""
     min_attempt_s: float = 300
     """An attempt cannot be finished sooner than this after it starts (stated on the page): a script answers 48
     questions in well under a second, a person takes far longer than 5 minutes."""
@@ -88,6 +97,11 @@ class ClassroomConfig:
                                                                           self.connections_per_address) < 1:
             raise ValueError("header_timeout_s and body_timeout_s must be > 0, limit_concurrency and "
                              "connections_per_address >= 1")
+        if min(self.signin_share_per_hour, self.signins_per_hour_total, self.signins_per_domain_per_hour) < 1:
+            raise ValueError("signin_share_per_hour, signins_per_hour_total and signins_per_domain_per_hour must be >= 1")
+        if not 0 < self.unfinished_share <= self.network_share <= 1:
+            raise ValueError(f"unfinished_share={self.unfinished_share}, network_share={self.network_share}: "
+                             "need 0 < unfinished_share <= network_share <= 1")
         if self.fail_cooldown_s < 0 or self.body_limit_bytes < 1024:
             raise ValueError("fail_cooldown_s must be >= 0 and body_limit_bytes >= 1024")
         if not self.base_url.startswith(("http://", "https://")) or self.base_url.endswith("/"):
@@ -99,6 +113,14 @@ class ClassroomConfig:
                 raise ValueError(f"db={self.db.split('://')[0]}://…: use a postgresql:// URL or a SQLite file path")
         if self.issuer_did is not None and not self.issuer_did.startswith("did:web:"):
             raise ValueError(f"issuer_did={self.issuer_did!r}: use did:web:<host>, or leave unset for did:key")
+
+    @property
+    def connections_per_network(self) -> int:
+        return max(1, int(self.limit_concurrency * self.network_share))
+
+    @property
+    def unfinished_per_network(self) -> int:
+        return max(1, int(self.limit_concurrency * self.unfinished_share))
 
     @property
     def has_site(self) -> bool:

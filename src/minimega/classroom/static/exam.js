@@ -450,14 +450,8 @@
       item.append(el("p", t().given(describe(q, q.response))));
       if (q.type === "numeric") {
         item.append(el("p", t().answer(`${t().num(q.answer, q.sig)}${q.unit ? ` ${q.unit}` : ""}`)), el("p", q.explain));
-      } else {
-        const ul = el("ul");
-        q.choices.forEach((text, i) => {
-          const li = el("li");
-          li.append(el("strong", `${q.key.includes(i) ? t().right : t().wrong}: ${text}. `), document.createTextNode(q.explains[i]));
-          ul.append(li);
-        });
-        item.append(ul);
+      } else {                    // right or wrong and the idea tested: the key stays secret (later attempts reuse it)
+        item.append(el("p", `${q.correct ? t().right : t().wrong}. ${q.explain || ""}`));
       }
       box.append(item);
     }
