@@ -39,7 +39,7 @@ from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Resp
 from fastapi.staticfiles import StaticFiles
 
 from . import banks, certificate
-
+from .api_models import (  # noqa: F401  (re-exported)
     ERRORS, Strict, SigninIn, SigninOut, ConfirmIn, SessionOut, MeOut, StartIn, QuestionOut, AttemptOut,
     AnswerIn, RecordedOut, ReviewItem, ReviewOut, CredentialLinks, FinishOut, Error,
 )
