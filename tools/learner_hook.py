@@ -42,10 +42,12 @@ QUIZ_ITEM_MINUTES = 1         # per quiz question
 
 CONTROLS = {
     "en": {"play": "Play", "pause": "Pause", "back": "Step back", "forward": "Step forward", "first": "First frame",
-           "frame": "Frame", "of": "of", "keys": "Keys: ← → step, space plays or pauses, Home goes to the start."},
+           "frame": "Frame", "of": "of", "keys": "Keys: ← → step, space plays or pauses, Home goes to the start.",
+           "steps": "All {n} steps in words"},
     "nl": {"play": "Afspelen", "pause": "Pauzeren", "back": "Stap terug", "forward": "Stap vooruit",
            "first": "Eerste beeld", "frame": "Beeld", "of": "van",
-           "keys": "Toetsen: ← → stap, spatie speelt af of pauzeert, Home gaat naar het begin."},
+           "keys": "Toetsen: ← → stap, spatie speelt af of pauzeert, Home gaat naar het begin.",
+           "steps": "Alle {n} stappen in woorden"},
 }
 
 
@@ -61,9 +63,14 @@ def animation_html(name: str, lang: str) -> str:
         raise PluginError(str(err)) from err
     words = json.dumps(CONTROLS[lang], ensure_ascii=False)
     payload = json.dumps(data, ensure_ascii=False, separators=(",", ":"))
+    # The text alternative (WCAG 1.1.1): every frame's caption, in order, in the page itself (read without
+    # scripts, found by search); animate.js moves it below the controls.
+    steps = "".join(f"<li>{html.escape(f['caption'])}</li>" for f in data["frames"])
+    summary = CONTROLS[lang]["steps"].format(n=len(data["frames"]))
     # In an attribute, not a <script>: instant navigation re-creates a page's scripts when it swaps the page.
     return (f'<div class="mm-anim" id="anim-{name}" lang="{lang}" data-anim="{name}" data-words="{html.escape(words)}" '
-            f'data-frames="{html.escape(payload)}"><noscript>{html.escape(data["title"])}</noscript></div>')
+            f'data-frames="{html.escape(payload)}"><noscript>{html.escape(data["title"])}</noscript>'
+            f'<details class="mm-anim-steps"><summary>{html.escape(summary)}</summary><ol>{steps}</ol></details></div>')
 
 
 # ----------------------------------------------------------------------------------------------

@@ -6,10 +6,13 @@
  * forward) and a range slider; the box itself takes the keys: ← and → step, space plays or pauses,
  * Home and End jump. The caption is a polite live region, so a screen reader hears each step's words.
  * The grid scrolls inside its own box when it is wider than the page (the pipeline grids at 390 px).
+ * Every caption is also in the page as a list (the build writes it: the text alternative); with
+ * prefers-reduced-motion nothing advances by itself: no play button, the list open, steps by hand.
  */
 (function () {
   "use strict";
   var DELAY = 1100;
+  var STILL = window.matchMedia && window.matchMedia("(prefers-reduced-motion: reduce)");
 
   function el(tag, cls, text) {
     var e = document.createElement(tag);
@@ -38,7 +41,7 @@
     var scroller = el("div", "mm-anim-scroll");
     var table = el("table", "mm-anim-grid" + (data.compact ? " mm-anim-compact" : ""));
     var thead = el("thead"), hr = el("tr");
-    hr.appendChild(el("th", ""));
+    hr.appendChild(el("td", ""));                 // the corner: no header cell without a header
     data.cols.forEach(function (c) { var th = el("th", "", c); th.scope = "col"; hr.appendChild(th); });
     thead.appendChild(hr);
     table.appendChild(thead);
@@ -82,6 +85,16 @@
     box.appendChild(controls);
     box.appendChild(caption);
     box.appendChild(el("p", "mm-anim-keys", w.keys));
+    var steps = box.querySelector(".mm-anim-steps");
+    if (steps) box.appendChild(steps);                 // the captions as a list, below the controls
+    function motion() {
+      var still = !!(STILL && STILL.matches);
+      play.hidden = still;
+      if (steps && still) steps.open = true;
+      if (still) stop();
+    }
+    motion();
+    if (STILL && STILL.addEventListener) STILL.addEventListener("change", motion);
     box.tabIndex = 0;
     box.setAttribute("role", "group");
     box.setAttribute("aria-label", data.title);
@@ -109,6 +122,7 @@
       if (i === frames.length - 1) stop();
     }
     function start() {
+      if (STILL && STILL.matches) return;               // prefers-reduced-motion: by hand only
       if (i === frames.length - 1) go(0);
       play.textContent = "❚❚"; play.setAttribute("aria-label", w.pause); play.title = w.pause;
       timer = setInterval(function () { go(i + 1); }, DELAY);
