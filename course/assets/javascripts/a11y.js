@@ -12,13 +12,14 @@
   if (window.mmA11y) return;
   window.mmA11y = true;
   var WORDS = {
-    en: {table: "Table", formula: "Formula", grid: "Grid", code: "Code", scrolls: "scrolls sideways",
+    en: {table: "Table", formula: "Formula", grid: "Grid", code: "Code", tabs: "Tabs", scrolls: "scrolls sideways",
          annotation: "Annotation"},
-    nl: {table: "Tabel", formula: "Formule", grid: "Raster", code: "Code", scrolls: "schuift opzij",
+    nl: {table: "Tabel", formula: "Formule", grid: "Raster", code: "Code", tabs: "Tabbladen", scrolls: "schuift opzij",
          annotation: "Toelichting"}
   };
   var KINDS = [
     [".md-typeset__scrollwrap, .mm-calc-table, .mm-table-scroll", "table"],
+    [".tabbed-labels", "tabs"],
     ["div.arithmatex, .katex-display", "formula"],
     [".mm-anim-scroll", "grid"],
     [".md-typeset pre > code", "code"]
