@@ -220,13 +220,17 @@ def test_every_page_and_exam_state_has_no_serious_violation(course, chromium):
 # Where the focus is, and whether it shows: an outline or a ring on the element (or, for an input drawn by its
 # label, on the label), and the element or that label on screen.
 FOCUS_JS = """() => {
-  const e = document.activeElement;
-  if (!e || e === document.body) return null;
-  const shown = x => { const s = getComputedStyle(x);
+  let e = document.activeElement;
+  while (e && e.tagName === 'IFRAME' && e.contentDocument && e.contentDocument.activeElement)
+    e = e.contentDocument.activeElement;                 // a figure's page: where the focus is inside it
+  if (!e || e === e.ownerDocument.body) return null;
+  const shown = x => { const s = x.ownerDocument.defaultView.getComputedStyle(x);
     return (s.outlineStyle !== 'none' && parseFloat(s.outlineWidth) > 0) || s.boxShadow !== 'none'; };
   const big = x => { const r = x.getBoundingClientRect(); return r.width > 0 && r.height > 0; };
-  const label = e.labels && e.labels[0];
-  const visible = (shown(e) && big(e)) || (label && shown(label) && big(label));
+  // an input drawn by a label: its own, or (material's palette toggle) the label right after it
+  const labels = [...(e.labels || [])];
+  if (e.nextElementSibling && e.nextElementSibling.tagName === 'LABEL') labels.push(e.nextElementSibling);
+  const visible = (shown(e) && big(e)) || labels.some(l => shown(l) && big(l));
   return {id: e.id, tag: e.tagName, cls: String(e.className), text: (e.textContent || '').trim().slice(0, 40),
           visible: !!visible};
 }"""
@@ -246,6 +250,12 @@ class Keys:
             self.hidden.append(where)
         return where
 
+    def follow(self):
+        """Enter on the focused link, which loads another page."""
+        with self.page.expect_navigation():
+            self.page.keyboard.press("Enter")
+        self.presses += 1
+
     def tab_to(self, selector: str, limit: int = 120):
         """Tab until the focused element matches `selector`."""
         for _ in range(limit):
@@ -258,6 +268,8 @@ class Keys:
         """In a radio group: arrow down until `element_id` has the focus (and so is checked)."""
         for _ in range(limit):
             if self.page.evaluate("() => document.activeElement.id") == element_id:
+                if not self.page.evaluate("() => document.activeElement.checked"):
+                    self.press("Space")                  # Tab lands on a group's first radio without checking it
                 return
             self.press("ArrowDown")
         raise AssertionError(f"arrow keys never reached #{element_id}")
@@ -300,8 +312,7 @@ def test_keyboard_alone_quiz_animation_exam_and_certificate(course, chromium):
     keys.press("Enter")
     expect(page.locator("#mm-exam-dev-link")).to_be_visible()
     keys.tab_to("#mm-exam-dev-link")
-    with page.expect_navigation():
-        keys.press("Enter")
+    keys.follow()
     keys.tab_to("#mm-exam-name")
     page.keyboard.type("Grace Hopper")
     keys.press("Enter")
@@ -326,8 +337,7 @@ def test_keyboard_alone_quiz_animation_exam_and_certificate(course, chromium):
     keys.press("Enter")
     expect(page.locator("#mm-exam-score")).to_contain_text(f"{len(key)} of {len(key)}")
     keys.tab_to("#mm-exam-verify", limit=400)
-    with page.expect_navigation():
-        keys.press("Enter")
+    keys.follow()
     expect(page.locator("#mm-verify-verdict")).to_have_attribute("data-valid", "true")
     expect(page.locator("#mm-verify-claims")).to_contain_text("Grace Hopper")
     ctx.close()
