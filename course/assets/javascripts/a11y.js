@@ -6,8 +6,6 @@
  *   gets tabindex="0", role="region" and a name (the table's caption or the step-through's title, else what it
  *   is). A box that fits again loses them: no tab stop that does nothing.
  * - Material's code annotation markers are links with no text; each is named "Annotation N" (4.1.2).
- * - The search results' scrolling box is a tab stop only while the search is open (closed, the focus would
- *   land on nothing visible: 2.4.7).
  */
 (function () {
   "use strict";
@@ -56,10 +54,6 @@
         }
       });
     });
-    var open = document.getElementById("__search");
-    document.querySelectorAll(".md-search__scrollwrap").forEach(function (box) {
-      box.setAttribute("tabindex", open && open.checked ? "0" : "-1");
-    });
     document.querySelectorAll("a.md-annotation__index:not([aria-label])").forEach(function (a) {
       var id = a.querySelector("[data-md-annotation-id]");
       a.setAttribute("aria-label", w.annotation + (id ? " " + id.getAttribute("data-md-annotation-id") : ""));
@@ -72,7 +66,6 @@
     pending = setTimeout(function () { pending = 0; scan(); }, 150);
   }
   window.addEventListener("resize", later);
-  document.addEventListener("change", function (ev) { if (ev.target.id === "__search") scan(); });
   new MutationObserver(function (records) {
     // only new elements matter (a step-through's frame rewrites its cells' text; that changes no box)
     for (var i = 0; i < records.length; i++)
