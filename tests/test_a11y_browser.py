@@ -33,6 +33,14 @@ TAGS = ["wcag2a", "wcag2aa", "wcag21a", "wcag21aa"]
 BLOCKING = ("serious", "critical")
 WIDTHS = (1280, 390)
 AXE_JS = axe_module.Axe().axe_script
+EXPECT_S = 20                          # expect()'s wait: pages settle slowly on a loaded two-core machine
+
+
+@pytest.fixture(autouse=True)
+def patient_expect():
+    sync_api.expect.set_options(timeout=EXPECT_S * 1000)
+    yield
+    sync_api.expect.set_options(timeout=5000)           # Playwright's default, for the other files' tests
 # color-contrast is most of axe's time: it finds each text element's background from the elements under it, and
 # a chapter has ~1,000 text elements outside its ~4,000 highlighted-code and KaTeX spans. Its verdict depends on
 # the text's colour, size and weight and on the colours behind it, so it runs on one element of each distinct
