@@ -193,6 +193,7 @@ def _exam_states(page, app, base, lang, report, width):
     return _both_widths(page, report, f"{lang} verify with a certificate", width)
 
 
+@pytest.mark.timeout(1500)             # ~120 page views; see the module docstring for what it costs
 def test_every_page_and_exam_state_has_no_serious_violation(course, chromium):
     base, app = course
     t0 = time.monotonic()
@@ -203,7 +204,7 @@ def test_every_page_and_exam_state_has_no_serious_violation(course, chromium):
         page.on("pageerror", lambda e: trouble.append(str(e)))
         page.goto(base + home)
         pages = _nav(page, base)
-        assert len(pages) >= 20 or os.environ.get("MM_A11Y_VERBOSE"), pages
+        assert len(pages) >= 20, pages
         assert all(p.startswith(base + home) for p in pages), pages
         width = WIDTHS[0]
         for url in pages:
@@ -283,6 +284,7 @@ class Keys:
         raise AssertionError(f"arrow keys never reached #{element_id}")
 
 
+@pytest.mark.timeout(600)
 def test_keyboard_alone_quiz_animation_exam_and_certificate(course, chromium):
     base, app = course
     expect = sync_api.expect
