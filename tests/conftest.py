@@ -97,7 +97,8 @@ SLOW = ("tests/test_composition.py::test_case_matches_single_process", "tests/te
         "tests/test_labs.py::test_ring_check_reports_a_hang_instead_of_waiting_forever",   # waits out a timeout
         "tests/test_tensor_parallel.py::test_parity_with_single_process[dp1-tp4-V255]",
         "tests/test_classroom_dockerfile.py::test_cmd_with_dev_set_explicitly_serves_links_on_the_page",
-        "tests/test_checkpoint_memory.py::test_save_and_load_cost_a_shard_per_rank")
+        "tests/test_checkpoint_memory.py::test_save_and_load_cost_a_shard_per_rank",
+        "tests/test_a11y_browser.py::test_every_page_and_exam_state_has_no_serious_violation")   # axe on ~120 views
 
 
 # Session fixtures that cost seconds to set up: the course site's build (~20 s) and a PostgreSQL server.

@@ -11,10 +11,12 @@
  * come with each frame, its bar is the value over the animation's largest. With `prefers-reduced-motion`,
  * nothing moves by itself: no smooth scrolling, no transitions (animate.css), and Play steps only when asked.
  * The hook puts every caption in an ordered list inside the box (the text alternative); it stays last.
+ * With prefers-reduced-motion the Play button is hidden and the list of captions open: steps by hand only.
  */
 (function () {
   "use strict";
   var DELAY = 1100;
+  var STILL = window.matchMedia && window.matchMedia("(prefers-reduced-motion: reduce)");
 
   function el(tag, cls, text) {
     var e = document.createElement(tag);
@@ -50,7 +52,7 @@
     scroller.setAttribute("aria-label", data.title);
     var table = el("table", "mm-anim-grid" + (data.compact ? " mm-anim-compact" : ""));
     var thead = el("thead"), hr = el("tr");
-    hr.appendChild(el("th", ""));
+    hr.appendChild(el("td", ""));                 // the corner: no header cell without a header
     data.cols.forEach(function (c) { var th = el("th", "", c); th.scope = "col"; hr.appendChild(th); });
     thead.appendChild(hr);
     table.appendChild(thead);
@@ -110,6 +112,14 @@
     box.appendChild(caption);
     box.appendChild(el("p", "mm-anim-keys", w.keys));
     if (steps) box.appendChild(steps);             // the captions as a list, after the controls
+    function motion() {
+      var still = !!(STILL && STILL.matches);
+      play.hidden = still;
+      if (steps && still) steps.open = true;
+      if (still) stop();
+    }
+    motion();
+    if (STILL && STILL.addEventListener) STILL.addEventListener("change", motion);
     box.tabIndex = 0;
     box.setAttribute("role", "group");
     box.setAttribute("aria-label", data.title);
@@ -156,6 +166,7 @@
       if (target !== x) scroller.scrollTo({left: Math.max(0, target), behavior: reduced() ? "auto" : "smooth"});
     }
     function start() {
+      if (STILL && STILL.matches) return;               // prefers-reduced-motion: by hand only
       if (i === frames.length - 1) go(0);
       play.textContent = "❚❚"; play.setAttribute("aria-label", w.pause); play.title = w.pause;
       timer = setInterval(function () { go(i + 1); }, DELAY);

@@ -27,6 +27,7 @@ no third-party request.
 """
 from __future__ import annotations
 
+import functools
 import html
 import json
 import logging
@@ -179,8 +180,12 @@ def on_page_markdown(markdown: str, page, config, files) -> str:
             from minimega.figures.plots import FIGURES
             if name not in FIGURES:
                 raise PluginError(f"{page.file.src_path}: unknown figure {name!r}; have {sorted(FIGURES)}")
+            from minimega.figures.summary import summarize
+            # the chart's numbers in words under it (WCAG 1.1.1), from the same figure object it is drawn from
+            summary = summarize(built_figure(name, lang), lang)
             return (f'<figure class="mm-figure" id="fig-{name}"><iframe src="{prefix}{figure_path(name, lang)}" '
-                    f'title="{html.escape(caption)}" loading="lazy"></iframe>'
+                    f'title="{html.escape(caption)}" loading="lazy" aria-describedby="fig-{name}-summary"></iframe>'
+                    f'<p class="mm-figure-summary" id="fig-{name}-summary">{html.escape(summary)}</p>'
                     f"<figcaption>{html.escape(caption)}</figcaption></figure>")
         if QUIZ.match(body):
             stem = page_stem(page.file.src_path)
@@ -300,6 +305,13 @@ def on_files(files, config):
 FIGURE_LANGUAGES = ("en", "nl")
 
 
+@functools.lru_cache(maxsize=None)
+def built_figure(name: str, lang: str):
+    """Figure `name` in `lang`, built once per build: the page's summary and the figure's own page read one object."""
+    from minimega.figures import plots
+    return plots.FIGURES[name](lang=lang)
+
+
 def figure_path(name: str, lang: str = "en") -> str:
     """Where figure `name` in `lang` lies in the built site, from the site root."""
     if lang not in FIGURE_LANGUAGES:
@@ -327,10 +339,10 @@ def on_post_build(config) -> None:
     if not (site / PLOTLY_JS).exists():
         raise PluginError(f"{PLOTLY_JS} is missing from the built site (see course/assets/vendor/README.md)")
     for lang in FIGURE_LANGUAGES:
-        for name, build in plots.FIGURES.items():
+        for name in plots.FIGURES:
             path = figure_path(name, lang)
             plotly_src = "../" * (path.count("/") - 1) + PLOTLY_JS.removeprefix("assets/")   # from the figure's folder
-            fig = build(lang=lang)
+            fig = built_figure(name, lang)
             title = (fig.layout.meta or {}).get("title") or fig.layout.title.text or name
             (site / path).parent.mkdir(parents=True, exist_ok=True)
             (site / path).write_text(plots.figure_html(fig, f"fig-{name}-plot", plotly_src, title, lang),

@@ -56,7 +56,12 @@ def figure_html(fig: go.Figure, div_id: str, plotly_src: str, title: str = "", l
                        default_width="100%", default_height="100%")
     head = ('<meta name="viewport" content="width=device-width, initial-scale=1"><title>'
             + html.escape(title or div_id) + "</title><style>html,body{margin:0;height:100%;"
-            "background:transparent;overflow:hidden}</style>")
+            "background:transparent;overflow:hidden}"
+            # plotly's toolbar shows on hover only: a keyboard user tabbing through it sees it too, and where
+            # the focus is (WCAG 2.4.7)
+            ".js-plotly-plot .plotly .modebar:focus-within{opacity:1!important}"
+            ".js-plotly-plot .plotly .modebar-btn:focus-visible{outline:3px solid #303fa0;outline-offset:1px}"
+            "</style>")
     if not lang.isalpha():
         raise ValueError(f"figure page language {lang!r}: expected a language code such as 'nl'")
     return page.replace("<html>", f'<html lang="{lang}">', 1).replace("<head>", "<head>" + head, 1)

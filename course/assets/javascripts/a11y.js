@@ -1,0 +1,77 @@
+/* What mkdocs-material 9.8 leaves out for WCAG 2.1 AA, added once per page (and again after each instant
+ * navigation, resize or new content):
+ *
+ * - A box that scrolls sideways (a wide table, a long formula, a step-through's grid on a phone) takes the
+ *   keyboard focus, so it can be scrolled with the arrow keys (2.1.1, axe's scrollable-region-focusable): it
+ *   gets tabindex="0", role="region" and a name (the table's caption or the step-through's title, else what it
+ *   is). A box that fits again loses them: no tab stop that does nothing.
+ * - Material's code annotation markers are links with no text; each is named "Annotation N" (4.1.2).
+ */
+(function () {
+  "use strict";
+  if (window.mmA11y) return;
+  window.mmA11y = true;
+  var WORDS = {
+    en: {table: "Table", formula: "Formula", grid: "Grid", code: "Code", tabs: "Tabs", scrolls: "scrolls sideways",
+         annotation: "Annotation"},
+    nl: {table: "Tabel", formula: "Formule", grid: "Raster", code: "Code", tabs: "Tabbladen", scrolls: "schuift opzij",
+         annotation: "Toelichting"}
+  };
+  var KINDS = [
+    [".md-typeset__scrollwrap, .mm-calc-table, .mm-table-scroll", "table"],
+    [".tabbed-labels", "tabs"],
+    ["div.arithmatex, .katex-display", "formula"],
+    [".mm-anim-scroll", "grid"],
+    [".md-typeset pre > code", "code"]
+  ];
+
+  function words() {
+    var lang = (document.documentElement.lang || "en").slice(0, 2);
+    return WORDS[lang] || WORDS.en;
+  }
+
+  function nameOf(box, kind, w) {
+    var caption = box.querySelector("caption");
+    var anim = box.closest(".mm-anim");
+    var title = caption ? caption.textContent : anim ? anim.getAttribute("aria-label") : "";
+    return (title ? title.trim() : w[kind]) + ", " + w.scrolls;
+  }
+
+  function scan() {
+    var w = words(), seen = new Set();
+    KINDS.forEach(function (pair) {
+      document.querySelectorAll(pair[0]).forEach(function (box) {
+        if (seen.has(box) || box.closest("[data-mm-scroll-region]:not(:scope)")) return;
+        seen.add(box);
+        var scrolls = box.scrollWidth > box.clientWidth + 1 && getComputedStyle(box).overflowX !== "visible";
+        if (scrolls && !box.hasAttribute("tabindex")) {
+          box.setAttribute("tabindex", "0");
+          box.setAttribute("role", "region");
+          box.setAttribute("aria-label", nameOf(box, pair[1], w));
+          box.setAttribute("data-mm-scroll-region", "");
+        } else if (!scrolls && box.hasAttribute("data-mm-scroll-region")) {
+          ["tabindex", "role", "aria-label", "data-mm-scroll-region"].forEach(function (a) { box.removeAttribute(a); });
+        }
+      });
+    });
+    document.querySelectorAll("a.md-annotation__index:not([aria-label])").forEach(function (a) {
+      var id = a.querySelector("[data-md-annotation-id]");
+      a.setAttribute("aria-label", w.annotation + (id ? " " + id.getAttribute("data-md-annotation-id") : ""));
+    });
+  }
+
+  var pending = 0;
+  function later() {
+    if (pending) return;
+    pending = setTimeout(function () { pending = 0; scan(); }, 150);
+  }
+  window.addEventListener("resize", later);
+  new MutationObserver(function (records) {
+    // only new elements matter (a step-through's frame rewrites its cells' text; that changes no box)
+    for (var i = 0; i < records.length; i++)
+      for (var j = 0; j < records[i].addedNodes.length; j++) if (records[i].addedNodes[j].nodeType === 1) { later(); return; }
+  }).observe(document.documentElement, {childList: true, subtree: true});
+  if (window.document$) window.document$.subscribe(scan);
+  else document.addEventListener("DOMContentLoaded", scan);
+  window.mmA11yScan = scan;           // the tests call it to settle a page before they measure it
+})();
