@@ -5,11 +5,12 @@
 1. One chunk (the last of pp 2: half the blocks, ln_f, the head), one process: the plain backward, the split
    (`pipeline.split`: B = input gradient keeping each weight's split-point gradient, W = weight gradients
    from there) and the former W (``autograd.backward(out, grad, inputs=params)``, which re-runs the chain),
-   repeated interleaved; prints medians and B + W / backward. Run at the step's micro-batch (1 row) and at
+   repeated interleaved; prints medians and B + W / backward, on the wall clock and in process CPU time (the
+   work done, which the machine's other load disturbs less). Run at the step's micro-batch (1 row) and at
    ``--rows`` rows (a chunk big enough to time).
 2. Two gloo ranks, pp 2, ``--micro-batches`` m: a 1F1B engine and a ZB-H1 engine on identical models and data,
    their steps alternating within each of ``--rounds`` rounds (so machine load drifts over both alike); prints
-   the median step times, ZB-H1 / 1F1B, and each schedule's bubble: on the slot grid and on the wall clock
+   the median step times (and each rank's CPU time per step), ZB-H1 / 1F1B, and each schedule's bubble: on the slot grid and on the wall clock
    (`Pipeline.bubble()`), plus the bytes the split holds from B to W.
 """
 from __future__ import annotations
@@ -39,31 +40,43 @@ def chunk_times(preset: str, rows: int, reps: int = 7) -> dict:
         inp = h.clone().requires_grad_()
         return inp, chunk.loss(chunk(inp), y)
 
-    t = {"backward": [], "B": [], "W": [], "W_rerun": []}
+    t = {k: [] for k in ("backward", "B", "W", "W_rerun")}
+    cpu = {k: [] for k in t}                     # process CPU time: the work, less the machine's other load
     held = 0
+
+    def clocks():
+        return time.perf_counter(), time.process_time()
+
+    def note(kind, since):
+        now = clocks()
+        t[kind].append(now[0] - since[0])
+        cpu[kind].append(now[1] - since[1])
+        return now
     for _ in range(reps + 1):
         inp, out = forward()
-        t0 = time.perf_counter()
+        c0 = clocks()
         torch.autograd.backward(out, inputs=params + [inp])
-        t["backward"].append(time.perf_counter() - t0)
+        note("backward", c0)
         inp, out = forward()
-        t0 = time.perf_counter()
+        c0 = clocks()
         _, owed = split.input_grad(out, None, inp, params)
-        t1 = time.perf_counter()
+        c1 = note("B", c0)
         held = owed.held_bytes
         split.weight_grad(owed)
-        t["B"].append(t1 - t0)
-        t["W"].append(time.perf_counter() - t1)
+        note("W", c1)
         inp, out = forward()
         torch.autograd.grad(out, inp, retain_graph=True)
-        t0 = time.perf_counter()
+        c0 = clocks()
         torch.autograd.backward(out, inputs=params)
-        t["W_rerun"].append(time.perf_counter() - t0)
+        note("W_rerun", c0)
         for p in params:
             p.grad = None
     med = {k: statistics.median(v[1:]) for k, v in t.items()}
+    mcpu = {k: statistics.median(v[1:]) for k, v in cpu.items()}
     return {**med, "ratio": (med["B"] + med["W"]) / med["backward"],
-            "ratio_rerun": (med["B"] + med["W_rerun"]) / med["backward"], "held_bytes": held}
+            "ratio_rerun": (med["B"] + med["W_rerun"]) / med["backward"],
+            "cpu_ratio": (mcpu["B"] + mcpu["W"]) / mcpu["backward"],
+            "cpu_ratio_rerun": (mcpu["B"] + mcpu["W_rerun"]) / mcpu["backward"], "held_bytes": held}
 
 
 def _steps(preset: str, m: int, rounds: int, steps: int) -> dict:
@@ -76,6 +89,7 @@ def _steps(preset: str, m: int, rounds: int, steps: int) -> dict:
     seq = mm.GPTConfig.preset(preset).block_size
     batches = list(data.batches(mesh, rounds * steps + 1, m, seq))
     times = {s: [] for s in engines}
+    cpu = {s: [] for s in engines}
     for s, e in engines.items():                      # warm-up step each
         e.train_step(batches[0])
     for r in range(rounds):
@@ -83,10 +97,11 @@ def _steps(preset: str, m: int, rounds: int, steps: int) -> dict:
         for i in range(steps):
             for s in order:
                 dist.barrier()
-                t0 = time.perf_counter()
+                t0, c0 = time.perf_counter(), time.process_time()
                 engines[s].train_step(batches[1 + r * steps + i])
                 times[s].append(time.perf_counter() - t0)
-    out = {s: {"step_s": statistics.median(v), **{k: e.pipeline.bubble()[k] for k in
+                cpu[s].append(time.process_time() - c0)
+    out = {s: {"step_s": statistics.median(v), "cpu_s": statistics.median(cpu[s]), **{k: e.pipeline.bubble()[k] for k in
                                                    ("idle_of_total", "wall_idle_of_total", "peak_split_bytes")}}
            for (s, v), e in zip(times.items(), engines.values())}
     return out
@@ -105,12 +120,14 @@ def main() -> None:
         c = chunk_times(args.preset, rows)
         print(f"chunk ({args.preset}, last of pp 2, {rows} x {mm.GPTConfig.preset(args.preset).block_size} tokens): "
               f"backward {c['backward'] * 1e3:.1f} ms, B {c['B'] * 1e3:.1f} + W {c['W'] * 1e3:.1f} ms; "
-              f"B+W/backward {c['ratio']:.2f} (W re-running the chain: {c['ratio_rerun']:.2f}); "
+              f"B+W/backward {c['ratio']:.2f} wall, {c['cpu_ratio']:.2f} CPU time (W re-running the chain: "
+              f"{c['ratio_rerun']:.2f}, {c['cpu_ratio_rerun']:.2f}); "
               f"held from B to W {c['held_bytes'] / 2**20:.2f} MiB")
     res = mm.launch(_steps, 2, args.preset, args.micro_batches, args.rounds, args.steps)
     for rank, r in enumerate(res):
         for s, v in r.items():
-            print(f"rank {rank} {s:6s} step {v['step_s'] * 1e3:7.1f} ms (median of {args.rounds}x{args.steps}); "
+            print(f"rank {rank} {s:6s} step {v['step_s'] * 1e3:7.1f} ms (median of {args.rounds}x{args.steps}), "
+                  f"this rank's CPU time {v['cpu_s'] * 1e3:7.1f} ms; "
                   f"bubble: grid {v['idle_of_total']:.3f}, wall clock {v['wall_idle_of_total']:.3f}; "
                   f"split held {v['peak_split_bytes'] / 2**20:.2f} MiB at peak")
     r0 = res[0]

@@ -176,8 +176,9 @@ def test_zb_split_runs_each_matmul_once_and_gives_the_backward_gradients():
     out = chunk.loss(chunk(inp), y)
     with Matmuls() as both:
         dx, owed = split.input_grad(out, None, inp, params)
-        assert owed.held_bytes > 0 and all(p.grad is None for p in params)      # B: no weight gradient yet
+        held, none_yet = owed.held_bytes, all(p.grad is None for p in params)
         split.weight_grad(owed)
-    assert plain.n > 0 and both.n == plain.n
+    assert plain.n > 0 and both.n == plain.n, (both.n, plain.n)
+    assert held > 0 and none_yet                                  # B kept split-point gradients, made no dW
     assert torch.allclose(dx, want_dx, rtol=1e-5, atol=1e-7)
     assert all(torch.allclose(p.grad, g, rtol=1e-5, atol=1e-7) for p, g in zip(params, want))
