@@ -115,7 +115,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=4, help="steps per schedule per round")
     ap.add_argument("--rows", type=int, default=4, help="rows of the bigger chunk timing")
     args = ap.parse_args()
-    torch.set_num_threads(1)
+    torch.set_num_threads(1)                          # the chunk timings: one thread (the ranks keep their own)
     for rows in (1, args.rows):
         c = chunk_times(args.preset, rows)
         print(f"chunk ({args.preset}, last of pp 2, {rows} x {mm.GPTConfig.preset(args.preset).block_size} tokens): "
@@ -132,7 +132,8 @@ def main() -> None:
                   f"split held {v['peak_split_bytes'] / 2**20:.2f} MiB at peak")
     r0 = res[0]
     print(f"ZB-H1 / 1F1B step time: {r0['zb_h1']['step_s'] / r0['1f1b']['step_s']:.3f} "
-          f"(pp 2, m {args.micro_batches}, {args.preset}, interleaved, {torch.get_num_threads()} thread per rank)")
+          f"(pp 2, m {args.micro_batches}, {args.preset}, steps interleaved); CPU time per step ZB-H1 / 1F1B: "
+          + ", ".join(f"rank {k} {r['zb_h1']['cpu_s'] / r['1f1b']['cpu_s']:.3f}" for k, r in enumerate(res)))
 
 
 if __name__ == "__main__":
