@@ -474,3 +474,42 @@ def test_the_reader_refuses_what_is_not_a_regular_file(tmp_path):
     with pytest.raises(CheckpointError, match="65 bytes is larger than any step name"):
         read_bounded(tmp_path / "big", 64, "step name")
     assert read_bounded(tmp_path / "big", 65, "step name") == b"x" * 65
+
+
+def _nan_in_one_tensor_rehashed(step: Path) -> str:
+    """A NaN written over the first element of one stored fp32 tensor, the file's sha256 in the manifest rewritten
+    to match (so only the tensor's own checksum can tell); returns the tensor's key."""
+    import hashlib
+    from minimega.checkpoint.files import read_header
+    shard = step / "shard-00000.safetensors"
+    header, start = read_header(shard)
+    key = next(k for k, v in header.items() if k.startswith("param/") and v["dtype"] == "F32")
+    blob = bytearray(shard.read_bytes())
+    at = start + header[key]["data_offsets"][0]
+    blob[at:at + 4] = torch.tensor([float("nan")]).numpy().tobytes()
+    shard.write_bytes(bytes(blob))
+    m = _manifest_of(step)
+    m["files"]["shard-00000.safetensors"]["sha256"] = hashlib.sha256(bytes(blob)).hexdigest()
+    (step / "manifest.json").write_text(json.dumps(m))
+    return key
+
+
+def test_a_nan_in_one_tensor_is_refused_by_every_reader_in_one_line(resumable, tmp_path):
+    """The file checksum agrees (rewritten), one tensor's does not: `checkpoint info`, `consolidate`, `export`
+    (both formats) and `train --resume` (refused by its rank's load, after its start-up banner) each answer rc 2
+    with one line naming the shard and the tensor, and write nothing."""
+    root = tmp_path / "nan"
+    shutil.copytree(resumable, root)
+    key = _nan_in_one_tensor_rehashed(root / "step-00000001")
+    argvs = [COMMANDS["info"](root, None), COMMANDS["consolidate"](root, tmp_path / "c.safetensors"),
+             ["checkpoint", "export", str(root), str(tmp_path / "e.safetensors"), "--format", "safetensors"],
+             ["checkpoint", "export", str(root), str(tmp_path / "dcp"), "--format", "dcp"],
+             COMMANDS["train-resume"](root, None)]
+    proc = subprocess.run([sys.executable, "-c", _DRIVER, json.dumps(argvs), "120"], capture_output=True,
+                          text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(SRC.parent)})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for r in json.loads(proc.stdout.strip().splitlines()[-1]):
+        lines = [line for line in r["stderr"].strip().splitlines() if " rank(s), dp=" not in line]   # train's banner
+        assert r["rc"] == 2 and len(lines) == 1, (r["argv"], r["rc"], r["stderr"][-2000:])
+        assert re.search(rf"shard-00000.safetensors: '{re.escape(key)}' checksum mismatch", lines[0]), lines[0]
+    assert not (tmp_path / "c.safetensors").exists() and not (tmp_path / "e.safetensors").exists()

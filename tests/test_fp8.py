@@ -236,3 +236,48 @@ def test_fp8_model_states_cost_what_bf16_costs(gathered):
     assert est.state_bytes_per_param("fp8") == est.state_bytes_per_param("bf16") == (2, 4, 12)
     assert gathered["fp8"][4] == gathered["bf16"][4]
 
+
+
+def test_scaling_stays_on_the_device_without_host_reads():
+    """A linear's forward, backward and scale update on the meta device, where any read back to the host
+    (``.cpu()``, ``.item()``, ``if tensor``) raises: the history and scales follow the tensors there, and no
+    op asks for a value (``_local_scalar_dense``)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Reads(TorchDispatchMode):
+        seen: list = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func is torch.ops.aten._local_scalar_dense.default:
+                self.seen.append(func)
+            return func(*args, **(kwargs or {}))
+
+    meta = fp8.Fp8Meta(history_len=4)
+    x = torch.randn(32, 24, device="meta", requires_grad=True)
+    w = torch.randn(16, 24, device="meta", requires_grad=True)
+    with Reads() as reads:
+        fp8._Fp8LinearFn.apply(x, w, None, meta).backward(torch.randn(32, 16, device="meta"))
+        meta.update()
+    assert reads.seen == []
+    assert all(s.amax_history.device.type == s.scale.device.type == "meta" for s in meta.states())
+
+
+def test_evaluation_leaves_the_amax_history_untouched():
+    """An engine's eval_step between training steps: every fp8 linear's history and scales are as the training
+    step left them (and a training step does change them: the check can see a change)."""
+    import minimega as mm
+    from minimega import data
+    cfg = mm.GPTConfig.tiny(n_embd=32, block_size=16, n_layer=1)
+    engine = _train("fp8", 1, cfg)
+    linears = fp8.fp8_linears(engine.module)
+
+    def snapshot():
+        return [(s.amax_history.clone(), s.scale.clone()) for m in linears for s in m.fp8.states()]
+
+    def same(a, b):
+        return all(torch.equal(h, g) and torch.equal(s, t) for (h, s), (g, t) in zip(a, b))
+    before = snapshot()
+    engine.eval_step(data.global_batch(0, 8, 16, split="val"))
+    assert same(snapshot(), before)
+    engine.train_step(next(data.batches(engine.mesh, 1, 8, 16, seed=5)))
+    assert not same(snapshot(), before)

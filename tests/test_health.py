@@ -137,3 +137,47 @@ def test_health_flags_that_would_do_nothing_are_refused(capsys):
     assert "rollback" in capsys.readouterr().err
     assert main(["train", "--on-spike", "rollback"]) == 2
     assert "--save-every" in capsys.readouterr().err
+
+
+def test_rollback_waits_for_the_save_in_flight(tmp_path):
+    """One process, asynchronous saves: the save at step 4 has its writer held while steps 5 and 6 train; a NaN at
+    step 7 rolls back. Resolving the checkpoint before that save is committed would pick step 2's; the rollback
+    waits (the writer is released 0.5 s into the wait) and goes back to step 4."""
+    import threading
+    import torch
+    import minimega as mm
+    from minimega.checkpoint import saving
+    from minimega.tools.health_run import RunHealth
+    mesh = mm.init_mesh()
+    config = mm.TrainConfig(async_save=True, seed=1, memory_peak_steps=0)
+    torch.manual_seed(config.seed)
+    engine = mm.initialize(mm.GPT(mm.GPTConfig.tiny(n_embd=32, block_size=16, n_layer=1)), config, mesh)
+    health = RunHealth(engine, {"policy": "rollback", "window": 8, "z": 6.0, "skip_batches": 1},
+                       save_dir=tmp_path, rank=0)
+    release, real_write = threading.Event(), saving.write_safetensors
+
+    def held_write(*args, **kwargs):
+        assert release.wait(60), "the held writer was never released"
+        return real_write(*args, **kwargs)
+
+    def step():
+        engine.train_step(next(data.batches(mesh, 1, config.batch_size, 16, seed=1, start=engine.step)))
+    for _ in range(2):
+        step()
+    engine.save(tmp_path)
+    engine.wait_for_save()                                       # step 2: committed
+    saving.write_safetensors = held_write
+    try:
+        for _ in range(2):
+            step()
+        engine.save(tmp_path)                                    # step 4: held
+        for _ in range(3):                                       # steps 5-7 train while it is held
+            step()
+        assert engine._saver.in_flight
+        health.guard(engine.step, math.nan, 1.0)                 # step 7's loss: NaN
+        threading.Timer(0.5, release.set).start()
+        assert health.after_step(engine.step, 6, math.nan, 1.0) is True
+    finally:
+        release.set()
+        saving.write_safetensors = real_write
+    assert health.events[-1]["to_step"] == engine.step == 4

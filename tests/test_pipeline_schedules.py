@@ -115,7 +115,8 @@ def test_printer_and_figure():
 
 
 def test_cli_trains_a_pipeline_and_prints_its_schedule(capsys):
-    """``--schedule zb_h1`` end to end: trains, and the printed grid (from the recorded events) has the W passes."""
+    """``--schedule zb_h1`` end to end: trains, and the printed grid (from the recorded events) has the W passes,
+    with each rank's measured wall-clock idle share of the same step under it."""
     argv = ["train", "--nproc", "2", "--pp", "2", "--schedule", "zb_h1", "--micro-batches", "4", "--steps", "3",
             "--json", "--show-schedule"]
     assert main(argv) == 0
@@ -127,6 +128,9 @@ def test_cli_trains_a_pipeline_and_prints_its_schedule(capsys):
     grid_and_legend = out.err[out.err.index("rank 0 |"):].splitlines()
     assert grid_and_legend[1].startswith("rank 1 |") and grid_and_legend[2].startswith("legend: one row per pipeline rank")
     assert "F<m>  forward of micro-batch m" in out.err and ".     idle" in out.err
+    import re
+    walls = re.search(r"wall clock: idle share of the same step, measured: rank 0 ([0-9.]+), rank 1 ([0-9.]+)", out.err)
+    assert walls and all(0.0 <= float(w) < 1.0 for w in walls.groups()), out.err[-600:]
 
 
 @pytest.mark.parametrize("field,value,message", [
@@ -138,3 +142,43 @@ def test_zb_h1_refuses_what_it_does_not_split_by_name(field, value, message):
     with pytest.raises(ValueError, match=message):
         mm.TrainConfig(pp=2, micro_batches=2, schedule="zb_h1", **{field: value})
     mm.TrainConfig(pp=2, micro_batches=2, schedule="1f1b", **{field: value})     # what 1F1B runs
+
+
+def test_zb_split_runs_each_matmul_once_and_gives_the_backward_gradients():
+    """B + W of one chunk (`pipeline.split`) against one plain backward: the same matmuls, counted as dispatched
+    (a W that re-runs the chain from the output repeats every dX matmul: 1.5x), and the same gradients."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from minimega.pipeline import split
+    from minimega.pipeline.stage import split_model
+
+    class Matmuls(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.n = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.n += func.overloadpacket in (torch.ops.aten.mm, torch.ops.aten.bmm, torch.ops.aten.addmm)
+            return func(*args, **(kwargs or {}))
+
+    torch.manual_seed(0)
+    cfg = mm.GPTConfig.tiny(block_size=16)
+    chunk = split_model(mm.GPT(cfg), 1, 2)[0]                       # blocks 2-3, ln_f and the head
+    params = list(chunk.parameters())
+    h, y = torch.randn(2, 16, cfg.n_embd), torch.randint(0, cfg.vocab_size, (2, 16))
+    inp = h.clone().requires_grad_()
+    out = chunk.loss(chunk(inp), y)
+    with Matmuls() as plain:
+        torch.autograd.backward(out, inputs=params + [inp])
+    want, want_dx = [p.grad.clone() for p in params], inp.grad.clone()
+    for p in params:
+        p.grad = None
+    inp = h.clone().requires_grad_()
+    out = chunk.loss(chunk(inp), y)
+    with Matmuls() as both:
+        dx, owed = split.input_grad(out, None, inp, params)
+        held, none_yet = owed.held_bytes, all(p.grad is None for p in params)
+        split.weight_grad(owed)
+    assert plain.n > 0 and both.n == plain.n, (both.n, plain.n)
+    assert held > 0 and none_yet                                  # B kept split-point gradients, made no dW
+    assert torch.allclose(dx, want_dx, rtol=1e-5, atol=1e-7)
+    assert all(torch.allclose(p.grad, g, rtol=1e-5, atol=1e-7) for p, g in zip(params, want))

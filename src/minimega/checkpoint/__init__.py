@@ -33,7 +33,7 @@ import os
 from pathlib import Path
 
 from .files import CheckpointError, Reader, write_safetensors
-from .loading import load, open_checked, read_tensor, resolve, resolve_or_none, verify
+from .loading import load, open_checked, read_tensor, resolve, resolve_or_none, verify, verify_chunks
 from .manifest import FORMAT_VERSION, check, check_compatible, check_headers, load_json
 from .saving import FAULT_ENV, prune, save
 from .async_save import AsyncSaver
@@ -60,8 +60,10 @@ def read(directory: str | os.PathLike, verify_files: bool = True) -> tuple[dict,
 def checked(directory, verify_files: bool = True, model_config=None) -> tuple[Path, dict]:
     """(path, manifest) after every check that needs no process group: the manifest against its directory and
     ``model_config`` (default: the one it names, bounded first), every file's sha256 (``verify_files``), every
-    shard's header against the manifest. `minimega checkpoint info`, `consolidate`, `export` and a resuming
-    `minimega train` (before any rank starts) call it; every file is opened through `files.open_regular`."""
+    shard's header against the manifest, then every chunk's sha256 (``verify_files``: `loading.verify_chunks`).
+    `minimega checkpoint info`, `consolidate`, `export` and a resuming `minimega train` (before any rank starts,
+    without the hashes: the ranks' load checks each chunk it reads) call it; every file is opened through
+    `files.open_regular`."""
     if verify_files:
         path, manifest = open_checked(directory, model_config)
     else:
@@ -70,6 +72,8 @@ def checked(directory, verify_files: bool = True, model_config=None) -> tuple[Pa
         check(path, manifest, model_config)
     for file in manifest["files"]:
         check_headers(path, manifest, file)
+    if verify_files:
+        verify_chunks(path, manifest)
     return path, manifest
 
 

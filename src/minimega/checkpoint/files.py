@@ -241,7 +241,7 @@ class Reader:
         shape, dtype = info["shape"], DTYPES[info["dtype"]]
         whole = list(lengths) == shape
         if self.digests is not None and not whole:
-            self._verify_stream(path, key)
+            self.verify(path, key)
         direct = (into is not None and into.is_contiguous() and into.device.type == "cpu" and into.dtype == dtype
                   and tuple(into.shape) == tuple(lengths))
         out = into if direct else torch.empty(lengths, dtype=dtype)
@@ -279,8 +279,8 @@ class Reader:
                                   f"{str(want)[:12]}…): the file is corrupted or was modified")
         self._verified.add((path, key))
 
-    def _verify_stream(self, path: Path, key: str) -> None:
-        """Hash stored tensor ``key`` whole, 1 MiB at a time, once."""
+    def verify(self, path: Path, key: str) -> None:
+        """Hash stored tensor ``key`` whole, 1 MiB at a time, once; refuse it unless it matches its digest."""
         if (path, key) in self._verified:
             return
         fd, header, start = self._file(path)

@@ -64,6 +64,16 @@ def verify(path: Path, manifest: dict, rank: int = 0, world: int = 1) -> list[st
     return bad
 
 
+def verify_chunks(path: Path, manifest: dict) -> None:
+    """Every stored tensor the manifest lists (each chunk, each RNG state) hashed against its own sha256: the
+    check a load makes as it reads, made whole. Catches what the file checksums cannot, a file rewritten with
+    its checksum (a NaN written into one tensor and ``files.*.sha256`` updated). Raises on the first mismatch."""
+    table = digests(path, manifest)
+    with Reader(table) as reader:
+        for file, key in sorted(table):
+            reader.verify(file, key)
+
+
 def state_kinds(manifest: dict) -> dict[str, tuple[torch.dtype, bool]]:
     """The optimizer-state kinds the checkpoint holds: name → (dtype, is 0-d)."""
     out = {}

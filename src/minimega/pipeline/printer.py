@@ -28,6 +28,19 @@ def grid_from_timelines(timelines: list[list[dict]], step: int = 0) -> list[list
     return rows
 
 
+def wall_idle(timelines: list[list[dict]], step: int = 0) -> list[float]:
+    """Each rank's measured idle share of one step: the step's wall time outside its F, B and W passes (waiting on
+    a neighbour, the p2p exchanges) over the step's wall time; `Pipeline.bubble`'s ``wall_idle_of_total``."""
+    out = []
+    for events in timelines:
+        ev = [e for e in events if e.get("step") == step]
+        whole = next(e for e in ev if e.get("kind") == "step")
+        span = whole["end"] - whole["start"]
+        busy = sum(e["end"] - e["start"] for e in ev if e.get("kind") in ("forward", "backward", "weight"))
+        out.append((span - busy) / span)
+    return out
+
+
 def grid_from_plan(plan: Plan) -> list[list[str]]:
     """The same grid, straight from a plan (no run needed)."""
     return [["." if a is None else f"{a.kind}{a.micro}" + (f":{a.chunk}" if plan.v > 1 else "") for a in row]

@@ -10,8 +10,10 @@ tick. Per tick:
                  mean loss over all rows (equal-sized micro-batches).
         B(k, i): backward of that graph, seeded with the gradient received from chunk k+1 (or from
                  loss_i / m on the last chunk). Its input's gradient is what goes back to chunk k-1.
-                 Under zb_h1, B computes only that input gradient (the graph is kept) and
-        W(k, i): the weight gradient of the same graph, later, into the same .grad buffers (then frees it).
+                 Under zb_h1, B computes only that input gradient, keeping the gradient at each weight's
+                 split point (`split.input_grad`), and
+        W(k, i): the weight gradients from those split points, later, into the same .grad buffers, without
+                 running the input path again (`split.weight_grad`); then the graph is freed.
     Phase 2 (p2p): one `comm.batch_p2p` with this tick's sends and receives, in the plan's order,
                  waited to completion. Shapes are known up front, (B/m, T, D), so receivers allocate
                  their buffers without a handshake; since both sides take the tick and the order from
@@ -37,6 +39,7 @@ from ..config import TrainConfig
 from ..parallel.grad_sync import GradSync
 from ..mesh import Mesh
 from ..model import GPT
+from . import split
 from .schedules import Action, Plan, bubble_slots, plan
 from .stage import split_model
 
@@ -69,7 +72,8 @@ class Pipeline(nn.Module):
         self.events: list[dict] = clock.Recent()            # the newest events (a long run stays bounded)
         self.peak_in_flight = 0                             # micro-batches between their F and their B
         self.peak_graphs = 0                                # ... between their F and the end of their backward (W)
-        self._owed: dict[tuple[int, int], tuple] = {}       # zb_h1: (chunk, micro) -> (output, grad_output) awaiting W
+        self._owed: dict[tuple[int, int], split.Owed] = {}  # zb_h1: (chunk, micro) -> what its W needs
+        self.held_bytes = self.peak_held_bytes = 0          # zb_h1: split-point gradients kept from B to W
 
     @property
     def timeline(self) -> list[dict]:
@@ -160,24 +164,28 @@ class Pipeline(nn.Module):
     # --8<-- [start:zb_split_c1]
     def _input_grad(self, a: Action, inp, out, inbox, outbox) -> None:
     # --8<-- [end:zb_split_c1]
-        """zb_h1's B: only d loss / d input, sent upstream at once; the graph stays for the W pass."""
+        """zb_h1's B: only d loss / d input, sent upstream at once; what W needs is kept (`split.input_grad`)."""
         # --8<-- [start:zb_split_c2]
         grad = None if a.chunk == self.p * self.v - 1 else inbox.pop(Action("B", a.chunk + 1, a.micro))
+        params = [q for q in self.chunks[self._local[a.chunk]].parameters() if q.requires_grad]
+        dx, owed = split.input_grad(out, grad, inp, params)
         if a.chunk > 0:                               # chunk 0's input is token ids: no input gradient
-            (outbox[a],) = torch.autograd.grad(out, inp, grad, retain_graph=True)
-        self._owed[(a.chunk, a.micro)] = (out, grad)
+            outbox[a] = dx
+        self._owed[(a.chunk, a.micro)] = owed
+        self.held_bytes = sum(o.held_bytes for o in self._owed.values())
+        self.peak_held_bytes = max(self.peak_held_bytes, self.held_bytes)
 
     def _weight_grad(self, a: Action) -> None:
         # --8<-- [end:zb_split_c2]
         """zb_h1's W: the weight gradient, accumulated into the .grad buffers the other schedules use
-        (so the dp wrappers see the same hooks in the same micro order), then the graph is freed."""
+        (so the dp wrappers see the same hooks in the same micro order), from the split points B kept."""
         # --8<-- [start:zb_split_c3]
-        out, grad = self._owed.pop((a.chunk, a.micro))
+        owed = self._owed.pop((a.chunk, a.micro))
+        self.held_bytes -= owed.held_bytes
         wrapper = self.wrapped[self._local[a.chunk]]
-        params = [q for q in self.chunks[self._local[a.chunk]].parameters() if q.requires_grad]
         last, syncing = a.micro == self.m - 1, isinstance(wrapper, GradSync)
         with (nullcontext() if last or not syncing else wrapper.no_sync()):
-            torch.autograd.backward(out, grad, inputs=params)
+            split.weight_grad(owed)
             if syncing and not last:
                 wrapper.finish_grad_sync()
         # --8<-- [end:zb_split_c3]
@@ -214,4 +222,5 @@ class Pipeline(nn.Module):
             busy = sum(e["end"] - e["start"] for e in ev if e["kind"] in _EVENT.values())
             walls.append((span - busy) / span)
         return {**slots, "wall_idle_of_total": sum(walls) / len(walls) if walls else None,
-                "peak_in_flight": self.peak_in_flight, "peak_graphs": self.peak_graphs}
+                "peak_in_flight": self.peak_in_flight, "peak_graphs": self.peak_graphs,
+                "peak_split_bytes": self.peak_held_bytes}

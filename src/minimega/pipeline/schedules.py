@@ -22,6 +22,10 @@ waits for), one slot each (t_F = t_B = t_W). Its bubble is (p - 1)(t_F + t_B - t
 (p - 1)(t_F + t_B + t_W), a third of it; on the grid, for m >= p:
 
     zb_h1               idle / total  = (p - 1) / (3m + p - 1)     (idle / ideal = (p - 1) / (3m))
+
+These are slot counts: every pass one tick. On the wall clock F, B and W last what they last (chunk 0's B is
+empty, its W the whole backward), so the measured idle share differs; `Pipeline.bubble()` returns both, and
+``minimega train --show-schedule`` prints both.
 """
 from __future__ import annotations
 

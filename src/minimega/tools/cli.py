@@ -46,6 +46,10 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:
         from ..checkpoint import CheckpointError    # imported here: the service commands never load torch
         from ..run.launch import WorkerError
+        if isinstance(exc, WorkerError) and exc.exc_type == "CheckpointError":   # a rank refused the checkpoint
+            reason = exc.remote_traceback.strip().splitlines()[-1].split(": ", 1)[-1] if exc.remote_traceback else exc
+            print(f"minimega {args.command}: error: rank {exc.rank}: {reason}", file=sys.stderr)
+            return 2
         if isinstance(exc, WorkerError):  # a rank failed: its message already names it and carries its traceback
             print(f"\nminimega {args.command}: {exc}", file=sys.stderr)      # below any progress bar
             return 1

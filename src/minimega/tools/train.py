@@ -286,10 +286,12 @@ def _cmd_train(args: argparse.Namespace) -> int:
         print(f"minimega train: traces in {args.trace} (all ranks: {trace.merge(args.trace)}); open them in "
               "https://ui.perfetto.dev or chrome://tracing", file=sys.stderr)
     if args.show_schedule and pp > 1:
-        from ..pipeline.printer import grid_from_timelines, legend, render
+        from ..pipeline.printer import grid_from_timelines, legend, render, wall_idle
         rows = [r["pipeline_timeline"] for r in results if r["pipeline_timeline"] is not None]
         grid = grid_from_timelines(rows, step=args.steps - 1)
-        print(render(grid), legend(grid), sep="\n", file=sys.stderr)
+        walls = ", ".join(f"rank {r} {w:.3f}" for r, w in enumerate(wall_idle(rows, step=args.steps - 1)))
+        print(render(grid), legend(grid), f"  wall clock: idle share of the same step, measured: {walls} (the grid "
+              "counts slots as if every pass took one; the clock times them)", sep="\n", file=sys.stderr)
     r0 = results[0]
     losses = r0["losses"] or [float("nan")]           # a restart at the very end has no step left to run
     summary = {"first_loss": losses[0], "final_loss": losses[-1], "steps": args.steps,

@@ -17,7 +17,9 @@ updated once per optimizer step (`update_scales`), after which the history rolls
 zeroed: TE's ``DelayedScaling(margin=0, amax_history_len=1024, amax_compute_algo="max")`` defaults and its
 ``nvte_delayed_scaling_recipe_amax_and_scale_update``. "Delayed": step t casts with a scale computed from
 steps before t, so the cast never waits for a reduction over the tensor it casts; a tensor whose amax
-jumps past the history's saturates at ±fp8 max for a step (the cast clamps).
+jumps past the history's saturates at ±fp8 max for a step (the cast clamps). The histories and scales
+live on the tensors' device and are read and written by device ops only (no ``.cpu()``, ``.item()`` or
+``if tensor``), so no cast waits for the host either; an evaluation step (no grad) records nothing.
 
 `Fp8Linear` keeps three scaling states (input, weight, output gradient). On the CPU the matmuls are
 emulated: cast to fp8 and back (the rounding is real), multiply in fp32. On CUDA, where
@@ -53,17 +55,23 @@ class DelayedScaling:
         self.scale = torch.ones(())
 
     def observe(self, x: torch.Tensor) -> None:
-        """Fold max|x| into this step's slot (a step may cast a tensor several times: micro-steps)."""
-        amax = x.detach().abs().max().float().cpu()
-        self.amax_history[0] = torch.maximum(self.amax_history[0], amax)
+        """Fold max|x| into this step's slot (a step may cast a tensor several times: micro-steps).
+
+        On x's device, in place: no value comes back to the host, so the cast never waits for it. The
+        history and the scale follow the tensors to their device on the first cast (one copy, once)."""
+        if self.amax_history.device != x.device:
+            self.amax_history, self.scale = self.amax_history.to(x.device), self.scale.to(x.device)
+        slot = self.amax_history[:1]
+        torch.maximum(slot, x.detach().abs().max().float().reshape(1), out=slot)
 
     def update(self) -> None:
-        """The recipe: scale from the history's max, then roll the history by one and zero the new slot."""
+        """The recipe: scale from the history's max, then roll the history by one and zero the new slot.
+        Device ops only (an empty or non-finite history keeps the scale, chosen by ``where``, not by an ``if``)."""
         amax = self.amax_history.max()
-        if torch.isfinite(amax) and amax > 0:
-            self.scale = FP8_MAX[self.dtype] / amax / 2.0 ** self.margin
+        fresh = FP8_MAX[self.dtype] / amax / 2.0 ** self.margin
+        self.scale = torch.where(torch.isfinite(amax) & (amax > 0), fresh, self.scale)
         self.amax_history = self.amax_history.roll(-1)
-        self.amax_history[0] = 0.0
+        self.amax_history[:1].zero_()
 # --8<-- [end:delayed_scaling]
 
 

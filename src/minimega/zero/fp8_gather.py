@@ -66,7 +66,7 @@ class Zero3Fp8(Zero3):
             return super()._gather(u, shard)                                # embed, head: bf16
         scales = torch.ones(u.padded, device=shard.device)                  # each element's weight scale
         for view, p in zip(u.views(scales), u.params):
-            view.fill_(self._scaling[id(p)].scale.item())
+            view.fill_(self._scaling[id(p)].scale.to(shard.device))              # on the device: no host wait
         q = fp8.quantize(shard, scales[u.start:u.end], fp8.E4M3)            # (N/dp,) E4M3
         full = torch.empty(u.padded, dtype=torch.uint8, device=shard.device)
         handle = comm.all_gather(full, q.view(torch.uint8), self.group, async_op=True, tag=u.name)
