@@ -1,0 +1,204 @@
+"""minimega under Slurm: the host-list expander and the rank environment (no cluster), a preemption notice to the
+local launcher, and, on a one-host Slurm cluster brought up once per session (`slurm_cluster.py`), `srun -n 2`
+against the local launcher, `scancel --signal=USR1` and a requeue that resumes to the same weights."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from minimega import checkpoint
+from minimega.run import slurm
+
+SRC = str(Path(__file__).resolve().parents[1] / "src")
+# Small, fast steps: the run must last long enough to be preempted, and no longer.
+TRAIN = ["--seq-len", "32", "--batch-size", "4", "--save-every", "4"]
+TOTAL = 40
+
+
+HOST_CASES = [
+    ("gpu[01-04,07]", ["gpu01", "gpu02", "gpu03", "gpu04", "gpu07"]),
+    ("a1,b[2-3]", ["a1", "b2", "b3"]),
+    ("n[8-10]", ["n8", "n9", "n10"]),
+    ("n[008-010]", ["n008", "n009", "n010"]),
+    ("vm", ["vm"]),
+    ("r[1-2]n[1-2]", ["r1n1", "r1n2", "r2n1", "r2n2"]),
+    ("x[1,3],y-[09-10]", ["x1", "x3", "y-09", "y-10"]),
+]
+HOSTLISTS = [text for text, _ in HOST_CASES]
+
+
+@pytest.mark.parametrize("text, hosts", HOST_CASES)
+def test_host_lists_expand_as_scontrol_show_hostnames(text, hosts):
+    assert slurm.expand_hostlist(text) == hosts
+
+
+@pytest.mark.parametrize("text, words", [("gpu[01-04", "never closed"), ("gpu[4-1]", "backwards"),
+                                         ("gpu[a-b]", "not a number"), ("", "empty"), ("gpu1]", "unbalanced"),
+                                         ("n[1-999999]", "over 100000")])
+def test_bad_host_lists_are_refused_by_name(text, words):
+    with pytest.raises(ValueError, match=words):
+        slurm.expand_hostlist(text)
+
+
+def test_tasks_per_node_and_port():
+    assert slurm.tasks_per_node("2(x3),1") == [2, 2, 2, 1]
+    assert slurm.master_port("123456") == 15000 + 123456 % 20000
+    with pytest.raises(ValueError, match="SLURM_JOB_ID"):
+        slurm.master_port("")
+
+
+def test_rank_environment_from_an_srun_task():
+    task = {"SLURM_STEP_ID": "0", "SLURM_PROCID": "5", "SLURM_NTASKS": "8", "SLURM_LOCALID": "1",
+            "SLURM_NODEID": "1", "SLURM_JOB_NODELIST": "gpu[03-06]", "SLURM_STEP_NODELIST": "gpu[03-04]",
+            "SLURM_STEP_TASKS_PER_NODE": "4,4", "SLURM_JOB_ID": "4242"}
+    assert slurm.in_srun_task(task)
+    assert slurm.rank_environment(task) == {"RANK": "5", "WORLD_SIZE": "8", "LOCAL_RANK": "1",
+                                            "LOCAL_WORLD_SIZE": "4", "MASTER_ADDR": "gpu03",
+                                            "MASTER_PORT": str(15000 + 4242)}
+    assert slurm.rank_environment({**task, "MASTER_PORT": "29500"})["MASTER_PORT"] == "29500"
+    assert not slurm.in_srun_task({k: v for k, v in task.items() if k != "SLURM_STEP_ID"})    # the batch shell
+    assert not slurm.in_srun_task({**task, "RANK": "0"})                                     # a torchrun worker
+    with pytest.raises(ValueError, match="SLURM_PROCID"):
+        slurm.rank_environment({**task, "SLURM_PROCID": "8"})
+
+
+def _cli(*args: str) -> list[str]:
+    return [sys.executable, "-m", "minimega", "train", *args]
+
+
+def _env(base: dict | None = None) -> dict:
+    base = os.environ if base is None else base
+    return {**base, "PYTHONPATH": os.pathsep.join([SRC, base.get("PYTHONPATH", "")]), "OMP_NUM_THREADS": "1"}
+
+
+def _report(out: str) -> dict:
+    lines = [line for line in out.splitlines() if line.startswith("{")]
+    assert len(lines) == 1, f"expected one JSON report, got {len(lines)}:\n{out}"
+    return json.loads(lines[0])
+
+
+def _wait_for_checkpoint(directory: Path, proc: subprocess.Popen, limit: float = 240) -> None:
+    deadline = time.monotonic() + limit
+    while not (directory / "latest").exists():
+        assert proc.poll() is None, f"the run ended before its first checkpoint: {proc.communicate()}"
+        assert time.monotonic() < deadline, "no checkpoint within the limit"
+        time.sleep(0.05)
+
+
+def _preempted(proc: subprocess.Popen, directory: Path, t0: float) -> tuple[dict, float]:
+    out, err = proc.communicate(timeout=120)
+    took = time.monotonic() - t0
+    assert proc.returncode == slurm.REQUEUE_EXIT, f"exit {proc.returncode}, not {slurm.REQUEUE_EXIT}:\n{err[-2000:]}"
+    report = _report(out)
+    step = report["preempted"]["step"]
+    assert 4 <= step < TOTAL and (directory / "latest").read_text().strip() == f"step-{step:08d}"
+    assert checkpoint.read(directory)[0]["step"] == step
+    return report, took
+
+
+def test_a_preemption_notice_to_the_local_launcher_stops_every_rank_with_a_checkpoint(tmp_path):
+    """SIGTERM to `minimega train --nproc 2` (what a scheduler sends a job it runs as one process): the ranks hear
+    SIGUSR1, agree on a step, save there and the job exits 75."""
+    proc = subprocess.Popen(_cli("--nproc", "2", "--total-steps", str(TOTAL), "--save-dir", str(tmp_path), "--json",
+                                 *TRAIN), env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        _wait_for_checkpoint(tmp_path, proc)
+        t0 = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        _preempted(proc, tmp_path, t0)
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+# ------------------------------------------------------------------------------------------------
+# On a real Slurm.
+
+@pytest.fixture(scope="session")
+def cluster(tmp_path_factory):
+    import slurm_cluster
+    t0 = time.monotonic()
+    try:
+        c = slurm_cluster.start(tmp_path_factory.mktemp("slurm"))
+    except slurm_cluster.Unavailable as why:
+        pytest.skip(f"no Slurm cluster: {why}")
+    print(f"\nslurm test cluster up in {time.monotonic() - t0:.1f} s", file=sys.stderr)
+    yield c
+    c.stop()
+
+
+def test_the_expander_agrees_with_scontrol(cluster):
+    for text in HOSTLISTS:
+        out = subprocess.run(["scontrol", "show", "hostnames", text], env=cluster.env, capture_output=True,
+                             text=True, check=True).stdout.split()
+        assert slurm.expand_hostlist(text) == out, text
+
+
+def _srun(cluster, *args: str, name: str = "minimega", **popen) -> subprocess.Popen:
+    cmd = ["srun", "-n", "2", "-J", name, "--kill-on-bad-exit=0", *_cli(*args)]
+    return subprocess.Popen(cmd, env=_env(cluster.env), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, **popen)
+
+
+@pytest.mark.slow
+def test_srun_two_tasks_print_one_report_with_the_local_launchers_losses(cluster):
+    local = subprocess.Popen(_cli("--nproc", "2", "--steps", "5", "--json"), env=_env(), stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+    srun = _srun(cluster, "--steps", "5", "--json")
+    out, err = srun.communicate(timeout=280)
+    assert srun.returncode == 0, err[-2000:]
+    under_slurm = _report(out)
+    out, err = local.communicate(timeout=280)
+    assert local.returncode == 0, err[-2000:]
+    alone = _report(out)
+    assert under_slurm["nproc"] == 2 and len(under_slurm["losses"]) == 5
+    assert under_slurm["final_loss"] == alone["final_loss"] and under_slurm["losses"] == alone["losses"]
+
+
+@pytest.mark.slow
+def test_scancel_usr1_saves_and_a_requeued_srun_resumes_to_the_same_weights(cluster, tmp_path):
+    ckpt, ref = tmp_path / "ckpt", tmp_path / "ref"
+    common = ["--total-steps", str(TOTAL), "--json", *TRAIN]
+    reference = subprocess.Popen(_cli("--nproc", "2", "--save-dir", str(ref), *common), env=_env(),
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    job = _srun(cluster, "--save-dir", str(ckpt), *common, name="preempt-me")
+    try:
+        _wait_for_checkpoint(ckpt, job)
+        t0 = time.monotonic()
+        subprocess.run(["scancel", "--signal=USR1", "-n", "preempt-me"], env=cluster.env, check=True)
+        first, took = _preempted(job, ckpt, t0)
+    finally:
+        job.kill()
+        job.wait()
+    assert took < 60, f"the preempted job took {took:.1f} s to end"
+    step = first["preempted"]["step"]
+    again = _srun(cluster, "--save-dir", str(ckpt), "--resume", str(ckpt), *common, name="requeued")
+    out, err = again.communicate(timeout=280)
+    assert again.returncode == 0, err[-2000:]
+    second = _report(out)
+    out, err = reference.communicate(timeout=280)
+    assert reference.returncode == 0, err[-2000:]
+    whole = _report(out)
+    assert second["first_step"] == step and first["losses"] + second["losses"] == whole["losses"]
+    (_, resumed), (_, uninterrupted) = checkpoint.read(ckpt), checkpoint.read(ref)
+    assert checkpoint.read(ckpt)[0]["step"] == TOTAL
+    for part in ("model", "optimizer"):
+        flat_a, flat_b = _flat(resumed[part]), _flat(uninterrupted[part])
+        assert flat_a.keys() == flat_b.keys()
+        assert all(torch.equal(flat_a[k], flat_b[k]) for k in flat_a), f"{part} differs from the uninterrupted run"
+
+
+def _flat(tree: dict, prefix: str = "") -> dict:
+    out = {}
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            out.update(_flat(value, f"{prefix}{key}/"))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
