@@ -202,3 +202,30 @@ def _flat(tree: dict, prefix: str = "") -> dict:
         else:
             out[f"{prefix}{key}"] = value
     return out
+
+
+def test_export_slurm_writes_a_script_whose_srun_line_trains_the_same_config(tmp_path):
+    from minimega.tools.cli import build_parser
+    from minimega.config import TrainConfig
+    from minimega.tools.export_slurm import SlurmJob, to_slurm
+    from minimega.tools.train_args import build_train_config
+
+    cfg = TrainConfig(tp=2, zero_stage=2, lr=3e-4, betas=(0.9, 0.95), overlap_comm=False, seed=7)
+    job = SlurmJob(nodes=2, tasks_per_node=4, gpus_per_task=1, checkpoint_dir="/scratch/run 1", total_steps=500)
+    text = to_slurm(cfg, job)
+    for line in ("#SBATCH --nodes=2", "#SBATCH --ntasks-per-node=4", "#SBATCH --gpus-per-task=1",
+                 "#SBATCH --signal=USR1@120", "#SBATCH --requeue", "export NCCL_SOCKET_IFNAME=^lo,docker0",
+                 "CKPT='/scratch/run 1'", f"if [ $status -eq {slurm.REQUEUE_EXIT} ]; then"):
+        assert line in text.splitlines() or any(l.startswith(line) for l in text.splitlines()), line
+    script = tmp_path / "job.sbatch"
+    script.write_text(text)
+    subprocess.run(["bash", "-n", str(script)], check=True)
+    srun = next(l for l in text.splitlines() if l.startswith("srun "))
+    import shlex
+    argv = shlex.split(srun.replace('"$CKPT"', "CKPT").replace('"${RESUME[@]}"', ""))
+    train = argv[argv.index("minimega") + 1:]
+    args = build_parser(train).parse_args(train)
+    assert args.total_steps == 500 and args.save_dir == "CKPT" and args.save_every == job.save_every
+    assert build_train_config(args, dp=4) == cfg
+    with pytest.raises(ValueError, match="multiple of tp"):
+        to_slurm(TrainConfig(tp=3), job)
