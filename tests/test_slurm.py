@@ -229,3 +229,17 @@ def test_export_slurm_writes_a_script_whose_srun_line_trains_the_same_config(tmp
     assert build_train_config(args, dp=4) == cfg
     with pytest.raises(ValueError, match="multiple of tp"):
         to_slurm(TrainConfig(tp=3), job)
+
+
+COURSE_SCRIPT = Path(__file__).resolve().parents[1] / "course" / "data" / "slurm-job.sbatch"
+COURSE_ARGS = ["--slurm", "--preset", "small", "--nodes", "2", "--tasks-per-node", "4", "--tp", "2", "--zero-stage", "1",
+               "--precision", "bf16", "--total-steps", "20000", "--save-every", "500", "--time", "12:00:00",
+               "--checkpoint-dir", "/scratch/minimega/small-run", "--job-name", "small-run"]
+
+
+def test_the_script_chapter_12_embeds_is_what_export_config_writes(tmp_path):
+    from minimega.tools.cli import main
+    assert main(["export-config", *COURSE_ARGS, "--out", str(tmp_path / "job.sbatch")]) == 0
+    assert COURSE_SCRIPT.read_text() == (tmp_path / "job.sbatch").read_text(), (
+        "course/data/slurm-job.sbatch is stale: rewrite it with `minimega export-config "
+        + " ".join(COURSE_ARGS) + " --out course/data/slurm-job.sbatch`")
