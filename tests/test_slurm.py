@@ -102,15 +102,46 @@ def _preempted(proc: subprocess.Popen, directory: Path, t0: float) -> tuple[dict
     return report, took
 
 
-def test_a_preemption_notice_to_the_local_launcher_stops_every_rank_with_a_checkpoint(tmp_path):
+def _rank_pid(launcher: int, rank: int) -> int:
+    """The pid of ``rank`` of the job ``launcher`` runs: a child of its forkserver, named minimega-rank<r>."""
+    def children(pid):
+        for proc in Path("/proc").iterdir():
+            try:
+                if proc.name.isdigit() and (proc / "stat").read_text().rsplit(")", 1)[1].split()[1] == str(pid):
+                    yield int(proc.name), (proc / "comm").read_text().strip()
+            except (OSError, IndexError):
+                continue
+    for server, _ in children(launcher):
+        for pid, name in children(server):
+            if name == f"minimega-rank{rank}":
+                return pid
+    raise AssertionError(f"no minimega-rank{rank} under launcher {launcher}")
+
+
+@pytest.mark.parametrize("notice", ["sigterm-to-the-launcher",
+                                    pytest.param("sigusr1-to-rank-1-only", marks=pytest.mark.slow),
+                                    pytest.param("rank-1-stopped", marks=pytest.mark.slow)])
+def test_a_preemption_notice_to_the_local_launcher_stops_every_rank_with_a_checkpoint(tmp_path, notice):
     """SIGTERM to `minimega train --nproc 2` (what a scheduler sends a job it runs as one process): the ranks hear
-    SIGUSR1, agree on a step, save there and the job exits 75."""
+    SIGUSR1, agree on a step, save there and the job exits 75. A notice that reaches one rank only stops both at
+    the same step (they agree); a rank that cannot answer (stopped) is named by the watchdog."""
+    timeout = ["--timeout", "20"] if notice == "rank-1-stopped" else []
     proc = subprocess.Popen(_cli("--nproc", "2", "--total-steps", str(TOTAL), "--save-dir", str(tmp_path), "--json",
-                                 *TRAIN), env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                                 *TRAIN, *timeout), env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
     try:
         _wait_for_checkpoint(tmp_path, proc)
         t0 = time.monotonic()
-        proc.send_signal(signal.SIGTERM)
+        if notice == "sigusr1-to-rank-1-only":
+            os.kill(_rank_pid(proc.pid, 1), signal.SIGUSR1)
+        elif notice == "rank-1-stopped":
+            os.kill(_rank_pid(proc.pid, 1), signal.SIGSTOP)
+            proc.send_signal(signal.SIGTERM)
+            out, err = proc.communicate(timeout=120)
+            assert proc.returncode not in (0, slurm.REQUEUE_EXIT) and "watchdog: rank 1 of 2" in err, err[-2000:]
+            return
+        else:
+            proc.send_signal(signal.SIGTERM)
         _preempted(proc, tmp_path, t0)
     finally:
         proc.kill()
