@@ -193,11 +193,9 @@ def test_srun_two_tasks_print_one_report_with_the_local_launchers_losses(cluster
 
 
 @pytest.mark.slow
-def test_scancel_usr1_saves_and_a_requeued_srun_resumes_to_the_same_weights(cluster, tmp_path):
-    ckpt, ref = tmp_path / "ckpt", tmp_path / "ref"
+def test_scancel_usr1_saves_and_a_requeued_srun_resumes_to_the_same_weights(cluster, uninterrupted, tmp_path):
+    ckpt = tmp_path / "ckpt"
     common = ["--total-steps", str(TOTAL), "--json", *TRAIN]
-    reference = subprocess.Popen(_cli("--nproc", "2", "--save-dir", str(ref), *common), env=_env(),
-                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     job = _srun(cluster, "--save-dir", str(ckpt), *common, name="preempt-me")
     try:
         _wait_for_checkpoint(ckpt, job)
@@ -213,12 +211,34 @@ def test_scancel_usr1_saves_and_a_requeued_srun_resumes_to_the_same_weights(clus
     out, err = again.communicate(timeout=280)
     assert again.returncode == 0, err[-2000:]
     second = _report(out)
-    out, err = reference.communicate(timeout=280)
-    assert reference.returncode == 0, err[-2000:]
-    whole = _report(out)
+    ref, whole = uninterrupted()
     assert second["first_step"] == step and first["losses"] + second["losses"] == whole["losses"]
-    (_, resumed), (_, uninterrupted) = checkpoint.read(ckpt), checkpoint.read(ref)
-    assert checkpoint.read(ckpt)[0]["step"] == TOTAL
+    _same_weights(ckpt, ref)
+
+
+@pytest.fixture(scope="session")
+def uninterrupted(tmp_path_factory):
+    """The run every requeued one must end like: `--nproc 2` on the local launcher, never interrupted, started
+    at once in the background and waited for where it is needed."""
+    ref = tmp_path_factory.mktemp("uninterrupted")
+    proc = subprocess.Popen(_cli("--nproc", "2", "--save-dir", str(ref), "--total-steps", str(TOTAL), "--json",
+                                 *TRAIN), env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    done = {}
+
+    def wait():
+        if not done:
+            out, err = proc.communicate(timeout=400)
+            assert proc.returncode == 0, err[-2000:]
+            done["report"] = _report(out)
+        return ref, done["report"]
+    yield wait
+    proc.kill()
+    proc.wait()
+
+
+def _same_weights(ckpt: Path, ref: Path) -> None:
+    (manifest, resumed), (_, uninterrupted) = checkpoint.read(ckpt), checkpoint.read(ref)
+    assert manifest["step"] == TOTAL
     for part in ("model", "optimizer"):
         flat_a, flat_b = _flat(resumed[part]), _flat(uninterrupted[part])
         assert flat_a.keys() == flat_b.keys()
@@ -274,3 +294,57 @@ def test_the_script_chapter_12_embeds_is_what_export_config_writes(tmp_path):
     assert COURSE_SCRIPT.read_text() == (tmp_path / "job.sbatch").read_text(), (
         "course/data/slurm-job.sbatch is stale: rewrite it with `minimega export-config "
         + " ".join(COURSE_ARGS) + " --out course/data/slurm-job.sbatch`")
+
+
+@pytest.mark.slow
+def test_the_exported_sbatch_script_requeues_itself_on_usr1_and_ends_like_an_uninterrupted_run(cluster, uninterrupted,
+                                                                                              tmp_path):
+    from minimega.tools.cli import main
+    ckpt, script, shim = tmp_path / "ckpt", tmp_path / "job.sbatch", tmp_path / "bin" / "minimega"
+    assert main(["export-config", "--slurm", "--nodes", "1", "--tasks-per-node", "2", "--gpus-per-task", "0",
+                 "--total-steps", str(TOTAL), "--save-every", "4", "--seq-len", "32", "--batch-size", "4",
+                 "--time", "15", "--job-name", "requeue-me", "--checkpoint-dir", str(ckpt), "--out", str(script)]) == 0
+    shim.parent.mkdir()
+    shim.write_text(f'#!/bin/sh\nexec {sys.executable} -m minimega "$@"\n')
+    shim.chmod(0o755)
+    env = {**_env(cluster.env), "PATH": f"{shim.parent}{os.pathsep}{os.environ['PATH']}"}
+    job_id = subprocess.run(["sbatch", "--parsable", str(script)], env=env, cwd=tmp_path, capture_output=True,
+                            text=True, check=True).stdout.strip().split(";")[0]
+    log = tmp_path / f"requeue-me-{job_id}.out"
+    try:
+        _wait_for_checkpoint(ckpt, _JobAlive(cluster, job_id))
+        subprocess.run(["scancel", "--signal=USR1", job_id], env=cluster.env, check=True)
+        deadline = time.monotonic() + 400
+        while (state := _job(cluster, job_id))["JobState"] != "COMPLETED":
+            assert state["JobState"] not in ("FAILED", "CANCELLED", "TIMEOUT"), (state, log.read_text())
+            assert time.monotonic() < deadline, (state, log.read_text() if log.exists() else "")
+            if state["JobState"] == "PENDING" and state.get("Reason") == "BeginTime":
+                # a requeued job waits out its step credentials (120 s); the test does not
+                subprocess.run(["scontrol", "update", f"JobId={job_id}", "StartTime=now"], env=cluster.env)
+            time.sleep(0.5)
+    finally:
+        subprocess.run(["scancel", job_id], env=cluster.env)
+    assert _job(cluster, job_id)["Restarts"] == "1", log.read_text()
+    text = log.read_text()
+    assert "restart 0: from step 0" in text and f"restart 1: --resume {ckpt}" in text, text
+    ref, _ = uninterrupted()
+    _same_weights(ckpt, ref)
+
+
+class _JobAlive:
+    """`_wait_for_checkpoint`'s view of a batch job: poll() is None while it has not ended."""
+
+    def __init__(self, cluster, job_id):
+        self.cluster, self.job_id = cluster, job_id
+
+    def poll(self):
+        return None if _job(self.cluster, self.job_id)["JobState"] in ("PENDING", "RUNNING") else 1
+
+    def communicate(self):
+        return _job(self.cluster, self.job_id)
+
+
+def _job(cluster, job_id: str) -> dict:
+    out = subprocess.run(["scontrol", "show", "job", "-o", job_id], env=cluster.env, capture_output=True, text=True,
+                         check=True).stdout
+    return dict(part.split("=", 1) for part in out.split() if "=" in part)
