@@ -280,6 +280,8 @@ def test_export_slurm_writes_a_script_whose_srun_line_trains_the_same_config(tmp
     assert build_train_config(args, dp=4) == cfg
     with pytest.raises(ValueError, match="multiple of tp"):
         to_slurm(TrainConfig(tp=3), job)
+    from minimega.tools.cli import main
+    assert main(["export-config", "--deepspeed", "--nodes", "2"]) != 0          # refused, not ignored
 
 
 COURSE_SCRIPT = Path(__file__).resolve().parents[1] / "course" / "data" / "slurm-job.sbatch"

@@ -23,6 +23,7 @@ from __future__ import annotations
 import os
 import re
 import signal
+import threading
 
 REQUEUE_EXIT = 75
 """The exit status of a job that stopped for a preemption notice after saving a checkpoint: "requeue me".
@@ -155,6 +156,8 @@ class Preemption:
 
     def __init__(self, signals=(signal.SIGUSR1,)):
         self.signum: int | None = None
+        if threading.current_thread() is not threading.main_thread():
+            raise RuntimeError("Preemption(): signal handlers can only be installed from the main thread")
         self._old = {s: signal.signal(s, self._notice) for s in signals}
 
     def _notice(self, signum, frame) -> None:

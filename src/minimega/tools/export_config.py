@@ -134,6 +134,10 @@ def _cmd_export(args) -> int:
                  if getattr(args, f.name, None) is not None}
     tp, pp = overrides.get("tp", preset.train.tp if preset else 1), overrides.get("pp", preset.train.pp if preset else 1)
     cp = overrides.get("cp", 1)
+    given = [f"--{f.name.replace('_', '-')}" for f in dataclasses.fields(SlurmJob)
+             if getattr(args, f"slurm_{f.name}") != f.default]
+    if given and args.target != "slurm":
+        raise ValueError(f"{', '.join(given)} shape a Slurm job script: they go with --slurm")
     if args.target == "slurm":
         ranks = args.slurm_nodes * args.slurm_tasks_per_node
         if args.nproc not in (None, ranks):
