@@ -179,12 +179,23 @@ def _srun(cluster, *args: str, name: str = "minimega", **popen) -> subprocess.Po
 
 @pytest.mark.slow
 def test_srun_two_tasks_print_one_report_with_the_local_launchers_losses(cluster):
+    """`srun -n 2` (one task per rank) and `srun -n 1 torchrun --nproc-per-node 2` each print one report, with
+    the losses of `minimega train --nproc 2`, bit for bit."""
     local = subprocess.Popen(_cli("--nproc", "2", "--steps", "5", "--json"), env=_env(), stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, text=True)
     srun = _srun(cluster, "--steps", "5", "--json")
+    # one torchrun agent per node (here one node): torchrun's RANK and WORLD_SIZE win over Slurm's variables
+    agent = subprocess.Popen(["srun", "-n", "1", "-J", "agent", sys.executable, "-m", "torch.distributed.run",
+                              "--standalone", "--nproc-per-node", "2", "-m", "minimega", "train", "--steps", "5",
+                              "--json"], env=_env(cluster.env), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True)
     out, err = srun.communicate(timeout=280)
     assert srun.returncode == 0, err[-2000:]
     under_slurm = _report(out)
+    out, err = agent.communicate(timeout=280)
+    assert agent.returncode == 0, err[-2000:]
+    under_torchrun = _report(out)
+    assert under_torchrun["nproc"] == 2 and under_torchrun["losses"] == under_slurm["losses"]
     out, err = local.communicate(timeout=280)
     assert local.returncode == 0, err[-2000:]
     alone = _report(out)
