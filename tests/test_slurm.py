@@ -329,13 +329,12 @@ def test_the_exported_sbatch_script_requeues_itself_on_usr1_and_ends_like_an_uni
     try:
         _wait_for_checkpoint(ckpt, _JobAlive(cluster, job_id))
         subprocess.run(["scancel", "--signal=USR1", job_id], env=cluster.env, check=True)
-        deadline, seen, ended = time.monotonic() + 400, [], None
+        deadline, seen = time.monotonic() + 400, []
         while (state := _job(cluster, job_id))["JobState"] != "COMPLETED":
             if not seen or seen[-1] != state["JobState"]:
                 seen.append(state["JobState"])
-            # the first instance's end passes through these while it is requeued: only a lasting one fails
-            ended = (ended or time.monotonic()) if state["JobState"] in ("FAILED", "CANCELLED", "TIMEOUT") else None
-            assert ended is None or time.monotonic() - ended < 10, (seen, log.read_text())
+            # a requeue goes RUNNING -> PENDING -> RUNNING; an end in any other state is a failure
+            assert state["JobState"] not in ("FAILED", "CANCELLED", "TIMEOUT"), (seen, log.read_text())
             assert time.monotonic() < deadline, (seen, log.read_text() if log.exists() else "")
             if state["JobState"] == "PENDING" and state.get("Reason") == "BeginTime":
                 # a requeued job waits out its step credentials (120 s); the test does not
