@@ -11,12 +11,12 @@
 Callers write ``comm.all_reduce(t, group)``: the names below are the package's interface.
 """
 from .collectives import (Call, Group, Handle, P2P, all_gather, all_gather_object, all_reduce, all_reduce_mean,
-                          all_to_all, barrier, batch_p2p, broadcast, overlap, recv, reduce_scatter, send)
+                          all_to_all, any_rank, barrier, batch_p2p, broadcast, overlap, recv, reduce_scatter, send)
 from .log import CommLog, CommRecord, ring_bytes
 from .observers import OBSERVERS, attach, detach, notify, observing
 from .wire import WIRE, blocked_seconds, delay
 
 __all__ = ["Call", "Group", "Handle", "P2P", "all_gather", "all_gather_object", "all_reduce", "all_reduce_mean",
-           "all_to_all", "barrier", "batch_p2p", "broadcast", "overlap", "recv", "reduce_scatter", "send",
+           "all_to_all", "any_rank", "barrier", "batch_p2p", "broadcast", "overlap", "recv", "reduce_scatter", "send",
            "CommLog", "CommRecord", "ring_bytes", "OBSERVERS", "attach", "detach", "notify", "observing", "WIRE",
            "blocked_seconds", "delay"]

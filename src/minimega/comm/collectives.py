@@ -312,6 +312,20 @@ def barrier(group: Group, *, observed: bool = True) -> None:
             dist.barrier(group=group.pg)
 
 
+def any_rank(flag: bool, group: Group) -> bool:
+    """Whether ``flag`` is set on any rank of ``group``: one all-reduce of one number, every rank gets the answer.
+
+    Not announced to the observers: it is the training loop's question (has a preemption notice come?), not the
+    model's traffic, so no `CommLog` counts it. A rank that stops answering is still named by its heartbeat."""
+    if group.size == 1:
+        return bool(flag)
+    vote = torch.tensor([1 if flag else 0], dtype=torch.int32)
+    if dist.get_backend(group.pg) == "nccl":
+        vote = vote.cuda()
+    dist.all_reduce(vote, op=dist.ReduceOp.SUM, group=group.pg)
+    return bool(vote.item())
+
+
 def all_gather_object(obj, group: Group, *, observed: bool = True) -> list:
     """Gather any picklable object from every rank of ``group`` (for reports, not for tensors); ``observed``: as in
     `barrier`."""

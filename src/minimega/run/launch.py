@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import signal
 import sys
 import threading
 import tempfile
@@ -43,8 +44,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from .processes import (ForkserverDied, die_with_parent, forkserver_context, main_module_hidden, name_process,
-                        start_all, stop_forkserver, terminate)
+from .processes import (ForkserverDied, die_with_parent, forkserver_context, forward_signals_to, main_module_hidden,
+                        name_process, start_all, stop_forkserver, terminate)
 from .watchdog import (_FROZEN_S, _STATUS_BYTES, RankStatus, Stragglers, culprit, describe_exit, guard, install,
                        report_step, snapshots, table, verdict)
 
@@ -320,7 +321,7 @@ def cpu_share() -> int:
 
 
 def launch(fn, world_size: int, *args, backend: str = "auto", timeout: float | None = None,
-           threads: int | None = None, stragglers: float | None = None) -> list:
+           threads: int | None = None, stragglers: float | None = None, forward_signals: tuple = ()) -> list:
     """Run ``fn(*args)`` on ``world_size`` ranks and return the results in rank order.
 
     Args:
@@ -335,6 +336,8 @@ def launch(fn, world_size: int, *args, backend: str = "auto", timeout: float | N
         threads: torch intra-op threads per rank; default splits `cpu_share()` cores evenly across ranks.
         stragglers: name on stderr a rank whose own work per step is persistently this many times its peers'
             (`watchdog.Stragglers`; ranks report their steps with `report_step`); None: not watched.
+        forward_signals: signals this process passes on to every rank as SIGUSR1 while the job runs (a
+            scheduler's preemption notice, or SIGTERM, reaches the launcher; the ranks decide together what to do).
 
     Returns:
         ``[fn(*args) on rank 0, ..., on rank world_size-1]``.
@@ -369,20 +372,20 @@ def launch(fn, world_size: int, *args, backend: str = "auto", timeout: float | N
 
     env = dict(os.environ)
     try:
-        return _run(fn, args, world_size, backend, timeout, threads, env, stragglers)
+        return _run(fn, args, world_size, backend, timeout, threads, env, stragglers, forward_signals)
     except ForkserverDied:
         # A fresh forkserver, a fresh work directory: a half-started rank of the first try, whose
         # launcher-side handle is gone, sees its sentinel close and ends itself without touching this one.
         stop_forkserver()
     try:
-        return _run(fn, args, world_size, backend, timeout, threads, env, stragglers)
+        return _run(fn, args, world_size, backend, timeout, threads, env, stragglers, forward_signals)
     except ForkserverDied as exc:
         raise RuntimeError(f"launch(): could not start the ranks: the forkserver died while starting them, "
                            f"twice ({exc}); is the machine out of memory or processes?") from None
 
 
 def _run(fn, args: tuple, world_size: int, backend: str, timeout: float, threads: int, env: dict,
-         stragglers: float | None = None) -> list:
+         stragglers: float | None = None, forward_signals: tuple = ()) -> list:
     """One job: start the ranks, watch them, tear down, collect the results."""
     ctx = forkserver_context()
     with tempfile.TemporaryDirectory(prefix="minimega-") as tmp:
@@ -392,6 +395,7 @@ def _run(fn, args: tuple, world_size: int, backend: str, timeout: float, threads
         job = _Job(fn, args, world_size, backend, tmp, threads, timeout, env)
         procs = [ctx.Process(target=_rank_main, args=(r, job), name=f"minimega-rank{r}", daemon=True)
                  for r in range(world_size)]
+        forwarding = forward_signals_to(forward_signals, procs)
         try:
             with main_module_hidden():
                 start_all(procs)
@@ -425,6 +429,9 @@ def _run(fn, args: tuple, world_size: int, backend: str, timeout: float, threads
         except BaseException:
             terminate(procs)
             raise
+        finally:
+            for signum, old in forwarding.items():
+                signal.signal(signum, old)
         results = []
         for r in range(world_size):
             path = workdir / f"result-{r}.pkl"

@@ -6,6 +6,7 @@ import ctypes
 import multiprocessing as mp
 import os
 import signal
+import threading
 import sys
 import time
 from contextlib import contextmanager
@@ -125,3 +126,18 @@ def terminate(procs: list, grace: float = 2.0) -> None:
         if p.is_alive():
             p.kill()
             p.join(5)
+
+
+def forward_signals_to(signals: tuple, procs: list) -> dict:
+    """Pass each of ``signals`` on to the live ranks as SIGUSR1; returns the handlers it replaced (main thread only)."""
+    if not signals or threading.current_thread() is not threading.main_thread():
+        return {}
+
+    def notice(signum, frame):
+        for p in procs:
+            if p.pid is not None and p.exitcode is None:
+                try:
+                    os.kill(p.pid, signal.SIGUSR1)
+                except ProcessLookupError:
+                    pass
+    return {s: signal.signal(s, notice) for s in signals}

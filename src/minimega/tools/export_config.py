@@ -34,6 +34,7 @@ from ..config import GPTConfig, TrainConfig
 from .export_deepspeed import check_deepspeed, to_deepspeed
 from .export_megatron import MEGATRON_FLAGS, TORCHTITAN_KEYS, to_megatron, to_torchtitan, torchtitan_sections  # noqa: F401
 from .export_table import TABLE, TARGETS, ExportError, get_field, markdown_table  # noqa: F401  (the public names)
+from .export_slurm import SlurmJob, to_slurm
 from .train_args import add_config_flags, build_train_config
 
 
@@ -102,6 +103,14 @@ def add_export_parser(sub) -> None:
                        help="Megatron-LM pretrain_gpt.py arguments")
     which.add_argument("--torchtitan", dest="target", action="store_const", const="torchtitan",
                        help="torchtitan (v0.2.2) TOML job config")
+    which.add_argument("--slurm", dest="target", action="store_const", const="slurm",
+                       help="an sbatch script: srun starts one `minimega train` per rank, SIGUSR1 before the time "
+                            "limit saves a checkpoint, the job requeues itself and resumes")
+    job = p.add_argument_group("with --slurm")
+    for field in dataclasses.fields(SlurmJob):
+        job.add_argument(f"--{field.name.replace('_', '-')}", dest=f"slurm_{field.name}", default=field.default,
+                         type=type(field.default) if field.default is not None else str,
+                         help=f"(default: {field.default})")
     p.add_argument("--megatron-deepspeed", action="store_true",
                    help="with --deepspeed: tp, pp, recomputation, seq_len and seed go on Megatron-DeepSpeed's command line")
     p.add_argument("--preset", default="tiny", choices=["tiny", "small", "gpt2", *PRESETS],
@@ -125,6 +134,15 @@ def _cmd_export(args) -> int:
                  if getattr(args, f.name, None) is not None}
     tp, pp = overrides.get("tp", preset.train.tp if preset else 1), overrides.get("pp", preset.train.pp if preset else 1)
     cp = overrides.get("cp", 1)
+    given = [f"--{f.name.replace('_', '-')}" for f in dataclasses.fields(SlurmJob)
+             if getattr(args, f"slurm_{f.name}") != f.default]
+    if given and args.target != "slurm":
+        raise ValueError(f"{', '.join(given)} shape a Slurm job script: they go with --slurm")
+    if args.target == "slurm":
+        ranks = args.slurm_nodes * args.slurm_tasks_per_node
+        if args.nproc not in (None, ranks):
+            raise ValueError(f"--nproc {args.nproc} but --nodes x --tasks-per-node = {ranks}: give one of the two")
+        args.nproc = ranks
     if args.nproc is not None:
         if args.nproc < 1 or args.nproc % (tp * pp * cp):
             raise ValueError(f"--nproc {args.nproc} is not a positive multiple of tp * pp * cp = {tp * pp * cp}")
@@ -155,6 +173,11 @@ def _cmd_export(args) -> int:
             pairs.append(" ".join(argv[i:i + 2]) if has_value else argv[i])
             i += 2 if has_value else 1
         text = "pretrain_gpt.py \\\n    " + " \\\n    ".join(pairs) + "\n"
+    elif args.target == "slurm":
+        if preset:
+            raise ValueError(f"--slurm --preset {args.preset}: `minimega train` builds tiny, small or gpt2")
+        job = SlurmJob(**{f.name: getattr(args, f"slurm_{f.name}") for f in dataclasses.fields(SlurmJob)})
+        text = to_slurm(cfg, job, args.preset)
     else:
         text = to_torchtitan(cfg, dp, model)
     for note in notes(cfg, args.target, model):

@@ -11,6 +11,7 @@ import threading
 import time
 
 from ..config import GPTConfig, TrainConfig
+from ..run.slurm import REQUEUE_EXIT
 from .args import flag_names, nonnegative_float, nonnegative_int, positive_float, positive_int
 from .elastic import checkpoint_step, maybe_fault, maybe_poison, maybe_slow, run_elastic
 from .health_run import RunHealth, add_health_flags, health_settings
@@ -20,15 +21,22 @@ from .train_args import add_config_flags, build_train_config, given_flags, moe_c
 def add_train_parser(sub) -> None:
     p = sub.add_parser("train", help="train the GPT on the shipped corpus across N local ranks",
                        description="Train on N local ranks (gloo on CPU, NCCL with one GPU per rank).")
-    p.add_argument("--nproc", type=positive_int, default=1, help="number of ranks (processes) (default: 1)")
+    p.add_argument("--nproc", type=positive_int, default=None,
+                   help="number of ranks (processes) (default: 1; under srun or torchrun the tasks they started)")
     p.add_argument("--dp", type=positive_int, default=None, help="data-parallel degree (default: nproc / (tp*pp))")
-    p.add_argument("--steps", type=positive_int, default=20, help="optimizer steps (default: 20)")
+    p.add_argument("--steps", type=positive_int, default=None, help="optimizer steps (default: 20)")
+    p.add_argument("--total-steps", type=positive_int, default=None, metavar="N",
+                   help="end at step N counted from step 0 across resumes, instead of running --steps more: a "
+                        "requeued job that repeats its command ends where an uninterrupted run would")
     p.add_argument("--preset", default="tiny", choices=["tiny", "small", "gpt2", "tiny-llama"],
                    help="model size; tiny-llama: tiny with GQA, SwiGLU and RoPE (default: tiny)")
     p.add_argument("--config", default=None, help="a DeepSpeed-style JSON config; flags override it")
     p.add_argument("--backend", default="auto", choices=["auto", "gloo", "nccl"])
     p.add_argument("--json", action="store_true", help="print the final summary as JSON")
-    p.add_argument("--save-dir", default=None, help="checkpoint directory (default: the --resume directory)")
+    p.add_argument("--save-dir", default=None,
+                   help="checkpoint directory (default: the --resume directory); with one, SIGUSR1 or SIGTERM "
+                        "(a scheduler's preemption notice) ends the run after a step agreed by every rank, "
+                        f"with a checkpoint, and exit status {REQUEUE_EXIT} (requeue me)")
     p.add_argument("--save-every", type=nonnegative_int, default=0, help="save a checkpoint every N steps (0: never)")
     p.add_argument("--resume", default=None, help="continue from the latest checkpoint in this directory")
     p.add_argument("--show-schedule", action="store_true", help="print the pipeline's rank x time grid of the last step")
@@ -90,6 +98,7 @@ def train_worker(preset: str, config: TrainConfig, steps: int, show: bool | str,
     from ..train.engine import initialize
     from ..mesh import ParallelDims, init_mesh
     from ..run.launch import current_world_size, report_step
+    from ..run.slurm import Preemption
     from ..model import GPT
 
     dims = dataclasses.replace(ParallelDims.infer(current_world_size(), tp=config.tp, pp=config.pp, cp=config.cp),
@@ -116,6 +125,8 @@ def train_worker(preset: str, config: TrainConfig, steps: int, show: bool | str,
         from .progress import LINES, StepProgress
         progress = StepProgress(steps, LINES if show is True else show)
     health = RunHealth(engine, ckpt.get("health"), ckpt.get("skip_batches", ()), ckpt.get("dir"), mesh.rank)
+    preempt = Preemption(ckpt["preempt"]) if ckpt.get("preempt") else None
+    stopped = None
     start = last = time.perf_counter()
     while engine.step < first + steps:
         index = health.batch_index(engine.step)          # the step's batch, past the ones skipped
@@ -133,8 +144,13 @@ def train_worker(preset: str, config: TrainConfig, steps: int, show: bool | str,
         maybe_fault(mesh.rank, engine.step)
         if progress is not None:
             progress.update(engine.step - first, loss, step_rate)
+        if preempt is not None and engine.step < first + steps and preempt.agreed(mesh.world):
+            stopped = _save_for_requeue(engine, ckpt)
+            break
     engine.wait_for_save()                               # an async save still in flight is committed
-    wall = time.perf_counter() - start
+    if preempt is not None:
+        preempt.close()
+    wall, steps = time.perf_counter() - start, engine.step - first
     health.close()
     if progress is not None:
         progress.close()
@@ -150,9 +166,21 @@ def train_worker(preset: str, config: TrainConfig, steps: int, show: bool | str,
             "sent_bytes_rank": sent, "sent_bytes_all_ranks": total_sent,
             "params": model.num_params(), "memory": memory_table(engine, config),
             "moe": engine.experts.counts() if engine.experts is not None else None,
-            "health": health.events, "skipped_batches": health.skip,
+            "health": health.events, "skipped_batches": health.skip, "preempted_at": stopped,
             "pipeline_timeline": engine.pipeline.events if show_schedule and engine.pipeline and mesh.dp_rank == 0
             and mesh.tp_rank == 0 else None}
+
+
+# --8<-- [start:save_for_requeue]
+def _save_for_requeue(engine, ckpt: dict) -> int:
+    """Every rank agreed to stop after this step: finish an async save in flight, then write this step's
+    checkpoint (the atomic sharded save) unless the periodic save just wrote it. Returns the step."""
+    engine.wait_for_save()
+    if not (ckpt.get("every") and engine.step % ckpt["every"] == 0):
+        engine.save(ckpt["dir"])
+        engine.wait_for_save()
+    return engine.step
+# --8<-- [end:save_for_requeue]
 
 
 def memory_table(engine, config: TrainConfig) -> dict:
@@ -200,9 +228,10 @@ def _progress(args: argparse.Namespace) -> bool | str:
 def _start(args: argparse.Namespace, config: TrainConfig, nproc: int, ckpt: dict) -> list:
     """One attempt of the job: ``nproc`` fresh ranks running `train_worker`."""
     from ..run.launch import launch
+    forward = (signal.SIGUSR1, signal.SIGTERM) if ckpt.get("preempt") else ()
     return launch(train_worker, nproc, args.preset, config, args.steps, _progress(args), ckpt,
                   args.show_schedule, moe_config(args), args.trace, backend=args.backend, timeout=args.timeout,
-                  stragglers=args.straggler_factor)
+                  stragglers=args.straggler_factor, forward_signals=forward)
 
 
 def _fits(args: argparse.Namespace, dims, nproc: int) -> bool:
@@ -218,8 +247,38 @@ def _fits(args: argparse.Namespace, dims, nproc: int) -> bool:
 
 
 def _terminated(signum, frame):
-    """SIGTERM (kill, a scheduler's preemption) unwinds like Ctrl-C: launch() stops the ranks on the way out."""
+    """SIGTERM (kill) unwinds like Ctrl-C: launch() stops the ranks on the way out. With a --save-dir the ranks
+    hear SIGUSR1 and SIGTERM themselves while they run (launch's forward_signals), and stop with a checkpoint."""
     raise SystemExit(128 + signum)
+
+
+def _this_rank() -> int:
+    """This process's rank when a scheduler started it as one (srun task, torchrun worker), else 0 (the launcher)."""
+    import os
+    return int(os.environ["RANK"]) if "RANK" in os.environ and "WORLD_SIZE" in os.environ else 0
+
+
+# --8<-- [start:ranks_from_scheduler]
+def _ranks_from_scheduler(args: argparse.Namespace) -> bool:
+    """Under srun (one task per rank) take the rank's environment from Slurm's; under torchrun, from torchrun's.
+    Fills in --nproc from it; returns whether a scheduler started this process as one rank."""
+    import os
+    from ..run import slurm
+    if slurm.in_srun_task():
+        os.environ.update(slurm.rank_environment())
+    if not ("RANK" in os.environ and "WORLD_SIZE" in os.environ) or os.environ.get("MINIMEGA_WORKER"):
+        args.nproc = args.nproc or 1
+        return False
+    world = int(os.environ["WORLD_SIZE"])
+    if args.nproc not in (None, world):
+        raise ValueError(f"--nproc {args.nproc}, but the scheduler started {world} rank(s) (WORLD_SIZE={world}): "
+                         "leave --nproc out under srun or torchrun")
+    args.nproc = world
+    import torch
+    from ..run.launch import cpu_share
+    torch.set_num_threads(max(1, cpu_share() // int(os.environ.get("LOCAL_WORLD_SIZE", world))))
+    return True
+# --8<-- [end:ranks_from_scheduler]
 
 
 def _check_train_args(args: argparse.Namespace):
@@ -228,6 +287,8 @@ def _check_train_args(args: argparse.Namespace):
     from ..train.engine import validate
     from ..mesh import ParallelDims
 
+    if args.steps is not None and args.total_steps is not None:
+        raise ValueError("--steps and --total-steps both say when to end: give one")
     try:
         tp, pp = args.tp or 1, args.pp or 1
         dims = ParallelDims.infer(args.nproc, tp=tp, pp=pp, cp=args.cp or 1)
@@ -252,6 +313,10 @@ def _check_train_args(args: argparse.Namespace):
     if min_nproc < args.nproc and not args.max_restarts:
         raise ValueError("--min-nproc only matters with --max-restarts: a job that never restarts never shrinks")
     start = checkpoint_step(args.resume, _model_config(args)) if args.resume else 0
+    if args.total_steps is not None and args.total_steps < start:
+        raise ValueError(f"--total-steps {args.total_steps}, but the checkpoint in {args.resume} is at step {start}")
+    args.steps = 20 if args.total_steps is None and args.steps is None else args.steps
+    args.steps = args.total_steps - start if args.steps is None else args.steps
     health_settings(args)                       # its refusals, before the job starts
     if args.straggler_factor is not None and not args.straggler_factor > 1:
         raise ValueError(f"--straggler-factor {args.straggler_factor}: a straggler is slower than its peers, "
@@ -271,16 +336,24 @@ def _model_config(args: argparse.Namespace):
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
+    scheduled = _ranks_from_scheduler(args)
+    if scheduled and args.max_restarts:
+        raise ValueError("--max-restarts restarts ranks this process started; under srun or torchrun the "
+                         "scheduler restarts the job (sbatch --requeue): leave it out")
     dims, config, save_dir, min_nproc, start = _check_train_args(args)
-    pp = dims.pp
-    print(f"minimega train: {args.nproc} rank(s), dp={dims.dp} tp={dims.tp} pp={dims.pp} cp={dims.cp} ep={dims.ep}, zero_stage="
-          f"{config.zero_stage}, preset {args.preset}, {args.steps} steps", file=sys.stderr)
+    pp, rank0 = dims.pp, _this_rank() == 0
+    if rank0:
+        print(f"minimega train: {args.nproc} rank(s), dp={dims.dp} tp={dims.tp} pp={dims.pp} cp={dims.cp} ep={dims.ep}, zero_stage="
+              f"{config.zero_stage}, preset {args.preset}, {args.steps} steps", file=sys.stderr)
     ckpt = {"resume": args.resume, "every": args.save_every, "dir": save_dir, "until": start + args.steps,
-            "health": health_settings(args), "skip_batches": sorted(set(args.skip_batch or ()))}
-    if threading.current_thread() is threading.main_thread():
+            "health": health_settings(args), "skip_batches": sorted(set(args.skip_batch or ())),
+            "preempt": ((signal.SIGUSR1, signal.SIGTERM) if scheduled else (signal.SIGUSR1,)) if save_dir else ()}
+    if threading.current_thread() is threading.main_thread() and not scheduled:
         signal.signal(signal.SIGTERM, _terminated)
     results = run_elastic(functools.partial(_start, args, config), args.nproc, ckpt, max_restarts=args.max_restarts,
                           min_nproc=min_nproc, fits=functools.partial(_fits, args, dims), model_config=_model_config(args))
+    if not rank0:
+        return REQUEUE_EXIT if results[0]["preempted_at"] is not None else 0
     if args.trace:
         from ..run import trace
         print(f"minimega train: traces in {args.trace} (all ranks: {trace.merge(args.trace)}); open them in "
@@ -299,7 +372,12 @@ def _cmd_train(args: argparse.Namespace) -> int:
                "wall_s": round(r0["wall_s"], 3), "tokens_per_s": round(r0["tokens_per_s"], 1),
                "params": r0["params"], "algorithmic_bytes_sent_all_ranks": r0["sent_bytes_all_ranks"],
                "losses": r0["losses"], "memory_rank0": r0["memory"], "health": r0["health"],
-               "skipped_batches": r0["skipped_batches"]}
+               "skipped_batches": r0["skipped_batches"], "preempted": None}
+    if r0["preempted_at"] is not None:
+        summary["preempted"] = {"step": r0["preempted_at"], "checkpoint": save_dir, "exit": REQUEUE_EXIT}
+        print(f"minimega train: preempted: every rank stopped after step {r0['preempted_at']}; checkpoint in "
+              f"{save_dir}; exit {REQUEUE_EXIT} (requeue me: resume with --resume {save_dir})",
+              file=sys.stderr, flush=True)
     if r0.get("moe") is not None:      # tokens routed to and dropped by each expert, per layer, all ranks together
         summary["moe"] = {k: [[sum(c) for c in zip(*per_layer)] for per_layer in zip(*(r["moe"][k] for r in results))]
                           for k in ("routed", "dropped")}
@@ -311,4 +389,4 @@ def _cmd_train(args: argparse.Namespace) -> int:
               f"{summary['algorithmic_bytes_sent_all_ranks'] / 2**20:.2f} MiB sent by all ranks "
               f"(algorithmic: the ring model over tensor sizes)")
         _print_memory(r0["memory"])
-    return 0
+    return REQUEUE_EXIT if summary["preempted"] else 0
