@@ -195,6 +195,7 @@ def test_plan_verify_dry_runs_its_top_picks(capsys):
 PUBLISHED = ("bloom-176b", "mt-nlg-530b", "gpt3-175b", "llama3-405b")
 
 
+@pytest.mark.slow          # ~25 s of CPU each (the peak sampler after every meta op dominates: measure.sample)
 @pytest.mark.parametrize("model", PUBLISHED)
 def test_published_model_at_its_layout_equals_the_estimate(model):
     """The published shape at its published dp x tp x pp, ZeRO stage, recomputation and micro-batch, on the last
