@@ -6,12 +6,13 @@ Same `minimega.GPT`, seed, batches and AdamW on both sides, ``offload_optimizer=
 NVMe side adds ``nvme_path``. In one launch per stage the sides alternate, CPU NVMe CPU NVMe …, ``--repeats``
 times, so a change in the machine's load falls on both alike. Per run: the median step time over ``--steps``
 steps after one warm-up step (the slowest rank). The table shows the median over the repeats, the ratio
-NVMe / CPU (> 1: the disk tier is slower), and the bytes each rank read and wrote per step next to
-`estimate.nvme_bytes_per_step`.
+NVMe / CPU (> 1: the disk tier is slower), the bytes each rank's store moved per step next to
+`estimate.nvme_bytes_per_step`, the bytes rank 0 fetched from and sent to storage per step (``/proc/self/io``
+around the store's steps: the page cache's hits excluded; padding to 4 KiB included) and rank 0's resident host
+memory after the run (``VmRSS``, the median over repeats).
 
-Reading it: the disk tier adds a read and a write of 12 bytes per shard element per step; where the files sit
-decides the cost (on tmpfs they are memory copies; on a real disk they are bounded by its bandwidth, and the
-page cache may hold recently written files). ``df`` on the directory is printed with the table.
+Reading it: the disk tier adds a read and a write of 12 bytes per shard element per step, straight to the drive
+(``O_DIRECT``); where the files sit decides the cost (on a real disk it is bounded by its bandwidth). ``df`` on the directory is printed with the table.
 """
 from __future__ import annotations
 
@@ -33,8 +34,8 @@ from minimega.zero import model_units
 
 def _worker(stage: int, model: dict, steps: int, repeats: int, directory: str) -> dict:
     mesh = mm.init_mesh(mm.ParallelDims(dp=dist.get_world_size()))
-    times = {"cpu": [], "nvme": []}
-    traffic = None
+    times, rss = {"cpu": [], "nvme": []}, {"cpu": [], "nvme": []}
+    traffic = storage = None
     for _ in range(repeats):
         for side in ("cpu", "nvme"):
             config = mm.TrainConfig(zero_stage=stage, offload_optimizer=True, batch_size=8, seed=0,
@@ -52,10 +53,20 @@ def _worker(stage: int, model: dict, steps: int, repeats: int, directory: str) -
                     per_step.append(elapsed.item())
             times[side].append(statistics.median(per_step))
             store = engine.zero_stages[0].store
+            rss[side].append(_rss())
             if side == "nvme":
                 traffic = dict(store.traffic)
+                storage = {k: v / store.storage_total["steps"] for k, v in store.storage_total.items() if k != "steps"}
                 store.close()
-    return {"times": times, "traffic": traffic}
+    return {"times": times, "traffic": traffic, "storage": storage, "rss": rss}
+
+
+def _rss() -> int:
+    """This rank's resident host memory now (``VmRSS``), bytes."""
+    for line in open("/proc/self/status"):
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise KeyError("VmRSS")
 
 
 def main(argv=None) -> None:
@@ -72,15 +83,18 @@ def main(argv=None) -> None:
     print(subprocess.run(["df", "-hT", directory], capture_output=True, text=True).stdout.strip())
     print(f"load average before: {os.getloadavg()[0]:.1f}")
     print(f"{'stage':>5}  {'CPU offload s':>13}  {'NVMe offload s':>14}  {'ratio':>6}  {'read/step':>11}  "
-          f"{'written/step':>12}  {'estimated':>11}")
+          f"{'written/step':>12}  {'estimated':>11}  {'disk read/step':>14}  {'disk written/step':>17}  "
+          f"{'RSS CPU MiB':>11}  {'RSS NVMe MiB':>12}")
     for stage in args.stages:
         result = mm.launch(_worker, 2, stage, model, args.steps, args.repeats, directory, timeout=600)[0]
         cpu, nvme = (statistics.median(result["times"][s]) for s in ("cpu", "nvme"))
         psi = sum(estimate.padded_numel(sum(u), 2) for u in units)
         want = estimate.nvme_bytes_per_step(psi, 2, stage)["read"]
-        t = result["traffic"]
+        t, io = result["traffic"], result["storage"]
+        rss = {s: statistics.median(result["rss"][s]) / 2**20 for s in ("cpu", "nvme")}
         print(f"{stage:>5}  {cpu:>13.3f}  {nvme:>14.3f}  {nvme / cpu:>6.2f}  {t['read']:>11,}  {t['written']:>12,}  "
-              f"{int(want):>11,}")
+              f"{int(want):>11,}  {io['read_bytes']:>14,.0f}  {io['write_bytes']:>17,.0f}  {rss['cpu']:>11.0f}  "
+              f"{rss['nvme']:>12.0f}")
     print(f"load average after: {os.getloadavg()[0]:.1f}")
 
 

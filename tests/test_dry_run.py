@@ -190,3 +190,29 @@ def test_plan_verify_dry_runs_its_top_picks(capsys):
     assert states == estimate > 0 and rows[0]["verify"]["comm_bytes"][0] > 0
     main(small + ["--kv-heads", "2", "--verify", "1"])
     assert "verify #1: not dry-run: kv_heads=2" in capsys.readouterr().out
+
+
+PUBLISHED = ("bloom-176b", "mt-nlg-530b", "gpt3-175b", "llama3-405b")
+
+
+@pytest.mark.slow          # ~25 s of CPU each (the peak sampler after every meta op dominates: measure.sample)
+@pytest.mark.parametrize("model", PUBLISHED)
+def test_published_model_at_its_layout_equals_the_estimate(model):
+    """The published shape at its published dp x tp x pp, ZeRO stage, recomputation and micro-batch, on the last
+    stage's last tp and dp rank (the padded vocabulary's tail, the head and the tied embedding's gradient):
+    parameters, gradients, master and optimizer states, buffers and every group's bytes equal `layout`'s. The step
+    runs m = pp micro-batches (the pipeline full, every rule exercised) instead of the published 128 or more: the
+    bytes per micro-batch do not change with m, and the meta-tensor step stays a few seconds. The whole published
+    batch is what `minimega dry-run --model NAME` runs (BLOOM's three sampled ranks: equal as well)."""
+    from minimega.analysis.layout import published
+    from minimega.tools.cli import build_parser
+    from minimega.tools.dry_run_cli import layout_of
+    preset = published(model)
+    batch = preset["dp"] * preset.get("micro_batch", 1) * preset["pp"]
+    shape, config, dims = layout_of(build_parser().parse_args(["dry-run", "--model", model,
+                                                                "--global-batch", str(batch)]))
+    assert (dims.dp, dims.tp, dims.pp) == (preset["dp"], preset["tp"], preset["pp"])
+    result = check_rank(shape, config, dims, sample_ranks(dims)[-1])
+    assert result["differs"] == [], (model, result["memory_peak"], result["estimate"], result["comm_sent"])
+    assert set(result["comm_sent"]) == {"dp", "tp", "pp"} - ({"dp"} if dims.dp == 1 else set())
+    assert result["memory_peak"]["grads"] > 0 and result["memory_peak"]["optimizer_states"] > 0

@@ -10,8 +10,10 @@ Each record holds the op, the group, the dtype, the element count, the payload a
     broadcast, send  S
 
 and the wall time (on CUDA, events on the stream). The byte counts are *algorithmic*: the ring model
-applied to tensor sizes, the yardstick the papers use. What gloo really puts on the wire (its own
-algorithms, headers) is measured by `minimega.run.measure.wire_bytes`.
+applied to tensor sizes, the yardstick the papers use. Beside them each record counts ``wire_bytes``, what
+the construction `comm` really ran sends: the same, except gloo's reduce-scatter, which `comm` builds from
+n in-place reduces and which sends (1 + 1/n) times the ring's bytes. What gloo puts on the wire, headers
+included, is measured by `minimega.run.measure.wire_bytes` (the two agree within the headers: `comm-wire.json`).
 
 A log keeps its newest ``window`` records (a long run would otherwise grow it without end) and folds
 the older ones into running totals, so `summary` and `total_sent` always cover the whole run.
@@ -65,6 +67,14 @@ class CommRecord:
     cuda_events: tuple | None = None
     """On CUDA: (start, end) `torch.cuda.Event`s recorded on the current stream; they time the GPU's work,
     where the host clocks above only time the enqueue of an asynchronous kernel."""
+    wire_bytes: float | None = None
+    """Payload bytes this rank really puts on the wire for the construction `comm` ran: the ring's bytes,
+    except where `comm` builds an op from others (gloo's reduce-scatter from n reduces sends (1 + 1/n) times
+    them, `comm.collectives._reduces_wire_factor`); transport headers aside (`measure.wire_bytes` counts those too)."""
+
+    def __post_init__(self):
+        if self.wire_bytes is None:
+            self.wire_bytes = self.sent_bytes
 
     @property
     def seconds(self) -> float:
@@ -83,7 +93,7 @@ def _cuda_event():
 
 
 def _row() -> dict:
-    return {"calls": 0, "bytes": 0, "sent_bytes": 0.0, "seconds": 0.0}
+    return {"calls": 0, "bytes": 0, "sent_bytes": 0.0, "wire_bytes": 0.0, "seconds": 0.0}
 
 
 @dataclass
@@ -144,23 +154,26 @@ class CommLog:
             row["calls"] += 1
             row["bytes"] += r.bytes
             row["sent_bytes"] += r.sent_bytes
+            row["wire_bytes"] += r.wire_bytes
             row["seconds"] += r.seconds
 
     def clear(self) -> None:
         self.records.clear()
         self._folded.clear()
 
-    def total_sent(self, op: str | None = None, group: str | None = None) -> float:
-        kept = sum(r.sent_bytes for r in self.records
+    def total_sent(self, op: str | None = None, group: str | None = None, *, key: str = "sent_bytes") -> float:
+        """Algorithmic bytes sent (the ring model); ``key="wire_bytes"``: what this rank's constructions sent."""
+        kept = sum(getattr(r, key) for r in self.records
                    if (op is None or r.op == op) and (group is None or r.group == group))
-        return kept + sum(row["sent_bytes"] for (o, g), row in self._folded.items()
+        return kept + sum(row[key] for (o, g), row in self._folded.items()
                           if (op is None or o == op) and (group is None or g == group))
 
     def summary(self) -> dict:
         """{'by_op': {op: {calls, bytes, sent_bytes, seconds}}, 'by_group': {...}, 'sent_bytes': total}, over
         the whole run (the records dropped from the window included).
 
-        ``sent_bytes`` are algorithmic (ring model over payload sizes), not bytes measured on the wire."""
+        ``sent_bytes`` are algorithmic (ring model over payload sizes); ``wire_bytes`` what the constructions
+        `comm` ran put on the wire (headers aside: `measure.wire_bytes` measures those too)."""
         def table(index):
             out = defaultdict(_row)
             for key, row in self._folded.items():
@@ -171,13 +184,14 @@ class CommLog:
                 row["calls"] += 1
                 row["bytes"] += r.bytes
                 row["sent_bytes"] += r.sent_bytes
+                row["wire_bytes"] += r.wire_bytes
                 row["seconds"] += r.seconds
             return dict(out)
         by_op = table(0)
         return {"by_op": by_op, "by_group": table(1), "sent_bytes": self.total_sent(),
-                "calls": sum(row["calls"] for row in by_op.values())}
+                "wire_bytes": self.total_sent(key="wire_bytes"), "calls": sum(row["calls"] for row in by_op.values())}
 
     def events(self) -> list[dict]:
         """The records in the window as plain dicts (for reports, plots and JSON traces)."""
         return [dict(op=r.op, group=r.group, dtype=r.dtype, elements=r.elements, bytes=r.bytes,
-                     sent_bytes=r.sent_bytes, start=r.start, end=r.end, wait=r.wait, tag=r.tag) for r in self.records]
+                     sent_bytes=r.sent_bytes, wire_bytes=r.wire_bytes, start=r.start, end=r.end, wait=r.wait, tag=r.tag) for r in self.records]

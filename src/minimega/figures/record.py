@@ -419,7 +419,7 @@ def record(out: str | Path = DEFAULT_OUT, steps: int = 3, bucket_mb: float = 0.0
         for n in WIRE_RANKS:
             per_rank = launch(wire_table, n, list(WIRE_NUMELS), backend="gloo", timeout=timeout)
             for cells in zip(*per_rank):
-                rows.append({k: cells[0][k] for k in ("op", "ranks", "bytes", "model")}
+                rows.append({k: cells[0][k] for k in ("op", "ranks", "bytes", "model", "logged")}
                             | {"measured": [c["measured"] for c in cells]})
         traces["comm-wire"] = {
             "schema": SCHEMA, "kind": "comm-wire",

@@ -256,7 +256,7 @@ def state_tensors(dp_wrappers, optimizer=None) -> dict[str, list[torch.Tensor]]:
 # temporary buffer per call); `comm` builds the all-gather from n broadcasts, the ring's bytes, and the
 # reduce-scatter from n reduces: each reduce is a ring reduce-scatter of its chunk and then a gather of the
 # pieces to its root, (1 + 1/n) times the ring model in all. (Torch's fused gloo reduce-scatter is an
-# all-reduce of the whole input: twice the model.) `wire_bytes` measures it on the sockets themselves: the
+# all-reduce of the whole input: twice the model.) The log's ``wire_bytes`` counts the (1 + 1/n); `wire_bytes` measures it on the sockets themselves: the
 # kernel's per-socket ``tcpi_bytes_sent`` (TCP payload bytes, headers of the TCP/IP layers excluded, gloo's own included).
 _TCPI_BYTES_SENT = 200          # offsets of tcpi_bytes_sent and tcpi_bytes_retrans (u64) in struct tcp_info
 _TCPI_BYTES_RETRANS = 208       # (Linux >= 4.19); a retransmitted segment is sent twice but delivered once
@@ -321,13 +321,17 @@ def wire_bytes(op: str, numel: int, group: comm.Group, repeats: int = 3) -> floa
 
 
 def wire_table(numels: list[int], ops=WIRE_OPS) -> list[dict]:
-    """Measured vs ring-model bytes per rank for each op and size, on the world group (run on every rank)."""
+    """Measured vs ring-model bytes per rank for each op and size, on the world group (run on every rank),
+    and the bytes per call the `CommLog` counted as sent on the wire (``logged``)."""
     import torch.distributed as dist
     group = comm.Group(None, list(range(dist.get_world_size())), "world")
     rows = []
     for op in ops:
         for numel in numels:
-            measured = wire_bytes(op, numel, group)
+            with comm.CommLog() as log:
+                measured = wire_bytes(op, numel, group)
+            calls = log.summary()["by_op"][op]["calls"]
             rows.append({"op": op, "ranks": group.size, "bytes": numel * 4, "measured": measured,
-                         "model": comm.ring_bytes(op, numel * 4, group.size)})
+                         "model": comm.ring_bytes(op, numel * 4, group.size),
+                         "logged": log.total_sent(op, key="wire_bytes") / calls})
     return rows

@@ -164,7 +164,7 @@ def train_worker(preset: str, config: TrainConfig, steps: int, show: bool | str,
     return {"losses": engine.losses, "first_step": first, "wall_s": wall,
             "tokens_per_s": tokens_per_step * steps / wall if steps else 0.0,
             "sent_bytes_rank": sent, "sent_bytes_all_ranks": total_sent,
-            "params": model.num_params(), "memory": memory_table(engine, config),
+            "params": model.num_params(), "memory": memory_table(engine, config), "nvme": nvme_table(engine, config),
             "moe": engine.experts.counts() if engine.experts is not None else None,
             "health": health.events, "skipped_batches": health.skip, "preempted_at": stopped,
             "pipeline_timeline": engine.pipeline.events if show_schedule and engine.pipeline and mesh.dp_rank == 0
@@ -205,6 +205,25 @@ def memory_table(engine, config: TrainConfig) -> dict:
     out["estimate_command"] = (f"minimega estimate --params {psi} --dp {dp} --stage {config.zero_stage} "
                                f"--precision {precision}")
     return out
+
+
+def nvme_table(engine, config: TrainConfig) -> dict | None:
+    """With ``nvme_path``: this rank's bytes fetched from and sent to storage per optimizer step (``/proc/self/io``
+    around the disk tier's steps: the drive's own count, page-cache hits excluded), next to
+    `estimate.nvme_bytes_per_step` for this rank's padded shard (K = 12 under Adam, 4 under SGD)."""
+    stores = [z.store for z in engine.zero_stages if getattr(z.store, "location", "") == "nvme"]
+    if not stores:
+        return None
+    from ..analysis import nvme_bytes_per_step
+    steps = max(1, stores[0].storage_total["steps"])
+    shard = sum(m.numel() for s in stores for m in s.master)
+    kind = "sgd" if stores[0].width == 1 else "adamw"
+    want = nvme_bytes_per_step(shard * engine.mesh.grad_group.size, engine.mesh.grad_group.size,
+                               config.zero_stage, kind)
+    return {"read_bytes_per_step": sum(s.storage_total["read_bytes"] for s in stores) / steps,
+            "write_bytes_per_step": sum(s.storage_total["write_bytes"] for s in stores) / steps,
+            "estimate_per_step": {"read": want["read"], "write": want["write"]},
+            "o_direct": all(s.direct for s in stores), "steps": stores[0].storage_total["steps"]}
 
 
 def _print_memory(memory: dict) -> None:
@@ -372,6 +391,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
                "wall_s": round(r0["wall_s"], 3), "tokens_per_s": round(r0["tokens_per_s"], 1),
                "params": r0["params"], "algorithmic_bytes_sent_all_ranks": r0["sent_bytes_all_ranks"],
                "losses": r0["losses"], "memory_rank0": r0["memory"], "health": r0["health"],
+               **({"nvme_per_rank": [r["nvme"] for r in results]} if r0.get("nvme") else {}),
                "skipped_batches": r0["skipped_batches"], "preempted": None}
     if r0["preempted_at"] is not None:
         summary["preempted"] = {"step": r0["preempted_at"], "checkpoint": save_dir, "exit": REQUEUE_EXIT}
