@@ -9,6 +9,6 @@ PY=${PY:-.venv/bin/python}
 export PYTHONPATH="$PWD/src:$PWD/bench${PYTHONPATH:+:$PYTHONPATH}"
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader || true
 status=0
-timeout 180 "$PY" -m pytest -q -m gpu tests/test_gpu.py || status=1
+timeout 180 "$PY" -m pytest -q -m gpu tests/test_nccl.py || status=1
 timeout 400 "$PY" bench/gpu_check.py "$@" || status=1
 exit $status

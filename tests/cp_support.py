@@ -6,7 +6,7 @@ import torch
 import minimega as mm
 from minimega import data
 from minimega.train.activation_checkpoint import saved_activation_bytes
-from parity import parity_config
+from parity import parity_config, trained
 
 TINY = mm.GPTConfig.tiny(block_size=32)
 
@@ -24,3 +24,9 @@ def single_process_activation_bytes(rows: int) -> int:
     torch.manual_seed(config.seed)
     engine = mm.initialize(mm.GPT(TINY), config, mm.init_mesh())
     return activation_bytes(engine, engine.mesh, config)
+
+
+def train_case(dp: int, cp: int, config, steps: int):
+    """Rank function body: ``(engine, mesh, activation bytes before the first step)`` of one (dp, cp) case."""
+    return trained(TINY, config, mm.ParallelDims(dp=dp, cp=cp, tp=config.tp), steps, TINY.block_size,
+                   measure=lambda engine, mesh: activation_bytes(engine, mesh, config))

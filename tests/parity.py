@@ -72,6 +72,33 @@ def assert_case_matches(name: str, per_rank: list[dict], ref_state: dict, ref_lo
     return got
 
 
+def trained(model_config: mm.GPTConfig, config: mm.TrainConfig, dims: mm.ParallelDims, steps: int, seq_len: int,
+            measure=None):
+    """Rank function body: ``(engine, mesh, measured)``, ``config``'s engine on a mesh of ``dims`` around the seeded
+    ``GPT(model_config)``, trained ``steps`` steps on the shared global batches; ``measure(engine, mesh)``, when
+    given, runs before the first step and its answer is ``measured``."""
+    mesh = mm.init_mesh(dims)
+    torch.manual_seed(config.seed)
+    engine = mm.initialize(mm.GPT(model_config), config, mesh)
+    measured = measure(engine, mesh) if measure else None
+    for batch in data.batches(mesh, steps, config.batch_size, seq_len, seed=config.seed):
+        engine.train_step(batch)
+    return engine, mesh, measured
+
+
+def assert_layout_matches(name: str, per_rank: list[dict], model_config: mm.GPTConfig, config: mm.TrainConfig,
+                          steps: int, seq_len: int, grad_steps: int) -> dict:
+    """One layout of a launch against the single-process run: no rank failed, rank 0's gradients of the first
+    ``grad_steps`` steps (``"grads"``), then its weights and every loss after ``steps`` steps. Returns rank 0's result."""
+    ref_grads: list[dict] = []
+    ref_state, ref_losses = reference_run(model_config, config, steps, seq_len=seq_len, grads=ref_grads)
+    for r in per_rank:
+        assert "error" not in r, f"{name}: {r.get('error')}"
+    got = per_rank[0]
+    assert_grads_match(name, got["grads"], ref_grads, config.precision, config.batch_size * seq_len, grad_steps)
+    return assert_case_matches(name, per_rank, ref_state, ref_losses, "run", steps)     # the optimizer path
+
+
 def reference_run(model_config: mm.GPTConfig, config: mm.TrainConfig, steps: int,
                   seq_len: int | None = None, norms: list | None = None,
                   grads: list | None = None, build=None) -> tuple[dict, list[float]]:

@@ -91,7 +91,7 @@ def test_async_rollback_goes_to_the_last_checkpoint_on_disk():
 
 
 def test_fsdp_unit_walks_the_engines_unit_states():
-    from minimega.zero.stages import UnitState
+    from minimega.zero.stage3 import UnitState
     anim = layout.fsdp_unit("blocks.1", dp=2)
     states = [UnitState(f["state"]) for f in anim["frames"]]
     S, G, U = UnitState.SHARDED, UnitState.GATHERING, UnitState.UNSHARDED

@@ -17,7 +17,7 @@ from minimega.parallel import context as cpm
 from minimega import data
 from minimega import estimate as est
 from minimega.train.engine import validate
-from cp_support import TINY, activation_bytes, single_process_activation_bytes
+from cp_support import TINY, single_process_activation_bytes, train_case
 from parity import assert_case_matches, max_rel_error, parity_config, reference_run
 
 STEPS = 4      # the gradient itself: test_grad_parity.py; these steps check the optimizer path
@@ -29,12 +29,7 @@ def _cases(cases, save_dir=None, save_case=0):
     out = []
     for i, (dp, cp, config) in enumerate(cases):
         try:
-            mesh = mm.init_mesh(mm.ParallelDims(dp=dp, cp=cp, tp=config.tp))
-            torch.manual_seed(config.seed)
-            engine = mm.initialize(mm.GPT(TINY), config, mesh)
-            act = activation_bytes(engine, mesh, config)
-            for batch in data.batches(mesh, STEPS, config.batch_size, TINY.block_size, seed=config.seed):
-                engine.train_step(batch)
+            engine, mesh, act = train_case(dp, cp, config, STEPS)
             report = engine.report()
             state = engine.full_state_dict()
             if save_dir and i == save_case:

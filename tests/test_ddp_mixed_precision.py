@@ -3,7 +3,7 @@
 The independent oracle is torch FSDP2 with ``MixedPrecisionPolicy(param_dtype=bf16 or fp16, reduce_dtype=fp32)``:
 the same recipe (16-bit compute from the fp32 parameters, fp32 reduction, torch's AdamW on the fp32 parameters),
 run by torch. torch DDP's own ``mixed_precision`` records device events that its CPU backend refuses ("cpu backend
-doesn't support events"), so on CPU it cannot be the oracle; `test_gpu.py` compares with it on CUDA.
+doesn't support events"), so on CPU it cannot be the oracle (on CUDA it could be; no test compares with it yet).
 
 Closed form of the bytes at the step (Ψ parameters, per rank): 16-bit copies 2Ψ, fp32 masters 4Ψ, fp32 gradients 4Ψ,
 Adam's m and v 8Ψ: the 18 bytes per parameter of the course's bf16 row (chapter 1).

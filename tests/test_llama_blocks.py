@@ -22,7 +22,7 @@ from minimega.train.engine import validate
 from minimega.model import CausalSelfAttention
 from minimega.rope import apply_rope, rope_angles
 from minimega.parallel.tensor import check_divisible
-from parity import assert_case_matches, assert_grads_match, max_rel_error, parity_config, reference_run
+from parity import assert_layout_matches, max_rel_error, parity_config
 
 MODEL = mm.GPTConfig.tiny_llama(block_size=32)
 SEQ = 32
@@ -276,13 +276,6 @@ def runs(request, tmp_path_factory) -> dict:
 
 @pytest.mark.parametrize("name", list(CASES))
 def test_layout_matches_single_process(runs, name):
-    config = parity_config(**CASES[name][1])
-    ref_grads: list[dict] = []
-    ref_state, ref_losses = reference_run(MODEL, config, STEPS, seq_len=SEQ, grads=ref_grads)
-    for r in runs[name]:
-        assert "error" not in r, f"{name}: {r.get('error')}"
-    got = runs[name][0]
-    assert_grads_match(name, got["grads"], ref_grads, config.precision, config.batch_size * SEQ, GRAD_STEPS)
-    assert_case_matches(name, runs[name], ref_state, ref_losses, "run", STEPS)
+    got = assert_layout_matches(name, runs[name], MODEL, parity_config(**CASES[name][1]), STEPS, SEQ, GRAD_STEPS)
     if name == SAVED:
         assert max_rel_error(got["loaded"], got["state"]) == 0.0, "tp2 checkpoint loaded under dp2 differs"

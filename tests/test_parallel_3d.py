@@ -3,22 +3,16 @@
 Several layouts share one 4-rank launch (each builds its own mesh): launches are the expensive part.
 """
 import pytest
-import torch
 
 import minimega as mm
-from minimega import data
-from parity import max_rel_error, parity_config, reference_run
+from parity import max_rel_error, parity_config, reference_run, trained
 
 STEPS = 4      # the gradient itself: test_grad_parity.py; these steps check the optimizer path
 TINY = mm.GPTConfig.tiny(block_size=32)          # 4 layers, every ZeRO unit divisible by 2
 
 
 def _train(dp, config):
-    mesh = mm.init_mesh(mm.ParallelDims(dp=dp, tp=config.tp, pp=config.pp))
-    torch.manual_seed(config.seed)
-    engine = mm.initialize(mm.GPT(TINY), config, mesh)
-    for batch in data.batches(mesh, STEPS, config.batch_size, 32, seed=config.seed):
-        engine.train_step(batch)
+    engine, mesh, _ = trained(TINY, config, mm.ParallelDims(dp=dp, tp=config.tp, pp=config.pp), STEPS, 32)
     report = engine.report()
     return {"state": engine.full_state_dict(), "losses": engine.losses, "norms": engine.grad_norms,
             "rank": mesh.rank, "memory": report["memory"], "by_op": report["comm"]["by_op"],

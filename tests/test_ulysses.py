@@ -15,11 +15,10 @@ import torch
 
 import minimega as mm
 from minimega.parallel import context as cpm
-from minimega import data
 from minimega import estimate as est
 from minimega.parallel import ulysses
 from minimega.train.engine import validate
-from cp_support import TINY, activation_bytes, single_process_activation_bytes
+from cp_support import TINY, single_process_activation_bytes, train_case
 from parity import assert_case_matches, parity_config, reference_run
 
 STEPS = 4      # the gradient itself: test_grad_parity.py; these steps check the optimizer path
@@ -42,12 +41,7 @@ def _cases(cases):
     out = []
     for dp, cp, config in cases:
         try:
-            mesh = mm.init_mesh(mm.ParallelDims(dp=dp, cp=cp, tp=config.tp))
-            torch.manual_seed(config.seed)
-            engine = mm.initialize(mm.GPT(TINY), config, mesh)
-            act = activation_bytes(engine, mesh, config)
-            for batch in data.batches(mesh, STEPS, config.batch_size, TINY.block_size, seed=config.seed):
-                engine.train_step(batch)
+            engine, mesh, act = train_case(dp, cp, config, STEPS)
             report = engine.report()
             a2a = [e for e in report["comm_events"] if e["group"] == "cp"]
             state = engine.full_state_dict()                                   # collective: every rank calls it

@@ -184,7 +184,7 @@ def test_memory_closed_form_on_one_rank():
 def test_zero3_unit_states_at_rest_in_forward_and_after_backward():
     """Explicit per-unit state: SHARDED at rest, UNSHARDED while the unit computes, SHARDED again after its backward."""
     from minimega import comm, zero
-    from minimega.zero.stages import UnitState
+    from minimega.zero.stage3 import UnitState
     group = comm.Group(None, [0], "dp")           # one rank: collectives return at once, no process group
     config = mm.TrainConfig(zero_stage=3, param_persistence_threshold=100)   # LayerNorm weights (64) stay whole
     torch.manual_seed(0)
@@ -206,6 +206,56 @@ def test_zero3_unit_states_at_rest_in_forward_and_after_backward():
     # dp = 1: nothing crosses ranks, so nothing is pooled: each shard is its whole unit, no gather or reduce buffers.
     assert stage.slots is None and stage.pool is None
     assert all(measure.same_storage(u.flat, s) for u, s in zip(stage.units, stage.shards))
+
+
+class _Chain(torch.nn.Module):
+    """A model of another shape than the GPT: parts named its own way, and a unit without parameters."""
+
+    def __init__(self):
+        super().__init__()
+        self.inp, self.out = torch.nn.Linear(8, 16), torch.nn.Linear(16, 4)
+
+    def units(self):
+        return [("inp", self.inp, [self.inp]), ("act", torch.tanh, []), ("out", self.out, [self.out])]
+
+    def finish(self, x, y):
+        return x, torch.nn.functional.mse_loss(x, y)
+
+    def forward(self, x, y):
+        for _, fn, _ in self.units():
+            x = fn(x)
+        return self.finish(x, y)
+
+
+def test_zero3_runs_any_model_by_its_own_units():
+    """ZeRO-3 names no model part: a model of another shape runs through it by its ``units()`` and ``finish()``,
+    with the loss and gradients of the model's own forward; a parameter no unit lists is refused, not left untrained."""
+    import copy
+    from minimega import comm, zero
+    group = comm.Group(None, [0], "dp")
+    config = mm.TrainConfig(zero_stage=3, param_persistence_threshold=10)    # out.bias (4) stays whole
+    torch.manual_seed(0)
+    model = _Chain()
+    reference = copy.deepcopy(model)
+    stage = zero.wrap(model, config, group, 0, lambda p: make_optimizer(p, config))
+    assert [u.name for u in stage.units] == ["inp", "out", "out.persistent"]
+    x, y = torch.randn(5, 8), torch.randn(5, 4)
+    _, loss = stage(x, y)
+    loss.backward()
+    stage.finish_grad_sync()
+    _, want = reference(x, y)
+    want.backward()
+    assert torch.equal(loss, want)
+    grads = stage.full_grad_dict()
+    assert all(torch.allclose(grads[n], p.grad, rtol=1e-6, atol=0) for n, p in reference.named_parameters())
+    ran = [e["unit"] for e in stage.timeline if e["event"] == "unit_forward_start"]
+    assert ran == ["inp", "act", "out"]
+
+    class _Forgets(mm.GPT):
+        def units(self):
+            return super().units()[:-1]                       # no head: ln_f and lm_head would never be trained
+    with pytest.raises(ValueError, match="lists no unit holding.*ln_f.weight"):
+        zero.wrap(_Forgets(MODEL), config, group, 0, lambda p: make_optimizer(p, config))
 
 
 def test_gather_slots_hold_neighbours_in_reused_buffers_and_refuse_a_third():

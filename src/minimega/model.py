@@ -18,6 +18,7 @@ The forward is split into ``embed`` → ``blocks`` → ``head`` → ``loss`` so 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 import torch.nn as nn
@@ -186,4 +187,16 @@ class GPT(nn.Module):
         for block in self.blocks:
             x = block(x)
         logits = self.head(x)                                                  # (B, T, V)
+        return self.finish(logits, targets)
+
+    def units(self) -> list[tuple[str, Callable, list[nn.Module]]]:
+        """The forward as a chain of units, in order: ``(name, fn, modules)``, where ``fn`` maps the previous unit's
+        output to the next one's input and ``modules`` hold the unit's parameters (None: absent, e.g. RoPE's wpe).
+        ``forward(idx, targets)`` is ``finish(fn_n(...fn_1(idx)), targets)``. ZeRO-3 gathers and frees the
+        parameters one unit at a time along this chain (`zero.flat.model_units`), naming no part itself."""
+        blocks = [(f"blocks.{i}", b, [b]) for i, b in enumerate(self.blocks)]
+        return [("embed", self.embed, [self.wte, self.wpe]), *blocks, ("head", self.head, [self.ln_f, self.lm_head])]
+
+    def finish(self, logits: torch.Tensor, targets: torch.Tensor | None = None):
+        """What ``forward`` returns from the last unit's output: ``(logits, loss)``."""
         return logits, (self.loss(logits, targets) if targets is not None else None)

@@ -65,6 +65,17 @@ class StageChunk(nn.Module):
             x = block(x)
         return self.head(x) if self.is_last else x
 
+    def units(self) -> list[tuple]:
+        """This chunk's part of the model's unit chain (`model.GPT.units`): its ends where it holds them, its blocks
+        keyed by their index in the full model."""
+        blocks = [(f"blocks.{i}", b, [b]) for i, b in self.blocks.items()]
+        return ([("embed", self.embed, [self.wte, self.wpe])] if self.is_first else []) + blocks + \
+            ([("head", self.head, [self.ln_f, self.lm_head])] if self.is_last else [])
+
+    def finish(self, x: torch.Tensor) -> torch.Tensor:
+        """What ``forward`` returns from the last unit's output: the output itself (the runtime computes the loss)."""
+        return x
+
     def embed(self, idx: torch.Tensor) -> torch.Tensor:
         """The model's embedding (first chunk only): (B, T) ids → (B, T, D)."""
         return self._ends.embed(self, idx)

@@ -1,7 +1,8 @@
 """ZeRO: shard optimizer states (stage 1), gradients (2) and parameters (3) over the data-parallel group.
 
     flat.py     flat padded buffers per unit, shard bounds
-    stages.py   Zero1 ⊂ Zero2 ⊂ Zero3
+    stages.py   Zero1 ⊂ Zero2
+    stage3.py   Zero3 (⊂ Zero2), driven by the model's own unit chain (``module.units()``)
     offload.py  where the fp32 master weights, optimizer states and (offloaded) gradient shards live, and the step
     store.py    which store a rank's shards go to: the device, host memory or disk
     nvme.py     the disk tier: master shards and optimizer states in files, streamed through the step
@@ -13,7 +14,8 @@ from __future__ import annotations
 from .flat import FlatUnit, padded_numel, shard_bounds
 from .offload import CPUOffloadStore, MasterStore
 from .store import make_store
-from .stages import Zero1, Zero2, Zero3, model_units
+from .stages import Zero1, Zero2, model_units
+from .stage3 import Zero3
 
 STAGES = {1: Zero1, 2: Zero2, 3: Zero3}
 

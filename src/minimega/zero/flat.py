@@ -216,16 +216,41 @@ def gather_fp32(units: list[FlatUnit], shards: list[torch.Tensor], group: comm.G
 
 
 def model_units(module: nn.Module) -> list[tuple[str, list[tuple[str, nn.Parameter]]]]:
-    """The GPT's units in forward order: ('embed', wte+wpe), ('blocks.i', block i), ('head', the rest).
+    """The model's units in forward order, as ``module.units()`` lists them (`model.GPT.units`: 'embed', 'blocks.i',
+    'head'), each with its ``(qualified name, parameter)`` pairs; units without one are left out.
 
     ``module`` may be a pipeline chunk: its blocks are keyed by their index in the full model, and the
-    embed and head units exist only on the chunks that hold them.
+    embed and head units exist only on the chunks that hold them. Every parameter the data-parallel
+    group syncs must belong to exactly one unit: one that no unit lists would never be trained.
     """
     named = dp_named_parameters(module)             # experts sync themselves (see `minimega.parallel.moe.layer`)
-    owned = {id(p) for _, p in named}
-    embed = [(n, p) for n, p in named if n.startswith(("wte.", "wpe."))]
-    blocks = [(f"blocks.{i}", [(f"blocks.{i}.{n}", p) for n, p in b.named_parameters() if id(p) in owned])
-              for i, b in module.blocks.named_children()]
-    taken = {n for n, _ in embed} | {n for _, ps in blocks for n, _ in ps}
-    head = [(n, p) for n, p in named if n not in taken]
-    return ([("embed", embed)] if embed else []) + blocks + ([("head", head)] if head else [])
+    name_of = {id(p): n for n, p in named}
+    out, taken = [], set()
+    for unit, _, modules in module.units():
+        params = []
+        for m in modules:
+            for p in (m.parameters() if m is not None else ()):
+                if id(p) in name_of and id(p) not in taken:
+                    taken.add(id(p))
+                    params.append((name_of[id(p)], p))
+        if params:
+            out.append((unit, params))
+    missing = [n for n, p in named if id(p) not in taken]
+    if missing:
+        raise ValueError(f"model_units: {type(module).__name__}.units() lists no unit holding {missing}; "
+                         "add them to a unit's modules")
+    return out
+
+
+def split_units(units: list[tuple[str, list]], whole) -> list[tuple[str, str, bool, list]]:
+    """ZeRO-3's cut of each unit in two: ``(flat unit name, model unit, persistent, params)``, the parameters
+    ``whole(params)`` names (a set of names) in a persistent unit ``name.persistent`` kept whole on every rank,
+    the rest in a unit sharded over dp; either is left out when empty. Forward order is kept."""
+    out = []
+    for name, params in units:
+        keep = whole(params)
+        for part, persistent in (([(n, p) for n, p in params if n not in keep], False),
+                                 ([(n, p) for n, p in params if n in keep], True)):
+            if part:
+                out.append((name + ".persistent" if persistent else name, name, persistent, part))
+    return out

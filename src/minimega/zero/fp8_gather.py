@@ -24,8 +24,8 @@ import torch
 
 from .. import comm
 from ..train import fp8
-from .flat import FlatUnit, model_units
-from .stages import Zero3
+from .flat import FlatUnit
+from .stage3 import Zero3
 
 
 class _DequantizeAfter:
@@ -43,22 +43,14 @@ class Zero3Fp8(Zero3):
     """ZeRO-3 whose block units are gathered as E4M3 bytes (see the module docstring)."""
 
     def _units(self, module):
-        """As `Zero3._units`, with every non-fp8 parameter of a unit holding fp8 weights kept whole."""
         self._scaling = {id(m.weight): m.fp8.weight for m in fp8.fp8_linears(module)}
-        limit = self.config.param_persistence_threshold
-        out = []
-        for name, params in model_units(module):
-            has_fp8 = any(id(p) in self._scaling for _, p in params)
-            whole = {n for n, p in params if (id(p) not in self._scaling if has_fp8 else p.numel() <= limit)}
-            keep = [(n, p) for n, p in params if n in whole]
-            shard = [(n, p) for n, p in params if n not in whole]
-            for unit, persistent in ((shard, False), (keep, True)):
-                if unit:
-                    out.append((name + ".persistent" if persistent else name, unit))
-                    self._plan.append((name, persistent))
-                    if persistent:
-                        self.persistent.add(out[-1][0])
-        return out
+        return super()._units(module)
+
+    def _whole(self, params):
+        """In a unit holding fp8 weights every other parameter stays whole, so the gathered unit is fp8 throughout."""
+        if any(id(p) in self._scaling for _, p in params):
+            return {n for n, p in params if id(p) not in self._scaling}
+        return super()._whole(params)
 
     # --8<-- [start:fp8_gather]
     def _gather(self, u: FlatUnit, shard: torch.Tensor):

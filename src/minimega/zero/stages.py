@@ -18,7 +18,7 @@ when its last gradient is in, ``finish_grad_sync()`` (called after backward) wai
     offload none at all (each reduced shard goes to the host as it arrives; ZeRO-Offload). Gradient
     accumulation reduces on every micro-step (DeepSpeed's semantics); under ``no_sync()`` (the pipeline's
     micro-batches before the last) the full gradients accumulate and the last backward reduces them once.
-``Zero3(Zero2)`` (+ parameters sharded): at rest each unit holds only its shard. ``unshard()`` (all-gather)
+``Zero3(Zero2)`` (+ parameters sharded, `stage3.py`): at rest each unit holds only its shard. ``unshard()`` (all-gather)
     before the unit's forward and again before its backward, ``reshard()`` (hand its buffer back) after each;
     the next unit's all-gather is issued before the current unit computes (prefetch). Units of at most
     ``param_persistence_threshold`` elements stay whole (DeepSpeed's ``stage3_param_persistence_threshold``).
@@ -28,8 +28,6 @@ reduce-scatter Ψ + all-gather Ψ = 2Ψ (as DDP's all-reduce); stage 3 gathers �
 """
 from __future__ import annotations
 
-import enum
-
 import torch
 import torch.nn as nn
 
@@ -37,8 +35,7 @@ from .. import clock, comm
 from ..run import measure
 from ..train import precision
 from ..parallel.grad_sync import GradSync, dp_named_parameters
-from ..model import GPT
-from .flat import BufferPool, FlatUnit, GatherSlots, gather_fp32, model_units  # noqa: F401  (model_units: imported from here too)
+from .flat import BufferPool, FlatUnit, gather_fp32, model_units  # noqa: F401  (model_units: imported from here too)
 from .store import make_store
 
 
@@ -309,142 +306,3 @@ class Zero2(Zero1):
             self.grad_shards = [None] * len(self.units)
         self.store.zero_grad()
         self._prepared = self._overflow = False
-
-
-# --8<-- [start:unit_state]
-class UnitState(enum.Enum):
-    """Where a ZeRO-3 unit's parameters are (FSDP2's ``ShardedState``); persistent units stay UNSHARDED."""
-
-    SHARDED = "sharded"            # only this rank's shard exists; the flat buffer has no storage
-    GATHERING = "gathering"        # storage allocated, all-gather in flight (a prefetch)
-    UNSHARDED = "unsharded"        # the whole unit is in the flat buffer: forward or backward may run
-# --8<-- [end:unit_state]
-
-
-class Zero3(Zero2):
-    """ZeRO stage 3: + parameters sharded at rest; gathered per unit just in time, with prefetch.
-
-    ``module`` is a `model.GPT` (``forward(idx, targets) -> (logits, loss)``) or a pipeline chunk
-    (``forward(x) -> x``); either way its units run one after the other: embed, blocks, head.
-    """
-
-    stage = 3
-
-    def __init__(self, module: nn.Module, group: comm.Group, rank: int, config, make_optimizer,
-                 model_parallel: tuple[comm.Group, ...] = ()):
-        self._plan: list[tuple[str, bool]] = []          # per FlatUnit: (its model unit, persistent), set by _units
-        self.persistent: set[str] = set()                  # names of the units kept whole, set by _units
-        super().__init__(module, group, rank, config, make_optimizer, model_parallel)
-        self._gathers: dict[str, comm.Handle] = {}
-        self.state = {u.name: UnitState.UNSHARDED for u in self.units}
-        # Forward order: per model unit (a step), its sharded FlatUnit (if any) and its persistent one (if any).
-        self.step_names: list[str] = []
-        self.steps: list[list[FlatUnit]] = []
-        for u, (step, _) in zip(self.units, self._plan):
-            if not self.step_names or self.step_names[-1] != step:
-                self.step_names.append(step)
-                self.steps.append([])
-            self.steps[-1].append(u)
-        sharded = [u for s in self.steps for u in s if u.name not in self.persistent]
-        self.state.update({u.name: UnitState.SHARDED for u in sharded})          # at rest: only the shard
-        # Gathered units in reused buffers (one computing, one prefetched); none at dp = 1: the shard is the unit.
-        self.slots = GatherSlots(sharded, 2 if config.prefetch else 1) if sharded and group.size > 1 else None
-
-    def _units(self, module):
-        """Split each unit: parameters with <= threshold elements form a persistent unit, kept whole."""
-        limit = self.config.param_persistence_threshold
-        out = []
-        for name, params in model_units(module):
-            big = [(n, p) for n, p in params if p.numel() > limit]
-            small = [(n, p) for n, p in params if p.numel() <= limit]
-            for unit, keep in ((big, False), (small, True)):
-                if unit:
-                    out.append((name + ".persistent" if keep else name, unit))
-                    self._plan.append((name, keep))
-                    if keep:
-                        self.persistent.add(out[-1][0])
-        return out
-
-    def _make_shard(self, unit: FlatUnit) -> torch.Tensor:
-        shard = unit.flat[unit.start:unit.end]
-        return shard if unit.name in self.persistent or self.group.size == 1 else shard.clone()   # outlives the flat
-
-    # --8<-- [start:zero3_unshard]
-    def unshard(self, k: int, prefetch: bool = False) -> None:
-        """All-gather step k's sharded units (async when prefetching); without prefetch, wait for them."""
-        for u in self.steps[k]:
-            if self.state[u.name] is UnitState.SHARDED:
-                if self.slots:
-                    self.slots.take(u)
-                self._event("all_gather_issued", unit=u.name, prefetch=prefetch)
-                self._gathers[u.name] = self._gather(u, self.shards[self.units.index(u)])
-                self.state[u.name] = UnitState.GATHERING
-            if not prefetch and self.state[u.name] is UnitState.GATHERING:
-                self._gathers.pop(u.name).wait()
-                self.state[u.name] = UnitState.UNSHARDED
-
-    def _gather(self, u: FlatUnit, shard: torch.Tensor) -> comm.Handle:
-        return comm.all_gather(u.flat.data, shard, self.group, async_op=True, tag=u.name)  # .data: not seen by autograd
-
-    def reshard(self, k: int) -> None:
-        """Free step k's gathered parameters (the shard stays; persistent units and prefetches in flight stay)."""
-        for u in self.steps[k]:
-            self._release(u)
-    # --8<-- [end:zero3_unshard]
-
-    # --8<-- [start:zero3_forward]
-    def forward(self, x: torch.Tensor, targets: torch.Tensor | None = None):
-        m = self.module
-        fns = [m.embed if name == "embed" else m.head if name == "head" else m.get_submodule(name)
-               for name in self.step_names]
-        for k, fn in enumerate(fns):
-            self.unshard(k)
-            if self.config.prefetch and k + 1 < len(fns):
-                self.unshard(k + 1, prefetch=True)             # overlaps with this unit's compute
-            self._event("unit_forward_start", unit=self.steps[k][0].name)
-            x = fn(x)
-            self._event("unit_forward_end", unit=self.steps[k][0].name)
-            if torch.is_grad_enabled():
-                x = _UnshardForBackward.apply(x, self, k)
-            self.reshard(k)
-        if not isinstance(m, GPT):                             # a pipeline chunk: (B, T, D), or logits on the last
-            return x
-        return x, (m.loss(x, targets) if targets is not None else None)      # logits (B, T, V)
-    # --8<-- [end:zero3_forward]
-
-    def _bucket_done(self, i: int) -> None:
-        """Every gradient of unit i is in (synchronised or not): its backward is over, free the parameters."""
-        self._release(self.units[i])
-
-    def _release(self, unit: FlatUnit) -> None:
-        """A whole unit (not persistent, not in flight) goes back to its shard; its buffer is free for the next."""
-        if self.state[unit.name] is UnitState.UNSHARDED and unit.name not in self.persistent:
-            if self.slots:
-                self.slots.give_back(unit)
-            self.state[unit.name] = UnitState.SHARDED
-
-    def _gather_after_step(self) -> None:
-        # Sharded units are refreshed by the next forward's all-gather; persistent ones now.
-        for k in range(len(self.steps)):
-            self.reshard(k)                                    # none should be whole here; stale if one were
-        keep = [(u, s) for u, s in zip(self.units, self.shards) if u.name in self.persistent]
-        if self.pool:
-            self.pool.all_gather([u for u, _ in keep], [s for _, s in keep], self.group)
-
-
-# --8<-- [start:zero3_backward]
-class _UnshardForBackward(torch.autograd.Function):
-    """Forward: identity. Backward: gather unit k's parameters (and prefetch unit k-1's) before its backward runs."""
-
-    @staticmethod
-    def forward(ctx, x, stage: Zero3, k: int):
-        ctx.stage, ctx.k = stage, k
-        return x.view_as(x)
-
-    @staticmethod
-    def backward(ctx, grad):
-        ctx.stage.unshard(ctx.k)
-        if ctx.stage.config.prefetch and ctx.k > 0:
-            ctx.stage.unshard(ctx.k - 1, prefetch=True)
-        return grad, None, None
-# --8<-- [end:zero3_backward]

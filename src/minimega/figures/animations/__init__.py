@@ -17,7 +17,7 @@ the states come from the package, and tests/test_animations*.py check them again
     8        pipeline-*            the tick grid of `pipeline.schedules.plan`
     9        grid-3d               `ParallelDims.rank_of` and `group_ranks` per phase
     10       async-rollback        `health.HealthMonitor`'s verdict and the last checkpoint on disk
-    11       fsdp-unit             `zero.stages.UnitState` through one unit's step
+    11       fsdp-unit             `zero.stage3.UnitState` through one unit's step
     12       goodput               `estimate.mtbf_hours`, `young_daly_interval`, `goodput` (Llama 3's failure rate)
     13       step-split            `perf.step_time` of BLOOM-176B's published layout
     14       settings-flow         the exporters' DeepSpeed JSON, Megatron-LM flags and torchtitan TOML

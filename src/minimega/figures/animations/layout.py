@@ -2,7 +2,7 @@
 
     grid-3d        dp = tp = pp = 2: the 8 ranks on the grid (`ParallelDims.rank_of`) and the groups that talk
                    in each phase of a step (`ParallelDims.group_ranks`)
-    fsdp-unit      one block of the recorded tiny GPT through a ZeRO-3 / FSDP2 step: `zero.stages.UnitState`
+    fsdp-unit      one block of the recorded tiny GPT through a ZeRO-3 / FSDP2 step: `zero.stage3.UnitState`
     settings-flow  one run's settings, field by field, into DeepSpeed's JSON, Megatron-LM's flags and torchtitan's
                    TOML, read back from the exporters' output (`tools.export_table.TABLE` names the keys)
     moe-route      8 tokens on 2 ranks through the router (`moe.MoELayer.select`), capacity (`assign_slots`), the
@@ -69,7 +69,7 @@ def grid_3d(dp: int = 2, tp: int = 2, pp: int = 2) -> dict:
 
 def fsdp_unit(unit: str = "blocks.1", dp: int = 2) -> dict:
     """One unit through a step under ZeRO-3 (FSDP2's life cycle): its `UnitState`, its parameters and gradients."""
-    from minimega.zero.stages import UnitState
+    from minimega.zero.stage3 import UnitState
     n = next(u["padded"] for u in zero_units() if u["name"] == unit)
     p, g, k = est.state_bytes_per_param("mixed")
     S, G_, U = UnitState.SHARDED.value, UnitState.GATHERING.value, UnitState.UNSHARDED.value

@@ -7,7 +7,7 @@
                    states live (`nvme_placement`) and what moves per unit in the backward and the step
     recompute      GPT-2 124M, full recomputation: the layer inputs kept, each layer rebuilt in the backward
                    (`activation_bytes_per_layer(recompute="full")`, `recompute_working_bytes`)
-    fsdp-unit      one unit's life under ZeRO-3 / FSDP2: `zero.stages.UnitState` from gather to reshard
+    fsdp-unit      one unit's life under ZeRO-3 / FSDP2: `zero.stage3.UnitState` from gather to reshard
 """
 from __future__ import annotations
 
