@@ -131,9 +131,9 @@ class DataParallel(GradSync, nn.Module):
     def _complete(self) -> None:
     # --8<-- [end:ddp_finish_c1]
         """Phase 3 (from ``finish_grad_sync()``): wait for each bucket, average, write back into ``.grad``."""
-        # --8<-- [start:ddp_finish_c2]
         if self.policy.has_master_copy:
             self._to_master()                               # fp32 parameters take the fp32 averages
+        # --8<-- [start:ddp_finish_c2]
         for bucket in self.buckets:
             bucket.handle.wait()
             bucket.buffer.div_(self.group.size * (self.scaler.scale if self.scaler else 1.0))
