@@ -16,7 +16,7 @@ TESTSTAMP  := $(VENV)/.test-$(DEPHASH)
 LABSTAMP   := $(VENV)/.lab-$(DEPHASH)
 export NO_MKDOCS_2_WARNING := 1
 
-.PHONY: install install-test serve test test-fast mutants lab site bench clean
+.PHONY: install install-test serve test test-fast test-load mutants lab site bench clean
 
 install: $(SERVESTAMP)
 
@@ -53,6 +53,14 @@ test: install-test
 
 test-fast: install-test
 	$(BIN)/python -m pytest -q $(XDIST) -m "not slow and not browser"
+
+# The files whose tests time things (watchdogs, hostile-file refusals, overlap against a slowed wire, torchrun
+# rendezvous), run three times in a row beside four busy loops: a load of about 6 on two cores
+# (tools/busy.py kills the loops when the runs end and prints the load average after each).
+LOAD_FILES := tests/test_launch.py tests/test_cli.py tests/test_checkpoint_safety.py tests/test_comm_overlap.py \
+              tests/test_torchrun.py
+test-load: install-test
+	$(BIN)/python tools/busy.py 4 --times 3 -- $(BIN)/python -m pytest -q -p no:cacheprovider $(XDIST) $(LOAD_FILES)
 
 # Not part of `make test`: each mutant of tools/mutants.toml breaks a copy of src/ and must fail its tests
 # (~15 min on 2 cores; the measured table is tests/MUTANTS.md).

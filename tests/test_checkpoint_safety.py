@@ -314,9 +314,15 @@ def test_a_tampered_scaler_state_is_refused_before_loading(tmp_path):
         mm.launch(_load, 2, config, str(tmp_path), timeout=120)
 
 
-# ---- hostile files: one hardened reader, every command refuses in one line within 5 s ----------------------
+# ---- hostile files: one hardened reader, every command refuses in one line, about as fast as a clean read ----
+# The bound is in the machine's own time, so it holds on two loaded cores: before each hostile command the
+# driver times `checkpoint info` accepting the clean copy (the reference), and the refusal may take at most
+# REFUSAL_REFS of those (and never less than FLOOR_S). A hang is cut off there (SIGALRM); reading a 1.5 GB
+# manifest or following /dev/zero would take far longer. Measured at load 22 on two cores: clean reads of
+# 0.02-0.7 s, every refusal within 1.6 of them.
 
-LIMIT_S = 5.0
+REFUSAL_REFS = 20.0
+FLOOR_S = 1.0
 _DRIVER = r"""
 import io, json, signal, sys, time, contextlib
 from minimega.tools.cli import main
@@ -328,12 +334,10 @@ class Hung(Exception):
 def alarm(*_):
     raise Hung()
 
-signal.signal(signal.SIGALRM, alarm)
-out = []
-for argv in json.loads(sys.argv[1]):
+def run(argv, limit):
     err = io.StringIO()
     t = time.perf_counter()
-    signal.setitimer(signal.ITIMER_REAL, float(sys.argv[2]))      # the hard bound: a hang is cut off here
+    signal.setitimer(signal.ITIMER_REAL, limit)                # the hard bound: a hang is cut off here
     try:
         with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
             rc = main(argv)
@@ -341,7 +345,17 @@ for argv in json.loads(sys.argv[1]):
         rc = "hung"
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
-    out.append({"argv": argv, "rc": rc, "s": time.perf_counter() - t, "stderr": err.getvalue()})
+    return {"argv": argv, "rc": rc, "s": time.perf_counter() - t, "stderr": err.getvalue()}
+
+signal.signal(signal.SIGALRM, alarm)
+clean, *hostile = json.loads(sys.argv[1])
+refs, floor = float(sys.argv[2]), float(sys.argv[3])
+run(clean, 60.0)                                               # warm: the first read pays one-off imports
+out = [run(clean, 60.0)]
+for argv in hostile:
+    ref = run(clean, 60.0)["s"]                                # the machine's speed now
+    limit = max(floor, refs * ref)
+    out.append({**run(argv, limit), "ref": ref, "limit": limit})
 print(json.dumps(out))
 """
 
@@ -432,9 +446,10 @@ COMMANDS = {
 }
 
 
-def test_hostile_checkpoints_are_refused_by_every_command_in_one_line_within_5_s(resumable, tmp_path):
+def test_hostile_checkpoints_are_refused_by_every_command_in_one_line_about_as_fast_as_a_clean_read(
+        resumable, tmp_path):
     """Each hostile directory, each command, in one `minimega` process (the CLI's own `main`), each run cut
-    off at 5 s: rc 2 and the refusal on one line. The clean copy is accepted by `info` (the cases fail for
+    off at REFUSAL_REFS clean reads: rc 2 and the refusal on one line. The clean copy is accepted by `info` (the cases fail for
     their own reason)."""
     argvs, expect = [], []
     clean = tmp_path / "clean"
@@ -447,7 +462,7 @@ def test_hostile_checkpoints_are_refused_by_every_command_in_one_line_within_5_s
         for command, argv in COMMANDS.items():
             argvs.append(argv(root, tmp_path / f"{case}.safetensors"))
             expect.append((case, command, pattern))
-    proc = subprocess.run([sys.executable, "-c", _DRIVER, json.dumps(argvs), str(LIMIT_S)], capture_output=True,
+    proc = subprocess.run([sys.executable, "-c", _DRIVER, json.dumps(argvs), str(REFUSAL_REFS), str(FLOOR_S)], capture_output=True,
                           text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(SRC.parent)})
     assert proc.returncode == 0, proc.stderr[-3000:]
     results = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -455,10 +470,12 @@ def test_hostile_checkpoints_are_refused_by_every_command_in_one_line_within_5_s
     bad = []
     for (case, command, pattern), r in zip(expect, results[1:]):
         lines = r["stderr"].strip().splitlines()
-        ok = (r["rc"] == 2 and len(lines) == 1 and re.search(pattern, lines[0]) and r["s"] < LIMIT_S)
-        print(f"{case:16} {command:21} rc={r['rc']} {r['s']:.3f} s  {lines[-1][:150] if lines else ''}")
+        ok = (r["rc"] == 2 and len(lines) == 1 and re.search(pattern, lines[0]) and r["s"] < r["limit"])
+        print(f"{case:16} {command:21} rc={r['rc']} {r['s']:.3f} s = {r['s'] / r['ref']:.1f} clean reads "
+              f"(limit {r['limit']:.2f} s)  {lines[-1][:120] if lines else ''}")
         if not ok:
-            bad.append(f"{case} {command}: rc={r['rc']} after {r['s']:.2f} s: {r['stderr'][-400:]!r}")
+            bad.append(f"{case} {command}: rc={r['rc']} after {r['s']:.2f} s (limit {r['limit']:.2f} s = "
+                       f"{REFUSAL_REFS:g} clean reads of {r['ref']:.3f} s): {r['stderr'][-400:]!r}")
     assert not bad, "\n".join(bad)
     assert not (tmp_path / "pickle-rehashed" / "pwned").exists()
 

@@ -202,18 +202,24 @@ def test_zero3_prefetch_order_in_a_fresh_run(timings, name):
         assert backward == [(u, i > 0) for i, u in enumerate(reversed(names))]
 
 
+ISSUE_TRIES = 5   # a synchronous issue pays D on every try; a loaded machine delays some tries, not all
+
+
 def _wire_worker(delay):
     """Timings of the simulated wire itself, on 2 ranks (see comm's [Note: a wire you can slow down])."""
     mesh = mm.init_mesh(mm.ParallelDims(dp=2))
     g, x, y = mesh.dp_group, torch.ones(16), torch.ones(16)
     out = {}
     with comm.delay(delay):
-        comm.barrier(g)
-        t = time.perf_counter()
-        h = comm.all_reduce(x, g, async_op=True)
-        out["issue"] = time.perf_counter() - t                 # async: returns at once
-        h.wait()
-        out["one"] = time.perf_counter() - t                   # done no earlier than issue + D
+        issues, ones = [], []
+        for _ in range(ISSUE_TRIES):
+            comm.barrier(g)
+            t = time.perf_counter()
+            h = comm.all_reduce(x, g, async_op=True)
+            issues.append(time.perf_counter() - t)             # async: returns at once
+            h.wait()
+            ones.append(time.perf_counter() - t)               # done no earlier than issue + D
+        out["issue"], out["one"] = min(issues), min(ones)      # the least-disturbed try: load only adds time
         comm.barrier(g)
         t = time.perf_counter()
         h1, h2 = comm.all_reduce(x, g, async_op=True), comm.all_reduce(y, g, async_op=True)

@@ -1,7 +1,9 @@
 """The labs: every notebook runs under nbval with the reference solutions, and every exercise check
 catches wrong answers with a message that names the mistake."""
 import inspect
+import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -61,20 +63,40 @@ def test_every_lab_has_a_source_and_is_built_from_it():
         assert checked and all(c.outputs for c in checked), f"{path.name}: checked cells need stored outputs"
 
 
+def _halves(notebooks, seconds):
+    """The notebooks in two lists of about equal measured run time (longest first onto the lighter one)."""
+    halves = ([], [])
+    for path in sorted(notebooks, key=lambda p: -seconds.get(p.stem, 60.0)):
+        min(halves, key=lambda h: sum(seconds.get(p.stem, 60.0) for p in h)).append(path)
+    return [sorted(h) for h in halves]
+
+
+HALVES = _halves(NOTEBOOKS, json.loads((LABS / "run-times.json").read_text())["seconds"])
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("notebook", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
-def test_lab_runs_under_nbval_with_the_solutions(notebook):
-    # Only nbval and pytest-timeout are loaded: the suite's other plugins (hypothesis, schemathesis, xdist...)
-    # cost each notebook's pytest 2.4 s of CPU to import and serve no notebook.
+@pytest.mark.timeout(1200)
+@pytest.mark.parametrize("notebooks", HALVES, ids=lambda h: "+".join(p.stem[:2] for p in h))
+def test_labs_run_under_nbval_with_the_solutions(notebooks):
+    # One pytest per half of the labs (one per `make test` worker), and in it one Jupyter kernel for all its
+    # notebooks (tests/nbval_one_kernel.py): the kernel and its launcher's forkserver import torch once, not once
+    # per notebook. Only nbval and pytest-timeout are loaded: the suite's other plugins (hypothesis,
+    # schemathesis, xdist...) cost each pytest 2.4 s of CPU to import and serve no notebook.
     env = {**os.environ, checks.SOLUTIONS_ENV: "1", "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1",
-           "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(LABS), os.environ.get("PYTHONPATH", "")])}
+           "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(LABS), str(ROOT / "tests"),
+                                          os.environ.get("PYTHONPATH", "")])}
     start = time.perf_counter()
     proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "nbval.plugin", "-p", "pytest_timeout",
-                           "--nbval-lax", "--nbval-current-env", "-q", "-p", "no:cacheprovider", str(notebook)],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=280)
+                           "-p", "nbval_one_kernel", "--nbval-lax", "--nbval-current-env", "-q",
+                           "-p", "no:cacheprovider", *map(str, notebooks)],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=1150)
     wall = time.perf_counter() - start
-    assert proc.returncode == 0, f"{notebook.name} failed under nbval:\n{proc.stdout[-6000:]}\n{proc.stderr[-2000:]}"
-    print(f"{notebook.name}: {wall:.1f} s under nbval")
+    assert proc.returncode == 0, f"a notebook failed under nbval:\n{proc.stdout[-6000:]}\n{proc.stderr[-2000:]}"
+    ran = re.search(r"(\d+) passed", proc.stdout)
+    cells = sum(1 for p in notebooks for c in make_notebooks.nbformat.read(p, as_version=4).cells
+                if c.cell_type == "code")
+    assert ran and int(ran.group(1)) == cells, f"nbval ran {ran and ran.group(1)} of {cells} cells:\n{proc.stdout[-3000:]}"
+    print(f"{len(notebooks)} notebooks: {wall:.1f} s under nbval")
 
 
 # ------------------------------------------------------------------------------------------------
@@ -288,7 +310,6 @@ def test_moe_slots_check_names_the_mistake(answer, says):
 
 def _in_a_kernel(cells: list[str]) -> list[str]:
     """Run `cells` one by one in a Jupyter kernel, as a notebook does; the text each cell shows (ANSI stripped)."""
-    import re
 
     from jupyter_client.manager import start_new_kernel
 
