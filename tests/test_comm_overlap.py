@@ -116,7 +116,7 @@ def _overlap_worker(layouts, delay, steps):
                      "phases": {ph: {"overlap": med(p.get(ph, 0.0) for p in phases[True]),
                                      "sync": med(p.get(ph, 0.0) for p in phases[False])} for ph in PHASES[name]},
                      "units": per_step.get("reduce_scatter", 0),
-                     "reductions": len(engines[False].model.buckets) if name == "ddp" else 0}
+                     "reductions": len(engines[False].wrapper.buckets) if name == "ddp" else 0}
         if name == "zero3":
             out[name]["gathers"] = _gather_order(engines[True].report()["timeline"])
     return out

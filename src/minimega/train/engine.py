@@ -198,7 +198,7 @@ class Engine:
             self.wrapper.finish_grad_sync()                        # the end of this backward (see grad_sync)
             if self.experts is not None:
                 self.experts.finish_grad_sync()
-        return loss.detach()
+        return loss.detach().float()                         # summed in fp32, whatever the compute dtype
     # --8<-- [end:micro_step]
 
     def _accumulating(self, last: bool) -> ExitStack:
