@@ -271,7 +271,7 @@ def test_evaluation_leaves_the_amax_history_untouched():
     from minimega import data
     cfg = mm.GPTConfig.tiny(n_embd=32, block_size=16, n_layer=1)
     engine = _train("fp8", 1, cfg)
-    linears = fp8.fp8_linears(engine.module)
+    linears = fp8.fp8_linears(engine.model)
 
     def snapshot():
         return [(s.amax_history.clone(), s.scale.clone()) for m in linears for s in m.fp8.states()]

@@ -160,7 +160,7 @@ def _cases(cases, save_dir):
             grads = []
             if not config.zero_stage:
                 engine.before_step.append(lambda e: grads.append(
-                    {n: p.grad.detach().clone() for n, p in e.module.named_parameters()}) if e.step == 0 else None)
+                    {n: p.grad.detach().clone() for n, p in e.model.named_parameters()}) if e.step == 0 else None)
             for batch in data.batches(mesh, STEPS, config.batch_size, TINY.block_size, seed=config.seed):
                 engine.train_step(batch)
             state = engine.full_state_dict()

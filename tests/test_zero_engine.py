@@ -18,10 +18,10 @@ def test_cli_trains_with_zero_stage_3(capsys):
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["--precision", "bf16"], "precision='bf16' needs zero_stage >= 1"),
+    (["--precision", "fp8"], "precision='fp8' needs zero_stage >= 1"),
     (["--offload"], "offload_optimizer needs zero_stage >= 1"),
     (["--zero-stage", "4"], "--zero-stage must be 0, 1, 2 or 3"),
-], ids=["bf16-stage0", "offload-stage0", "stage4"])
+], ids=["fp8-stage0", "offload-stage0", "stage4"])
 def test_bad_combinations_are_refused_before_any_rank_starts(argv, message, capsys):
     assert main(["train", "--nproc", "2", "--steps", "1", *argv]) == 2
     err = capsys.readouterr().err

@@ -19,7 +19,9 @@ DISK_STATE_BYTES = {"adamw": 12, "adam": 12, "sgd": 4}
 
 
 # --8<-- [start:nvme_bytes]
+# --8<-- [start:nvme_bytes_c1]
 def nvme_bytes_per_step(n_params: float, dp: int, stage: int, optimizer: str = "adamw") -> dict:
+# --8<-- [end:nvme_bytes_c1]
     """Bytes one rank reads from and writes to its files in one optimizer step: K·Ψ/N_d each way.
 
     ``n_params``: Ψ, padded as the flat buffers pad it (``model_state_bytes_padded``'s rule) for an exact
@@ -29,8 +31,10 @@ def nvme_bytes_per_step(n_params: float, dp: int, stage: int, optimizer: str = "
         raise ValueError(f"nvme_bytes_per_step: stage {stage!r}; NVMe offload moves ZeRO's shards (stages 1-3)")
     if optimizer not in DISK_STATE_BYTES:
         raise ValueError(f"nvme_bytes_per_step: optimizer {optimizer!r}; expected one of {sorted(DISK_STATE_BYTES)}")
+    # --8<-- [start:nvme_bytes_c2]
     moved = DISK_STATE_BYTES[optimizer] * n_params / dp
     return {"read": moved, "write": moved, "total": 2 * moved}
+    # --8<-- [end:nvme_bytes_c2]
 # --8<-- [end:nvme_bytes]
 
 

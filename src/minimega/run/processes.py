@@ -36,7 +36,7 @@ _SOURCE_STAMP: float | None = None        # minimega's source mtime when the run
 
 def source_stamp() -> float:
     """The newest mtime among minimega's own source files: an edit makes the preloaded copy stale."""
-    root = Path(__file__).parent
+    root = Path(__file__).parents[1]                 # the package (this file is in minimega/run/)
     return max((p.stat().st_mtime for p in root.rglob("*.py")), default=0.0)
 
 

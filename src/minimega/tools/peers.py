@@ -70,7 +70,7 @@ def _deepspeed_memory(engine, stage: int) -> dict:
     params: the 16-bit (or fp32) working weights the module computes with (ZeRO-3: this rank's `ds_tensor`
     shards); master: the fp32 partitions the wrapped torch optimizer steps; optimizer_states: its moments.
     """
-    module_params = list(engine.model.parameters())
+    module_params = list(engine.module.parameters())
     if stage == 3:        # this rank's shards, plus whole copies of the parameters DeepSpeed keeps persistent
         params = [p.ds_tensor for p in module_params] + [p.data for p in module_params if getattr(p, "ds_persist", False)]
     else:
@@ -140,7 +140,7 @@ def train_deepspeed(model_config: GPTConfig, config: TrainConfig, steps: int, se
         if config.gradient_clipping:
             norms.append(float(engine.get_global_grad_norm()))
     weights = {name: safe_get_full_fp32_param(p).detach().clone().float()
-               for name, p in engine.model.named_parameters()}
+               for name, p in engine.module.named_parameters()}
     return {"losses": losses, "grad_norms": norms, "weights": weights,
             "memory": _deepspeed_memory(engine, config.zero_stage),
             "optimizer": type(engine.optimizer).__name__, "deepspeed": deepspeed.__version__}
