@@ -133,6 +133,7 @@ def classify(point: dict) -> str | None:
 # must name (the one to change); value: when it applies. Everything else in the space must train.
 REFUSED = {
     "precision": lambda p: p["precision"] == "fp16" and p["pp"] > 1                # no loss scaling in the pipeline
+    or p["precision"] != "fp32" and p["zero_stage"] == 0 and (p["tp"] > 1 or p["pp"] > 1 or p["cp"] > 1)   # DDP: dp only
     or p["precision"] != "fp32" and _moe(p),
     "sequence_parallel": lambda p: p["sequence_parallel"] and (p["tp"] == 1 or p["cp"] > 1  # cp splits it already
                                                                or _moe(p)),          # routing groups: whole sequences

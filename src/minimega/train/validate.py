@@ -41,6 +41,10 @@ def validate(model_config: GPTConfig, config: TrainConfig, dims: ParallelDims, m
     if moe is not None and config.precision == "fp8":
         raise ValueError("precision='fp8' with a mixture of experts: the experts' linears are not converted; use bf16")
     cp_.check(model_config, config, dims)
+    if config.zero_stage == 0 and config.precision != "fp32" and (wide := [
+            f"{n}={getattr(dims, n)}" for n in ("tp", "pp", "cp") if getattr(dims, n) > 1]):
+        raise ValueError(f"precision={config.precision!r} at zero_stage=0 with {', '.join(wide)}: DDP in 16 bits is "
+                         f"built for data parallelism alone; use zero_stage=1 (the same step, masters sharded)")
     if moe is not None and config.zero_stage == 0 and config.precision != "fp32":
         raise ValueError(f"precision={config.precision!r} at zero_stage=0 with a mixture of experts: the experts' "
                          f"gradient sync keeps no fp32 copies; use zero_stage=1 or 2 (or precision='fp32')")
