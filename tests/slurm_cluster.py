@@ -100,9 +100,10 @@ class Cluster:
 def _conf(root: Path, node: str, ctld_port: int, slurmd_port: int, munge_socket: Path) -> str:
     return "\n".join([
         "ClusterName=minimega", f"SlurmctldHost={node}", f"SlurmctldPort={ctld_port}", f"SlurmdPort={slurmd_port}",
-        "AuthType=auth/munge", "CredType=cred/munge", f"AuthInfo=socket={munge_socket}",
+        "AuthType=auth/munge", "CredType=cred/munge", f"AuthInfo=socket={munge_socket},cred_expire=10",
         "ProctrackType=proctrack/linuxproc", "TaskPlugin=task/none", "SwitchType=switch/none",
         "SelectType=select/cons_tres", "SelectTypeParameters=CR_Core", "SchedulerType=sched/builtin",
+        "SchedulerParameters=sched_interval=1",   # a requeued job starts as soon as its begin time passes
         "JobAcctGatherType=jobacct_gather/none", "AccountingStorageType=accounting_storage/none",
         "MpiDefault=none", "SlurmUser=root", "SlurmdUser=root", "ReturnToService=2",
         f"StateSaveLocation={root / 'ctld'}", f"SlurmdSpoolDir={root / 'spool'}",
