@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 from .files import CheckpointError, Reader, fsync_path, plain_name, read_bounded, write_safetensors
-from .manifest import FORMAT_VERSION, param_shapes, shard_name, step_dir
+from .manifest import FORMAT_VERSION, dumps, param_shapes, shard_name, step_dir
 
 MAX_METADATA = 64 << 20
 _ALLOWED = {
@@ -159,7 +159,7 @@ def import_dcp(source, directory, model_config, step: int = 0) -> Path:
                 "train_config": json.loads(json.dumps(asdict(TrainConfig()), default=list)), "scaler": None,
                 "files": {shard_name(0): {"bytes": info["bytes"], "sha256": info["sha256"]}},
                 "ranks": [{"file": shard_name(0), "rng": {}, "rng_sha256": {}}], "tensors": tensors}
-    (tmp / "manifest.json").write_text(json.dumps(manifest, indent=1, sort_keys=True))
+    (tmp / "manifest.json").write_text(dumps(manifest))
     fsync_path(tmp / "manifest.json")
     fsync_path(tmp)
     os.rename(tmp, final)

@@ -35,6 +35,23 @@ KIND = re.compile(r"[a-z][a-z0-9_]{0,63}")
 DTYPE_NAMES = {"float32", "float16", "bfloat16", "float64", "int64", "int32"}
 
 
+def dumps(manifest: dict) -> str:
+    """manifest.json's text: sorted keys, one line per top-level field and per tensor, file and rank. Readable
+    with `less`, and written by json's C encoder (``indent=`` takes the pure-Python one: 25 ms a save for the
+    small model's ~12,000 values, on rank 0 while every other rank waits)."""
+    def line(value) -> str:
+        return json.dumps(value, sort_keys=True, separators=(", ", ": "))
+
+    def field(key, value) -> str:
+        if isinstance(value, dict) and key in ("tensors", "files"):
+            inner = ",\n".join(f"  {line(k)}: {line(v)}" for k, v in sorted(value.items()))
+            return f"{line(key)}: {{\n{inner}\n }}"
+        if isinstance(value, list) and key == "ranks":
+            return f"{line(key)}: [\n" + ",\n".join(f"  {line(v)}" for v in value) + "\n ]"
+        return f"{line(key)}: {line(value)}"
+    return "{\n" + ",\n".join(f" {field(k, v)}" for k, v in sorted(manifest.items())) + "\n}\n"
+
+
 def step_dir(step: int) -> str:
     return f"step-{step:08d}"
 

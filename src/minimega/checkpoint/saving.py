@@ -20,7 +20,7 @@ from pathlib import Path
 from .. import comm
 from .files import CheckpointError, fsync_path, read_bounded, write_safetensors
 from .layout import engine_locals, pieces
-from .manifest import FORMAT_VERSION, STEP_DIR, shard_name, step_dir
+from .manifest import FORMAT_VERSION, STEP_DIR, dumps, shard_name, step_dir
 
 FAULT_ENV = "MINIMEGA_FAULT_SAVE"
 """Fault injection for tests: ``"<rank>:<n>"`` makes that rank SIGKILL itself after writing n files."""
@@ -106,7 +106,7 @@ def commit(job: SaveJob, group, keep: int = 3, stats: dict | None = None, observ
     gathered = comm.all_gather_object((file, info, chunks, rng_digests), group, observed=observed)
     if rank == 0:
         manifest = _manifest(job.meta, gathered)
-        (tmp / "manifest.json").write_text(json.dumps(manifest, indent=1, sort_keys=True))
+        (tmp / "manifest.json").write_text(dumps(manifest))
         fsync_path(tmp / "manifest.json")
         fsync_path(tmp)                                   # the names of every rank's file
         _publish(tmp, final)                              # the checkpoint becomes visible, complete
