@@ -55,10 +55,10 @@ test-fast: install-test
 	$(BIN)/python -m pytest -q $(XDIST) -m "not slow and not browser"
 
 # The files whose tests time things (watchdogs, hostile-file refusals, overlap against a slowed wire, torchrun
-# rendezvous), run three times in a row beside four busy loops: a load of about 6 on two cores
+# rendezvous, a Slurm requeue), run three times in a row beside four busy loops: a load of about 6 on two cores
 # (tools/busy.py kills the loops when the runs end and prints the load average after each).
 LOAD_FILES := tests/test_launch.py tests/test_cli.py tests/test_checkpoint_safety.py tests/test_comm_overlap.py \
-              tests/test_torchrun.py
+              tests/test_torchrun.py tests/test_slurm.py
 test-load: install-test
 	$(BIN)/python tools/busy.py 4 --times 3 -- $(BIN)/python -m pytest -q -p no:cacheprovider $(XDIST) $(LOAD_FILES)
 
