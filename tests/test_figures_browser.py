@@ -156,8 +156,8 @@ def _check_figure(pages, shots, url, name, width, shot):
     errors.clear()
     _goto(page, url)
     figure = page.locator(f"#fig-{name}")
-    figure.scroll_into_view_if_needed()
     frame_el = figure.locator("iframe")
+    frame_el.scroll_into_view_if_needed()        # the frame loads when it comes near the screen (figures.js)
     frame = frame_el.content_frame
     # the course page gave the frame the height the figure asked for at this width (figures.js)
     try:

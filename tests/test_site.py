@@ -148,7 +148,7 @@ class _Collect(HTMLParser):
         a = dict(attrs)
         loads = tag in ("script", "img", "iframe", "source") or (
             tag == "link" and a.get("rel") not in ("canonical", "prev", "next", "alternate"))  # links that fetch
-        for key in ("src", "href"):
+        for key in ("src", "href", "data-src"):
             if a.get(key) and loads:
                 self.urls.append(a[key])
         if tag == "h2" and a.get("id"):

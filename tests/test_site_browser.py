@@ -106,6 +106,7 @@ def test_instant_navigation_runs_page_scripts(server, browser):
     assert page.evaluate("window.mmMarker") == 1, "instant navigation did not swap the page in place"
     page.wait_for_selector(".mm-quiz[data-ready='1']")
     assert page.locator(".katex").count() > 10                       # math typeset after the swap
+    page.locator("#fig-bubble-vs-microbatches").scroll_into_view_if_needed()    # a frame loads near the screen
     frame = page.frame_locator("#fig-bubble-vs-microbatches iframe")
     frame.locator(".main-svg").first.wait_for()
     watch.clean()
@@ -304,6 +305,7 @@ def test_screenshots_and_theme(server, browser, scheme):
         if name == "calculator":
             page.wait_for_function("document.getElementById('mm-calc-plot').data !== undefined")
         else:
+            page.locator("#fig-zero-breakdown").scroll_into_view_if_needed()
             frame = page.frame_locator("#fig-zero-breakdown iframe")
             frame.locator(".main-svg").first.wait_for()
             # the figure follows the page's scheme: light text on dark, dark text on light

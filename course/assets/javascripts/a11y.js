@@ -38,21 +38,27 @@
   }
 
   function scan() {
-    var w = words(), seen = new Set();
+    // Every box is measured first, then changed: a change between two measurements would make the browser lay
+    // the whole page out again for the next one (on a long chapter, seconds of a phone's CPU).
+    var w = words(), seen = new Set(), found = [];
     KINDS.forEach(function (pair) {
       document.querySelectorAll(pair[0]).forEach(function (box) {
-        if (seen.has(box) || box.closest("[data-mm-scroll-region]:not(:scope)")) return;
+        if (seen.has(box)) return;
         seen.add(box);
-        var scrolls = box.scrollWidth > box.clientWidth + 1 && getComputedStyle(box).overflowX !== "visible";
-        if (scrolls && !box.hasAttribute("tabindex")) {
-          box.setAttribute("tabindex", "0");
-          box.setAttribute("role", "region");
-          box.setAttribute("aria-label", nameOf(box, pair[1], w));
-          box.setAttribute("data-mm-scroll-region", "");
-        } else if (!scrolls && box.hasAttribute("data-mm-scroll-region")) {
-          ["tabindex", "role", "aria-label", "data-mm-scroll-region"].forEach(function (a) { box.removeAttribute(a); });
-        }
+        found.push([box, pair[1], box.scrollWidth > box.clientWidth + 1 && getComputedStyle(box).overflowX !== "visible"]);
       });
+    });
+    found.forEach(function (f) {
+      var box = f[0], scrolls = f[2];
+      if (box.parentElement && box.parentElement.closest("[data-mm-scroll-region]")) return;   // inside a region
+      if (scrolls && !box.hasAttribute("tabindex")) {
+        box.setAttribute("tabindex", "0");
+        box.setAttribute("role", "region");
+        box.setAttribute("aria-label", nameOf(box, f[1], w));
+        box.setAttribute("data-mm-scroll-region", "");
+      } else if (!scrolls && box.hasAttribute("data-mm-scroll-region")) {
+        ["tabindex", "role", "aria-label", "data-mm-scroll-region"].forEach(function (a) { box.removeAttribute(a); });
+      }
     });
     document.querySelectorAll("a.md-annotation__index:not([aria-label])").forEach(function (a) {
       var id = a.querySelector("[data-md-annotation-id]");

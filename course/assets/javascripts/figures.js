@@ -20,12 +20,34 @@
     });
   });
 
+  // A figure's frame is loaded when it comes within 100 px of view (its data-src becomes its src):
+  // a page opens without running plotly for charts below the fold. Printing loads them all.
+  function load(frame) {
+    // resolved when its page was shown: instant navigation changes the URL before it swaps the content out
+    var src = frame.mmSrc || frame.dataset.src;
+    if (!src || !frame.isConnected || frame.getAttribute("src")) return;
+    frame.addEventListener("load", function () { frame.removeAttribute("tabindex"); }, {once: true});
+    frame.src = src;
+  }
+  var near = "IntersectionObserver" in window ? new IntersectionObserver(function (entries) {
+    entries.forEach(function (e) {
+      if (e.isIntersecting) { near.unobserve(e.target); load(e.target); }
+    });
+  }, {rootMargin: "100px 0px"}) : null;
+  window.addEventListener("beforeprint", function () {
+    document.querySelectorAll(".mm-figure iframe").forEach(load);
+  });
+
   // a frame that loaded before this script ran has already reported; ask again
-  function ask() {
+  function start() {
     document.querySelectorAll(".mm-figure iframe").forEach(function (frame) {
+      if (!frame.getAttribute("src")) {
+        frame.mmSrc = new URL(frame.dataset.src, document.baseURI).href;
+        return near ? near.observe(frame) : load(frame);
+      }
       if (frame.contentWindow) frame.contentWindow.postMessage({type: "mm-figure-measure"}, window.location.origin);
     });
   }
-  if (window.document$) window.document$.subscribe(ask);
-  else document.addEventListener("DOMContentLoaded", ask);
+  if (window.document$) window.document$.subscribe(start);
+  else document.addEventListener("DOMContentLoaded", start);
 })();
