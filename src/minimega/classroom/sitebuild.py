@@ -184,7 +184,7 @@ def on_page_markdown(markdown: str, page, config, files) -> str:
             # the chart's numbers in words under it (WCAG 1.1.1), from the same figure object it is drawn from
             summary = summarize(built_figure(name, lang), lang)
             # data-src: figures.js loads the frame when it comes near the screen (a chart's plotly costs ~0.9 s
-            # of a phone's CPU; Chrome's loading="lazy" starts frames up to 2,500 px away); a tab stop once it
+            # of a phone's CPU in Lighthouse; loading="lazy" started frames far below the screen); a tab stop once it
             # has loaded (the Tab key never lands in a half-loaded page, where no focus ring can show)
             src = f"{prefix}{figure_path(name, lang)}"
             return (f'<figure class="mm-figure" id="fig-{name}"><iframe data-src="{src}" tabindex="-1" '
