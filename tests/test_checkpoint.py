@@ -288,3 +288,18 @@ def test_resume_with_dropout_under_tp_restores_every_random_stream(tmp_path):
     straight, resumed, l1, l2 = mm.launch(_dropout_straight_and_resumed, 2, parity_config(tp=2), str(tmp_path),
                                           timeout=240)[0]
     assert all(torch.equal(straight[k], resumed[k]) for k in straight) and l1 == l2
+
+
+def test_manifest_text_is_the_same_json_one_line_per_tensor_file_and_rank():
+    from minimega.checkpoint.manifest import dumps
+    manifest = {"format": 2, "step": 7, "layout": {"dp": 2, "tp": 1}, "scaler": None,
+                "files": {f"shard-0000{r}.safetensors": {"bytes": 100 + r, "sha256": "ab" * 32} for r in range(2)},
+                "ranks": [{"file": f"shard-0000{r}.safetensors", "rng": {"cpu": f"rng/cpu/{r}"}} for r in range(2)],
+                "tensors": {f"param/w{i}": {"dtype": "float32", "shape": [4, 2], "chunks": [
+                    {"file": "shard-00000.safetensors", "key": f"w{i}", "offsets": [0, 0], "lengths": [4, 2]}]}
+                    for i in range(3)}}
+    text = dumps(manifest)
+    assert json.loads(text) == manifest
+    lines = text.splitlines()
+    assert sum('"param/w' in line for line in lines) == 3 and sum('"shard-0000' in line and '"bytes"' in line
+                                                                 for line in lines) == 2
