@@ -52,6 +52,11 @@ CHECK = """async (box, walk) => {
           textLast: box.lastElementChild.classList.contains("mm-anim-text")};
 }"""
 
+# Resolves once the point at the link's centre is the link itself: after a scroll, material sizes its sticky
+# sidebars on the next animation frame, and for that frame their scroll boxes lie over the footer.
+SETTLED = """a => new Promise(done => { const hit = () => { const r = a.getBoundingClientRect();
+  const e = document.elementFromPoint(r.left + r.width / 2, r.top + r.height / 2);
+  if (a.contains(e)) done(true); else requestAnimationFrame(hit); }; hit(); })"""
 SKIP = re.compile(r"/assets/(figures/|vendor/katex/|javascripts/(quiz|calculator|perf|goodput|figures|katex-init)\.js)")
 WIDTHS = ((1280, "no-preference"), (390, "reduce"))
 
@@ -83,7 +88,10 @@ def test_every_picture_steps_to_its_last_frame_and_reads_its_meter(site_server, 
     for k, (slug, names) in enumerate(fa.CHAPTERS.items()):
         if k:                                  # the footer's next link: instant navigation swaps the page in
             page.set_viewport_size({"width": 1280, "height": 900})
-            page.locator("a.md-footer__link--next").click()
+            link = page.locator("a.md-footer__link--next")
+            link.scroll_into_view_if_needed()      # the sticky sidebars shrink to the new scroll on their next frame;
+            link.evaluate(SETTLED)                 # until then they cover the footer (a busy machine: every retry)
+            link.click()
             page.wait_for_url(lambda url, slug=slug: f"/{slug}/" in url, wait_until="commit")
         page.wait_for_selector(f"#anim-{names[0]}[data-ready='1']", state="attached")
         visible = [n for n in names if page.locator(f"#anim-{n}").is_visible()]    # chapters 3 and 8: the open tab
