@@ -44,9 +44,10 @@ def patient_expect():
     sync_api.expect.set_options(timeout=5000)           # Playwright's default, for the other files' tests
 # color-contrast is most of axe's time: it finds each text element's background from the elements under it, and
 # a chapter has ~1,000 text elements outside its ~4,000 highlighted-code and KaTeX spans. Its verdict depends on
-# the text's colour, size and weight and on the colours behind it, so it runs on one element of each distinct
-# (colour, opacity, size, weight, shadow, the backgrounds up to the first opaque one): 20-60 per page. An element
-# on a background image or gradient is its own sample.
+# the text's colour, on whether the text is large (axe's rule: 18 pt, or 14 pt and bold; 4.5:1 below, 3:1 above),
+# on its shadow (measured in ems: a shadow keeps the size in the key) and on the colours behind it, so it runs on
+# one element of each distinct (colour, large, shadow, the backgrounds up to the first opaque one): 30-60 per page.
+# An element on a background image or gradient is its own sample.
 SAMPLE_JS = """() => {
   const memo = new Map();
   const behind = el => {                     // the backgrounds from el up to the first opaque one
@@ -65,7 +66,10 @@ SAMPLE_JS = """() => {
   document.querySelectorAll('body *').forEach(e => {
     if (![...e.childNodes].some(c => c.nodeType === 3 && c.textContent.trim())) return;
     const s = getComputedStyle(e);
-    const key = [s.color, s.fontSize, s.fontWeight, s.textShadow, behind(e)].join('|');
+    const pt = Math.ceil(parseFloat(s.fontSize) * 72) / 96;                  // axe's points, rounded as axe does
+    const large = pt >= 18 || (pt >= 14 && parseFloat(s.fontWeight) >= 700);
+    const shadow = s.textShadow === 'none' ? '' : s.textShadow + '@' + s.fontSize;
+    const key = [s.color, large, shadow, behind(e)].join('|');
     if (!seen.has(key)) { seen.add(key); e.setAttribute('data-mm-contrast', ''); }
   });
   return seen.size;
@@ -75,20 +79,20 @@ STILL_CSS = "*, *::before, *::after { transition: none !important; animation: no
 
 
 def _axe(page, rules: bool = True) -> list[dict]:
-    """Every WCAG A/AA rule but color-contrast on the whole page (``rules``), then color-contrast on the samples."""
+    """One axe run: every WCAG A/AA rule on the whole page (``rules``; else color-contrast alone), color-contrast
+    on the samples only (its selector narrowed to them with `axe.configure`, once per page load)."""
     if not page.evaluate("typeof window.axe !== 'undefined'"):
         page.evaluate(AXE_JS)
+        page.evaluate("() => axe.configure({rules: [{id: 'color-contrast', selector: '[data-mm-contrast]'}]})")
         page.add_style_tag(content=STILL_CSS)
     page.evaluate("() => window.mmA11yScan && window.mmA11yScan()")     # the scrolling boxes for this width
     # A transition caught halfway (the phone drawer's titles fading) reads as a contrast failure of a colour no
     # one ever sees at rest: every running animation and transition is finished before the scan.
     page.evaluate("() => document.getAnimations().forEach(a => { try { a.finish(); } catch (e) {} })")
-    base = {"runOnly": {"type": "tag", "values": TAGS}, "resultTypes": ["violations"], "iframes": False}
-    found = page.evaluate("o => axe.run(document, o).then(r => r.violations)",
-                          dict(base, rules={"color-contrast": {"enabled": False}})) if rules else []
-    page.evaluate(SAMPLE_JS)
-    return found + page.evaluate("o => axe.run({include: [['[data-mm-contrast]']]}, o).then(r => r.violations)",
-                                 dict(base, runOnly={"type": "rule", "values": ["color-contrast"]}))
+    assert page.evaluate(SAMPLE_JS) > 0, page.url
+    only = {"type": "tag", "values": TAGS} if rules else {"type": "rule", "values": ["color-contrast"]}
+    return page.evaluate("o => axe.run(document, o).then(r => r.violations)",
+                         {"runOnly": only, "resultTypes": ["violations"], "iframes": False})
 
 
 class Report:
