@@ -85,24 +85,13 @@ def _io() -> dict:
 def _deepspeed_steps(mesh, model: dict, steps: int, directory: str) -> tuple[float, dict]:
     """DeepSpeed ZeRO-3 with its optimizer states on NVMe: the median step time (slowest rank) over ``steps`` steps
     after one warm-up, and the storage bytes per step."""
-    os.environ.setdefault("DS_ACCELERATOR", "cpu")
-    import importlib
+    from minimega.tools.peers import deepspeed_engine
 
-    import deepspeed
-    from minimega.tools.export_config import to_deepspeed
-    from minimega.train.engine import make_optimizer
-
-    importlib.import_module("deepspeed.comm.torch").build_shm_op = lambda: None    # (see minimega.tools.peers)
-    deepspeed.init_distributed(dist_backend="gloo")
     config = mm.TrainConfig(zero_stage=3, offload_optimizer=True, batch_size=8, seed=0)
-    ds_config = to_deepspeed(config, dist.get_world_size())
-    ds_config.pop("optimizer")
-    ds_config["zero_optimization"]["offload_optimizer"] = {"device": "nvme", "nvme_path": directory}
-    ds_config["zero_force_ds_cpu_optimizer"] = False            # torch's AdamW, the same as the other sides
-    ds_config["steps_per_print"] = 10**9
     torch.manual_seed(0)
-    gpt = mm.GPT(mm.GPTConfig.small(**model))
-    engine, *_ = deepspeed.initialize(model=gpt, optimizer=make_optimizer(gpt.parameters(), config), config=ds_config)
+    engine = deepspeed_engine(mm.GPT(mm.GPTConfig.small(**model)), config, {
+        "zero_optimization": {"offload_optimizer": {"device": "nvme", "nvme_path": directory}},
+        "zero_force_ds_cpu_optimizer": False})                 # torch's AdamW, the same as the other sides
     per_step, moved = [], {"read_bytes": 0, "write_bytes": 0}
     for k, (x, y) in enumerate(data.batches(mesh, steps + 1, 8, 64)):
         dist.barrier()

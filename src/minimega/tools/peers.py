@@ -97,36 +97,51 @@ def _mean_over_ranks(value: torch.Tensor) -> float:
 
 
 # --8<-- [start:deepspeed_side]
-def train_deepspeed(model_config: GPTConfig, config: TrainConfig, steps: int, seq_len: int | None = None) -> dict:
-    """Inside a launched rank: train model.py with DeepSpeed's engine; losses, fp32 weights, bytes held."""
+def deepspeed_engine(model, config: TrainConfig, updates: dict | None = None):
+    """Inside a launched rank: DeepSpeed's engine for ``model`` with the config `to_deepspeed` writes and torch's
+    AdamW as its optimizer; ``updates`` change that config (a section's keys merged into it)."""
     os.environ.setdefault("DS_ACCELERATOR", "cpu")
-    import torch.distributed as dist
-
     import importlib
+    import warnings
 
     import deepspeed
-    from deepspeed.utils import safe_get_full_fp32_param
+    import torch.distributed as dist
 
     from ..train.engine import make_optimizer
-    from ..mesh import ParallelDims, init_mesh
-    from ..model import GPT
 
-    check(config)
-    import warnings   # DeepSpeed calls torch.distributed's deprecated *_tensor collectives: one warning per call
-    warnings.filterwarnings("ignore", message=".*is deprecated. Please use torch.distributed.*", category=FutureWarning)
+    # DeepSpeed calls torch.distributed's deprecated *_tensor collectives: one warning per call
+    warnings.filterwarnings("ignore", message=r".*is deprecated\. Please use .*torch\.distributed", category=FutureWarning)
     # inference-only all-reduce kernel: skip its JIT build (see the module docstring). By module path:
     # `deepspeed.comm.torch` as an attribute is PyTorch itself (deepspeed.comm re-exports `torch`).
     importlib.import_module("deepspeed.comm.torch").build_shm_op = lambda: None
     deepspeed.init_distributed(dist_backend="gloo")          # adopts the process group launch() set up
-    dp = dist.get_world_size()
-    mesh = init_mesh(ParallelDims(dp=dp))
-    torch.manual_seed(config.seed)
-    model = GPT(model_config)
-    ds_config = to_deepspeed(config, dp)
+    ds_config = to_deepspeed(config, dist.get_world_size())
     ds_config.pop("optimizer")                               # torch's AdamW, passed as the client optimizer
     ds_config["steps_per_print"] = 10**9
+    for key, value in (updates or {}).items():
+        if isinstance(value, dict) and isinstance(ds_config.get(key), dict):
+            ds_config[key].update(value)
+        else:
+            ds_config[key] = value
     engine, *_ = deepspeed.initialize(model=model, optimizer=make_optimizer(model.parameters(), config),
                                       config=ds_config)
+    return engine
+
+
+def train_deepspeed(model_config: GPTConfig, config: TrainConfig, steps: int, seq_len: int | None = None) -> dict:
+    """Inside a launched rank: train model.py with DeepSpeed's engine; losses, fp32 weights, bytes held."""
+    import torch.distributed as dist
+
+    from ..mesh import ParallelDims, init_mesh
+    from ..model import GPT
+
+    check(config)
+    mesh = init_mesh(ParallelDims(dp=dist.get_world_size()))
+    torch.manual_seed(config.seed)
+    engine = deepspeed_engine(GPT(model_config), config)
+    import deepspeed
+    from deepspeed.utils import safe_get_full_fp32_param
+
     seq = seq_len or model_config.block_size
     ga, losses, norms = config.gradient_accumulation_steps, [], []
     for x, y in data.batches(mesh, steps, config.batch_size, seq, seed=config.seed):
