@@ -37,6 +37,7 @@ import torch.distributed as dist
 import minimega as mm
 from minimega import data, estimate
 from minimega.zero import model_units
+from minimega.zero.nvme import storage_io
 
 
 def _worker(stage: int, model: dict, steps: int, repeats: int, directory: str, deepspeed: bool = False) -> dict:
@@ -76,12 +77,6 @@ def _worker(stage: int, model: dict, steps: int, repeats: int, directory: str, d
     return {"times": times, "traffic": traffic, "storage": storage, "rss": rss, "ds_storage": ds_storage}
 
 
-def _io() -> dict:
-    """This process's bytes fetched from and sent to storage so far (``/proc/self/io``: page-cache hits excluded)."""
-    fields = dict(line.split(": ") for line in open("/proc/self/io").read().splitlines())
-    return {k: int(fields[k]) for k in ("read_bytes", "write_bytes")}
-
-
 def _deepspeed_steps(mesh, model: dict, steps: int, directory: str) -> tuple[float, dict]:
     """DeepSpeed ZeRO-3 with its optimizer states on NVMe: the median step time (slowest rank) over ``steps`` steps
     after one warm-up, and the storage bytes per step."""
@@ -95,12 +90,12 @@ def _deepspeed_steps(mesh, model: dict, steps: int, directory: str) -> tuple[flo
     per_step, moved = [], {"read_bytes": 0, "write_bytes": 0}
     for k, (x, y) in enumerate(data.batches(mesh, steps + 1, 8, 64)):
         dist.barrier()
-        before, start = _io(), time.perf_counter()
+        before, start = storage_io(), time.perf_counter()
         _, loss = engine(x, y)
         engine.backward(loss)
         engine.step()
         elapsed = torch.tensor(time.perf_counter() - start)
-        after = _io()
+        after = storage_io()
         dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
         if k:
             per_step.append(elapsed.item())
