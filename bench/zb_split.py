@@ -1,6 +1,6 @@
 """ZB-H1's split backward on the clock: B + W against one plain backward, and ZB-H1's step against 1F1B's.
 
-    python bench/zb_split.py [--preset small] [--micro-batches 8] [--rounds 3] [--steps 4] [--rows 4]
+    python bench/zb_split.py [--preset small] [--micro-batches 8] [--rounds 3] [--steps 4] [--rows 4] [--glibc-malloc]
 
 1. One chunk (the last of pp 2: half the blocks, ln_f, the head), one process: the plain backward, the split
    (`pipeline.split`: B = input gradient keeping each weight's split-point gradient, W = weight gradients
@@ -11,11 +11,16 @@
 2. Two gloo ranks, pp 2, ``--micro-batches`` m: a 1F1B engine and a ZB-H1 engine on identical models and data,
    their steps alternating within each of ``--rounds`` rounds (so machine load drifts over both alike); prints
    the median step times (and each rank's CPU time per step), ZB-H1 / 1F1B, and each schedule's bubble: on the slot grid and on the wall clock
-   (`Pipeline.bubble()`), plus the bytes the split holds from B to W.
+   (`Pipeline.bubble()`), plus the bytes the split holds from B to W and the minor page faults per step.
+
+Both parts run under the ranks' allocator policy (`run.processes.keep_freed_memory`); ``--glibc-malloc`` runs
+them under glibc's own, where the kept gradients send the split's allocations back to the kernel.
 """
 from __future__ import annotations
 
 import argparse
+import os
+import resource
 import statistics
 import time
 
@@ -26,6 +31,7 @@ import minimega as mm
 from minimega import data
 from minimega.pipeline import split
 from minimega.pipeline.stage import split_model
+from minimega.run.processes import keep_freed_memory
 
 
 def chunk_times(preset: str, rows: int, reps: int = 7) -> dict:
@@ -90,6 +96,7 @@ def _steps(preset: str, m: int, rounds: int, steps: int) -> dict:
     batches = list(data.batches(mesh, rounds * steps + 1, m, seq))
     times = {s: [] for s in engines}
     cpu = {s: [] for s in engines}
+    faults = {s: [] for s in engines}                 # minor page faults: memory the kernel had to hand out again
     for s, e in engines.items():                      # warm-up step each
         e.train_step(batches[0])
     for r in range(rounds):
@@ -98,10 +105,13 @@ def _steps(preset: str, m: int, rounds: int, steps: int) -> dict:
             for s in order:
                 dist.barrier()
                 t0, c0 = time.perf_counter(), time.process_time()
+                f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
                 engines[s].train_step(batches[1 + r * steps + i])
                 times[s].append(time.perf_counter() - t0)
                 cpu[s].append(time.process_time() - c0)
-    out = {s: {"step_s": statistics.median(v), "cpu_s": statistics.median(cpu[s]), **{k: e.pipeline.bubble()[k] for k in
+                faults[s].append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0)
+    out = {s: {"step_s": statistics.median(v), "cpu_s": statistics.median(cpu[s]), "faults": statistics.median(faults[s]),
+               **{k: e.pipeline.bubble()[k] for k in
                                                    ("idle_of_total", "wall_idle_of_total", "peak_split_bytes")}}
            for (s, v), e in zip(times.items(), engines.values())}
     return out
@@ -114,7 +124,13 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--steps", type=int, default=4, help="steps per schedule per round")
     ap.add_argument("--rows", type=int, default=4, help="rows of the bigger chunk timing")
+    ap.add_argument("--glibc-malloc", action="store_true",
+                    help="the ranks keep glibc's own allocator policy (MINIMEGA_MALLOC=glibc), not "
+                         "`run.processes.keep_freed_memory`: the page faults the split costs without it")
     args = ap.parse_args()
+    if args.glibc_malloc:
+        os.environ["MINIMEGA_MALLOC"] = "glibc"       # the ranks take the launcher's environment
+    keep_freed_memory()                               # the chunk timings below: as a rank runs them
     torch.set_num_threads(1)                          # the chunk timings: one thread (the ranks keep their own)
     for rows in (1, args.rows):
         c = chunk_times(args.preset, rows)
@@ -127,7 +143,7 @@ def main() -> None:
     for rank, r in enumerate(res):
         for s, v in r.items():
             print(f"rank {rank} {s:6s} step {v['step_s'] * 1e3:7.1f} ms (median of {args.rounds}x{args.steps}), "
-                  f"this rank's CPU time {v['cpu_s'] * 1e3:7.1f} ms; "
+                  f"this rank's CPU time {v['cpu_s'] * 1e3:7.1f} ms, {v['faults']:6.0f} page faults; "
                   f"bubble: grid {v['idle_of_total']:.3f}, wall clock {v['wall_idle_of_total']:.3f}; "
                   f"split held {v['peak_split_bytes'] / 2**20:.2f} MiB at peak")
     r0 = res[0]

@@ -44,8 +44,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from .processes import (ForkserverDied, die_with_parent, forkserver_context, forward_signals_to, main_module_hidden,
-                        name_process, start_all, stop_forkserver, terminate)
+from .processes import (ForkserverDied, die_with_parent, forkserver_context, forward_signals_to, keep_freed_memory,
+                        main_module_hidden, name_process, start_all, stop_forkserver, terminate)
 from .watchdog import (_FROZEN_S, _STATUS_BYTES, RankStatus, Stragglers, culprit, describe_exit, guard, install,
                        report_step, snapshots, table, verdict)
 
@@ -198,6 +198,7 @@ def _rank_main(rank: int, job: _Job) -> None:
     os.environ.update({_ENV_FLAG: "1", "RANK": str(rank), "WORLD_SIZE": str(job.world_size),
                        "LOCAL_RANK": str(rank), "LOCAL_WORLD_SIZE": str(job.world_size)})
     torch.set_num_threads(job.threads)
+    keep_freed_memory()
     out = Path(job.workdir)
     status = RankStatus(out / f"status-{rank}")
     install(status)

@@ -295,7 +295,9 @@ def _ranks_from_scheduler(args: argparse.Namespace) -> bool:
     args.nproc = world
     import torch
     from ..run.launch import cpu_share
+    from ..run.processes import keep_freed_memory
     torch.set_num_threads(max(1, cpu_share() // int(os.environ.get("LOCAL_WORLD_SIZE", world))))
+    keep_freed_memory()
     return True
 # --8<-- [end:ranks_from_scheduler]
 
