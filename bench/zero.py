@@ -21,7 +21,8 @@ times, so that a change in the machine's load falls on all of them alike. Per ru
 
 ``--allocator returned`` (default) fixes glibc's mmap threshold at 128 KiB (``mallopt(M_MMAP_THRESHOLD)``)
 so that every large buffer is unmapped as soon as it is freed and RSS follows the live tensors;
-``default`` leaves glibc as it is (freed blocks stay in the process and count in RSS).
+``default`` leaves glibc as it is (freed blocks stay in the process and count in RSS; the ranks run with
+``MINIMEGA_MALLOC=glibc``, so without `run.processes.keep_freed_memory`).
 
 The table shows, per side, the min and median over the repeats of each run's step time, and the min and
 median peak; ratio = minimega / other (< 1: minimega faster or smaller), from the medians.
@@ -125,6 +126,7 @@ def _side(side, model, stage, steps, batch, seq, allocator):
     """One rank of one side: (median step time of the slowest rank, peak bytes above the baseline)."""
     if allocator == "returned":
         ctypes.CDLL("libc.so.6").mallopt(-3, 1 << 17)          # M_MMAP_THRESHOLD, fixed (not adaptive)
+        ctypes.CDLL("libc.so.6").mallopt(-1, 1 << 17)          # M_TRIM_THRESHOLD: glibc's, not the ranks' 1 GiB
     mesh = mm.init_mesh(mm.ParallelDims(dp=dist.get_world_size()))
     dist.barrier()
     base = _trimmed_rss()
@@ -149,6 +151,8 @@ def _one(args) -> None:
     """The child process: one side, one stage; prints one JSON line."""
     if args.side == "deepspeed":
         os.environ.setdefault("DS_ACCELERATOR", "cpu")         # the launched ranks inherit it
+    if args.allocator == "default":
+        os.environ["MINIMEGA_MALLOC"] = "glibc"                # glibc's own policy, not `keep_freed_memory`
     s, peak = mm.launch(_side, args.nproc, args.side, args.model, args.one, args.steps, 8, 128, args.allocator,
                         backend="gloo")[0]
     print(json.dumps({"s": s, "peak": peak}))
