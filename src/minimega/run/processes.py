@@ -35,8 +35,8 @@ def keep_freed_memory() -> None:
 
     glibc serves a large allocation with a fresh mmap and unmaps it on free (past a threshold it adapts
     as it goes), so a tensor that outlives the next few allocations can send every later one to the
-    kernel for zeroed pages again: under ZB-H1 (gradients kept from B to W) the last stage took ~13,000
-    page faults per step, 1F1B ~10 (`bench/zb_split.py` prints both). With the threshold fixed at 1 GiB
+    kernel for zeroed pages again: under ZB-H1 (gradients kept from B to W) the last stage took ~14,000
+    page faults per step, 1F1B ~5 (`bench/zb_split.py` prints both). With the threshold fixed at 1 GiB
     and the heap's free top kept, a step reuses the last step's memory: what jemalloc or tcmalloc do for
     PyTorch on CPU. ``MINIMEGA_MALLOC=glibc`` leaves glibc's defaults (to measure the difference)."""
     if os.environ.get("MINIMEGA_MALLOC") == "glibc":
