@@ -313,6 +313,12 @@ def test_a_rank_reuses_the_memory_its_last_step_freed(monkeypatch):
     assert kept * 4 < glibc, (kept, glibc)          # measured: ~900 against ~13,500
 
 
+def test_an_allocator_policy_it_does_not_know_is_refused_by_name(monkeypatch):
+    monkeypatch.setenv("MINIMEGA_MALLOC", "jemalloc")
+    with pytest.raises(ValueError, match="MINIMEGA_MALLOC='jemalloc': the one value is 'glibc'"):
+        processes.keep_freed_memory()
+
+
 def test_an_edited_source_or_a_dead_forkserver_starts_a_fresh_one(monkeypatch):
     first = mm.launch(_environment, 1, [], timeout=60)[0]["ppid"]
     assert first == _forkserver_pid()

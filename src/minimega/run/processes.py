@@ -38,8 +38,13 @@ def keep_freed_memory() -> None:
     kernel for zeroed pages again: under ZB-H1 (gradients kept from B to W) the last stage took ~14,000
     page faults per step, 1F1B ~5 (`bench/zb_split.py` prints both). With the threshold fixed at 1 GiB
     and the heap's free top kept, a step reuses the last step's memory: what jemalloc or tcmalloc do for
-    PyTorch on CPU. ``MINIMEGA_MALLOC=glibc`` leaves glibc's defaults (to measure the difference)."""
-    if os.environ.get("MINIMEGA_MALLOC") == "glibc":
+    PyTorch on CPU. ``MINIMEGA_MALLOC=glibc`` leaves glibc's defaults (to measure the difference); any
+    other value is refused."""
+    choice = os.environ.get("MINIMEGA_MALLOC", "")
+    if choice not in ("", "glibc"):
+        raise ValueError(f"MINIMEGA_MALLOC={choice!r}: the one value is 'glibc' (glibc's own allocator policy); "
+                         "unset it for the ranks' default (freed memory kept)")
+    if choice == "glibc":
         return
     try:
         libc = ctypes.CDLL("libc.so.6")
