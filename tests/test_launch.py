@@ -316,7 +316,7 @@ def test_a_rank_reuses_the_memory_its_last_step_freed(monkeypatch):
 def test_an_allocator_policy_it_does_not_know_is_refused_by_name(monkeypatch):
     monkeypatch.setenv("MINIMEGA_MALLOC", "jemalloc")
     with pytest.raises(ValueError, match="MINIMEGA_MALLOC='jemalloc': the one value is 'glibc'"):
-        processes.keep_freed_memory()
+        mm.launch(_rank_info, 2, "x", timeout=60)             # in the caller, before any rank starts
 
 
 def test_an_edited_source_or_a_dead_forkserver_starts_a_fresh_one(monkeypatch):

@@ -44,8 +44,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from .processes import (ForkserverDied, die_with_parent, forkserver_context, forward_signals_to, keep_freed_memory,
-                        main_module_hidden, name_process, start_all, stop_forkserver, terminate)
+from .processes import (ForkserverDied, allocator_policy, die_with_parent, forkserver_context, forward_signals_to,
+                        keep_freed_memory, main_module_hidden, name_process, start_all, stop_forkserver, terminate)
 from .watchdog import (_FROZEN_S, _STATUS_BYTES, RankStatus, Stragglers, culprit, describe_exit, guard, install,
                        report_step, snapshots, table, verdict)
 
@@ -200,7 +200,10 @@ def _rank_main(rank: int, job: _Job) -> None:
     torch.set_num_threads(job.threads)
     keep_freed_memory()
     out = Path(job.workdir)
-    status = RankStatus(out / f"status-{rank}")
+    try:
+        status = RankStatus(out / f"status-{rank}")
+    except FileNotFoundError:          # the launcher ended this job (its folder removed) before this rank started
+        return
     install(status)
     status.beat()
     threading.Thread(target=guard, args=(status, out), name="minimega-guard", daemon=True).start()
@@ -367,6 +370,7 @@ def launch(fn, world_size: int, *args, backend: str = "auto", timeout: float | N
         raise RuntimeError("launch() was called inside a rank that launch() started; call the worker directly "
                            "(a script that calls launch() at top level needs an `if __name__ == \"__main__\":` guard)")
     _check_picklable(fn, args)
+    allocator_policy()                                  # refused here, before any rank starts
     threads = threads or max(1, cpu_share() // world_size)
     if getattr(fn, "__module__", None) == "__main__":
         fn = _ScriptFunction(os.path.abspath(sys.modules["__main__"].__file__), fn.__qualname__)

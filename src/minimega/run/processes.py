@@ -30,6 +30,15 @@ def name_process(name: str) -> None:
         pass
 
 
+def allocator_policy() -> str:
+    """``MINIMEGA_MALLOC``: "" (the ranks keep what they free) or "glibc"; anything else refused by name."""
+    choice = os.environ.get("MINIMEGA_MALLOC", "")
+    if choice not in ("", "glibc"):
+        raise ValueError(f"MINIMEGA_MALLOC={choice!r}: the one value is 'glibc' (glibc's own allocator policy); "
+                         "unset it for the ranks' default (freed memory kept)")
+    return choice
+
+
 def keep_freed_memory() -> None:
     """Keep the blocks this rank frees for its next tensors, instead of handing them back to the kernel.
 
@@ -40,11 +49,7 @@ def keep_freed_memory() -> None:
     and the heap's free top kept, a step reuses the last step's memory: what jemalloc or tcmalloc do for
     PyTorch on CPU. ``MINIMEGA_MALLOC=glibc`` leaves glibc's defaults (to measure the difference); any
     other value is refused."""
-    choice = os.environ.get("MINIMEGA_MALLOC", "")
-    if choice not in ("", "glibc"):
-        raise ValueError(f"MINIMEGA_MALLOC={choice!r}: the one value is 'glibc' (glibc's own allocator policy); "
-                         "unset it for the ranks' default (freed memory kept)")
-    if choice == "glibc":
+    if allocator_policy() == "glibc":
         return
     try:
         libc = ctypes.CDLL("libc.so.6")
