@@ -310,7 +310,7 @@ def test_a_rank_reuses_the_memory_its_last_step_freed(monkeypatch):
     kept = warm_faults()
     monkeypatch.setenv("MINIMEGA_MALLOC", "glibc")
     glibc = warm_faults()
-    assert kept * 4 < glibc, (kept, glibc)          # measured: ~900 against ~13,500
+    assert kept * 4 < glibc, (kept, glibc)          # measured: ~300-900 against ~13,500-16,000
 
 
 def test_an_allocator_policy_it_does_not_know_is_refused_by_name(monkeypatch):

@@ -30,6 +30,9 @@ def name_process(name: str) -> None:
         pass
 
 
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3          # glibc's mallopt() parameters (malloc.h)
+
+
 def allocator_policy() -> str:
     """``MINIMEGA_MALLOC``: "" (the ranks keep what they free) or "glibc"; anything else refused by name."""
     choice = os.environ.get("MINIMEGA_MALLOC", "")
@@ -55,8 +58,8 @@ def keep_freed_memory() -> None:
         libc = ctypes.CDLL("libc.so.6")
     except OSError:                                  # not glibc (musl, macOS): its allocator, its defaults
         return
-    libc.mallopt(-3, 1 << 30)                        # M_MMAP_THRESHOLD: fixed, so blocks under 1 GiB come from the heap
-    libc.mallopt(-1, 1 << 30)                        # M_TRIM_THRESHOLD: free heap top kept up to 1 GiB
+    libc.mallopt(M_MMAP_THRESHOLD, 1 << 30)          # fixed, so blocks under 1 GiB come from the heap
+    libc.mallopt(M_TRIM_THRESHOLD, 1 << 30)          # the heap's free top kept up to 1 GiB
 
 
 _CONTEXT = None
