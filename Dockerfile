@@ -52,6 +52,12 @@ RUN if ! command -v python3 >/dev/null; then \
     fi \
     && useradd --create-home --uid 1000 learner
 
+# Node.js builds the site: tools/math_hook.py typesets its formulas with KaTeX when the site is built.
+# hadolint ignore=DL3008
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends nodejs \
+    && rm -rf /var/lib/apt/lists/*
+
 WORKDIR /app
 
 # Dependencies first (a layer that survives source edits), installed as `make` installs them: tools/setup_venv.py

@@ -45,7 +45,7 @@ serve: install
 WORKERS ?= 2
 XDIST   := $(if $(filter 0,$(WORKERS)),,-n $(WORKERS) --dist loadgroup)
 
-# The Debian packages the tests drive (chromium, PostgreSQL, caddy, Slurm, munge, libaio): installed as root,
+# The Debian packages the tests drive (chromium, PostgreSQL, caddy, Slurm, munge, libaio, Node.js): installed as root,
 # else one line names the command (tools/system_packages.py). The end of the run lists every skip and its reason.
 test: install-test
 	@$(PY) tools/system_packages.py

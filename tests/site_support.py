@@ -1,7 +1,7 @@
 """One strict build of the course site for the whole test session, served on 127.0.0.1.
 
 The build holds both editions (English at /, Dutch at /nl/, mkdocs-static-i18n). It is built for
-the port it will be served on (instant navigation only intercepts links under ``site_url``), so
+the port it will be served on (``site_url``: the sitemap and canonical links name it), so
 the file checks (test_site.py, test_site_dutch.py) and the browser checks (test_site_browser.py)
 read the same output. Tests that pin issuers into the site (the exam and verify browser tests)
 build their own.

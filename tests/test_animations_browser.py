@@ -86,7 +86,7 @@ def test_every_picture_steps_to_its_last_frame_and_reads_its_meter(site_server, 
     page.on("pageerror", lambda e: errors.append(str(e)))
     page.goto(f"{site_server}/01-memory/", wait_until="domcontentloaded")
     for k, (slug, names) in enumerate(fa.CHAPTERS.items()):
-        if k:                                  # the footer's next link: instant navigation swaps the page in
+        if k:                                  # the footer's next link, as a reader goes on
             page.set_viewport_size({"width": 1280, "height": 900})
             link = page.locator("a.md-footer__link--next")
             link.scroll_into_view_if_needed()      # the sticky sidebars shrink to the new scroll on their next frame;

@@ -236,8 +236,28 @@ def test_numbers_on_pages_come_from_estimate(built):
         assert mb in acts
 
 
+TYPESET = re.compile(r'<(span|div) class="arithmatex" data-typeset="1">')
+SPAN_OR_DIV = re.compile(r"<(/?)(span|div)\b[^>]*>")
+
+
+def _as_tex(text):
+    """Each formula typeset at build time (tools/math_hook.py) back to its TeX source between \\( \\) or \\[ \\]."""
+    parts, pos = [], 0
+    while m := TYPESET.search(text, pos):
+        depth, end = 1, m.end()
+        while depth:
+            tag = SPAN_OR_DIV.search(text, end)
+            end = tag.end()
+            depth += -1 if tag.group(1) else 1
+        tex = re.search(r'<annotation encoding="application/x-tex">(.*?)</annotation>', text[m.end():end], re.S).group(1)
+        parts += [text[pos:m.start()], ("\\[" + tex + "\\]") if m.group(1) == "div" else ("\\(" + tex + "\\)")]
+        pos = end
+    return "".join(parts) + text[pos:]
+
+
 def _text(out, slug):
-    return re.sub(r"\s+", " ", re.sub(r"<[^>]+>", "", html.unescape((out / slug / "index.html").read_text())))
+    page = _as_tex((out / slug / "index.html").read_text())
+    return re.sub(r"\s+", " ", re.sub(r"<[^>]+>", "", html.unescape(page)))
 
 
 def test_corrected_numbers_are_on_their_pages(built):

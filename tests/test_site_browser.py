@@ -96,16 +96,14 @@ def test_quiz_by_keyboard_with_feedback_and_progress(server, browser):
     ctx.close()
 
 
-def test_instant_navigation_runs_page_scripts(server, browser):
+def test_a_link_opens_a_chapter_whose_scripts_run(server, browser):
     ctx, page, watch = _page(browser, server)
     page.goto(f"{server}/")
-    page.evaluate("window.mmMarker = 1")                             # survives only if no full reload happens
-    page.locator("article a[href$='/08-pipeline-parallel/']").first.click()
-    # navigation.tracking may add the heading in view as a #fragment
+    page.locator("article a[href$='08-pipeline-parallel/']").first.click()
     page.wait_for_url(re.compile(re.escape(f"{server}/08-pipeline-parallel/") + r"(#.*)?$"))
-    assert page.evaluate("window.mmMarker") == 1, "instant navigation did not swap the page in place"
     page.wait_for_selector(".mm-quiz[data-ready='1']")
-    assert page.locator(".katex").count() > 10                       # math typeset after the swap
+    assert page.locator(".katex").count() > 10                       # typeset when the site was built
+    assert page.locator("article .arithmatex:not([data-typeset])").count() == 0
     page.locator("#fig-bubble-vs-microbatches").scroll_into_view_if_needed()    # a frame loads near the screen
     frame = page.frame_locator("#fig-bubble-vs-microbatches iframe")
     frame.locator(".main-svg").first.wait_for()
@@ -113,14 +111,11 @@ def test_instant_navigation_runs_page_scripts(server, browser):
     ctx.close()
 
 
-def test_instant_navigation_into_the_calculator_runs_it(server, browser):
+def test_a_link_opens_the_calculator_and_it_runs(server, browser):
     ctx, page, watch = _page(browser, server)
     page.goto(f"{server}/")
-    page.evaluate("window.mmMarker = 1")
-    page.locator("article a[href$='/calculator/']").first.click()
+    page.locator("article a[href$='calculator/']").first.click()
     page.wait_for_url(re.compile(re.escape(f"{server}/calculator/") + r"(#.*)?$"))
-    assert page.evaluate("window.mmMarker") == 1, "instant navigation did not swap the page in place"
-    # the URL changes before the new content is swapped in: the status line may not exist yet
     page.wait_for_function("(document.querySelector('.mm-calc-status')?.textContent ?? '').startsWith('Total per GPU')")
     watch.clean()
     ctx.close()

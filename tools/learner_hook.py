@@ -14,8 +14,8 @@ Once both editions are written (after mkdocs-static-i18n's own post-build, which
 merges the search index):
 
 - search: the combined index is split per language, so the English site's search returns English
-  pages and the Dutch site's Dutch pages (`split_search_index`); a script in the head of every page
-  points material's index request at its language's index;
+  pages and the Dutch site's Dutch pages (`split_search_index`); course/assets/javascripts/search.js
+  fetches the index of the page's language;
 - labs (`on_files`, every build): each chapter's lab is also served as ``labs/NN-slug.zip``, the notebook with what it imports
   (`lab_zip`), which the chapter's download link offers.
 """
@@ -224,20 +224,26 @@ def on_page_markdown(markdown: str, page, config, files) -> str:
     return CAPSTONE.sub(capstone, MACRO.sub(replace, markdown))
 
 
+QUIZ_BANK = re.compile(r'<div class="mm-quiz" lang="[a-z]+" data-bank="(\d\d-[^"]+)" data-count="(\d+)">')
+CHAPTER_LINE = {"en": ("Your quiz progress in this chapter: 0 of {n} right (0 tried). ", "Go to the quiz"),
+                "nl": ("Je quizvoortgang in dit hoofdstuk: 0 van {n} goed (0 geprobeerd). ", "Naar de quiz")}
+
+
+def on_page_content(output: str, page, config, files) -> str:
+    """A chapter with a quiz gets its progress line under its title here, as it reads before any answer;
+    progress.js rewrites its numbers from the browser's store. Written in the page, the line is there before the
+    page is first shown, so nothing below the title moves when the script runs."""
+    m = QUIZ_BANK.search(output)
+    if not m or "</h1>" not in output:
+        return output
+    text, go = CHAPTER_LINE.get(_lang(page), CHAPTER_LINE["en"])
+    line = (f'<p class="mm-chapter-progress mm-progress-summary">{html.escape(text.format(n=m.group(2)))}'
+            f'<a href="#quiz">{go}</a></p>')
+    return output.replace("</h1>", "</h1>\n" + line, 1)
+
+
 # ----------------------------------------------------------------------------------------------
 # Search per language
-
-SEARCH_SHIM = """<script>/* learner_hook: each language searches its own index */
-(function(){var o=XMLHttpRequest.prototype.open;XMLHttpRequest.prototype.open=function(m,u){
-var a=Array.prototype.slice.call(arguments),l=(document.documentElement.lang||"en").slice(0,2);
-if(l!=="en"&&/search\\/search_index\\.json$/.test(String(u))&&String(u).indexOf("/"+l+"/search/")<0)
-a[1]=String(u).replace(/search\\/search_index\\.json$/,l+"/search/search_index.json");return o.apply(this,a)}})();
-</script>"""
-
-
-def on_post_page(output: str, page, config) -> str:
-    return output.replace("</head>", SEARCH_SHIM + "</head>", 1)
-
 
 def split_search_index(site: Path, langs=("nl",)) -> dict[str, int]:
     """Keep the English pages in ``search/search_index.json``; write each other language's pages

@@ -8,6 +8,8 @@
     slurm-wlm      a one-host Slurm cluster for the srun, preemption and requeue tests
     munge          Slurm's authentication daemon
     libaio-dev     DeepSpeed's async I/O op, built by the NVMe side-by-side bench
+    nodejs         the site's build (KaTeX typesets the formulas) and the calculators' JavaScript checked under Node
+                   (any `node` on PATH will do)
 
 Without them those tests would be skipped, and a run that ends "1894 passed, 77 skipped" reads as done. So as root
 this installs them (apt-get), as `.ci/run` always did; as another user it stops at once with the one command to run.
@@ -28,11 +30,13 @@ PACKAGES = {                       # package -> a path that exists once it is in
     "slurm-wlm": "/usr/sbin/slurmctld",
     "munge": "/usr/sbin/munged",
     "libaio-dev": "/usr/include/libaio.h",
+    "nodejs": "node",                  # a command on PATH
 }
 
 
 def missing() -> list[str]:
-    return [name for name, path in PACKAGES.items() if not glob.glob(path)]
+    return [name for name, path in PACKAGES.items()
+            if not (glob.glob(path) if path.startswith("/") else shutil.which(path))]
 
 
 def main() -> int:

@@ -2,8 +2,8 @@
  *
  * The compute half (mmMemory) mirrors minimega.estimate.memory_per_gpu term by term; the test suite
  * runs it under Node on random configurations and requires the Python numbers to 1e-9 relative.
- * The page half draws the form, the table and a plotly chart; it starts from document$ because
- * instant navigation swaps pages without re-running scripts.
+ * The page half draws the form, the table and a plotly chart; it starts from document$ (theme.js), once the
+ * page is parsed.
  */
 (function (root) {
   "use strict";
@@ -302,6 +302,22 @@
   }
   function label(key, c) { return c ? c.label : words().total; }   // the palette JSON is in the page's language
 
+  // plotly.js (about 1 MB) is fetched and run when the plot comes within a screen's height of view: on a phone the
+  // form and the table come first, and the page is ready to use before the plot is drawn.
+  // Until then only the latest drawing waits (el.mmWaiting).
+  function whenNear(el, fn) {
+    if (el.mmNear || !("IntersectionObserver" in root)) return fn();
+    el.mmWaiting = fn;
+    if (el.mmObserver) return;
+    el.mmObserver = new IntersectionObserver(function (entries) {
+      if (!entries.some(function (e) { return e.isIntersecting; })) return;
+      el.mmObserver.disconnect();
+      el.mmNear = true;
+      el.mmWaiting();
+    }, {rootMargin: "100% 0px"});
+    el.mmObserver.observe(el);
+  }
+
   function loadPlotly(done) {
     if (root.Plotly) return done();
     var existing = document.getElementById("mm-plotly-js");
@@ -416,18 +432,17 @@
                             line: {color: "#e03131", dash: "dash", width: 2}}],
                   annotations: [{xref: "paper", x: 1, y: capacity, xanchor: "right", yanchor: "bottom",
                                  text: capacity + " GB GPU", showarrow: false, font: {color: "#e03131"}}]};
-    loadPlotly(function () {
+    whenNear(plot, function () { loadPlotly(function () {
       if (root_.mmDrawn !== seq) return;
       root.Plotly.react(plot, traces, layout, {displaylogo: false, responsive: true});
-    });
+    }); });
   }
 
   function init(el) {
     if (el.dataset.ready) return;
     el.dataset.ready = "1";
     var form = el.querySelector("form");
-    // The page sets window.mmCalcPresets in an inline script: instant navigation re-runs a page's inline
-    // scripts as JavaScript but drops their attributes, so a <script type="application/json"> would not survive.
+    // The page sets window.mmCalcPresets in an inline script (sitebuild's presets_json).
     var presets = root.mmCalcPresets;
     var palette = {};
     (root.mmCalcPalette || []).forEach(function (c) { palette[c.key] = c; });
@@ -445,7 +460,7 @@
     form.addEventListener("change", function (ev) { if (ev.target !== select) update(); });
     form.addEventListener("submit", function (ev) { ev.preventDefault(); update(); });
     var obs = new MutationObserver(function () {
-      if (!document.body.contains(el)) { obs.disconnect(); return; }   // page left by instant navigation
+      if (!document.body.contains(el)) { obs.disconnect(); return; }   // the calculator was taken off the page
       update();
     });
     obs.observe(document.body, {attributes: true, attributeFilter: ["data-md-color-scheme"]});

@@ -2,7 +2,7 @@
  * (wrapped title, tick labels, legend below the plot); this sets the frame to that height.
  *
  * Messages come from any window, so only a frame of this page, on this origin, may set a height, and
- * only a plausible one. The listener is installed once: instant navigation keeps the window.
+ * only a plausible one. The listener is installed once per window.
  */
 (function () {
   "use strict";
@@ -23,7 +23,7 @@
   // A figure's frame is loaded when it comes within 100 px of view (its data-src becomes its src):
   // a page opens without running plotly for charts below the fold. Printing loads them all.
   function load(frame) {
-    // resolved when its page was shown: instant navigation changes the URL before it swaps the content out
+    // resolved against the page's address when the page was shown
     var src = frame.mmSrc || frame.dataset.src;
     if (!src || !frame.isConnected || frame.getAttribute("src")) return;
     frame.addEventListener("load", function () { frame.removeAttribute("tabindex"); }, {once: true});

@@ -1,9 +1,6 @@
-/* The language switcher (material's extra.alternate, set up by mkdocs-static-i18n) under instant
- * navigation. Instant navigation swaps a page's content but keeps the header, so the switcher's
- * links would still point at the first page loaded, and <html lang> (which the quiz, exam and verify
- * scripts read) would keep that page's language. So: after every page swap each switcher link is
- * rewritten to the current page in its language (English at the site root, Dutch under nl/), and a
- * click on one is a full page load, which brings the other language's header, search and lang.
+/* The language switcher (material's extra.alternate, set up by mkdocs-static-i18n): each of its links is pointed
+ * at the page shown in that language (English at the site root, Dutch under nl/), at the same section
+ * (location.hash), so switching language keeps the reader's place.
  */
 (function () {
   "use strict";
@@ -33,14 +30,7 @@
     });
   }
 
-  document.addEventListener("click", function (ev) {
-    var a = ev.target.closest && ev.target.closest("a.md-select__link[hreflang]");
-    if (!a || !(a.hreflang in PREFIX) || ev.button !== 0 || ev.metaKey || ev.ctrlKey || ev.shiftKey) return;
-    ev.preventDefault();
-    ev.stopImmediatePropagation();        // not instant navigation: the other language needs its own header
-    location.assign(alternate(a.hreflang));
-  }, true);
-
+  window.addEventListener("hashchange", update);
   if (typeof document$ !== "undefined") document$.subscribe(update);
   else update();
 })();

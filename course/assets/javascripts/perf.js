@@ -3,7 +3,7 @@
  * The compute half (mmPerf) mirrors perf.step_time and perf_plan.plan term by term, on top of the memory
  * calculator (calculator.js, mmMemory); the test suite runs both under Node on random configurations and
  * requires the Python numbers to 1e-9 relative. The page half adds a time/MFU panel and a planner to the
- * calculator page; it starts from document$ because instant navigation swaps pages without re-running scripts.
+ * calculator page; it starts from document$ (theme.js), once the page is parsed.
  */
 (function (root) {
   "use strict";

@@ -30,7 +30,6 @@ from __future__ import annotations
 import functools
 import html
 import json
-import logging
 import re
 from pathlib import Path
 
@@ -263,29 +262,25 @@ def exam_page(root: Path, config, lang: str = "en") -> str:
                         f'<div id="mm-exam" class="mm-exam" data-chapters="{titles}">', 1)
 
 
-class _SwitcherKeptInStep(logging.Filter):
-    """Drops mkdocs-static-i18n's warning that material's language switcher goes stale under
-    ``navigation.instant``, since this site deals with both halves of it: course/assets/javascripts/i18n.js
-    keeps the switcher's links on the page shown and makes a switch a full page load, and
-    `on_post_page` drops the head's ``hreflang`` links. So ``--strict`` keeps both the switcher
-    and instant navigation."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return "not compatible with theme.features = navigation.instant" not in record.getMessage()
+BARE_TABLE = re.compile(r"<table>(.*?)</table>", re.S)
 
 
-_I18N_LOG = logging.getLogger("mkdocs.plugins.mkdocs_static_i18n.reconfigure")   # where it is logged
-if not any(type(f).__name__ == "_SwitcherKeptInStep" for f in _I18N_LOG.filters):
-    _I18N_LOG.addFilter(_SwitcherKeptInStep())
+def on_page_content(output: str, page, config, files) -> str:
+    """Put each table without a class in material's scrolling box (``md-typeset__scrollwrap``), as material's
+    script bundle did in the browser: a wide table scrolls inside the page instead of widening it. Done here,
+    once, the page starts without moving its tables (overrides/main.html leaves that bundle out)."""
+    return BARE_TABLE.sub(lambda m: '<div class="md-typeset__scrollwrap"><div class="md-typeset__table">'
+                                    f'<table>{m.group(1)}</table></div></div>', output)
+
 
 HEAD_ALTERNATE = re.compile(r'[ \t]*<link rel="alternate" href="[^"]*" hreflang="[a-z-]+">\n?')
 
 
 def on_post_page(output: str, page, config) -> str:
-    """Drop the head's ``<link rel="alternate" hreflang>``: material's script reads each as a language's
-    root and fetches ``<link>/sitemap.xml`` from it, but mkdocs-static-i18n points them at the page
-    itself, so every page load asked for a sitemap that is not there. sitemap.xml declares the same
-    alternates (``xhtml:link hreflang``) for search engines; the header's switcher is untouched."""
+    """Drop the head's ``<link rel="alternate" hreflang>``: mkdocs-static-i18n points each language's at the page
+    itself, which says the wrong thing (and material's bundle, when it was loaded, fetched ``<link>/sitemap.xml``
+    from each). sitemap.xml declares the right alternates (``xhtml:link hreflang``) for search engines; the
+    header's switcher is untouched."""
     return HEAD_ALTERNATE.sub("", output)
 
 

@@ -235,7 +235,7 @@
     const m = /[#&]signin=([A-Za-z0-9_-]{16,128})/.exec(location.hash);
     if (!m) return;
     history.replaceState(null, "", location.pathname + location.search);   // the token is spent: drop it
-    // the site's instant navigation may run this page's script twice for one click: redeem once
+    // the same link opened twice (a second tab, the back button) redeems once
     const mark = `minimega.exam.redeemed.${m[1].slice(0, 16)}`;
     try { if (sessionStorage.getItem(mark)) return; sessionStorage.setItem(mark, "1"); } catch (e) { /* private mode */ }
     try {
