@@ -134,6 +134,16 @@ def test_rendered_item_is_accessible_markup(banks):
         assert f'<label for="{input_id}">' in one
     assert "<code>x</code>" in sitebuild.inline("`x`") and "&lt;b&gt;" in sitebuild.inline("<b>")
     assert '<span class="arithmatex">\\(\\Psi\\)</span>' == sitebuild.inline("$\\Psi$")
+    # an escaped dollar is a dollar: chapter 12's cost answer once typeset "2.50 = " as a formula
+    assert sitebuild.inline("x \\$2.50 = \\$3413 and $N_d$") == 'x $2.50 = $3413 and <span class="arithmatex">\\(N_d\\)</span>'
+
+
+def test_no_bank_text_pairs_two_prices_into_a_formula():
+    for bank in sorted((ROOT / "quizzes").rglob("*.yaml")):
+        if "exam" in bank.parts:
+            continue                                          # the exam shows its text as written, no math
+        for m in re.finditer(r"(?<!\\)\$([^$\n]+)(?<!\\)\$", bank.read_text(encoding="utf-8")):
+            assert not re.match(r"\d", m.group(1)), f"{bank.name}: ${m.group(1)}$ reads as a formula: write \\\\$ for a price"
 
 
 # ---------------------------------------------------------------------------------------------

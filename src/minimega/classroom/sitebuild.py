@@ -94,12 +94,15 @@ _CODE = re.compile(r"`([^`]+)`")
 
 
 def inline(text: str) -> str:
-    """Escape `text` and render the inline markup quiz banks use: `code` and $math$."""
+    """Escape `text` and render the inline markup quiz banks use: `code` and $math$; ``\\$`` is a dollar sign
+    (in a double-quoted YAML string, ``\\\\$``): "costs \\$2.50 = \\$3413", not the formula "2.50 = "."""
     out, pos = [], 0
-    for m in re.finditer(r"`[^`]+`|\$[^$]+\$", text):
+    for m in re.finditer(r"\\\$|`[^`]+`|\$[^$]+\$", text):
         out.append(html.escape(text[pos:m.start()]))
         tok = m.group(0)
-        if tok.startswith("`"):
+        if tok == "\\$":
+            out.append("$")
+        elif tok.startswith("`"):
             out.append("<code>" + html.escape(tok[1:-1]) + "</code>")
         else:
             out.append('<span class="arithmatex">\\(' + html.escape(tok[1:-1]) + "\\)</span>")
