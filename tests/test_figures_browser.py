@@ -218,6 +218,7 @@ def test_calculator_chart_fits(pages, site_server, shots, width):
     page, errors = pages[width]
     errors.clear()
     _goto(page, f"{site_server}/calculator/")
+    page.locator("#mm-calc-plot").scroll_into_view_if_needed()    # plotly loads when the plot nears the screen
     page.wait_for_function("(document.getElementById('mm-calc-plot').data || []).length === 6")
     for preset in ("mt-nlg-530b", "zero-7.5b"):          # the longest legend, then the default again
         page.select_option("select[name=preset]", preset)

@@ -132,7 +132,20 @@ def test_a_page_does_not_move_once_it_is_shown(site_server, chromium, slug):
     page.goto(f"{site_server}/{slug}", wait_until="load")
     page.wait_for_timeout(1500)
     shift = page.evaluate("window.__shift")
-    # Lighthouse calls below 0.1 good; before the formulas were typeset at build time chapter 3 moved by 0.2
-    assert shift < 0.05, f"{slug}: layout shift {shift:.3f}"
+    # Lighthouse calls below 0.1 good. Measured: 0.000-0.002 here; 0.119 (chapter 3) and 0.380 (Dutch chapter 8)
+    # with the formulas typeset in the browser, 0.138 (Dutch chapter 8) without KaTeX's fonts preloaded
+    assert shift < 0.1, f"{slug}: layout shift {shift:.3f}"
+    assert errors == [], errors
+    ctx.close()
+
+
+def test_the_table_of_contents_marks_the_section_being_read(site_server, chromium):
+    ctx, page, errors = _context(chromium)
+    page.goto(f"{site_server}/03-zero/")
+    active = ".md-sidebar--secondary a.md-nav__link--active"
+    for section in ("takeaway", "quiz", "why"):
+        page.evaluate("id => document.getElementById(id).scrollIntoView()", section)
+        page.wait_for_function("([sel, id]) => document.querySelector(sel)?.hash === '#' + id", arg=[active, section])
+        assert page.locator(active).count() == 1
     assert errors == [], errors
     ctx.close()

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import html
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -24,6 +25,7 @@ from mkdocs.plugins import event_priority
 
 ROOT = Path(__file__).resolve().parents[1]
 RENDER = ROOT / "tools" / "katex_render.js"
+FONTS = ("KaTeX_Main-Regular", "KaTeX_Math-Italic")      # what nearly every formula is set in
 FORMULA = re.compile(r'<(span|div) class="arithmatex">(.*?)</\1>', re.S)
 DELIMITERS = re.compile(r"^\\[(\[](.*)\\[)\]]$", re.S)
 
@@ -65,8 +67,18 @@ def typeset_site(site: Path) -> int:
     for page in pages:
         new = FORMULA.sub(typeset, texts[page])
         if new != texts[page]:
-            page.write_text(new, encoding="utf-8")
+            page.write_text(preload_fonts(new, page, site), encoding="utf-8")
     return len(found)
+
+
+def preload_fonts(text: str, page: Path, site: Path) -> str:
+    """Ask for KaTeX's two main fonts with the page, before its stylesheets: a formula set in a fallback font and
+    then in KaTeX's once it arrives changes width and moves the lines after it (on a slow phone, a layout shift of
+    0.14 on the Dutch chapter 8)."""
+    fonts = os.path.relpath(site / "assets" / "vendor" / "katex" / "fonts", page.parent).replace(os.sep, "/")
+    links = "".join(f'<link rel="preload" href="{fonts}/{name}.woff2" as="font" type="font/woff2" crossorigin>'
+                    for name in FONTS)
+    return text.replace('<link rel="stylesheet"', links + '\n<link rel="stylesheet"', 1)
 
 
 @event_priority(-120)              # after mkdocs-static-i18n (-100) has written /nl/, and after learner_hook

@@ -9,6 +9,7 @@
  *   `__palette` record, so the inline script in the header applies it before the page paints).
  * - code blocks: a copy button on each (`content.code.copy`), and a short "copied" notice.
  * - keyboard: "/", "s" or "f" opens search (search.js), Escape closes it.
+ * - the table of contents marks the section being read (an IntersectionObserver: nothing is measured here).
  *
  * Every page link is an ordinary link: each page loads in full, so each page's scripts start fresh.
  */
@@ -131,6 +132,41 @@
     }
   });
 
+  // ---------------------------------------------------------------------------------------------------
+  // Table of contents: the link of the topmost heading in the top third of the screen is active (with none there,
+  // the last one marked stays, as its section is still being read).
+  function tocFollow() {
+    if (!("IntersectionObserver" in window)) return;
+    var links = {};
+    document.querySelectorAll(".md-sidebar--secondary a.md-nav__link[href^='#']").forEach(function (a) {
+      links[decodeURIComponent(a.hash.slice(1))] = a;
+    });
+    var heads = Object.keys(links).map(function (id) { return document.getElementById(id); }).filter(Boolean);
+    if (!heads.length) return;
+    var active = null;
+    function mark(head) {
+      var link = links[head.id];
+      if (link === active) return;
+      if (active) active.classList.remove("md-nav__link--active");
+      link.classList.add("md-nav__link--active");
+      active = link;
+    }
+    var band = new Set();
+    var observer = new IntersectionObserver(function (entries) {
+      entries.forEach(function (e) { if (e.isIntersecting) band.add(e.target); else band.delete(e.target); });
+      var first = heads.filter(function (h) { return band.has(h); })[0];
+      if (first) return mark(first);                                        // the topmost heading in the band
+      entries.forEach(function (e) {                                        // the active one left it downwards:
+        if (e.boundingClientRect.top > 0 && links[e.target.id] === active) {  // the section before is being read
+          var i = heads.indexOf(e.target);
+          if (i > 0) mark(heads[i - 1]);
+        }
+      });
+    }, {rootMargin: "0px 0px -66% 0px"});
+    heads.forEach(function (h) { observer.observe(h); });
+  }
+
   palette();
   copyButtons();
+  tocFollow();
 })();
