@@ -149,3 +149,18 @@ def test_the_table_of_contents_marks_the_section_being_read(site_server, chromiu
         assert page.locator(active).count() == 1
     assert errors == [], errors
     ctx.close()
+
+
+def test_the_open_tab_is_underlined_not_only_darker(site_server, chromium):
+    ctx, page, errors = _context(chromium)
+    page.goto(f"{site_server}/03-zero/")
+    tabs = page.locator(".tabbed-set").first
+    borders = lambda: tabs.locator(".tabbed-labels > label").evaluate_all(    # noqa: E731
+        "ls => ls.map(l => getComputedStyle(l).borderBottomColor)")
+    first = borders()
+    assert first[0] not in ("rgba(0, 0, 0, 0)", "transparent") and set(first[1:]) == {"rgba(0, 0, 0, 0)"}, first
+    tabs.locator(".tabbed-labels > label").nth(1).click()
+    second = borders()
+    assert second[1] == first[0] and second[0] == "rgba(0, 0, 0, 0)", second
+    assert errors == [], errors
+    ctx.close()
