@@ -70,7 +70,7 @@ def animation_html(name: str, lang: str) -> str:
                     + "</li>" for f in data["frames"])
     steps = (f'<details class="mm-anim-text"><summary>{html.escape(CONTROLS[lang]["steps"])}: '
              f'{html.escape(data["title"])}</summary><ol>{items}</ol></details>')
-    # In an attribute, not a <script>: instant navigation re-creates a page's scripts when it swaps the page.
+    # The frames travel in an attribute, as data: animate.js reads them, no script in the page runs them.
     return (f'<div class="mm-anim" id="anim-{name}" lang="{lang}" data-anim="{name}" data-words="{html.escape(words)}" '
             f'data-frames="{html.escape(payload)}">{steps}</div>')
 

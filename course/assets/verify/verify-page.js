@@ -2,7 +2,7 @@
  * what the site pinned at build time (trusted-issuers.json, contexts.json), fetches what online checks
  * need (a did:web issuer's did.json, the signed status list), runs MinimegaVerify and renders the
  * verdict, every check with its status, and every claim as text (never as HTML: names are learner input).
- * Hooks mkdocs-material's document$ so instant navigation re-initialises it; safe to load twice. */
+ * Starts from the theme's document$ when it is there (theme.js), else once the page is parsed; safe to load twice. */
 (function () {
   "use strict";
   const CLAIMS = ["name", "achievement", "description", "course_version", "exam_bank", "valid_from", "valid_until",
