@@ -164,3 +164,24 @@ def test_the_open_tab_is_underlined_not_only_darker(site_server, chromium):
     assert second[1] == first[0] and second[0] == "rgba(0, 0, 0, 0)", second
     assert errors == [], errors
     ctx.close()
+
+
+def test_search_keeps_results_on_the_site_and_shows_their_text_as_text(site_server, chromium):
+    """The index is read as data: a location off the site is dropped, markup in a title or text is shown as text."""
+    import json
+    ctx, page, errors = _context(chromium)
+    docs = [{"location": "javascript:alert(1)", "title": "zebra trap", "text": "zebra"},
+            {"location": "https://elsewhere.example/", "title": "zebra away", "text": "zebra"},
+            {"location": "03-zero/", "title": "zebra <img src=x onerror=alert(2)>", "text": "<b>zebra</b> here"}]
+    page.route("**/search/search_index.json", lambda route: route.fulfill(
+        content_type="application/json", body=json.dumps({"config": {}, "docs": docs})))
+    page.goto(f"{site_server}/03-zero/")
+    page.locator(".md-search__input").click()
+    page.keyboard.type("zebra", delay=10)
+    page.wait_for_selector(".md-search-result__item")
+    hrefs = page.eval_on_selector_all(".md-search-result__item a", "els => els.map(e => e.href)")
+    assert hrefs == [f"{site_server}/03-zero/"], hrefs
+    assert page.locator(".md-search-result__item img, .md-search-result__item b").count() == 0
+    assert "zebra here" in page.locator(".md-search-result__item").inner_text()
+    assert errors == [], errors
+    ctx.close()

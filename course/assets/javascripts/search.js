@@ -38,7 +38,11 @@
         if (!r.ok) throw new Error("search index: HTTP " + r.status);
         return r.json();
       }).then(function (index) {
-        var all = (index.docs || []).filter(function (d) { return d && typeof d.location === "string"; });
+        // a location must stay on this site: a "javascript:" or foreign one would become a link in the results
+        var all = (index.docs || []).filter(function (d) {
+          if (!d || typeof d.location !== "string") return false;
+          try { return new URL(d.location, root()).origin === location.origin; } catch (e) { return false; }
+        });
         var pages = {};          // a section's result names its page: "3. ZeRO stages 1, 2 and 3 › Code"
         all.forEach(function (d) { if (d.location.indexOf("#") < 0) pages[d.location] = plain(String(d.title || "")); });
         docs = all.map(function (d) {
