@@ -297,14 +297,6 @@ def _under_torchrun() -> bool:
     return "RANK" in os.environ and "WORLD_SIZE" in os.environ and _ENV_FLAG not in os.environ
 
 
-def _leave_group() -> None:
-    """At exit, a rank that torchrun or srun started takes its process group down itself, before Python's own
-    teardown destroys objects in no set order: left to that, a rank of a preempted srun job once aborted at exit
-    ("terminate called without an active exception", status 134 instead of its own 75)."""
-    if dist.is_initialized():
-        dist.destroy_process_group()
-
-
 def _launch_torchrun(fn, world_size: int, args: tuple, backend: str, timeout) -> list:
     env_world = int(os.environ["WORLD_SIZE"])
     if env_world != world_size:
@@ -312,7 +304,8 @@ def _launch_torchrun(fn, world_size: int, args: tuple, backend: str, timeout) ->
                          "pass --nproc_per_node to match, or call launch with the same world size")
     if not dist.is_initialized():
         _init_group(int(os.environ["RANK"]), world_size, backend, "env://", timeout)
-        atexit.register(_leave_group)
+        # taken down before Python's teardown, which once aborted a preempted srun rank at exit (134, not 75)
+        atexit.register(lambda: dist.is_initialized() and dist.destroy_process_group())
     result = fn(*args)
     results = [None] * world_size
     dist.all_gather_object(results, result)
