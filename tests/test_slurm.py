@@ -77,6 +77,27 @@ def _env(base: dict | None = None) -> dict:
     return {**base, "PYTHONPATH": os.pathsep.join([SRC, base.get("PYTHONPATH", "")]), "OMP_NUM_THREADS": "1"}
 
 
+def test_a_task_s_exit_status_survives_an_abort_in_python_s_teardown(tmp_path):
+    """A rank that srun started ends with its own status (0 here; 75 for "requeue me") however Python's teardown
+    would have gone: gloo's threads can abort it there (134), once seen in a preempted rank. A `sitecustomize`
+    that aborts at exit stands in for that teardown."""
+    (tmp_path / "sitecustomize.py").write_text("import atexit, os\natexit.register(os.abort)\n")
+    env = _env({**os.environ, "SLURM_STEP_ID": "0", "SLURM_PROCID": "0", "SLURM_NTASKS": "1", "SLURM_LOCALID": "0",
+                "SLURM_JOB_NODELIST": "127.0.0.1", "SLURM_JOB_ID": "1", "MASTER_PORT": str(_free_port())})
+    env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), env["PYTHONPATH"]])
+    done = subprocess.run(_cli("--steps", "1", "--seq-len", "16", "--batch-size", "2", "--json"), env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert _report(done.stdout)["nproc"] == 1
+
+
+def _free_port() -> int:
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def _report(out: str) -> dict:
     lines = [line for line in out.splitlines() if line.startswith("{")]
     assert len(lines) == 1, f"expected one JSON report, got {len(lines)}:\n{out}"

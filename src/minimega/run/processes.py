@@ -173,3 +173,20 @@ def forward_signals_to(signals: tuple, procs: list) -> dict:
                 except ProcessLookupError:
                     pass
     return {s: signal.signal(s, notice) for s in signals}
+
+
+def end_rank(code: int) -> None:
+    """End a rank that a scheduler started (srun, torchrun) with ``code``, its work done and saved.
+
+    Python's teardown can only turn a good status into a bad one: gloo's worker threads may still hold
+    tensors when the interpreter is torn down, and taking the GIL there aborts the process (status 134,
+    "terminate called without an active exception"), where Slurm's job script waits for 75 ("requeue me").
+    So the process group is destroyed while Python is whole, the output flushed, and the process left at once.
+    """
+    import torch.distributed as dist
+    try:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    finally:
+        sys.stdout.flush(), sys.stderr.flush()
+        os._exit(code)

@@ -358,6 +358,14 @@ def _model_config(args: argparse.Namespace):
 
 def _cmd_train(args: argparse.Namespace) -> int:
     scheduled = _ranks_from_scheduler(args)
+    code = _train_ranks(args, scheduled)
+    if scheduled:                  # one rank of srun's or torchrun's: its status is the scheduler's signal
+        from ..run.processes import end_rank
+        end_rank(code)
+    return code
+
+
+def _train_ranks(args: argparse.Namespace, scheduled: bool) -> int:
     if scheduled and args.max_restarts:
         raise ValueError("--max-restarts restarts ranks this process started; under srun or torchrun the "
                          "scheduler restarts the job (sbatch --requeue): leave it out")
