@@ -9,7 +9,7 @@ no serious or critical violation anywhere; moderate and minor ones are printed.
 English is measured in material's light scheme, Dutch in its dark one (the browser's prefers-color-scheme; the
 colours come from the same stylesheets in both languages), so each page is seen in both schemes. Cost: one chromium, one tab per
 language; each page is loaded once and measured at both widths (the viewport is resized in place); color-contrast
-runs on one element per distinct style (`SAMPLE_JS`); a Dutch page, the English templates translated, gets the rules
+runs on one element per distinct style, each style once in the walk (`SAMPLE_JS`); a Dutch page, the English templates translated, gets the rules
 other than contrast at the phone width only (each rule once per language and width pair: ~60 s less).
 """
 import json
@@ -46,9 +46,11 @@ def patient_expect():
 # a chapter has ~1,000 text elements outside its ~4,000 highlighted-code and KaTeX spans. Its verdict depends on
 # the text's colour, on whether the text is large (axe's rule: 18 pt, or 14 pt and bold; 4.5:1 below, 3:1 above),
 # on its shadow (measured in ems: a shadow keeps the size in the key) and on the colours behind it, so it runs on
-# one element of each distinct (colour, large, shadow, the backgrounds up to the first opaque one): 30-60 per page.
-# An element on a background image or gradient is its own sample.
-SAMPLE_JS = """() => {
+# one element of each distinct (colour, large, shadow, the backgrounds up to the first opaque one): 30-60 per page,
+# and each once in the whole walk: a style measured on an earlier view (most of a page's: the pages share their
+# templates) is not measured again. An element on a background image or gradient is its own sample on every view.
+SAMPLE_JS = """known => {
+  known = new Set(known);
   const memo = new Map();
   const behind = el => {                     // the backgrounds from el up to the first opaque one
     if (!el) return 'page';
@@ -61,7 +63,7 @@ SAMPLE_JS = """() => {
     memo.set(el, key);
     return key;
   };
-  const seen = new Set();
+  const seen = new Set(), fresh = [];
   document.querySelectorAll('[data-mm-contrast]').forEach(e => e.removeAttribute('data-mm-contrast'));
   document.querySelectorAll('body *').forEach(e => {
     if (![...e.childNodes].some(c => c.nodeType === 3 && c.textContent.trim())) return;
@@ -70,17 +72,22 @@ SAMPLE_JS = """() => {
     const large = pt >= 18 || (pt >= 14 && parseFloat(s.fontWeight) >= 700);
     const shadow = s.textShadow === 'none' ? '' : s.textShadow + '@' + s.fontSize;
     const key = [s.color, large, shadow, behind(e)].join('|');
-    if (!seen.has(key)) { seen.add(key); e.setAttribute('data-mm-contrast', ''); }
+    if (seen.has(key)) return;
+    seen.add(key);
+    if (known.has(key)) return;                                               // measured on an earlier view
+    e.setAttribute('data-mm-contrast', '');
+    fresh.push(key);
   });
-  return seen.size;
+  return {styles: seen.size, fresh};
 }"""
 # no colour is read mid-transition (a hovered button fading to its hover colour)
 STILL_CSS = "*, *::before, *::after { transition: none !important; animation: none !important; }"
 
 
-def _axe(page, rules: bool = True) -> list[dict]:
+def _axe(page, known: set, rules: bool = True) -> list[dict]:
     """One axe run: every WCAG A/AA rule on the whole page (``rules``; else color-contrast alone), color-contrast
-    on the samples only (its selector narrowed to them with `axe.configure`, once per page load)."""
+    on the samples only (its selector narrowed to them with `axe.configure`, once per page load): one element of
+    each style not in ``known``, the styles measured on earlier views, which this run adds to."""
     if not page.evaluate("typeof window.axe !== 'undefined'"):
         page.evaluate(AXE_JS)
         page.evaluate("() => axe.configure({rules: [{id: 'color-contrast', selector: '[data-mm-contrast]'}]})")
@@ -89,10 +96,15 @@ def _axe(page, rules: bool = True) -> list[dict]:
     # A transition caught halfway (the phone drawer's titles fading) reads as a contrast failure of a colour no
     # one ever sees at rest: every running animation and transition is finished before the scan.
     page.evaluate("() => document.getAnimations().forEach(a => { try { a.finish(); } catch (e) {} })")
-    assert page.evaluate(SAMPLE_JS) > 0, page.url
+    styles = page.evaluate(SAMPLE_JS, sorted(known))
+    assert styles["styles"] > 0, page.url
+    if not rules and not styles["fresh"]:
+        return []                                   # every style on this view was measured on an earlier one
     only = {"type": "tag", "values": TAGS} if rules else {"type": "rule", "values": ["color-contrast"]}
-    return page.evaluate("o => axe.run(document, o).then(r => r.violations)",
-                         {"runOnly": only, "resultTypes": ["violations"], "iframes": False})
+    found = page.evaluate("o => axe.run(document, o).then(r => r.violations)",
+                          {"runOnly": only, "resultTypes": ["violations"], "iframes": False})
+    known.update(k for k in styles["fresh"] if "image" not in k)     # an image's key is unique to its page
+    return found
 
 
 class Report:
@@ -100,11 +112,12 @@ class Report:
 
     def __init__(self):
         self.blocking, self.other, self.views = [], [], 0
+        self.styles: set = set()                  # the text styles color-contrast has measured (`SAMPLE_JS`)
 
     def check(self, page, view: str, rules: bool = True):
         self.views += 1
         t = time.monotonic()
-        found = _axe(page, rules)
+        found = _axe(page, self.styles, rules)
         if os.environ.get("MM_A11Y_VERBOSE"):
             print(f"{time.monotonic() - t:5.1f} s  {view}: {sorted(v['id'] for v in found)}", flush=True)
         for v in found:
