@@ -3,8 +3,9 @@
 The build holds both editions (English at /, Dutch at /nl/, mkdocs-static-i18n). It is built for
 the port it will be served on (``site_url``: the sitemap and canonical links name it), so
 the file checks (test_site.py, test_site_dutch.py) and the browser checks (test_site_browser.py)
-read the same output. Tests that pin issuers into the site (the exam and verify browser tests)
-build their own.
+read the same output. It is built with ``$MINIMEGA_TRUSTED_ISSUERS`` set to `PINNED` (the build pins the verify
+page's issuers); tests that pin their own service's issuer (the exam, a11y and verify browser tests) copy it and
+pin again with `trust.write_site_files`, the build hook's own call.
 """
 from __future__ import annotations
 
@@ -21,6 +22,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+PINNED = "did:web:courses.example.org"
+"""The issuer the session's build pins in ``verify/trusted-issuers.json``."""
 
 
 class _Quiet(http.server.SimpleHTTPRequestHandler):
@@ -41,7 +44,7 @@ def site_build(tmp_path_factory):
     out = tmp_path_factory.mktemp("site")
     httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(_Quiet, directory=str(out)))
     base = f"http://127.0.0.1:{httpd.server_address[1]}"
-    env = {**os.environ, "NO_MKDOCS_2_WARNING": "1", "MINIMEGA_SITE_URL": base + "/"}
+    env = {**os.environ, "NO_MKDOCS_2_WARNING": "1", "MINIMEGA_SITE_URL": base + "/", "MINIMEGA_TRUSTED_ISSUERS": PINNED}
     t0 = time.monotonic()
     proc = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-d", str(out)], cwd=ROOT,
                           env=env, capture_output=True, text=True, timeout=180)

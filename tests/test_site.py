@@ -178,6 +178,16 @@ def test_build_is_strict(built):
     assert "WARNING" not in log
 
 
+def test_the_build_pins_the_issuers_named_in_the_environment(built):
+    """`mkdocs build` with $MINIMEGA_TRUSTED_ISSUERS set writes them into the verify page's trust file, with the
+    JSON-LD contexts its signature check reads (the session's build sets it: site_support.PINNED)."""
+    from site_support import PINNED
+    out, _, _ = built
+    pinned = json.loads((out / "verify" / "trusted-issuers.json").read_text())
+    assert pinned == {"issuers": [{"id": PINNED, "name": "this site's issuer"}]}
+    assert json.loads((out / "verify" / "contexts.json").read_text())
+
+
 def test_chapters_follow_the_skeleton(built, banks):
     out, _, _ = built
     counts = {b.path.stem: len(b.items) for b in banks}

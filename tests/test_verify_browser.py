@@ -90,8 +90,8 @@ class _Quiet(http.server.SimpleHTTPRequestHandler):
 @pytest.fixture(scope="module")
 def served(tmp_path_factory, site_build):
     """The session's site (`site_support.site_build`), copied and pinned to the genuine issuer as a build with
-    $MINIMEGA_TRUSTED_ISSUERS set pins it (`trust.write_site_files`, the build hook's own call; the exam browser
-    test runs that build), plus each case's status lists at their URLs."""
+    $MINIMEGA_TRUSTED_ISSUERS set pins it (`trust.write_site_files`, the build hook's own call; test_site.py
+    checks the build makes it), plus each case's status lists at their URLs."""
     if not Path(CHROMIUM).exists():
         pytest.skip("needs Debian chromium at /usr/bin/chromium")
     pytest.importorskip("playwright.sync_api")
