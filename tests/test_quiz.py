@@ -264,6 +264,26 @@ def test_min_microbatches_reference_is_exact():
             assert REFERENCE["min-microbatches"](p, x) == brute
 
 
+def test_a_search_stops_at_its_answer():
+    """`first` in a formula: the smallest candidate that satisfies the condition, as ``min`` gives, found without
+    testing the rest (each candidate of a bank's search is a memory formula); none is a ValueError, which the bank
+    loader reports as a template that does not instantiate."""
+    from minimega.classroom.quiz import evaluate, formula_namespace
+    tested = []
+
+    def fits(d):
+        tested.append(d)
+        return 1000 / d <= 7
+    ns = {**formula_namespace(), "fits": fits}
+    assert eval("first(d for d in range(1, 100000) if fits(d))", {"__builtins__": {}, **ns}) == 143
+    assert min(d for d in range(1, 1000) if 1000 / d <= 7) == 143
+    assert tested == list(range(1, 144))
+    with pytest.raises(ValueError, match="no candidate"):
+        evaluate("first(d for d in range(1, 10) if d > 20)")
+    assert (evaluate("first(m for m in range(1, 10000) if bubble_fraction(4, m) < 0.1 - 1e-9)")
+            == evaluate("min(m for m in range(1, 10000) if bubble_fraction(4, m) < 0.1 - 1e-9)") == 28)
+
+
 def test_exam_bank_fixes():
     items = {it.id: it for _, it in exam_items()}
     for trivia in ("torchtitan-405b", "full-recompute-overhead", "initial-scale", "deepspeed-18", "engine-order",

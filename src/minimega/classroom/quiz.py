@@ -290,16 +290,24 @@ def _numeric(raw: dict, where: str) -> Item:
     return item
 
 
+def first(values):
+    """The first of ``values``: a formula's search, ``first(d for d in range(1, 100000) if fits(d))``, stops at the
+    answer where ``min(...)`` would test every candidate (100,000 memory formulas: 0.3 s per instance)."""
+    for value in values:
+        return value
+    raise ValueError("first(): no candidate satisfies the condition")
+
+
 def formula_namespace() -> dict:
     """Names a formula may use: minimega.analysis's public API, minimega.analysis.perf's (``perf.__all__``) and
-    `plan_rank`, GB, math's functions. No builtins."""
+    `plan_rank`, GB, math's functions, `first`. No builtins."""
     from minimega.analysis import perf                      # the time model (chapter 13): step_time, collective_time, ...
     from minimega.analysis.plan import plan_rank
     ns = {k: getattr(est, k) for k in dir(est) if not k.startswith("_")}
     ns.update({k: getattr(perf, k) for k in perf.__all__})
     ns.update(plan_rank=plan_rank)
     ns.update({k: getattr(math, k) for k in ("ceil", "floor", "log2", "log10", "sqrt")})
-    ns.update(min=min, max=max, round=round, sum=sum, range=range)
+    ns.update(min=min, max=max, round=round, sum=sum, range=range, first=first)
     return ns
 
 
@@ -307,7 +315,7 @@ def evaluate(expr: str, values: dict | None = None) -> float:
     """Evaluate a formula (from a bank in this repository, never from a request) in `formula_namespace`.
 
     Remembered per (formula, values): the service re-instantiates an attempt's templates on every answer, review
-    and resume, and a formula that searches (``min(n for n in range(…) if …)``) costs milliseconds each time."""
+    and resume, and a formula that searches (``first(n for n in range(…) if …)``) costs milliseconds each time."""
     return _evaluate(expr, tuple(sorted((values or {}).items())))
 
 
