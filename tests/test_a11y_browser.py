@@ -280,8 +280,9 @@ class Keys:
         self.presses += 1
         where = self.page.evaluate(FOCUS_JS)
         if where and not where["visible"]:
-            # read again once the page has painted: a key that changes the page (Enter on a form) can be measured
-            # before its layout is done on a loaded machine; a ring missing from the painted page is what fails
+            # read again once the page has painted: a key that changes the page (Enter on a form) can be read
+            # while the page's script is still re-rendering it on a loaded machine; a ring missing from the painted
+            # page is what fails
             self.page.evaluate("() => new Promise(r => requestAnimationFrame(() => requestAnimationFrame(r)))")
             where = self.page.evaluate(FOCUS_JS)
             if where and not where["visible"]:
