@@ -31,6 +31,8 @@ def pytest_configure(config):
         raise pytest.UsageError(f"pytest {pytest.__version__} with pytest-xdist's --dist loadgroup spreads a file's "
                                 "tests over the workers (pytest-xdist#1386): install pytest<9.2 as pyproject.toml "
                                 "pins it (make install-test)")
+    if config.getoption("dist", "no") == "loadgroup":
+        config.option.loadscopereorder = False       # xdist's reorder (most tests first) would undo `GROUP_SECONDS`
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
     if workers > 1:
         share = max(1, (os.cpu_count() or 1) // workers)
@@ -104,6 +106,22 @@ SLOW = ("tests/test_composition.py::test_case_matches_single_process", "tests/te
 # Session fixtures that cost seconds to set up: the course site's build (~20 s) and a PostgreSQL server.
 SHARED_SESSION = {"site_build": "site-build", "site_server": "site-build", "postgres_server": "postgres"}
 
+# The groups that take longest, in worker-seconds of a full `make test` on two cores (a run's `--durations=0`,
+# summed per group). The workers take the longest groups first and the short ones last, so neither waits idle at
+# the end of the run while the other finishes a minute-long group it took late (a lab's notebooks, the Slurm jobs).
+# A group not listed is reckoned at half a second per test.
+GROUP_SECONDS = {"site-build": 470, "tests/test_slurm.py": 150, "tests/test_composition.py": 92,
+                 "tests/test_checkpoint.py": 82, "tests/test_dry_run.py": 74, "tests/test_launch.py": 66,
+                 "labs nbval": 60, "tests/test_peers.py": 43, "tests/test_checkpoint_safety.py": 39,
+                 "tests/test_cli.py": 36, "tests/test_torchrun.py": 30, "postgres": 30, "tests/test_exam_banks.py": 28,
+                 "tests/test_elastic.py": 24}
+
+
+def _group_seconds(group: str, tests: int) -> float:
+    if "test_labs_run_under_nbval" in group:
+        return GROUP_SECONDS["labs nbval"]
+    return GROUP_SECONDS.get(group, 0.5 * tests)
+
 
 @pytest.hookimpl(tryfirst=True)               # before pytest-xdist reads the groups
 def pytest_collection_modifyitems(config, items):
@@ -117,13 +135,21 @@ def pytest_collection_modifyitems(config, items):
         for fixture, name in SHARED_SESSION.items():
             if fixture in item.fixturenames:
                 shared.setdefault(item.nodeid.split("::")[0], name)
+    groups = {}
     for item in items:
         path = item.nodeid.split("::")[0]
-        group = item.nodeid if path.endswith("test_labs.py") else shared.get(path, path)
+        groups[item.nodeid] = group = item.nodeid if path.endswith("test_labs.py") else shared.get(path, path)
         if xdist:
             item.add_marker(pytest.mark.xdist_group(group))
         if item.nodeid.startswith(SLOW):
             item.add_marker(pytest.mark.slow)
+    if xdist:               # the longest groups first (`GROUP_SECONDS`); the workers' collection order is the queue's
+        sizes = {}
+        for g in groups.values():
+            sizes[g] = sizes.get(g, 0) + 1
+        first = {g: i for i, g in enumerate(dict.fromkeys(groups.values()))}
+        items.sort(key=lambda item: (-_group_seconds(groups[item.nodeid], sizes[groups[item.nodeid]]),
+                                     first[groups[item.nodeid]]))
     no_gpu = pytest.mark.skip(reason="needs CUDA")
     no_browser = pytest.mark.skip(reason="needs /usr/bin/chromium (apt-get install -y chromium)")
     for item in items:

@@ -1,10 +1,6 @@
 """Interop with torch.distributed.checkpoint: torch's own dcp.load reads an export (plain and FSDP2),
 and a DCP directory saved from model.py under FSDP2 imports and loads onto any layout, bit for bit."""
-import os
 import pickle
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -15,10 +11,10 @@ from safetensors.torch import load_file
 import minimega as mm
 from minimega import checkpoint, data
 from minimega.checkpoint import CheckpointError
+from minimega.tools.cli import main as cli          # in this process: a fresh `python -m minimega` imports torch again
 from parity import parity_config
 
 MODEL = mm.GPTConfig.tiny(block_size=32)
-SRC = Path(mm.__file__).parent
 
 
 def _save_zero3(config, directory):
@@ -54,20 +50,14 @@ def _fsdp2_loads(out):
 def test_export_dcp_loads_in_torch_plain_and_fsdp2(tmp_path):
     saved = mm.launch(_save_zero3, 2, parity_config(zero_stage=3), str(tmp_path / "ck"), timeout=240)[0]
     out = tmp_path / "dcp"
-    cli = subprocess.run([sys.executable, "-m", "minimega", "checkpoint", "export", str(tmp_path / "ck"), str(out),
-                          "--format", "dcp"], capture_output=True, text=True,
-                         env={**os.environ, "PYTHONPATH": str(SRC.parent)})
-    assert cli.returncode == 0, cli.stderr
+    assert cli(["checkpoint", "export", str(tmp_path / "ck"), str(out), "--format", "dcp"]) == 0
     state = mm.GPT(MODEL).state_dict()                     # a plain model.py state dict, as a user has
     dcp.load(state, checkpoint_id=str(out), no_dist=True)
     assert state.keys() == saved.keys() and all(torch.equal(state[k], saved[k]) for k in saved)
     fsdp = mm.launch(_fsdp2_loads, 2, str(out), timeout=240)[0]
     assert all(torch.equal(fsdp[k], saved[k]) for k in saved)
     st = tmp_path / "model.safetensors"
-    cli = subprocess.run([sys.executable, "-m", "minimega", "checkpoint", "export", str(tmp_path / "ck"), str(st),
-                          "--format", "safetensors"], capture_output=True, text=True,
-                         env={**os.environ, "PYTHONPATH": str(SRC.parent)})
-    assert cli.returncode == 0, cli.stderr
+    assert cli(["checkpoint", "export", str(tmp_path / "ck"), str(st), "--format", "safetensors"]) == 0
     weights = load_file(str(st))
     assert all(torch.equal(weights[k], saved[k]) for k in saved)
 
@@ -94,10 +84,8 @@ def _load_minimega(config, directory):
 
 def test_import_dcp_from_fsdp2_loads_onto_any_layout(tmp_path):
     fsdp = mm.launch(_fsdp2_trains_and_saves, 2, parity_config(), str(tmp_path / "dcp"), timeout=240)[0]
-    cli = subprocess.run([sys.executable, "-m", "minimega", "checkpoint", "import", str(tmp_path / "dcp"),
-                          str(tmp_path / "ck"), "--model-config", '{"block_size": 32}'], capture_output=True,
-                         text=True, env={**os.environ, "PYTHONPATH": str(SRC.parent)})
-    assert cli.returncode == 0, cli.stderr
+    assert cli(["checkpoint", "import", str(tmp_path / "dcp"), str(tmp_path / "ck"), "--model-config",
+                '{"block_size": 32}']) == 0
     for world, layout in ((2, {"tp": 2}), (2, {"zero_stage": 3})):
         got = mm.launch(_load_minimega, world, parity_config(**layout), str(tmp_path / "ck"), timeout=240)[0]
         assert all(torch.equal(got[k], fsdp[k]) for k in fsdp), layout

@@ -19,41 +19,53 @@ OPTIONAL = {"fp8": "minimega.train.fp8", "nvme": "minimega.zero.nvme", "moe": "m
             "trace": "minimega.run.trace", "health": "minimega.train.health",
             "fp8 ZeRO-3": "minimega.zero.fp8_gather"}
 
+# One fresh interpreter imports minimega and torch (seconds of CPU); each config is measured in a fork of it, so
+# what one engine loaded never shows in another's modules.
 _SCRIPT = """
 import json, os, sys
 import minimega as mm, torch, torch.distributed as dist
-os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=sys.argv[2])
-dist.init_process_group("gloo", rank=0, world_size=1)
-mesh = mm.init_mesh(mm.ParallelDims(dp=1))
-engine = mm.initialize(mm.GPT(mm.GPTConfig.tiny()), mm.TrainConfig(**json.loads(sys.argv[1])), mesh)
-mods = {m: getattr(sys.modules[m], "__file__", None) for m in sys.modules if m.startswith("minimega")}
-lines = sum(sum(1 for _ in open(f)) for f in mods.values() if f and f.endswith(".py"))
-print(json.dumps({"modules": sorted(mods), "lines": lines}))
+for config, port in zip(json.loads(sys.argv[1]), sys.argv[2:]):
+    pid = os.fork()
+    if pid:
+        os.waitpid(pid, 0)
+        continue
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    mesh = mm.init_mesh(mm.ParallelDims(dp=1))
+    engine = mm.initialize(mm.GPT(mm.GPTConfig.tiny()), mm.TrainConfig(**config), mesh)
+    mods = {m: getattr(sys.modules[m], "__file__", None) for m in sys.modules if m.startswith("minimega")}
+    lines = sum(sum(1 for _ in open(f)) for f in mods.values() if f and f.endswith(".py"))
+    print(json.dumps({"modules": sorted(mods), "lines": lines}), flush=True)
+    os._exit(0)
 """
+FP8 = {"zero_stage": 1, "precision": "fp8"}
 
 
-def _loaded(config: dict, port: int) -> dict:
-    out = subprocess.run([sys.executable, "-c", _SCRIPT, json.dumps(config), str(port)], capture_output=True,
+def _loaded(configs: list[dict], ports: list[int]) -> list[dict]:
+    out = subprocess.run([sys.executable, "-c", _SCRIPT, json.dumps(configs), *map(str, ports)], capture_output=True,
                          text=True, timeout=240, env={"PYTHONPATH": str(SRC), "PATH": "/usr/bin:/bin"})
     assert out.returncode == 0, out.stderr[-2000:]
-    return json.loads(out.stdout.splitlines()[-1])
+    reports = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
+    assert len(reports) == len(configs), (out.stdout[-2000:], out.stderr[-2000:])
+    return reports
 
 
 @pytest.fixture(scope="module")
-def plain():
-    return _loaded({}, 29731)
+def loaded():
+    return dict(zip(("plain", "fp8"), _loaded([{}, FP8], [29731, 29732])))
 
 
-def test_initialize_loads_no_analysis_and_reads_in_8500_lines(plain):
+def test_initialize_loads_no_analysis_and_reads_in_8500_lines(loaded):
+    plain = loaded["plain"]
     above = [m for m in plain["modules"] if m.split(".")[1:2] and m.split(".")[1] in
              ("analysis", "estimate", "figures", "classroom", "tools")]
     assert above == [], f"a training rank loaded {above}"
     assert plain["lines"] <= 8500, f"the engine's load closure is {plain['lines']} lines"
 
 
-def test_optional_features_load_only_when_enabled(plain):
+def test_optional_features_load_only_when_enabled(loaded):
+    plain, fp8 = loaded["plain"], loaded["fp8"]
     assert [name for name, module in OPTIONAL.items() if module in plain["modules"]] == []
-    fp8 = _loaded({"zero_stage": 1, "precision": "fp8"}, 29732)
     assert OPTIONAL["fp8"] in fp8["modules"] and OPTIONAL["moe"] not in fp8["modules"]
 
 

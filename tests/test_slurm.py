@@ -125,7 +125,7 @@ def test_a_preemption_notice_to_the_local_launcher_stops_every_rank_with_a_check
     """SIGTERM to `minimega train --nproc 2` (what a scheduler sends a job it runs as one process): the ranks hear
     SIGUSR1, agree on a step, save there and the job exits 75. A notice that reaches one rank only stops both at
     the same step (they agree); a rank that cannot answer (stopped) is named by the watchdog."""
-    timeout = ["--timeout", "20"] if notice == "rank-1-stopped" else []
+    timeout = ["--timeout", "8"] if notice == "rank-1-stopped" else []      # the watchdog's wait, idle time
     proc = subprocess.Popen(_cli("--nproc", "2", "--total-steps", str(TOTAL), "--save-dir", str(tmp_path), "--json",
                                  *TRAIN, *timeout), env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)
@@ -180,34 +180,31 @@ def _srun(cluster, *args: str, name: str = "minimega", first_on_path: Path | Non
 
 
 @pytest.mark.slow
-def test_srun_two_tasks_print_one_report_with_the_local_launchers_losses(cluster, tmp_path):
+def test_srun_two_tasks_print_one_report_with_the_local_launchers_losses(cluster, uninterrupted, tmp_path):
     """`srun -n 2` (one task per rank) and `srun -n 1 torchrun --nproc-per-node 2` each print one report, with
-    the losses of `minimega train --nproc 2`, bit for bit.
+    the losses of `minimega train --nproc 2` (the uninterrupted run the requeue tests compare with), bit for bit.
 
     The srun tasks end with their own status however Python's teardown would go: gloo's threads can abort a rank
     there (134 where the job script waits for 0 or 75, once seen in a preempted rank); a `sitecustomize` that aborts
     at exit stands in for that teardown."""
     (tmp_path / "sitecustomize.py").write_text("import atexit, os\natexit.register(os.abort)\n")
-    local = subprocess.Popen(_cli("--nproc", "2", "--steps", "5", "--json"), env=_env(), stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, text=True)
-    srun = _srun(cluster, "--steps", "5", "--json", first_on_path=tmp_path)
+    common = ["--total-steps", str(TOTAL), "--json", *TRAIN]
+    srun = _srun(cluster, "--save-dir", str(tmp_path / "srun"), *common, first_on_path=tmp_path)
     # one torchrun agent per node (here one node): torchrun's RANK and WORLD_SIZE win over Slurm's variables
     agent = subprocess.Popen(["srun", "-n", "1", "-J", "agent", sys.executable, "-m", "torch.distributed.run",
-                              "--standalone", "--nproc-per-node", "2", "-m", "minimega", "train", "--steps", "5",
-                              "--json"], env=_env(cluster.env), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                             text=True)
+                              "--standalone", "--nproc-per-node", "2", "-m", "minimega", "train", "--save-dir",
+                              str(tmp_path / "agent"), *common], env=_env(cluster.env), stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
     out, err = srun.communicate(timeout=280)
     assert srun.returncode == 0, err[-2000:]
     under_slurm = _report(out)
     out, err = agent.communicate(timeout=280)
     assert agent.returncode == 0, err[-2000:]
     under_torchrun = _report(out)
-    assert under_torchrun["nproc"] == 2 and under_torchrun["losses"] == under_slurm["losses"]
-    out, err = local.communicate(timeout=280)
-    assert local.returncode == 0, err[-2000:]
-    alone = _report(out)
-    assert under_slurm["nproc"] == 2 and len(under_slurm["losses"]) == 5
-    assert under_slurm["final_loss"] == alone["final_loss"] and under_slurm["losses"] == alone["losses"]
+    _, alone = uninterrupted()
+    assert under_slurm["nproc"] == under_torchrun["nproc"] == 2 and len(under_slurm["losses"]) == TOTAL
+    assert under_slurm["losses"] == alone["losses"] and under_torchrun["losses"] == alone["losses"]
+    assert under_slurm["final_loss"] == alone["final_loss"]
 
 
 @pytest.mark.slow
