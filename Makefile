@@ -45,13 +45,19 @@ serve: install
 WORKERS ?= 2
 XDIST   := $(if $(filter 0,$(WORKERS)),,-n $(WORKERS) --dist loadgroup)
 
+# The project's own modules are compiled before each run, as the installed packages are at install
+# (tools/setup_venv.py): with PYTHONDONTWRITEBYTECODE set, every rank and subprocess would compile them again.
+PYC := $(BIN)/python -m compileall -q -j 0 src tests && $(BIN)/python -m compileall -q -l labs
+
 # The Debian packages the tests drive (chromium, PostgreSQL, caddy, Slurm, munge, libaio, Node.js): installed as root,
 # else one line names the command (tools/system_packages.py). The end of the run lists every skip and its reason.
 test: install-test
 	@$(PY) tools/system_packages.py
+	@$(PYC)
 	$(BIN)/python -m pytest -q $(XDIST)
 
 test-fast: install-test
+	@$(PYC)
 	$(BIN)/python -m pytest -q $(XDIST) -m "not slow and not browser"
 
 # The files whose tests time things (watchdogs, hostile-file refusals, overlap against a slowed wire, torchrun
@@ -60,6 +66,7 @@ test-fast: install-test
 LOAD_FILES := tests/test_launch.py tests/test_cli.py tests/test_checkpoint_safety.py tests/test_comm_overlap.py \
               tests/test_torchrun.py tests/test_slurm.py
 test-load: install-test
+	@$(PYC)
 	$(BIN)/python tools/busy.py 4 --times 3 -- $(BIN)/python -m pytest -q -p no:cacheprovider $(XDIST) $(LOAD_FILES)
 
 # Not part of `make test`: each mutant of tools/mutants.toml breaks a copy of src/ and must fail its tests

@@ -119,14 +119,15 @@ def test_torch_index_installs_torch_alone_first_then_the_package(monkeypatch, tm
     cpu = "https://download.pytorch.org/whl/cpu"
     assert sv.install(tmp_path, "lab,site,serve", "torch==2.13.0", "/bin/uv", {}, torch_index=cpu) == 0
     py = str(tmp_path / "bin" / "python")
-    assert calls == [["/bin/uv", "pip", "install", "--python", py, "torch==2.13.0", "--index-url", cpu],
-                     ["/bin/uv", "pip", "install", "--python", py, "-e", ".[lab,site,serve]", "torch==2.13.0"],
+    uv = ["/bin/uv", "pip", "install", "--compile-bytecode", "--python", py]     # the .pyc written at install, as pip
+    assert calls == [[*uv, "torch==2.13.0", "--index-url", cpu],
+                     [*uv, "-e", ".[lab,site,serve]", "torch==2.13.0"],
                      [py, "-m", "pip", "install", "--disable-pip-version-check", "-e", ".[lab,site,serve]",
                       "torch==2.13.0"]]
     calls.clear()
     codes = iter([0])
     assert sv.install(tmp_path, "site,serve", "torch==2.13.0", "/bin/uv", {}) == 0      # no index: one step, as make
-    assert calls == [["/bin/uv", "pip", "install", "--python", py, "-e", ".[site,serve]", "torch==2.13.0"]]
+    assert calls == [[*uv, "-e", ".[site,serve]", "torch==2.13.0"]]
     calls.clear()
     codes = iter([5])
     assert sv.install(tmp_path, "x", "torch==2.13.0", None, {}, torch_index=cpu) == 5   # torch failed: stop there

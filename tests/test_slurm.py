@@ -195,12 +195,17 @@ def test_srun_two_tasks_print_one_report_with_the_local_launchers_losses(cluster
                               "--standalone", "--nproc-per-node", "2", "-m", "minimega", "train", "--save-dir",
                               str(tmp_path / "agent"), *common], env=_env(cluster.env), stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, text=True)
-    out, err = srun.communicate(timeout=280)
-    assert srun.returncode == 0, err[-2000:]
-    under_slurm = _report(out)
-    out, err = agent.communicate(timeout=280)
-    assert agent.returncode == 0, err[-2000:]
-    under_torchrun = _report(out)
+    try:
+        out, err = srun.communicate(timeout=280)
+        assert srun.returncode == 0, err[-2000:]
+        under_slurm = _report(out)
+        out, err = agent.communicate(timeout=280)
+        assert agent.returncode == 0, err[-2000:]
+        under_torchrun = _report(out)
+    finally:                          # a failed assertion must not leave a job waiting on a cluster that is gone
+        for job in (srun, agent):
+            job.kill()
+            job.wait()
     _, alone = uninterrupted()
     assert under_slurm["nproc"] == under_torchrun["nproc"] == 2 and len(under_slurm["losses"]) == TOTAL
     assert under_slurm["losses"] == alone["losses"] and under_torchrun["losses"] == alone["losses"]

@@ -15,6 +15,10 @@ torch is pinned in every install command (``--torch``): left free, the resolver 
 which on Linux is a multi-GB CUDA build. ``--torch-index`` picks the build: torch is installed first from
 that index alone (https://download.pytorch.org/whl/cpu: the CPU wheel, as the Dockerfile does), then the
 package and its extras from the usual indexes, where the torch already installed satisfies the pin.
+
+uv installs with ``--compile-bytecode``: the ``.pyc`` files are written at install, as pip writes them by
+default. Without them, where the environment sets ``PYTHONDONTWRITEBYTECODE`` (the Dockerfile does, and so do
+many machines' images), every process compiles everything it imports, every time it starts.
 """
 from __future__ import annotations
 
@@ -164,7 +168,8 @@ def pip_install(target: str, args: list[str], what: str, uv: str | None, env: di
     """``pip install <args>`` into the venv of `target`: with uv when there is one, else (or when it fails) pip."""
     if uv:
         say(f"installing {what} with uv (torch is about 200 MB the first time; then cached)")
-        code = run([uv, "pip", "install", "--python", target, *args], env=env, hide_package_lines=True)
+        code = run([uv, "pip", "install", "--compile-bytecode", "--python", target, *args], env=env,
+                   hide_package_lines=True)
         if code == 0:
             return 0
         say(f"uv failed (exit {code}); trying pip")
