@@ -4,6 +4,7 @@ Browser tests share one built site (`site_server`, built once per session) and o
 """
 import http.server
 import os
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -106,15 +107,14 @@ SLOW = ("tests/test_composition.py::test_case_matches_single_process", "tests/te
 # Session fixtures that cost seconds to set up: the course site's build (~20 s) and a PostgreSQL server.
 SHARED_SESSION = {"site_build": "site-build", "site_server": "site-build", "postgres_server": "postgres"}
 
-# The groups that take longest, in worker-seconds of a full `make test` on two cores (a run's `--durations=0`,
-# summed per group). The workers take the longest groups first and the short ones last, so neither waits idle at
-# the end of the run while the other finishes a minute-long group it took late (a lab's notebooks, the Slurm jobs).
+# The groups that take longest, in worker-seconds of a full `make test` on two cores (a fresh clone's run,
+# `--durations=0` summed per group). The workers take the longest groups first and the short ones last, so neither
+# waits idle at the end of the run while the other finishes a minute-long group it took late (a lab's notebooks).
 # A group not listed is reckoned at half a second per test.
-GROUP_SECONDS = {"site-build": 470, "tests/test_slurm.py": 150, "tests/test_composition.py": 92,
-                 "tests/test_checkpoint.py": 82, "tests/test_dry_run.py": 74, "tests/test_launch.py": 66,
-                 "labs nbval": 60, "tests/test_peers.py": 43, "tests/test_checkpoint_safety.py": 39,
-                 "tests/test_cli.py": 36, "tests/test_torchrun.py": 30, "postgres": 30, "tests/test_exam_banks.py": 28,
-                 "tests/test_elastic.py": 24}
+GROUP_SECONDS = {"site-build": 440, "tests/test_slurm.py": 112, "tests/test_composition.py": 91,
+                 "tests/test_checkpoint.py": 70, "tests/test_launch.py": 67, "tests/test_dry_run.py": 63,
+                 "labs nbval": 50, "tests/test_cli.py": 30, "tests/test_peers.py": 26, "postgres": 25,
+                 "tests/test_exam_banks.py": 23, "tests/test_torchrun.py": 22}
 
 
 def _group_seconds(group: str, tests: int) -> float:
@@ -144,12 +144,9 @@ def pytest_collection_modifyitems(config, items):
         if item.nodeid.startswith(SLOW):
             item.add_marker(pytest.mark.slow)
     if xdist:               # the longest groups first (`GROUP_SECONDS`); the workers' collection order is the queue's
-        sizes = {}
-        for g in groups.values():
-            sizes[g] = sizes.get(g, 0) + 1
-        first = {g: i for i, g in enumerate(dict.fromkeys(groups.values()))}
-        items.sort(key=lambda item: (-_group_seconds(groups[item.nodeid], sizes[groups[item.nodeid]]),
-                                     first[groups[item.nodeid]]))
+        sizes = Counter(groups.values())                 # in the order the groups first appear
+        rank = {g: (-_group_seconds(g, n), i) for i, (g, n) in enumerate(sizes.items())}
+        items.sort(key=lambda item: rank[groups[item.nodeid]])
     no_gpu = pytest.mark.skip(reason="needs CUDA")
     no_browser = pytest.mark.skip(reason="needs /usr/bin/chromium (apt-get install -y chromium)")
     for item in items:
