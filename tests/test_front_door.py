@@ -22,20 +22,26 @@ OPTIONAL = {"fp8": "minimega.train.fp8", "nvme": "minimega.zero.nvme", "moe": "m
 # One fresh interpreter imports minimega and torch (seconds of CPU); each config is measured in a fork of it, so
 # what one engine loaded never shows in another's modules.
 _SCRIPT = """
-import json, os, sys
+import json, os, sys, traceback
 import minimega as mm, torch, torch.distributed as dist
 for config, port in zip(json.loads(sys.argv[1]), sys.argv[2:]):
     pid = os.fork()
     if pid:
-        os.waitpid(pid, 0)
+        if os.waitpid(pid, 0)[1]:
+            sys.exit(f"the fork for {config} failed")
         continue
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
-    dist.init_process_group("gloo", rank=0, world_size=1)
-    mesh = mm.init_mesh(mm.ParallelDims(dp=1))
-    engine = mm.initialize(mm.GPT(mm.GPTConfig.tiny()), mm.TrainConfig(**config), mesh)
-    mods = {m: getattr(sys.modules[m], "__file__", None) for m in sys.modules if m.startswith("minimega")}
-    lines = sum(sum(1 for _ in open(f)) for f in mods.values() if f and f.endswith(".py"))
-    print(json.dumps({"modules": sorted(mods), "lines": lines}), flush=True)
+    try:
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
+        dist.init_process_group("gloo", rank=0, world_size=1)
+        mesh = mm.init_mesh(mm.ParallelDims(dp=1))
+        engine = mm.initialize(mm.GPT(mm.GPTConfig.tiny()), mm.TrainConfig(**config), mesh)
+        mods = {m: getattr(sys.modules[m], "__file__", None) for m in sys.modules if m.startswith("minimega")}
+        lines = sum(sum(1 for _ in open(f)) for f in mods.values() if f and f.endswith(".py"))
+        print(json.dumps({"modules": sorted(mods), "lines": lines}), flush=True)
+    except BaseException:
+        traceback.print_exc()
+        sys.stderr.flush()
+        os._exit(1)
     os._exit(0)
 """
 FP8 = {"zero_stage": 1, "precision": "fp8"}
